@@ -1,0 +1,43 @@
+"""Build-time checks: every bad value raises a ValueError naming the field, the
+value and what is allowed, before anything is traced."""
+
+from collections.abc import Iterable
+from typing import Any
+
+
+def fail(field: str, value: Any, allowed: str) -> ValueError:
+  return ValueError(f"{field}={value!r} is invalid: {allowed}")
+
+
+def positive_int(field: str, value: Any) -> int:
+  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    raise fail(field, value, "expected an integer >= 1")
+  return value
+
+
+def optional_positive_int(field: str, value: Any) -> int | None:
+  return None if value is None else positive_int(field, value)
+
+
+def fraction(field: str, value: Any, *, low_open: bool = True) -> float:
+  """A float in (0, 1] (or [0, 1] with ``low_open=False``)."""
+  ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if ok:
+    ok = (0 < value <= 1) if low_open else (0 <= value <= 1)
+  if not ok:
+    raise fail(field, value, "expected a number in (0, 1]" if low_open else
+               "expected a number in [0, 1]")
+  return float(value)
+
+
+def positive_float(field: str, value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    raise fail(field, value, "expected a number > 0")
+  return float(value)
+
+
+def one_of(field: str, value: Any, choices: Iterable[str]) -> str:
+  choices = list(choices)
+  if value not in choices:
+    raise fail(field, value, "expected one of " + ", ".join(map(repr, choices)))
+  return value
