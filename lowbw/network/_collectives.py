@@ -1,0 +1,34 @@
+"""How payloads from W workers combine, and what each worker puts on the wire.
+
+Payload bytes are what one worker encodes for one communication event; wire
+bytes are what that worker sends under the collective's algorithm. The
+simulated clock (bandwidth, latency, topology) builds on these numbers.
+"""
+
+from typing import NamedTuple
+
+
+class Channel(NamedTuple):
+  """The static cost of one kind of message, per worker and per event.
+
+  Attributes:
+    payload_bytes: bytes one worker encodes for the event (exact, from shapes).
+    wire_bytes: bytes one worker sends under ``collective``.
+    collective: the algorithm, e.g. ``"ring_allreduce"``.
+    group_size: how many workers take part in one collective.
+  """
+
+  payload_bytes: int
+  wire_bytes: float
+  collective: str
+  group_size: int
+
+
+def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:
+  """A ring all-reduce: reduce-scatter then all-gather, 2(n-1)/n x payload.
+
+  Each of the n members sends n-1 chunks of payload/n bytes in each phase.
+  A group of one sends nothing.
+  """
+  wire = 2.0 * (group_size - 1) / group_size * payload_bytes
+  return Channel(int(payload_bytes), wire, "ring_allreduce", group_size)

@@ -1,0 +1,181 @@
+"""Host-side bookkeeping: per-step device outputs -> logged rows.
+
+Runs once per chunk on numpy arrays (cumulative sums, no Python loop over
+steps). Its whole state is JSON-able so a checkpoint can carry it and a resumed
+run logs exactly what an uninterrupted one would have.
+"""
+
+import math
+from typing import Any
+
+import numpy as np
+
+from lowbw.network import Channel
+from lowbw.telemetry import names
+
+
+class NonFiniteLossError(FloatingPointError):
+  """A worker's training loss became NaN or infinite.
+
+  Attributes:
+    step: the inner step (1-based) whose loss was non-finite.
+    worker: the first worker with a non-finite loss at that step.
+    history: what was logged before it (metric name -> numpy array).
+  """
+
+  def __init__(self, step: int, worker: int, history: dict):
+    super().__init__(
+        f"non-finite training loss at step {step} on worker {worker}; "
+        "the rows logged before it were kept (lower the learning rate?)")
+    self.step, self.worker, self.history = step, worker, history
+
+
+class History:
+  """Accumulates rows of metrics at every ``log_every`` steps and eval points."""
+
+  def __init__(self, channels: dict[str, Channel], log_every: int,
+               total_steps: int, examples_per_step: int,
+               tokens_per_example: int | None, metric_names: list[str]):
+    self.channels = channels
+    self.log_every = log_every
+    self.total_steps = total_steps
+    self.examples_per_step = examples_per_step
+    self.tokens_per_example = tokens_per_example
+    self.metric_names = list(metric_names)
+    self.rows: list[dict[str, Any]] = []
+    self.step = 0
+    self.payload_bytes = 0
+    self.wire_bytes = 0.0
+    self.carry = {"n": 0, "loss": 0.0,
+                  **{m: 0.0 for m in self.metric_names}}
+    self.divergence = math.nan
+    self.lr = math.nan
+
+  # ------------------------------------------------------------- checkpoints
+  def state_dict(self) -> dict:
+    return {"rows": self.rows, "step": self.step,
+            "payload_bytes": self.payload_bytes, "wire_bytes": self.wire_bytes,
+            "carry": self.carry, "divergence": self.divergence, "lr": self.lr}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.rows = [dict(r) for r in d["rows"]]
+    self.step = int(d["step"])
+    self.payload_bytes = int(d["payload_bytes"])
+    self.wire_bytes = float(d["wire_bytes"])
+    self.carry = dict(d["carry"])
+    self.divergence = float(d["divergence"])
+    self.lr = float(d["lr"])
+
+  # ------------------------------------------------------------------ rows
+  def as_arrays(self) -> dict[str, np.ndarray]:
+    keys = []
+    for row in self.rows:
+      keys += [k for k in row if k not in keys]
+    return {k: np.array([_num(r.get(k)) for r in self.rows]) for k in keys}
+
+  def add(self, *, loss, metrics, bad_worker, counts, round_end,
+          divergence, lr, wall_time_s: float) -> list[dict]:
+    """Consumes n consecutive steps; returns the new rows (and keeps them).
+
+    Args:
+      loss: (n,) mean training loss over workers per step.
+      metrics: name -> (n,) model metrics, mean over workers.
+      bad_worker: (n,) int: first worker with a non-finite loss, or -1.
+      counts: channel -> (n,) int events per step (sync events included at the
+        last step of their round).
+      round_end: (n,) bool, True where a round (and its sync) ended.
+      divergence, lr: (number of round ends,) values at those round ends.
+      wall_time_s: real seconds since the run started.
+
+    Raises:
+      NonFiniteLossError: after logging the rows before the bad step.
+    """
+    n = len(loss)
+    steps = self.step + 1 + np.arange(n)
+    bad = np.flatnonzero(np.asarray(bad_worker) >= 0)
+    stop = int(bad[0]) if bad.size else n
+    payload_inc = np.zeros(n, np.int64)
+    wire_inc = np.zeros(n, np.float64)
+    for name, c in counts.items():
+      ch = self.channels[name]
+      payload_inc += np.asarray(c, np.int64) * ch.payload_bytes
+      wire_inc += np.asarray(c, np.float64) * ch.wire_bytes
+    payload_cum = np.cumsum(payload_inc)
+    wire_cum = np.cumsum(wire_inc)
+    loss_cum = np.cumsum(np.asarray(loss, np.float64))
+    metric_cum = {m: np.cumsum(np.asarray(metrics[m], np.float64))
+                  for m in self.metric_names}
+    ends = np.flatnonzero(round_end)
+
+    new_rows, prev = [], -1
+    for j in range(stop):
+      s = int(steps[j])
+      if s % self.log_every and s != self.total_steps:
+        continue
+      k = np.searchsorted(ends, j, side="right") - 1
+      if k >= 0:
+        self.divergence, self.lr = float(divergence[k]), float(lr[k])
+      count = self.carry["n"] + j - prev
+      row = {names.STEP: s, names.EXAMPLES: s * self.examples_per_step}
+      if self.tokens_per_example:
+        row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
+      row[names.TRAIN_LOSS] = (self.carry["loss"] + _span(loss_cum, prev, j)) / count
+      for m in self.metric_names:
+        row[names.train_metric(m)] = (
+            self.carry[m] + _span(metric_cum[m], prev, j)) / count
+      row[names.PAYLOAD_BYTES] = self.payload_bytes + int(payload_cum[j])
+      row[names.WIRE_BYTES] = self.wire_bytes + float(wire_cum[j])
+      row[names.WORKER_DIVERGENCE] = self.divergence
+      if not math.isnan(self.lr):
+        row[names.LR] = self.lr
+      row[names.WALL_TIME_S] = wall_time_s
+      new_rows.append(row)
+      self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
+      prev = j
+
+    last = stop - 1
+    if last > prev:
+      self.carry["n"] += last - prev
+      self.carry["loss"] += _span(loss_cum, prev, last)
+      for m in self.metric_names:
+        self.carry[m] += _span(metric_cum[m], prev, last)
+    if last >= 0:
+      k = np.searchsorted(ends, last, side="right") - 1
+      if k >= 0:
+        self.divergence, self.lr = float(divergence[k]), float(lr[k])
+      self.payload_bytes += int(payload_cum[last])
+      self.wire_bytes += float(wire_cum[last])
+    self.step += stop
+    self.rows += new_rows
+    if bad.size:
+      raise NonFiniteLossError(int(steps[stop]), int(bad_worker[stop]),
+                               self.as_arrays())
+    return new_rows
+
+  def add_eval(self, step: int, results: dict[str, float],
+               perplexity: bool, wall_time_s: float) -> dict:
+    """Attaches evaluation results to the row at ``step`` (made if missing)."""
+    if self.rows and self.rows[-1][names.STEP] == step:
+      row = self.rows[-1]
+    else:
+      row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step,
+             names.PAYLOAD_BYTES: self.payload_bytes,
+             names.WIRE_BYTES: self.wire_bytes,
+             names.WORKER_DIVERGENCE: self.divergence,
+             names.WALL_TIME_S: wall_time_s}
+      if self.tokens_per_example:
+        row[names.TOKENS] = step * self.examples_per_step * self.tokens_per_example
+      self.rows.append(row)
+    for name, value in results.items():
+      row[names.EVAL_LOSS if name == "loss" else names.eval_metric(name)] = float(value)
+    if perplexity:
+      row[names.EVAL_PERPLEXITY] = float(np.exp(results["loss"]))
+    return row
+
+
+def _span(cum: np.ndarray, prev: int, j: int) -> float:
+  return float(cum[j] - (cum[prev] if prev >= 0 else 0.0))
+
+
+def _num(value):
+  return math.nan if value is None else value

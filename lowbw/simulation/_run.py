@@ -1,0 +1,431 @@
+"""``lowbw.simulate``: build a run, then drive its compiled chunks from the host."""
+
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lowbw import _validate
+from lowbw import data as data_lib
+from lowbw import models as models_lib
+from lowbw import strategies as strategies_lib
+from lowbw import telemetry
+from lowbw.simulation import _engine
+from lowbw.simulation._history import History
+from lowbw.telemetry import names
+
+_TARGET_CHUNKS = 25
+
+
+@dataclasses.dataclass
+class Result:
+  """What a run returns.
+
+  Attributes:
+    history: metric name -> numpy array over logged rows (see DESIGN.md names);
+      NaN where a metric was not measured at that row (e.g. eval_loss between
+      evaluations).
+    params: the global parameters (what evaluation uses).
+    state: the final simulation state (every worker's parameters, optimizer
+      states, strategy state, counters).
+    summary: final figures (eval loss, bytes, throughput, compile time).
+    config: the run's configuration as written to config.json.
+    log_dir: where logs were written, or None.
+  """
+
+  history: dict[str, np.ndarray]
+  params: Any
+  state: _engine.SimState
+  summary: dict[str, Any]
+  config: dict[str, Any]
+  log_dir: str | None
+
+
+def simulate(
+    model,
+    data,
+    strategy,
+    num_workers: int = 8,
+    batch_size: int = 32,
+    steps: int = 1000,
+    seed: int = 0,
+    network=None,
+    eval_every: int | None = None,
+    log_every: int | None = None,
+    log_dir: str | None = None,
+    checkpoint_every: int | None = None,
+    resume_from: str | None = None,
+    eval_examples: int | None = None,
+    rounds_per_chunk: int | None = None,
+    progress: bool | None = None,
+    callback: Callable[[dict], None] | None = None,
+) -> Result:
+  """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
+
+  All workers run in one compiled JAX program: their parameters are stacked on
+  axis 0, a round (H inner steps and one sync) is a ``lax.scan``, and chunks of
+  rounds run without the host waiting on the device. Every bad argument raises
+  a ValueError here, before anything is compiled.
+
+  Args:
+    model: a ``lowbw.models.Model``, a flax module, an ``(init, loss)`` pair, or
+      a registry name ("mlp", "cnn", "gpt").
+    data: a ``lowbw.data.DataSource`` or a registry name ("digits", "text").
+    strategy: a ``lowbw.strategies.Strategy`` or a registry name.
+    num_workers: W, the number of simulated workers.
+    batch_size: examples per worker and inner step.
+    steps: inner steps per worker; a sync happens right after steps H, 2H, ...
+      Steps past the last multiple of H run without a final sync.
+    seed: seeds initialisation, sharding, sampling and the strategy's keys.
+      Same seed, same bits.
+    network: reserved for the simulated clock (a later release); must be None.
+    eval_every: evaluate the global parameters every this many steps (a
+      multiple of the strategy's period H); always at the last step.
+    log_every: log a row every this many steps (default: about 200 rows).
+    log_dir: write metrics.csv, TensorBoard events, config.json and
+      summary.json here.
+    checkpoint_every: save an orbax checkpoint every this many steps (a
+      multiple of H) under ``log_dir/checkpoints``.
+    resume_from: a log_dir or checkpoint directory to continue from; the run
+      must have the same configuration; it continues bit-identically.
+    eval_examples: held-out examples per evaluation (default: the dataset's
+      default, 256 sequences for text).
+    rounds_per_chunk: rounds per compiled call (default: about 1/25 of the run).
+    progress: show a progress bar (default: when stderr is a terminal).
+    callback: called with each logged row (a dict), on the host.
+
+  Returns:
+    A ``Result``.
+
+  Raises:
+    ValueError: a bad argument, naming it.
+    NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+  """
+  run = _Run(model, data, strategy, num_workers, batch_size, steps, seed,
+             network, eval_every, log_every, log_dir, checkpoint_every,
+             resume_from, eval_examples, rounds_per_chunk, progress, callback)
+  return run.execute()
+
+
+def _resolve(field, value, registry_get, cls):
+  if isinstance(value, str):
+    return registry_get(value)
+  if cls is not None and not isinstance(value, cls):
+    raise _validate.fail(field, value,
+                         f"expected a {cls.__module__}.{cls.__name__} or a name")
+  return value
+
+
+def _multiple_of_period(field, value, period):
+  value = _validate.optional_positive_int(field, value)
+  if value is not None and value % period:
+    raise _validate.fail(
+        field, value,
+        f"must be a multiple of the strategy's period H={period} (global "
+        "parameters only change at syncs)")
+  return value
+
+
+class _Run:
+  """One run: validated configuration, compiled programs, host loop."""
+
+  def __init__(self, model, data, strategy, num_workers, batch_size, steps,
+               seed, network, eval_every, log_every, log_dir, checkpoint_every,
+               resume_from, eval_examples, rounds_per_chunk, progress,
+               callback):
+    # --- validation: everything fails here, before compiling.
+    self.num_workers = _validate.positive_int("num_workers", num_workers)
+    self.batch_size = _validate.positive_int("batch_size", batch_size)
+    self.steps = _validate.positive_int("steps", steps)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+      raise _validate.fail("seed", seed, "expected an integer")
+    self.seed = int(seed)
+    if network is not None:
+      raise _validate.fail("network", network,
+                           "the network clock is not implemented yet; use None")
+    self.model = (models_lib.get(model) if isinstance(model, str)
+                  else models_lib.as_model(model))
+    self.data = _resolve("data", data, data_lib.get, data_lib.DataSource)
+    self.strategy = _resolve("strategy", strategy, strategies_lib.get,
+                             strategies_lib.Strategy)
+    period = self.strategy.period
+    self.eval_every = _multiple_of_period("eval_every", eval_every, period)
+    self.checkpoint_every = _multiple_of_period("checkpoint_every",
+                                                checkpoint_every, period)
+    if self.checkpoint_every and log_dir is None:
+      raise _validate.fail("checkpoint_every", checkpoint_every,
+                           "needs log_dir (checkpoints go to log_dir/checkpoints)")
+    self.log_every = (_validate.positive_int("log_every", log_every)
+                      if log_every is not None else max(1, self.steps // 200))
+    self.eval_examples = _validate.optional_positive_int("eval_examples",
+                                                         eval_examples)
+    rounds = self.steps // period
+    default_rpc = max(1, math.ceil(rounds / _TARGET_CHUNKS))
+    self.rounds_per_chunk = (
+        _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
+        if rounds_per_chunk is not None else default_rpc)
+    self.log_dir = log_dir
+    self.resume_from = resume_from
+    if resume_from is not None and not os.path.isdir(resume_from):
+      raise _validate.fail("resume_from", resume_from, "no such directory")
+    self.progress = telemetry.is_terminal() if progress is None else progress
+    self.callback = callback
+    if self.model.task not in ("custom", self.data.task):
+      raise _validate.fail(
+          "model", self.model.name,
+          f"is a {self.model.task} model but data {self.data.name!r} is "
+          f"{self.data.task} data")
+    model_vocab = self.model.config.get("vocab")
+    if (self.data.vocab_size and model_vocab and
+        self.data.vocab_size > model_vocab):
+      raise _validate.fail("vocab", model_vocab,
+                           f"data {self.data.name!r} has tokens up to "
+                           f"{self.data.vocab_size - 1}; needs vocab >= "
+                           f"{self.data.vocab_size}")
+
+    # --- build: data on device, initial state, compiled programs.
+    key = jax.random.PRNGKey(self.seed)
+    init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
+    self.sampler = self.data.build(self.num_workers, self.batch_size, self.seed)
+    example = self.data.example_batch(self.batch_size)
+    params = self.model.init(init_key, example)
+    self.num_params = sum(x.size for x in jax.tree.leaves(params))
+    self.channels = self.strategy.channels(params, self.num_workers)
+    self.state = _engine.SimState(
+        self.strategy.init(params, self.num_workers, strategy_key),
+        data_key, loss_key)
+    eval_batches = self.data.eval_batches(self.eval_examples)
+    self.eval_batches = jax.tree.map(jnp.asarray, eval_batches)
+    self.tail_steps = self.steps % period
+    self.programs = _engine.build(self.model, self.strategy, self.num_workers,
+                                  self.rounds_per_chunk, self.tail_steps)
+    self.metric_names = sorted(
+        jax.eval_shape(self.model.loss, params, example, loss_key)[1])
+
+  # ------------------------------------------------------------ description
+  def config(self) -> dict:
+    return {
+        "model": self.model.config,
+        "data": self.data.config,
+        "strategy": self.strategy.config,
+        "num_workers": self.num_workers,
+        "batch_size": self.batch_size,
+        "steps": self.steps,
+        "seed": self.seed,
+        "eval_every": self.eval_every,
+        "log_every": self.log_every,
+        "checkpoint_every": self.checkpoint_every,
+        "num_params": self.num_params,
+        "channels": {k: c._asdict() for k, c in self.channels.items()},
+        "jax_version": jax.__version__,
+        "backend": jax.default_backend(),
+    }
+
+  def _columns(self) -> list[str]:
+    lm = self.data.tokens_per_example is not None
+    cols = [names.STEP, names.EXAMPLES] + ([names.TOKENS] if lm else [])
+    cols += [names.TRAIN_LOSS] + [names.train_metric(m) for m in self.metric_names]
+    cols += [names.EVAL_LOSS] + [names.eval_metric(m) for m in self.metric_names]
+    cols += [names.EVAL_PERPLEXITY] if lm else []
+    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.WORKER_DIVERGENCE,
+             names.LR, names.WALL_TIME_S]
+    return cols
+
+  # ------------------------------------------------------------- execution
+  def execute(self) -> Result:
+    history = History(self.channels, self.log_every, self.steps,
+                      self.num_workers * self.batch_size,
+                      self.data.tokens_per_example, self.metric_names)
+    state = self.state
+    wall_offset = 0.0
+    if self.resume_from is not None:
+      state, wall_offset = self._restore(history)
+
+    compile_start = time.perf_counter()
+    chunk = self.programs.chunk.lower(state, self.sampler, 1).compile()
+    tail = (self.programs.tail.lower(state, self.sampler).compile()
+            if self.programs.tail else None)
+    evaluate = self.programs.evaluate.lower(state, self.eval_batches).compile()
+    global_params = jax.jit(
+        lambda s: self.strategy.global_params(s.strategy)).lower(state).compile()
+    compile_s = time.perf_counter() - compile_start
+
+    writers = self._open_writers(history)
+    bar = (telemetry.ProgressBar(self.steps, initial=history.step)
+           if self.progress else None)
+    start = time.perf_counter() - wall_offset
+    step = history.step
+    pending = None
+
+    def finish(p):
+      rows = self._consume(history, p, time.perf_counter() - start)
+      for row in rows:
+        for w in writers:
+          w.write(row)
+        if self.callback:
+          self.callback(row)
+      if bar and rows:
+        bar.update(history.step, rows[-1])
+
+    try:
+      period = self.strategy.period
+      while step + period <= self.steps:
+        n = min(self.rounds_per_chunk, (self.steps - step) // period,
+                *(self._rounds_to(step, every) for every in
+                  (self.eval_every, self.checkpoint_every) if every))
+        state, out = chunk(state, self.sampler, n)
+        step += n * period
+        ev = evaluate(state, self.eval_batches) if self._eval_due(step) else None
+        if pending is not None:
+          finish(pending)
+        pending = ("rounds", n, out, ev, step)
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+          finish(pending)
+          pending = None
+          self._save(step, state, history, time.perf_counter() - start)
+      if tail is not None:
+        state, out = tail(state, self.sampler)
+        step += self.tail_steps
+        ev = evaluate(state, self.eval_batches)
+        if pending is not None:
+          finish(pending)
+        pending = ("tail", self.tail_steps, out, ev, step)
+      if pending is not None:
+        finish(pending)
+    finally:
+      for w in writers:
+        w.close()
+      if bar:
+        bar.close()
+
+    elapsed = time.perf_counter() - start
+    hist = history.as_arrays()
+    summary = self._summary(hist, compile_s, elapsed, history)
+    if self.log_dir:
+      telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
+    return Result(hist, global_params(state), state, summary, self.config(),
+                  self.log_dir)
+
+  def _rounds_to(self, step, every):
+    return (every - step % every) // self.strategy.period
+
+  def _eval_due(self, step):
+    return step == self.steps or bool(self.eval_every and
+                                      step % self.eval_every == 0)
+
+  def _consume(self, history, pending, wall):
+    kind, n, out, ev, end_step = pending
+    out = jax.device_get(out)
+    if kind == "rounds":
+      per_step = jax.tree.map(lambda x: x[:n].reshape((-1,) + x.shape[2:]),
+                              out.steps)
+      period = self.strategy.period
+      round_end = np.zeros(n * period, bool)
+      round_end[period - 1::period] = True
+      counts = dict(per_step.counts)
+      for name, c in out.sync_counts.items():
+        full = np.zeros(n * period, np.int64)
+        full[period - 1::period] = c[:n]
+        counts[name] = counts.get(name, 0) + full
+      divergence, lr = out.divergence[:n], out.lr[:n]
+    else:
+      per_step = out
+      round_end = np.zeros(n, bool)
+      counts = dict(per_step.counts)
+      divergence = lr = np.zeros(0)
+    rows = history.add(loss=per_step.loss, metrics=per_step.metrics,
+                       bad_worker=per_step.first_bad_worker, counts=counts,
+                       round_end=round_end, divergence=divergence, lr=lr,
+                       wall_time_s=wall)
+    if ev is not None:
+      ev = {k: float(v) for k, v in jax.device_get(ev).items()}
+      row = history.add_eval(end_step, ev, self.data.tokens_per_example is not None,
+                             wall)
+      if not rows or rows[-1] is not row:
+        rows.append(row)
+    return rows
+
+  # ------------------------------------------------------------ files
+  def _open_writers(self, history):
+    if not self.log_dir:
+      return []
+    os.makedirs(self.log_dir, exist_ok=True)
+    telemetry.write_json(os.path.join(self.log_dir, "config.json"),
+                         self.config())
+    csv_writer = telemetry.CSVWriter(os.path.join(self.log_dir, "metrics.csv"),
+                                     self._columns())
+    for row in history.rows:  # a resumed run rewrites what was logged so far
+      csv_writer.write(row)
+    return [csv_writer, telemetry.TensorBoardWriter(
+        os.path.join(self.log_dir, "tensorboard"))]
+
+  def _checkpoint_dir(self, root):
+    sub = os.path.join(root, "checkpoints")
+    return sub if os.path.isdir(sub) else root
+
+  def _save(self, step, state, history, wall):
+    meta = {"history": history.state_dict(), "wall_time_s": wall,
+            "config": self.config()}
+    telemetry.save(self._checkpoint_dir(self.log_dir) if os.path.isdir(
+        os.path.join(self.log_dir, "checkpoints")) else
+                   os.path.join(self.log_dir, "checkpoints"), step, state, meta)
+
+  def _restore(self, history):
+    directory = self._checkpoint_dir(self.resume_from)
+    if telemetry.latest_step(directory) is None:
+      raise _validate.fail("resume_from", self.resume_from,
+                           "holds no checkpoint")
+    abstract = jax.eval_shape(lambda: self.state)
+    try:
+      step, state, meta = telemetry.restore(directory, abstract)
+    except Exception as e:  # orbax reports a structure mismatch many ways
+      raise _validate.fail(
+          "resume_from", self.resume_from,
+          f"its checkpoint does not match this run's configuration ({e})"
+      ) from e
+    if step > self.steps:
+      raise _validate.fail("steps", self.steps,
+                           f"the checkpoint is already at step {step}")
+    if step % self.strategy.period:
+      raise _validate.fail("resume_from", self.resume_from,
+                           f"checkpoint step {step} is not a round boundary")
+    history.load_state_dict(meta["history"])
+    history.total_steps = self.steps
+    return state, float(meta.get("wall_time_s", 0.0))
+
+  def _summary(self, hist, compile_s, elapsed, history):
+    def last(name):
+      if name not in hist:
+        return None
+      values = hist[name][~np.isnan(hist[name])]
+      return float(values[-1]) if values.size else None
+
+    steps_run = self.steps
+    examples = steps_run * self.num_workers * self.batch_size
+    summary = {
+        "steps": self.steps,
+        "num_workers": self.num_workers,
+        "num_params": self.num_params,
+        "final_train_loss": last(names.TRAIN_LOSS),
+        "final_eval_loss": last(names.EVAL_LOSS),
+        "payload_bytes": history.payload_bytes,
+        "wire_bytes": history.wire_bytes,
+        "compile_s": compile_s,
+        "wall_time_s": elapsed,
+        "steps_per_s": steps_run / elapsed if elapsed > 0 else None,
+        "examples_per_s": examples / elapsed if elapsed > 0 else None,
+        "log_dir": self.log_dir,
+    }
+    for m in self.metric_names:
+      summary["final_eval_" + m] = last(names.eval_metric(m))
+    if self.data.tokens_per_example:
+      summary["final_eval_perplexity"] = last(names.EVAL_PERPLEXITY)
+      summary["tokens_per_s"] = (examples * self.data.tokens_per_example /
+                                 elapsed if elapsed > 0 else None)
+    return summary

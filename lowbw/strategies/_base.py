@@ -1,0 +1,161 @@
+"""The strategy contract: a factory returns a NamedTuple of pure functions.
+
+A strategy owns everything that happens after the workers' gradients exist: the
+inner optimizer (applied per worker), communication every step (DDP, SPARTA) and
+the periodic synchronisation (DiLoCo, FedAvg). Its state is one pytree.
+
+Two ways to drive it, with identical results:
+
+* ``step(state, grads_W)`` — one inner step; the periodic ``sync`` runs under
+  ``lax.cond`` when the step counter reaches a multiple of ``period``. This is the
+  optax-style interface for notebooks and custom loops.
+* ``local`` then, every ``period`` steps, ``sync`` — what the engine compiles: a
+  round is a scan of ``period`` local steps followed by one sync, with no
+  conditional in the loop.
+
+Communication is reported as event counts (int32 per channel and step); the byte
+cost of one event of each channel is static (``channels``), so cumulative bytes
+are exact Python integers however long the run.
+"""
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw._types import Array, Params, PRNGKey, PyTree
+from lowbw.network import Channel
+from lowbw.transforms import per_worker, worker_mean
+
+CommReport = dict[str, Array]
+
+
+class StrategyState(NamedTuple):
+  """The whole state of a strategy.
+
+  Attributes:
+    step: int32 scalar, inner steps completed by every worker.
+    params_W: worker-stacked parameters.
+    inner_W: worker-stacked inner optimizer state (kept across syncs).
+    comm: strategy-specific communication state (global parameters, outer
+      optimizer state, ...); ``()`` when there is none.
+    key: a PRNG key shared by all workers (SPARTA indices, island draws).
+  """
+
+  step: Array
+  params_W: PyTree
+  inner_W: PyTree
+  comm: PyTree
+  key: PRNGKey
+
+
+class Strategy(NamedTuple):
+  """A distributed training strategy as pure functions.
+
+  Attributes:
+    name: registry name, e.g. ``"diloco"``.
+    period: inner steps per round (H); 1 when the strategy only communicates
+      every step. Static.
+    init: ``(params, num_workers, key) -> StrategyState``; every worker starts
+      from ``params``.
+    local: ``(state, grads_W) -> (state, report)``: one inner step on every
+      worker, with any per-step communication.
+    sync: ``(state) -> (state, report)``: the periodic communication, or None.
+    step: ``(state, grads_W) -> (state, report)``: ``local`` plus ``sync`` when
+      due, selected with ``lax.cond``.
+    global_params: ``(state) -> params``: the shared model that evaluation uses.
+    channels: ``(params, num_workers) -> {name: Channel}``: static byte cost of
+      one event of each channel that ``local``/``sync`` report.
+    config: JSON-able description (name and hyperparameters).
+  """
+
+  name: str
+  period: int
+  init: Callable[[Params, int, PRNGKey], StrategyState]
+  local: Callable[[StrategyState, PyTree], tuple[StrategyState, CommReport]]
+  sync: Callable[[StrategyState], tuple[StrategyState, CommReport]] | None
+  step: Callable[[StrategyState, PyTree], tuple[StrategyState, CommReport]]
+  global_params: Callable[[StrategyState], Params]
+  channels: Callable[[Params, int], dict[str, Channel]]
+  config: dict[str, Any]
+
+
+def default_inner() -> optax.GradientTransformation:
+  """AdamW with DiLoCo's inner hyperparameters (arXiv 2311.08105): lr 4e-4,
+  weight decay 0.1. Wrapped in ``inject_hyperparams`` so the learning rate is a
+  state leaf: logged as ``lr`` and changeable without recompiling."""
+  return optax.inject_hyperparams(optax.adamw)(learning_rate=4e-4,
+                                               weight_decay=0.1)
+
+
+def events(**counts) -> CommReport:
+  """A report: how many events of each channel happened (per worker)."""
+  return {name: jnp.asarray(c, jnp.int32) for name, c in counts.items()}
+
+
+def inner_init(inner: optax.GradientTransformation, params: Params,
+               num_workers: int, key: PRNGKey, comm: PyTree) -> StrategyState:
+  """A state where every worker holds ``params`` and a fresh inner state."""
+  from lowbw.transforms import broadcast_to_workers
+  params_W = broadcast_to_workers(params, num_workers)
+  return StrategyState(
+      step=jnp.zeros((), jnp.int32),
+      params_W=params_W,
+      inner_W=per_worker(inner).init(params_W),
+      comm=comm,
+      key=key,
+  )
+
+
+def inner_update(inner: optax.GradientTransformation, state: StrategyState,
+                 grads_W: PyTree) -> StrategyState:
+  """One inner optimizer step on every worker; advances the step counter."""
+  updates_W, inner_W = per_worker(inner).update(grads_W, state.inner_W,
+                                                state.params_W)
+  return state._replace(
+      step=state.step + 1,
+      params_W=optax.apply_updates(state.params_W, updates_W),
+      inner_W=inner_W,
+  )
+
+
+def mean_of_workers(state: StrategyState) -> Params:
+  """Global parameters of strategies without a server model."""
+  return worker_mean(state.params_W)
+
+
+def payload_bytes(tree: PyTree) -> int:
+  """Exact bytes of a tree of arrays (or ShapeDtypeStructs) sent as is."""
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def compose_step(local, sync, period: int):
+  """``local`` then, when the counter hits a multiple of ``period``, ``sync``."""
+  if sync is None:
+    return local
+
+  def step(state, grads_W):
+    state, report = local(state, grads_W)
+    sync_shape = jax.eval_shape(sync, state)[1]
+    no_sync = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sync_shape)
+    state, sync_report = jax.lax.cond(
+        state.step % period == 0, sync, lambda s: (s, no_sync), state)
+    return state, {**report, **sync_report}
+
+  return step
+
+
+def make(name: str, period: int, init, local, sync, global_params, channels,
+         config: dict[str, Any]) -> Strategy:
+  return Strategy(name, period, init, local, sync,
+                  compose_step(local, sync, period), global_params, channels,
+                  config)
+
+
+def describe(tx: optax.GradientTransformation | None) -> str | None:
+  """A JSON-able label for an optax transformation in config.json."""
+  if tx is None:
+    return None
+  return getattr(tx, "_lowbw_label", "custom optax transformation")

@@ -1,0 +1,74 @@
+"""SPARTA: sparse parameter averaging (Beton et al., 2025, ICLR workshop
+MCDC, openreview stFPf3gzq1)."""
+
+import jax
+import optax
+
+from lowbw import _validate
+from lowbw.network import ring_allreduce
+from lowbw.strategies import _base
+from lowbw.strategies._ddp import _check_tx
+from lowbw.transforms import SELECTORS, sparse_average, sparse_payload_bytes
+
+
+def sparta_local(inner, p: float, selector: str):
+  """An inner step on every worker, then the shared sparse averaging."""
+
+  def local(state, grads_W):
+    state = _base.inner_update(inner, state, grads_W)
+    key = jax.random.fold_in(state.key, 0x5BA7)
+    params_W = sparse_average(key, state.step, state.params_W, p, selector)
+    return state._replace(params_W=params_W), _base.events(sparse_parameters=1)
+
+  return local
+
+
+def sparta_channels(p: float):
+  def channels(params, num_workers_):
+    return {"sparse_parameters": ring_allreduce(sparse_payload_bytes(params, p),
+                                                num_workers_)}
+  return channels
+
+
+def check_sparta(p, selector):
+  return (_validate.fraction("p", p),
+          _validate.one_of("selector", selector, SELECTORS))
+
+
+def sparta(
+    inner: optax.GradientTransformation | None = None,
+    p: float = 0.005,
+    selector: str = "random",
+) -> _base.Strategy:
+  """Every step, the same fraction p of each tensor is averaged across workers.
+
+  After each worker's inner step, k = max(1, round(p * n)) entries of every
+  n-entry tensor are replaced by their mean over workers. The indices come from
+  a key shared by all workers (no bytes for them); see
+  ``lowbw.transforms.sparse_average`` for the selectors. p = 1 averages every
+  parameter every step (FedAvg with H = 1). Default p = 0.005, the SPARTA paper's
+  setting; inner AdamW.
+
+  Bytes per worker and step: payload = sum over tensors of k x 4 bytes
+  (float32 values, no indices); wire = 2(W-1)/W x payload (ring all-reduce).
+
+  Args:
+    inner: per-worker optimizer; default AdamW (lr 4e-4, weight decay 0.1).
+    p: fraction of each tensor averaged per step, in (0, 1].
+    selector: "random" | "shuffled" | "partitioned".
+
+  Example:
+    >>> strategy = lowbw.strategies.sparta(optax.adamw(1e-3), p=0.01)
+  """
+  inner = _base.default_inner() if inner is None else inner
+  _check_tx("inner", inner)
+  p, selector = check_sparta(p, selector)
+
+  def init(params, num_workers_, key):
+    return _base.inner_init(inner, params, num_workers_, key, ())
+
+  return _base.make(
+      "sparta", 1, init, sparta_local(inner, p, selector), None,
+      _base.mean_of_workers, sparta_channels(p),
+      {"name": "sparta", "inner": _base.describe(inner), "p": p,
+       "selector": selector})

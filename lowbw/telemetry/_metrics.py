@@ -1,0 +1,27 @@
+"""Metric names: CSV columns, TensorBoard tags and ``result.history`` keys.
+
+These names are a public contract (DESIGN.md): add new ones, never rename.
+"""
+
+STEP = "step"
+EXAMPLES = "examples"
+TOKENS = "tokens"
+TRAIN_LOSS = "train_loss"
+EVAL_LOSS = "eval_loss"
+EVAL_ACCURACY = "eval_accuracy"
+EVAL_PERPLEXITY = "eval_perplexity"
+PAYLOAD_BYTES = "payload_bytes"
+WIRE_BYTES = "wire_bytes"
+SIM_TIME_S = "sim_time_s"
+WALL_TIME_S = "wall_time_s"
+WORKER_DIVERGENCE = "worker_divergence"
+LR = "lr"
+
+
+def train_metric(name: str) -> str:
+  """Column of a model metric averaged over workers and steps, e.g. train_accuracy."""
+  return "train_" + name
+
+
+def eval_metric(name: str) -> str:
+  return "eval_" + name
