@@ -125,7 +125,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
 
   def evaluate(sim: SimState, eval_batches):
     params = strategy.global_params(sim.strategy)
-    key = jax.random.fold_in(sim.loss_key, -1)
+    key = jax.random.fold_in(sim.loss_key, 0xE7A1)  # not a step index
 
     def one(batch):
       loss, metrics = model.loss(params, batch, key)

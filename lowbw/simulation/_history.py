@@ -21,24 +21,27 @@ class NonFiniteLossError(FloatingPointError):
     step: the inner step (1-based) whose loss was non-finite.
     worker: the first worker with a non-finite loss at that step.
     history: what was logged before it (metric name -> numpy array).
+    new_rows: the rows of the failing chunk that precede the bad step (the
+      runner writes them before re-raising).
   """
 
-  def __init__(self, step: int, worker: int, history: dict):
+  def __init__(self, step: int, worker: int, history: dict,
+               new_rows: list | None = None):
     super().__init__(
         f"non-finite training loss at step {step} on worker {worker}; "
         "the rows logged before it were kept (lower the learning rate?)")
     self.step, self.worker, self.history = step, worker, history
+    self.new_rows = new_rows or []
 
 
 class History:
   """Accumulates rows of metrics at every ``log_every`` steps and eval points."""
 
   def __init__(self, channels: dict[str, Channel], log_every: int,
-               total_steps: int, examples_per_step: int,
+               examples_per_step: int,
                tokens_per_example: int | None, metric_names: list[str]):
     self.channels = channels
     self.log_every = log_every
-    self.total_steps = total_steps
     self.examples_per_step = examples_per_step
     self.tokens_per_example = tokens_per_example
     self.metric_names = list(metric_names)
@@ -110,7 +113,7 @@ class History:
     new_rows, prev = [], -1
     for j in range(stop):
       s = int(steps[j])
-      if s % self.log_every and s != self.total_steps:
+      if s % self.log_every:
         continue
       k = np.searchsorted(ends, j, side="right") - 1
       if k >= 0:
@@ -149,8 +152,39 @@ class History:
     self.rows += new_rows
     if bad.size:
       raise NonFiniteLossError(int(steps[stop]), int(bad_worker[stop]),
-                               self.as_arrays())
+                               self.as_arrays(), new_rows)
     return new_rows
+
+  def finalize(self, step: int, wall_time_s: float) -> dict:
+    """The row at the last step, made from the steps since the last row.
+
+    Kept apart from ``add`` so that rows and checkpoints before the end follow
+    the periodic rules alone: a run of N steps checkpointed at N and resumed to
+    2N logs exactly what a run of 2N steps logs.
+    """
+    if self.rows and self.rows[-1][names.STEP] == step:
+      return self.rows[-1]
+    row = self._bare_row(step, wall_time_s)
+    n = self.carry["n"]
+    if n:
+      row[names.TRAIN_LOSS] = self.carry["loss"] / n
+      for m in self.metric_names:
+        row[names.train_metric(m)] = self.carry[m] / n
+    if not math.isnan(self.lr):
+      row[names.LR] = self.lr
+    self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
+    self.rows.append(row)
+    return row
+
+  def _bare_row(self, step, wall_time_s):
+    row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step}
+    if self.tokens_per_example:
+      row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
+    row.update({names.PAYLOAD_BYTES: self.payload_bytes,
+                names.WIRE_BYTES: self.wire_bytes,
+                names.WORKER_DIVERGENCE: self.divergence,
+                names.WALL_TIME_S: wall_time_s})
+    return row
 
   def add_eval(self, step: int, results: dict[str, float],
                perplexity: bool, wall_time_s: float) -> dict:
@@ -158,13 +192,7 @@ class History:
     if self.rows and self.rows[-1][names.STEP] == step:
       row = self.rows[-1]
     else:
-      row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step,
-             names.PAYLOAD_BYTES: self.payload_bytes,
-             names.WIRE_BYTES: self.wire_bytes,
-             names.WORKER_DIVERGENCE: self.divergence,
-             names.WALL_TIME_S: wall_time_s}
-      if self.tokens_per_example:
-        row[names.TOKENS] = step * self.examples_per_step * self.tokens_per_example
+      row = self._bare_row(step, wall_time_s)
       self.rows.append(row)
     for name, value in results.items():
       row[names.EVAL_LOSS if name == "loss" else names.eval_metric(name)] = float(value)

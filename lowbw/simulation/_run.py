@@ -17,7 +17,7 @@ from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import telemetry
 from lowbw.simulation import _engine
-from lowbw.simulation._history import History
+from lowbw.simulation._history import History, NonFiniteLossError
 from lowbw.telemetry import names
 
 _TARGET_CHUNKS = 25
@@ -239,7 +239,7 @@ class _Run:
 
   # ------------------------------------------------------------- execution
   def execute(self) -> Result:
-    history = History(self.channels, self.log_every, self.steps,
+    history = History(self.channels, self.log_every,
                       self.num_workers * self.batch_size,
                       self.data.tokens_per_example, self.metric_names)
     state = self.state
@@ -263,8 +263,7 @@ class _Run:
     step = history.step
     pending = None
 
-    def finish(p):
-      rows = self._consume(history, p, time.perf_counter() - start)
+    def emit(rows):
       for row in rows:
         for w in writers:
           w.write(row)
@@ -272,6 +271,15 @@ class _Run:
           self.callback(row)
       if bar and rows:
         bar.update(history.step, rows[-1])
+
+    def finish(p):
+      try:
+        rows = self._consume(history, p, time.perf_counter() - start)
+      except NonFiniteLossError as e:
+        emit(e.new_rows)
+        raise
+      # The row at the last step is written by finalize, with the final eval.
+      emit([r for r in rows if r[names.STEP] != self.steps])
 
     try:
       period = self.strategy.period
@@ -292,12 +300,18 @@ class _Run:
       if tail is not None:
         state, out = tail(state, self.sampler)
         step += self.tail_steps
-        ev = evaluate(state, self.eval_batches)
         if pending is not None:
           finish(pending)
-        pending = ("tail", self.tail_steps, out, ev, step)
+        pending = ("tail", self.tail_steps, out, None, step)
       if pending is not None:
         finish(pending)
+      wall = time.perf_counter() - start
+      row = history.finalize(self.steps, wall)
+      if names.EVAL_LOSS not in row:
+        ev = {k: float(v) for k, v in
+              jax.device_get(evaluate(state, self.eval_batches)).items()}
+        history.add_eval(self.steps, ev, self._is_lm(), wall)
+      emit([row])
     finally:
       for w in writers:
         w.close()
@@ -316,8 +330,10 @@ class _Run:
     return (every - step % every) // self.strategy.period
 
   def _eval_due(self, step):
-    return step == self.steps or bool(self.eval_every and
-                                      step % self.eval_every == 0)
+    return bool(self.eval_every and step % self.eval_every == 0)
+
+  def _is_lm(self):
+    return self.data.tokens_per_example is not None
 
   def _consume(self, history, pending, wall):
     kind, n, out, ev, end_step = pending
@@ -345,8 +361,7 @@ class _Run:
                        wall_time_s=wall)
     if ev is not None:
       ev = {k: float(v) for k, v in jax.device_get(ev).items()}
-      row = history.add_eval(end_step, ev, self.data.tokens_per_example is not None,
-                             wall)
+      row = history.add_eval(end_step, ev, self._is_lm(), wall)
       if not rows or rows[-1] is not row:
         rows.append(row)
     return rows
@@ -372,9 +387,7 @@ class _Run:
   def _save(self, step, state, history, wall):
     meta = {"history": history.state_dict(), "wall_time_s": wall,
             "config": self.config()}
-    telemetry.save(self._checkpoint_dir(self.log_dir) if os.path.isdir(
-        os.path.join(self.log_dir, "checkpoints")) else
-                   os.path.join(self.log_dir, "checkpoints"), step, state, meta)
+    telemetry.save(os.path.join(self.log_dir, "checkpoints"), step, state, meta)
 
   def _restore(self, history):
     directory = self._checkpoint_dir(self.resume_from)
@@ -396,7 +409,6 @@ class _Run:
       raise _validate.fail("resume_from", self.resume_from,
                            f"checkpoint step {step} is not a round boundary")
     history.load_state_dict(meta["history"])
-    history.total_steps = self.steps
     return state, float(meta.get("wall_time_s", 0.0))
 
   def _summary(self, hist, compile_s, elapsed, history):

@@ -1,0 +1,228 @@
+"""Datasets the user brings: in-memory or ``.npy``/``.npz`` arrays, token files."""
+
+import os
+from typing import Any
+
+import numpy as np
+
+from lowbw import _validate
+from lowbw.data import _common
+from lowbw.data._source import DataSource
+
+PathOrArray = str | os.PathLike[str] | np.ndarray
+
+
+def _existing(path: Any, field: str = "path") -> str:
+  path = os.fspath(path)
+  if not os.path.isfile(path):
+    raise _validate.fail(field, path, "expected an existing file")
+  return path
+
+
+def _is_path(value: Any) -> bool:
+  return isinstance(value, (str, os.PathLike))
+
+
+def _load(value: Any) -> np.ndarray:
+  if _is_path(value):
+    return np.load(_existing(value), allow_pickle=False)
+  return np.asarray(value)
+
+
+def _features(x: np.ndarray, field: str) -> np.ndarray:
+  if x.ndim < 2 or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+    raise _validate.fail(
+        field, f"<array {x.dtype} {x.shape}>",
+        "expected a numeric array shaped (N, features...)")
+  return x.astype(np.float32)
+
+
+def _labels(y: np.ndarray | None, field: str, num_examples: int) -> np.ndarray:
+  if y is None:
+    raise _validate.fail(field, None, "expected integer class labels (N,)")
+  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
+    raise _validate.fail(
+        field, f"<array {y.dtype} {y.shape}>",
+        "expected integer class labels shaped (N,)")
+  if len(y) and y.min() < 0:
+    raise _validate.fail(
+        field, f"<labels from {y.min()}>", "expected class labels >= 0")
+  if len(y) != num_examples:
+    raise _validate.fail(
+        field, f"<{len(y)} labels>",
+        f"expected one label per example of x ({num_examples})")
+  return y.astype(np.int32)
+
+
+def _describe(value: Any) -> Any:
+  """Config entry: paths as str, in-memory arrays as a short description."""
+  if value is None:
+    return None
+  if _is_path(value):
+    return os.fspath(value)
+  if isinstance(value, (tuple, list)):
+    return [_describe(v) for v in value]
+  array = np.asarray(value)
+  return f"<array {array.dtype} {array.shape}>"
+
+
+def arrays(
+    x: PathOrArray,
+    y: PathOrArray | None = None,
+    sharding: str = "iid",
+    alpha: float = 0.5,
+    eval: tuple[PathOrArray, PathOrArray] | None = None,  # pylint: disable=redefined-builtin
+    eval_fraction: float = 0.1,
+) -> DataSource:
+  """A classification dataset from your arrays.
+
+  ``x`` and ``y`` may be numpy arrays or paths to ``.npy`` files; or ``x`` may
+  be a path to an ``.npz`` file (``y`` None) holding ``"x"``, ``"y"`` and
+  optionally ``"x_eval"``, ``"y_eval"``. Without explicit eval data, the last
+  ``eval_fraction`` of the examples, after a fixed (seed 0) permutation, is
+  held out, so the split does not depend on the run's seed. Features become
+  float32.
+
+  Args:
+    x: features shaped (N, ...), or a path to ``.npy`` / ``.npz``.
+    y: integer class labels shaped (N,) (values >= 0), or a path to ``.npy``.
+    sharding: ``"iid"``, ``"contiguous"`` or ``"dirichlet"`` (by label).
+    alpha: Dirichlet concentration for ``"dirichlet"``.
+    eval: optional held-out ``(x_eval, y_eval)``, arrays or ``.npy`` paths.
+    eval_fraction: fraction held out when no eval data is given, in (0, 1).
+
+  Returns:
+    A classification ``DataSource``.
+
+  Example:
+    >>> import numpy as np
+    >>> from lowbw import data
+    >>> x = np.random.default_rng(0).normal(size=(200, 5))
+    >>> source = data.arrays(x, (x[:, 0] > 0).astype(int))
+    >>> source.num_examples(), len(source.eval["y"])
+    (180, 20)
+  """
+  config = {"name": "arrays", "x": _describe(x), "y": _describe(y),
+            "sharding": sharding, "alpha": alpha, "eval": _describe(eval),
+            "eval_fraction": eval_fraction}
+  name = os.path.basename(os.fspath(x)) if _is_path(x) else "arrays"
+  pair = None
+  if _is_path(x) and os.fspath(x).endswith(".npz"):
+    if y is not None:
+      raise _validate.fail(
+          "y", _describe(y), "expected None when x is an .npz file (it holds 'y')")
+    with np.load(_existing(x), allow_pickle=False) as archive:
+      contents = dict(archive)
+    for key in ("x", "y"):
+      if key not in contents:
+        raise _validate.fail(
+            "path", os.fspath(x),
+            f"expected an .npz with keys 'x' and 'y' (found {sorted(contents)})")
+    x_train, y_train = contents["x"], contents["y"]
+    if "x_eval" in contents or "y_eval" in contents:
+      if eval is not None:
+        raise _validate.fail(
+            "eval", _describe(eval),
+            "expected None: the .npz already holds 'x_eval' and 'y_eval'")
+      pair = (contents.get("x_eval"), contents.get("y_eval"))
+      if pair[0] is None or pair[1] is None:
+        raise _validate.fail(
+            "path", os.fspath(x), "expected both 'x_eval' and 'y_eval', or neither")
+  else:
+    x_train = _load(x)
+    y_train = None if y is None else _load(y)
+  x_train = _features(x_train, "x")
+  y_train = _labels(y_train, "y", len(x_train))
+
+  if eval is not None:
+    if not isinstance(eval, (tuple, list)) or len(eval) != 2:
+      raise _validate.fail(
+          "eval", _describe(eval), "expected None or a pair (x_eval, y_eval)")
+    pair = (_load(eval[0]), _load(eval[1]))
+  if pair is not None:
+    x_eval = _features(pair[0], "x_eval")
+    y_eval = _labels(pair[1], "y_eval", len(x_eval))
+  else:
+    fraction = _common.eval_fraction(eval_fraction)
+    if len(y_train) < 2:
+      raise _validate.fail(
+          "x", f"<array {x_train.shape}>",
+          "expected at least 2 examples to hold some out for eval")
+    order = np.random.default_rng(0).permutation(len(y_train))
+    cut = len(order) - _common.held_out_count(len(order), fraction)
+    x_train, x_eval = x_train[order[:cut]], x_train[order[cut:]]
+    y_train, y_eval = y_train[order[:cut]], y_train[order[cut:]]
+  return DataSource(
+      name=name,
+      task="classification",
+      train={"x": x_train, "y": y_train},
+      eval={"x": x_eval, "y": y_eval},
+      sharding=sharding,
+      alpha=alpha,
+      config=config,
+  )
+
+
+def _tokens(path: str, field: str) -> np.ndarray:
+  path = _existing(path, field)
+  if os.path.getsize(path) % 2:
+    raise _validate.fail(
+        field, path, "expected a raw uint16 token file (its size is odd)")
+  return np.fromfile(path, dtype=np.uint16)
+
+
+def token_file(
+    path: str | os.PathLike[str],
+    seq_len: int = 128,
+    eval_path: str | os.PathLike[str] | None = None,
+    eval_fraction: float = 0.05,
+    sharding: str = "iid",
+) -> DataSource:
+  """Language modelling on a raw uint16 token file (nanoGPT's ``train.bin``).
+
+  Args:
+    path: a file of little-endian uint16 token ids, as written by
+      ``np.array(ids, np.uint16).tofile(path)``.
+    seq_len: tokens per example; each example is ``seq_len + 1`` tokens.
+    eval_path: an optional held-out token file (nanoGPT's ``val.bin``);
+      without it the last ``eval_fraction`` of ``path``'s tokens is held out.
+    eval_fraction: used without ``eval_path``, in (0, 1).
+    sharding: ``"iid"`` or ``"contiguous"``.
+
+  Returns:
+    An lm ``DataSource`` of uint16 tokens; ``vocab_size`` is the largest token
+    id (train or eval) + 1.
+
+  Example:
+    >>> import numpy as np, tempfile, os
+    >>> from lowbw import data
+    >>> path = os.path.join(tempfile.mkdtemp(), "train.bin")
+    >>> np.arange(5000, dtype=np.uint16).tofile(path)
+    >>> source = data.token_file(path, seq_len=64)
+    >>> source.vocab_size, source.num_examples()
+    (5000, 74)
+  """
+  _validate.positive_int("seq_len", seq_len)
+  tokens = _tokens(path, "path")
+  if eval_path is not None:
+    train, held_out = tokens, _tokens(eval_path, "eval_path")
+  else:
+    fraction = _common.eval_fraction(eval_fraction)
+    if len(tokens) < 2:
+      raise _validate.fail(
+          "path", os.fspath(path), "expected a token file of at least 2 tokens")
+    cut = len(tokens) - _common.held_out_count(len(tokens), fraction)
+    train, held_out = tokens[:cut], tokens[cut:]
+  vocab_size = int(max(train.max(initial=0), held_out.max(initial=0))) + 1
+  return DataSource(
+      name=os.path.basename(os.fspath(path)),
+      task="lm",
+      train={"tokens": train},
+      eval={"tokens": held_out},
+      sharding=sharding,
+      seq_len=seq_len,
+      vocab_size=vocab_size,
+      config={"name": "token_file", "path": os.fspath(path), "seq_len": seq_len,
+              "eval_path": None if eval_path is None else os.fspath(eval_path),
+              "eval_fraction": eval_fraction, "sharding": sharding},
+  )

@@ -1,0 +1,28 @@
+"""Models: pure ``init``/``loss`` functions, built-in ones and wrappers.
+
+A :class:`Model` is ``(init, loss, task, name, config)``. The built-ins are
+flax linen modules wrapped into that contract: :func:`mlp` and :func:`cnn`
+classify ``{"x", "y"}`` batches, :func:`gpt` models ``{"tokens"}`` batches.
+:func:`from_flax` wraps a user's module, :func:`as_model` accepts whatever a
+user passes as ``model=``, and :func:`get` builds a built-in by name.
+"""
+
+from lowbw.models._cnn import cnn
+from lowbw.models._contract import as_model
+from lowbw.models._contract import from_flax
+from lowbw.models._contract import Model
+from lowbw.models._contract import param_count
+from lowbw.models._gpt import gpt
+from lowbw.models._mlp import mlp
+from lowbw.models._registry import get
+
+__all__ = (
+    "Model",
+    "as_model",
+    "cnn",
+    "from_flax",
+    "get",
+    "gpt",
+    "mlp",
+    "param_count",
+)

@@ -1,0 +1,210 @@
+"""The model contract: a NamedTuple of pure ``init``/``loss`` functions.
+
+Every model lowbw trains is a :class:`Model`. The simulator never looks inside
+it: it vmaps ``init`` and ``loss`` over the worker axis, so both must be pure
+functions of arrays (no Python state, no host syncs).
+"""
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw import _validate
+from lowbw._types import Array, Batch, Params, PRNGKey, PyTree
+
+TASKS = ("classification", "lm")
+
+
+class Model(NamedTuple):
+  """A model as two pure functions plus a description.
+
+  Attributes:
+    init: ``init(key, batch) -> params``; ``batch`` is an example batch of ONE
+      worker (numpy or jax arrays); only its shapes and dtypes matter.
+    loss: ``loss(params, batch, key) -> (loss, metrics)``: a scalar float32
+      mean loss and a dict of scalar metrics. ``key`` is for stochastic models
+      (dropout); the built-in models are deterministic and ignore it.
+    task: ``"classification"`` (batch ``{"x": (b, ...), "y": int (b,)}``),
+      ``"lm"`` (batch ``{"tokens": int (b, seq_len + 1)}``) or ``"custom"``.
+    name: ``"mlp"``, ``"cnn"``, ``"gpt"``, a flax module's class name, or
+      ``"custom"``.
+    config: JSON-serialisable ``{"name": name, **factory kwargs}``; a run
+      writes it to its ``config.json``.
+  """
+  init: Callable[[PRNGKey, Batch], Params]
+  loss: Callable[[Params, Batch, PRNGKey], tuple[Array, dict[str, Array]]]
+  task: str
+  name: str
+  config: dict[str, Any]
+
+
+def param_count(params: PyTree) -> int:
+  """Number of scalars in ``params`` (a stacked ``params_W`` counts W times).
+
+  Works on arrays and on ``jax.eval_shape`` results alike.
+  """
+  return sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(params))
+
+
+def positive_ints(field: str, values: Any) -> tuple[int, ...]:
+  """Validates a sequence of layer sizes (empty allowed)."""
+  if isinstance(values, (str, bytes)) or not isinstance(values, (tuple, list)):
+    raise _validate.fail(field, values, "expected a list of integers >= 1")
+  return tuple(_validate.positive_int(f"{field}[{i}]", v)
+               for i, v in enumerate(values))
+
+
+def _batch_array(batch: Batch, field: str, task: str) -> Any:
+  if not isinstance(batch, Mapping) or field not in batch:
+    got = sorted(batch) if isinstance(batch, Mapping) else type(batch).__name__
+    raise _validate.fail(
+        "batch", got, f"a {task} batch must be a dict with key {field!r}")
+  return batch[field]
+
+
+def _lm_split(batch: Batch) -> tuple[Array, Array]:
+  """Splits ``tokens`` (b, T + 1) into inputs and next-token targets (b, T)."""
+  tokens = _batch_array(batch, "tokens", "lm")
+  shape = tuple(jnp.shape(tokens))
+  if len(shape) != 2 or shape[1] < 2:
+    raise _validate.fail(
+        "batch['tokens'].shape", shape,
+        "expected (batch, seq_len + 1) with seq_len >= 1")
+  tokens = jnp.asarray(tokens)
+  return tokens[:, :-1], tokens[:, 1:]
+
+
+def _inputs_and_labels(batch: Batch, task: str) -> tuple[Array, Array]:
+  if task == "lm":
+    return _lm_split(batch)
+  return (jnp.asarray(_batch_array(batch, "x", task)),
+          jnp.asarray(_batch_array(batch, "y", task)))
+
+
+def _cross_entropy(
+    logits: Array, labels: Array
+) -> tuple[Array, dict[str, Array]]:
+  """Mean softmax cross-entropy and accuracy over every leading axis.
+
+  Serves both tasks: (b, C) logits with (b,) labels, and (b, T, V) logits with
+  (b, T) next-token labels.
+  """
+  if logits.shape[:-1] != labels.shape:
+    raise _validate.fail(
+        "logits.shape", logits.shape,
+        f"the model must return logits shaped labels.shape + (classes,) = "
+        f"{labels.shape} + (classes,)")
+  # float32 even for low-precision logits: the mean over many examples is
+  # what the non-finite check and the logs read.
+  logits = logits.astype(jnp.float32)
+  labels = labels.astype(jnp.int32)
+  loss = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  hits = jnp.argmax(logits, axis=-1) == labels
+  return loss, {"accuracy": hits.astype(jnp.float32).mean()}
+
+
+def wrap_module(
+    module: nn.Module, task: str, name: str, config: dict[str, Any]
+) -> Model:
+  """The Model of a linen module mapping inputs to logits."""
+
+  def init(key: PRNGKey, batch: Batch) -> Params:
+    inputs, _ = _inputs_and_labels(batch, task)
+    variables = module.init(key, inputs)
+    # Optimizers would treat any other collection (batch_stats, cache) as
+    # trainable, silently corrupting it, so refuse rather than drop it.
+    extra = sorted(k for k in variables if k != "params")
+    if extra:
+      raise _validate.fail(
+          "model", name, f"module has variable collections {extra}; only "
+          "'params' is supported (write init/loss functions for stateful "
+          "models)")
+    return variables.get("params", {})
+
+  def loss(
+      params: Params, batch: Batch, key: PRNGKey | None = None
+  ) -> tuple[Array, dict[str, Array]]:
+    del key  # The wrapped modules are deterministic.
+    inputs, labels = _inputs_and_labels(batch, task)
+    logits = module.apply({"params": params}, inputs)
+    return _cross_entropy(logits, labels)
+
+  return Model(init=init, loss=loss, task=task, name=name, config=config)
+
+
+def from_flax(module: nn.Module, task: str = "classification") -> Model:
+  """Wraps a flax linen module whose ``__call__(inputs)`` returns logits.
+
+  The loss is the mean softmax cross-entropy, with metrics ``{"accuracy"}``.
+  The module must be deterministic and keep no state besides ``params``.
+
+  Args:
+    module: a ``flax.linen.Module`` instance. For ``task="classification"`` it
+      is called on ``batch["x"]`` and returns (b, classes) logits; for
+      ``task="lm"`` it is called on ``batch["tokens"][:, :-1]`` and returns
+      (b, T, vocab) logits.
+    task: ``"classification"`` (default) or ``"lm"``.
+
+  Returns:
+    A :class:`Model` named after the module's class, with config
+    ``{"name": class name, "task": task}``.
+
+  Example:
+    >>> import flax.linen as nn
+    >>> import jax, jax.numpy as jnp
+    >>> class Linear(nn.Module):
+    ...   @nn.compact
+    ...   def __call__(self, x):
+    ...     return nn.Dense(3)(x)
+    >>> model = from_flax(Linear())
+    >>> batch = {"x": jnp.ones((4, 5)), "y": jnp.zeros((4,), jnp.int32)}
+    >>> params = model.init(jax.random.key(0), batch)
+    >>> loss, metrics = model.loss(params, batch, jax.random.key(1))
+  """
+  if not isinstance(module, nn.Module):
+    raise _validate.fail("module", type(module).__name__,
+                         "expected a flax.linen.Module instance")
+  _validate.one_of("task", task, TASKS)
+  name = type(module).__name__
+  return wrap_module(module, task, name, {"name": name, "task": task})
+
+
+def as_model(obj: Any) -> Model:
+  """Turns what a user passes as ``model=`` into a :class:`Model`.
+
+  Args:
+    obj: a :class:`Model` (returned as is); a ``flax.linen.Module`` instance
+      (wrapped by :func:`from_flax` as a classifier); or a pair
+      ``(init, loss)`` of functions following the :class:`Model` contract
+      (task and name ``"custom"``).
+
+  Returns:
+    A :class:`Model`.
+
+  Raises:
+    ValueError: naming field ``model`` for anything else.
+
+  Example:
+    >>> model = as_model((my_init, my_loss))  # doctest: +SKIP
+  """
+  # Model is itself a tuple, so it must be matched before the pair case.
+  if isinstance(obj, Model):
+    return obj
+  if isinstance(obj, nn.Module):
+    return from_flax(obj)
+  if (isinstance(obj, (tuple, list)) and len(obj) == 2
+      and all(callable(f) for f in obj)):
+    init, loss = obj
+    return Model(init=init, loss=loss, task="custom", name="custom",
+                 config={"name": "custom"})
+  # A long repr (a params tree, an array) would bury the message.
+  shown = obj if isinstance(obj, (str, int, float, type(None))) else (
+      f"<{type(obj).__name__}>")
+  raise _validate.fail(
+      "model", shown, "expected a lowbw Model, a flax.linen.Module instance, "
+      "or an (init, loss) pair of functions")

@@ -1,0 +1,35 @@
+"""Built-in models by name, for the CLI and config files."""
+
+import inspect
+from typing import Any
+
+from lowbw import _validate
+from lowbw.models import _cnn, _contract, _gpt, _mlp
+
+_FACTORIES = {"mlp": _mlp.mlp, "cnn": _cnn.cnn, "gpt": _gpt.gpt}
+
+
+def get(name: str, **kwargs: Any) -> _contract.Model:
+  """Builds a built-in model by name.
+
+  Args:
+    name: ``"mlp"``, ``"cnn"`` or ``"gpt"``.
+    **kwargs: arguments of that factory (:func:`mlp`, :func:`cnn`,
+      :func:`gpt`).
+
+  Returns:
+    The :class:`Model`; ``get(**model.config)`` rebuilds it.
+
+  Example:
+    >>> model = get("gpt", layers=4, d_model=256)
+  """
+  _validate.one_of("model", name, _FACTORIES)
+  factory = _FACTORIES[name]
+  accepted = list(inspect.signature(factory).parameters)
+  unknown = sorted(set(kwargs) - set(accepted))
+  if unknown:
+    # A TypeError from the call would not say which model or what is allowed.
+    raise _validate.fail(
+        f"model.{unknown[0]}", kwargs[unknown[0]],
+        f"{name} accepts only " + ", ".join(accepted))
+  return factory(**kwargs)
