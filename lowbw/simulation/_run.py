@@ -65,6 +65,7 @@ def simulate(
     rounds_per_chunk: int | None = None,
     progress: bool | None = None,
     callback: Callable[[dict], None] | None = None,
+    metadata: dict | None = None,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -99,6 +100,8 @@ def simulate(
     rounds_per_chunk: rounds per compiled call (default: about 1/25 of the run).
     progress: show a progress bar (default: when stderr is a terminal).
     callback: called with each logged row (a dict), on the host.
+    metadata: JSON-able notes stored under "metadata" in config.json (the CLI
+      keeps its settings there, for ``lowbw train --resume``).
 
   Returns:
     A ``Result``.
@@ -109,7 +112,8 @@ def simulate(
   """
   run = _Run(model, data, strategy, num_workers, batch_size, steps, seed,
              network, eval_every, log_every, log_dir, checkpoint_every,
-             resume_from, eval_examples, rounds_per_chunk, progress, callback)
+             resume_from, eval_examples, rounds_per_chunk, progress, callback,
+             metadata)
   return run.execute()
 
 
@@ -138,7 +142,7 @@ class _Run:
   def __init__(self, model, data, strategy, num_workers, batch_size, steps,
                seed, network, eval_every, log_every, log_dir, checkpoint_every,
                resume_from, eval_examples, rounds_per_chunk, progress,
-               callback):
+               callback, metadata):
     # --- validation: everything fails here, before compiling.
     self.num_workers = _validate.positive_int("num_workers", num_workers)
     self.batch_size = _validate.positive_int("batch_size", batch_size)
@@ -176,6 +180,7 @@ class _Run:
       raise _validate.fail("resume_from", resume_from, "no such directory")
     self.progress = telemetry.is_terminal() if progress is None else progress
     self.callback = callback
+    self.metadata = dict(metadata or {})
     if self.model.task not in ("custom", self.data.task):
       raise _validate.fail(
           "model", self.model.name,
@@ -225,6 +230,7 @@ class _Run:
         "channels": {k: c._asdict() for k, c in self.channels.items()},
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
+        "metadata": self.metadata,
     }
 
   def _columns(self) -> list[str]:

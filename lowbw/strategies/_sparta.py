@@ -46,8 +46,9 @@ def sparta(
   n-entry tensor are replaced by their mean over workers. The indices come from
   a key shared by all workers (no bytes for them); see
   ``lowbw.transforms.sparse_average`` for the selectors. p = 1 averages every
-  parameter every step (FedAvg with H = 1). Default p = 0.005, the SPARTA paper's
-  setting; inner AdamW.
+  parameter every step (FedAvg with H = 1). Default p = 0.005 (0.5% of each
+  tensor per step); the EXO Gym paper cites fractions as small as 0.05%.
+  Inner AdamW.
 
   Bytes per worker and step: payload = sum over tensors of k x 4 bytes
   (float32 values, no indices); wire = 2(W-1)/W x payload (ring all-reduce).

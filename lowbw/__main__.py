@@ -1,0 +1,5 @@
+import sys
+
+from lowbw.cli import main
+
+sys.exit(main())

@@ -1,0 +1,64 @@
+"""The ``lowbw`` command line: the only layer that prints."""
+
+import argparse
+import re
+import sys
+
+from lowbw.cli import _train
+
+# API field names whose command-line flag has another name.
+_FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out"}
+
+
+class _Parser(argparse.ArgumentParser):
+  """Usage errors as one line, not a usage block."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _one_line(error: Exception) -> str:
+  """The error's first line, with the API field renamed to its flag."""
+  text = str(error).splitlines()[0] if str(error) else type(error).__name__
+  match = re.match(r"(\w+)=", text)
+  if match:
+    name = _FLAGS.get(match.group(1), match.group(1))
+    if name in _train.DEFAULTS or name in ("resume", "config"):
+      text = "--" + name.replace("_", "-") + text[len(match.group(1)):]
+  return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+  parser = _Parser(
+      prog="lowbw",
+      description="Simulate low-bandwidth distributed training on one machine.")
+  sub = parser.add_subparsers(title="commands", metavar="COMMAND",
+                              parser_class=_Parser)
+  _train.add_parser(sub)
+  return parser
+
+
+def main(argv=None) -> int:
+  """Entry point; errors are one line on stderr and a non-zero exit code."""
+  from lowbw.simulation import NonFiniteLossError
+
+  parser = build_parser()
+  args = parser.parse_args(argv)
+  if not hasattr(args, "run"):
+    parser.print_help()
+    return 2
+  try:
+    return args.run(args)
+  except NonFiniteLossError as e:
+    print(f"lowbw: error: {e}", file=sys.stderr)
+    return 3
+  except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+    print(f"lowbw: error: {_one_line(e)}", file=sys.stderr)
+    return 2
+  except KeyboardInterrupt:
+    print("lowbw: interrupted; what was logged so far is kept", file=sys.stderr)
+    return 130
+
+
+if __name__ == "__main__":
+  sys.exit(main())

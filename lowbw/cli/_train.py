@@ -1,0 +1,313 @@
+"""``lowbw train``: one simulated run from flags, a config file, or a resume."""
+
+import argparse
+import datetime
+import json
+import os
+import tomllib
+
+import optax
+
+from lowbw import _validate
+from lowbw import data as data_lib
+from lowbw import models as models_lib
+from lowbw import strategies as strategies_lib
+from lowbw.simulation import simulate
+
+METADATA_KEY = "train_args"  # where config.json keeps these settings
+
+# The default run: a small GPT on the standard library's source bytes, 8
+# workers, DiLoCo; a few minutes on a 2-core CPU. Strategy hyperparameters not
+# set here are the papers' defaults (see docs/strategies/).
+DEFAULTS = {
+    "strategy": "diloco", "workers": 8, "H": 50, "p": 0.005,
+    "selector": "random", "island_size": None,
+    "inner": "adamw", "inner_lr": 1e-3, "weight_decay": 0.1,
+    "momentum": 0.9, "warmup_steps": 0, "schedule": "constant",
+    "outer_lr": 0.7, "outer_momentum": 0.9,
+    "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
+    "hidden": "64", "channels": "16,32",
+    "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
+    "steps": 600, "batch_size": 8, "seed": 0, "eval_every": 100,
+    "log_every": None, "checkpoint_every": None, "eval_examples": None,
+    "out": None, "progress": None,
+}
+INNERS = ("adamw", "adam", "sgd")
+
+# Settings that only some choices use; giving one that the run ignores is an
+# error rather than a silent no-op.
+_USED_BY = {
+    "strategy": {
+        "ddp": set(), "fedavg": {"H", "island_size"},
+        "diloco": {"H", "outer_lr", "outer_momentum"},
+        "sparta": {"p", "selector"},
+        "sparta_diloco": {"H", "p", "selector", "outer_lr", "outer_momentum"},
+    },
+    "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"}},
+    "model": {"gpt": {"layers", "d_model", "heads"}, "mlp": {"hidden"},
+              "cnn": {"channels"}},
+}
+SCHEDULES = ("constant", "cosine")
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser(
+      "train", help="simulate a distributed training run",
+      description="Simulate W workers training one model with a "
+      "low-bandwidth strategy; log loss, bytes and time. With no arguments: "
+      "DiLoCo, 8 workers, a small GPT on the Python standard library's source "
+      "bytes (a few minutes on a 2-core CPU).",
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  d = DEFAULTS
+  add = p.add_argument
+  add("--config", metavar="FILE", help="TOML or JSON file of these options "
+      "(keys as the long option names, '-' or '_'); flags override it")
+  add("--resume", metavar="DIR", help="continue the run logged in DIR from its "
+      "latest checkpoint (flags given here override its settings, e.g. --steps)")
+  g = p.add_argument_group("strategy")
+  g.add_argument("--strategy", choices=sorted(strategies_lib.REGISTRY),
+                 help=f"default {d['strategy']}")
+  g.add_argument("--workers", type=int, help=f"number of simulated workers W (default {d['workers']})")
+  g.add_argument("--H", type=int, help=f"inner steps per sync (default {d['H']})")
+  g.add_argument("--p", type=float, help=f"SPARTA fraction averaged per step (default {d['p']})")
+  g.add_argument("--selector", help="SPARTA index selector: random | shuffled | partitioned")
+  g.add_argument("--island-size", type=int, help="FedAvg: workers per island (default: all)")
+  g = p.add_argument_group("optimizers")
+  g.add_argument("--inner", help=f"inner optimizer: {' | '.join(INNERS)} (default {d['inner']})")
+  g.add_argument("--inner-lr", type=float, help=f"default {d['inner_lr']}")
+  g.add_argument("--weight-decay", type=float, help=f"adamw only (default {d['weight_decay']})")
+  g.add_argument("--momentum", type=float, help=f"sgd inner momentum (default {d['momentum']})")
+  g.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up (default 0)")
+  g.add_argument("--schedule", help="after warm-up: constant | cosine (default constant)")
+  g.add_argument("--outer-lr", type=float, help=f"DiLoCo outer SGD lr (default {d['outer_lr']})")
+  g.add_argument("--outer-momentum", type=float, help=f"outer Nesterov momentum, 0 for none (default {d['outer_momentum']})")
+  g = p.add_argument_group("model and data")
+  g.add_argument("--model", help="gpt | mlp | cnn (default: gpt for text, mlp for classification)")
+  g.add_argument("--layers", type=int, help=f"gpt (default {d['layers']})")
+  g.add_argument("--d-model", type=int, help=f"gpt (default {d['d_model']})")
+  g.add_argument("--heads", type=int, help=f"gpt (default {d['heads']})")
+  g.add_argument("--seq-len", type=int, help=f"gpt context and text window (default {d['seq_len']})")
+  g.add_argument("--hidden", help=f"mlp hidden sizes, comma-separated (default {d['hidden']})")
+  g.add_argument("--channels", help=f"cnn channels, comma-separated (default {d['channels']})")
+  g.add_argument("--data", help="text | digits | PATH (.npz arrays, .bin uint16 tokens, "
+                 "or a folder of text files) (default text: the stdlib sources)")
+  g.add_argument("--data-root", help="folder of text files for --data text")
+  g.add_argument("--sharding", help="iid | contiguous | dirichlet (default iid)")
+  g.add_argument("--alpha", type=float, help="dirichlet concentration (default 0.5)")
+  g = p.add_argument_group("run")
+  g.add_argument("--steps", type=int, help=f"inner steps per worker (default {d['steps']})")
+  g.add_argument("--batch-size", type=int, help=f"examples per worker and step (default {d['batch_size']})")
+  g.add_argument("--seed", type=int, help="default 0")
+  g.add_argument("--eval-every", type=int, help=f"default {d['eval_every']}")
+  g.add_argument("--log-every", type=int, help="default: about 200 rows per run")
+  g.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
+  g.add_argument("--eval-examples", type=int, help="held-out examples per evaluation")
+  g.add_argument("--out", help="log folder (default runs/<time>-<strategy>)")
+  g.add_argument("--progress", action=argparse.BooleanOptionalAction,
+                 help="progress bar (default: on a terminal)")
+  p.set_defaults(run=run)
+
+
+def _read_config(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise _validate.fail("config", path, "no such file")
+  with open(path, "rb") as f:
+    text = f.read()
+  try:
+    values = (json.loads(text) if path.endswith(".json")
+              else tomllib.loads(text.decode()))
+  except (ValueError, tomllib.TOMLDecodeError) as e:
+    raise _validate.fail("config", path, f"not valid TOML/JSON ({e})") from e
+  values = {k.replace("-", "_"): v for k, v in values.items()}
+  unknown = sorted(set(values) - set(DEFAULTS))
+  if unknown:
+    raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
+                         f"{', '.join(sorted(DEFAULTS))}")
+  return values
+
+
+def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
+  """Defaults < resumed run's settings < config file < flags.
+
+  Returns the merged settings and the names given explicitly (flags and
+  config file), which must all be used by the run.
+  """
+  merged, explicit = dict(DEFAULTS), set()
+  if args.resume:
+    path = os.path.join(args.resume, "config.json")
+    saved = None
+    if os.path.isfile(path):
+      with open(path) as f:
+        saved = json.load(f).get("metadata", {}).get(METADATA_KEY)
+    if saved is None:
+      raise _validate.fail("resume", args.resume,
+                           "not the log folder of a lowbw train run "
+                           "(no config.json with its settings)")
+    merged.update(saved)
+    merged["out"] = args.resume
+  if args.config:
+    from_file = _read_config(args.config)
+    merged.update(from_file)
+    explicit |= set(from_file)
+  flags = {k: v for k, v in vars(args).items()
+           if k in DEFAULTS and v is not None}
+  merged.update(flags)
+  return merged, explicit | set(flags)
+
+
+def check_used(s: dict, explicit: set[str], model_name: str) -> None:
+  """Raises for an explicitly given setting that the chosen run ignores."""
+  chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name}
+  for kind, options in _USED_BY.items():
+    used = options.get(chosen[kind], set())
+    for name in sorted(explicit & (set().union(*options.values()) - used)):
+      raise _validate.fail(name, s[name],
+                           f"not used by {kind} {chosen[kind]!r}")
+
+
+def _ints(field, text):
+  try:
+    values = tuple(int(v) for v in str(text).split(",") if v.strip())
+  except ValueError:
+    values = ()
+  if not values or min(values) < 1:
+    raise _validate.fail(field, text, "expected positive integers, comma-separated")
+  return values
+
+
+def build_data(s: dict):
+  name = s["data"]
+  common = {"sharding": s["sharding"]}
+  if s["sharding"] == "dirichlet":
+    common["alpha"] = s["alpha"]
+  if name == "text":
+    return data_lib.text_bytes(seq_len=s["seq_len"], root=s["data_root"],
+                               **common)
+  if name == "digits":
+    return data_lib.digits(**common)
+  if os.path.isdir(name):
+    return data_lib.text_bytes(seq_len=s["seq_len"], root=name, **common)
+  if name.endswith(".npz"):
+    return data_lib.arrays(name, **common)
+  if name.endswith(".bin"):
+    return data_lib.token_file(name, seq_len=s["seq_len"], **common)
+  raise _validate.fail("data", name, "expected text, digits, a folder, an "
+                       ".npz file or a .bin token file")
+
+
+def build_model(s: dict, source):
+  name = s["model"] or ("gpt" if source.task == "lm" else "mlp")
+  if name == "gpt":
+    return models_lib.gpt(layers=s["layers"], d_model=s["d_model"],
+                          heads=s["heads"], seq_len=s["seq_len"],
+                          vocab=max(256, source.vocab_size or 0))
+  num_classes = getattr(source, "num_classes", None) or 10
+  if name == "mlp":
+    return models_lib.mlp(hidden=_ints("hidden", s["hidden"]),
+                          num_classes=num_classes)
+  if name == "cnn":
+    return models_lib.cnn(channels=_ints("channels", s["channels"]),
+                          num_classes=num_classes)
+  return models_lib.get(name)  # raises the registry's error
+
+
+def _learning_rate(s: dict):
+  lr = _validate.positive_float("inner_lr", s["inner_lr"])
+  warmup = s["warmup_steps"]
+  if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+    raise _validate.fail("warmup_steps", warmup, "expected an integer >= 0")
+  schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
+  if schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        0.0, lr, warmup, max(warmup + 1, s["steps"]))
+  if warmup:
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)],
+        [warmup])
+  return lr
+
+
+def build_inner(s: dict) -> optax.GradientTransformation:
+  name = _validate.one_of("inner", s["inner"], INNERS)
+  lr = _learning_rate(s)
+  if name == "adamw":
+    return optax.inject_hyperparams(optax.adamw)(
+        learning_rate=lr, weight_decay=s["weight_decay"])
+  if name == "adam":
+    return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+  return optax.inject_hyperparams(optax.sgd)(learning_rate=lr,
+                                             momentum=s["momentum"] or None)
+
+
+def build_outer(s: dict) -> optax.GradientTransformation:
+  lr = _validate.positive_float("outer_lr", s["outer_lr"])
+  momentum = s["outer_momentum"]
+  if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+    raise _validate.fail("outer_momentum", momentum, "expected a number in [0, 1)")
+  return optax.inject_hyperparams(optax.sgd)(
+      learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
+
+
+def build_strategy(s: dict):
+  name = _validate.one_of("strategy", s["strategy"], strategies_lib.REGISTRY)
+  inner = build_inner(s)
+  if name == "ddp":
+    return strategies_lib.ddp(inner)
+  if name == "fedavg":
+    return strategies_lib.fedavg(inner, H=s["H"], island_size=s["island_size"])
+  if name == "sparta":
+    return strategies_lib.sparta(inner, p=s["p"], selector=s["selector"])
+  outer = build_outer(s)
+  if name == "diloco":
+    return strategies_lib.diloco(inner, outer, H=s["H"])
+  return strategies_lib.sparta_diloco(inner, outer, H=s["H"], p=s["p"],
+                                      selector=s["selector"])
+
+
+def run(args: argparse.Namespace) -> int:
+  s, explicit = settings(args)
+  source = build_data(s)
+  model = build_model(s, source)
+  check_used(s, explicit, model.name)
+  strategy = build_strategy(s)
+  out = s["out"] or os.path.join(
+      "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" +
+      s["strategy"])
+  saved = {k: s[k] for k in DEFAULTS if k not in ("progress", "out")}
+  result = simulate(
+      model=model, data=source, strategy=strategy, num_workers=s["workers"],
+      batch_size=s["batch_size"], steps=s["steps"], seed=s["seed"],
+      eval_every=s["eval_every"], log_every=s["log_every"], log_dir=out,
+      checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
+      resume_from=args.resume, progress=s["progress"],
+      metadata={METADATA_KEY: saved})
+  print(format_summary(result.summary, s))
+  return 0
+
+
+def _bytes(n: float) -> str:
+  for unit in ("B", "KB", "MB", "GB", "TB"):
+    if abs(n) < 1000 or unit == "TB":
+      return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
+    n /= 1000
+  return str(n)
+
+
+def format_summary(summary: dict, s: dict) -> str:
+  lines = [f"{s['strategy']}: {summary['num_workers']} workers x "
+           f"{summary['steps']} steps, {summary['num_params']:,} parameters"]
+  if summary.get("final_eval_loss") is not None:
+    extra = ""
+    if summary.get("final_eval_perplexity") is not None:
+      extra = f", perplexity {summary['final_eval_perplexity']:.3f}"
+    elif summary.get("final_eval_accuracy") is not None:
+      extra = f", accuracy {summary['final_eval_accuracy']:.3f}"
+    lines.append(f"  final eval loss   {summary['final_eval_loss']:.4f}{extra}")
+  lines.append(f"  sent per worker   {_bytes(summary['payload_bytes'])} payload, "
+               f"{_bytes(summary['wire_bytes'])} on the wire (ring all-reduce)")
+  rate = f"{summary['steps_per_s']:.2f} steps/s"
+  if summary.get("tokens_per_s"):
+    rate += f", {summary['tokens_per_s']:,.0f} tokens/s"
+  lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
+  lines.append(f"  logs              {summary['log_dir']}")
+  return "\n".join(lines)

@@ -1,0 +1,115 @@
+"""``lowbw train``: runs, config files, resume, the default run's settings, errors."""
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from lowbw import cli
+from lowbw.cli import _train
+
+BASE = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+        "--batch-size", "4", "--steps", "10", "--no-progress"]
+TINY = BASE + ["--H", "5", "--eval-every", "5"]  # DiLoCo, the default
+
+
+def steps_logged(out):
+  with open(out / "metrics.csv") as f:
+    return [int(r["step"]) for r in csv.DictReader(f)]
+
+
+def test_train_writes_logs_and_prints_a_summary(tmp_path, capsys):
+  assert cli.main(TINY + ["--out", str(tmp_path)]) == 0
+  printed = capsys.readouterr().out
+  assert "final eval loss" in printed and str(tmp_path) in printed
+  for name in ("metrics.csv", "config.json", "summary.json", "tensorboard"):
+    assert (tmp_path / name).exists()
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["strategy"]["name"] == "diloco" and config["num_workers"] == 2
+  assert config["metadata"]["train_args"]["H"] == 5
+  assert steps_logged(tmp_path)[-1] == 10
+
+
+def test_config_file_with_flags_overriding(tmp_path):
+  cfg = tmp_path / "run.toml"
+  cfg.write_text('strategy = "sparta"\np = 0.05\nsteps = 6\nworkers = 3\n')
+  out = tmp_path / "out"
+  assert cli.main(BASE + ["--config", str(cfg), "--steps", "4", "--out",
+                          str(out)]) == 0
+  config = json.loads((out / "config.json").read_text())
+  assert config["strategy"] == {"name": "sparta", "p": 0.05,
+                                "selector": "random",
+                                "inner": config["strategy"]["inner"]}
+  assert config["steps"] == 4  # the flag wins over the file
+  assert config["num_workers"] == 2  # TINY's --workers flag wins too
+
+
+def test_resume_continues_with_more_steps(tmp_path):
+  out = tmp_path / "run"
+  assert cli.main(TINY + ["--checkpoint-every", "5", "--out", str(out)]) == 0
+  assert cli.main(["train", "--resume", str(out), "--steps", "20",
+                   "--no-progress"]) == 0
+  steps = steps_logged(out)
+  assert steps[-1] == 20 and steps == sorted(set(steps))
+  assert json.loads((out / "config.json").read_text())["steps"] == 20
+
+
+def test_no_arguments_means_the_documented_default_run():
+  s, explicit = _train.settings(cli.build_parser().parse_args(["train"]))
+  assert explicit == set()
+  source = _train.build_data(s)
+  model = _train.build_model(s, source)
+  strategy = _train.build_strategy(s)
+  assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 50, 8)
+  assert model.name == "gpt" and source.task == "lm" and source.seq_len == 128
+  assert s["steps"] == 600
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["--workers", "0"], "lowbw: error: --workers=0 is invalid"),
+    (["--H", "0"], "lowbw: error: --H=0 is invalid"),
+    (["--strategy", "sparta", "--p", "1.5"], "lowbw: error: --p=1.5 is invalid"),
+    (["--batch-size", "5000"], "lowbw: error: --batch-size=5000"),
+    (["--inner", "lion"], "lowbw: error: --inner='lion' is invalid"),
+    (["--data", "/no/such.npz"], "lowbw: error: path='/no/such.npz'"),
+    (["--model", "resnet"], "lowbw: error: --model='resnet' is invalid"),
+    (["--strategy", "nope"], "lowbw train: error: argument --strategy"),
+    (["--config", "/no/such.toml"], "lowbw: error: --config="),
+    (["--resume", "/no/such/dir"], "lowbw: error: --resume="),
+    (["--strategy", "ddp", "--H", "5"], "lowbw: error: --H=5 is invalid: not used"),
+    (["--p", "0.1"], "lowbw: error: --p=0.1 is invalid: not used by strategy 'diloco'"),
+    (["--layers", "3"], "lowbw: error: --layers=3 is invalid: not used by model 'mlp'"),
+    (["--momentum", "0.5"], "lowbw: error: --momentum=0.5 is invalid: not used"),
+])
+def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
+  base = BASE if "--strategy" in argv else TINY
+  with pytest.raises(SystemExit) if argv == ["--strategy", "nope"] else _noop():
+    code = cli.main(base + argv + ["--out", str(tmp_path / "x")])
+    assert code == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(start), err
+  assert "\n" not in err and "Traceback" not in err
+  assert not (tmp_path / "x").exists()  # nothing written for a bad run
+
+
+def test_unknown_config_key_is_named(tmp_path, capsys):
+  cfg = tmp_path / "bad.json"
+  cfg.write_text(json.dumps({"strategy": "ddp", "wokers": 4}))
+  assert cli.main(TINY + ["--config", str(cfg)]) == 2
+  assert "wokers" in capsys.readouterr().err
+
+
+def test_console_script_help():
+  done = subprocess.run([sys.executable, "-m", "lowbw", "train", "--help"],
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0 and "--strategy" in done.stdout
+
+
+class _noop:
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
