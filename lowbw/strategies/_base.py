@@ -154,8 +154,21 @@ def make(name: str, period: int, init, local, sync, global_params, channels,
                   config)
 
 
-def describe(tx: optax.GradientTransformation | None) -> str | None:
-  """A JSON-able label for an optax transformation in config.json."""
+def describe(tx: optax.GradientTransformation | None) -> dict | None:
+  """A JSON-able description of an optax transformation for config.json.
+
+  Hyperparameters are visible when the transformation was built with
+  ``optax.inject_hyperparams`` (as lowbw's defaults and CLI do); otherwise the
+  transformation is opaque and described as such.
+  """
   if tx is None:
     return None
-  return getattr(tx, "_lowbw_label", "custom optax transformation")
+  try:
+    hyper = optax.tree_utils.tree_get(tx.init(jnp.zeros((2,))), "hyperparams")
+  except Exception:  # several or none found, or an init that needs real params
+    hyper = None
+  if not isinstance(hyper, dict):
+    return {"hyperparams": "not exposed (wrap with optax.inject_hyperparams)"}
+  # float32 hyperparameters, printed to float32 precision (0.9, not 0.8999...).
+  return {"hyperparams": {k: float(f"{float(v):.7g}") if jnp.ndim(v) == 0
+                          else repr(v) for k, v in hyper.items()}}
