@@ -4,15 +4,18 @@ value and what is allowed, before anything is traced."""
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 
 def fail(field: str, value: Any, allowed: str) -> ValueError:
   return ValueError(f"{field}={value!r} is invalid: {allowed}")
 
 
 def positive_int(field: str, value: Any) -> int:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or value < 1):
     raise fail(field, value, "expected an integer >= 1")
-  return value
+  return int(value)
 
 
 def optional_positive_int(field: str, value: Any) -> int | None:

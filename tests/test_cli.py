@@ -82,6 +82,9 @@ def test_no_arguments_means_the_documented_default_run():
     (["--p", "0.1"], "lowbw: error: --p=0.1 is invalid: not used by strategy 'diloco'"),
     (["--layers", "3"], "lowbw: error: --layers=3 is invalid: not used by model 'mlp'"),
     (["--momentum", "0.5"], "lowbw: error: --momentum=0.5 is invalid: not used"),
+    (["--data-root", "/tmp"], "lowbw: error: --data-root='/tmp' is invalid: not used"),
+    (["--alpha", "0.3"], "lowbw: error: --alpha=0.3 is invalid: not used by sharding"),
+    (["--weight-decay", "-1"], "lowbw: error: --weight-decay=-1.0 is invalid"),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY
@@ -92,6 +95,13 @@ def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   assert err.startswith(start), err
   assert "\n" not in err and "Traceback" not in err
   assert not (tmp_path / "x").exists()  # nothing written for a bad run
+
+
+def test_eval_every_defaults_to_a_multiple_of_H(tmp_path):
+  out = tmp_path / "run"
+  assert cli.main(BASE + ["--H", "3", "--steps", "9", "--out", str(out)]) == 0
+  config = json.loads((out / "config.json").read_text())
+  assert config["eval_every"] == 102  # first multiple of 3 at or after 100
 
 
 def test_unknown_config_key_is_named(tmp_path, capsys):

@@ -125,11 +125,17 @@ def test_resume_rejects_a_different_configuration(tmp_path):
 
 def test_no_recompilation_after_the_first_chunk():
   compiles, rows = [], []
-  jax.monitoring.register_event_duration_secs_listener(
-      lambda event, *_, **__: compiles.append(len(rows))
-      if "backend_compile" in event else None)
-  result = run(strategies.diloco(optax.adam(1e-3), H=2), steps=60,
-               rounds_per_chunk=2, eval_every=10, callback=rows.append)
+
+  def listener(event, *_, **__):
+    if "backend_compile" in event:
+      compiles.append(len(rows))
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    result = run(strategies.diloco(optax.adam(1e-3), H=2), steps=60,
+                 rounds_per_chunk=2, eval_every=10, callback=rows.append)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
   assert len(rows) >= 10
   assert compiles and max(compiles) == 0, compiles  # all before the first row
   assert result.history["step"][-1] == 60
@@ -154,6 +160,43 @@ def test_bytes_are_exact():
   k = sum(max(1, round(0.1 * x.size)) for x in jax.tree.leaves(params))
   h = run(strategies.sparta(optax.sgd(0.1), p=0.1), steps=6).history
   assert h["payload_bytes"][-1] == 6 * 4 * k
+
+
+def test_wire_bytes_do_not_depend_on_chunking():
+  # W = 3: 2(W-1)/W is not a binary fraction, so summing per-event floats in
+  # different chunk sizes would round differently.
+  strategy = strategies.diloco(optax.adam(1e-3), H=2)
+  a = run(strategy, num_workers=3, steps=42, rounds_per_chunk=1)
+  b = run(strategy, num_workers=3, steps=42, rounds_per_chunk=7)
+  np.testing.assert_array_equal(a.history["wire_bytes"], b.history["wire_bytes"])
+  np.testing.assert_array_equal(a.history["train_loss"], b.history["train_loss"])
+
+
+def test_last_row_averages_the_steps_since_the_previous_row():
+  strategy = strategies.diloco(optax.adam(1e-3), H=5)
+  every = run(strategy, steps=20, log_every=1).history
+  sparse = run(strategy, steps=20, eval_every=10, log_every=3).history
+  assert sparse["step"].tolist() == [3, 6, 9, 10, 12, 15, 18, 20]
+  np.testing.assert_allclose(sparse["train_loss"][-1],
+                             np.mean(every["train_loss"][18:20]), rtol=1e-6)
+  np.testing.assert_allclose(sparse["train_loss"][0],
+                             np.mean(every["train_loss"][0:3]), rtol=1e-6)
+  assert np.isfinite(sparse["eval_loss"][-1])
+
+
+def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
+  kw = dict(checkpoint_every=10, log_dir=str(tmp_path))
+  run(strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5),
+      steps=400, **kw)
+  changed = strategies.diloco(optax.inject_hyperparams(optax.adam)(0.5), H=5)
+  with pytest.raises(ValueError, match="^resume_from=.*strategy="):
+    run(changed, steps=800, resume_from=str(tmp_path), **kw)
+  same = strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5)
+  with pytest.raises(ValueError, match="^resume_from=.*seed="):
+    run(same, steps=800, seed=1, resume_from=str(tmp_path), **kw)
+  # Default log_every is steps // 200: 2 for the first run, kept when resumed.
+  h = run(same, steps=800, resume_from=str(tmp_path), **kw).history
+  assert set(np.diff(h["step"]).tolist()) == {2}
 
 
 def test_history_columns_and_log_files(tmp_path):
@@ -211,6 +254,7 @@ def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):
     (dict(network="1Gbps"), "network"),
     (dict(model=models.gpt(layers=1, d_model=8, heads=2, seq_len=8)), "model"),
     (dict(resume_from="/no/such/dir"), "resume_from"),
+    (dict(model=models.mlp(hidden=(4,), num_classes=2)), "num_classes"),
 ])
 def test_bad_arguments_fail_at_build_naming_the_field(kwargs, field):
   args = dict(model=MLP, data=data.arrays(*toy_arrays(128), eval=EVAL),

@@ -204,7 +204,8 @@ def test_sparse_partitions_cover_every_entry(selector):
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
 def test_every_strategy_runs_under_jit_and_scan(name):
   params, batches = make_problem()
-  strategy = strategies.get(name)
+  kwargs = {} if name in ("ddp", "sparta") else {"H": 3}  # syncs run in the scan
+  strategy = strategies.get(name, **kwargs)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   chex.assert_tree_shape_prefix(state.params_W, (W,))
 
@@ -246,6 +247,16 @@ def test_step_equals_local_rounds_then_sync(name):
       b, _ = sync(b)
   # Same arithmetic; compiled as one cond branch, XLA may fuse it differently.
   chex.assert_trees_all_close(a.params_W, b.params_W, atol=1e-6, rtol=1e-6)
+
+
+def test_sparta_skips_empty_tensors():
+  params_W = {"w": jnp.ones((W, 3, 2)), "empty": jnp.zeros((W, 0))}
+  out = jax.jit(lambda p: __import__("lowbw").transforms.sparse_average(
+      jax.random.PRNGKey(0), jnp.int32(1), p, 0.5, "random"))(params_W)
+  assert out["empty"].shape == (W, 0)
+  (ch,) = strategies.sparta(p=0.5).channels(
+      {"w": jnp.ones((3, 2)), "empty": jnp.zeros((0,))}, W).values()
+  assert ch.payload_bytes == 3 * 4
 
 
 def test_channels_bytes():

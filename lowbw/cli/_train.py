@@ -28,7 +28,7 @@ DEFAULTS = {
     "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
     "hidden": "64", "channels": "16,32",
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
-    "steps": 600, "batch_size": 8, "seed": 0, "eval_every": 100,
+    "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None,
 }
@@ -46,6 +46,9 @@ _USED_BY = {
     "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"}},
     "model": {"gpt": {"layers", "d_model", "heads"}, "mlp": {"hidden"},
               "cnn": {"channels"}},
+    "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
+             "folder": {"seq_len"}, "classification": set()},
+    "sharding": {"dirichlet": {"alpha"}, "iid": set(), "contiguous": set()},
 }
 SCHEDULES = ("constant", "cosine")
 
@@ -63,7 +66,8 @@ def add_parser(subparsers) -> None:
   add("--config", metavar="FILE", help="TOML or JSON file of these options "
       "(keys as the long option names, '-' or '_'); flags override it")
   add("--resume", metavar="DIR", help="continue the run logged in DIR from its "
-      "latest checkpoint (flags given here override its settings, e.g. --steps)")
+      "latest checkpoint with its settings; only --steps, --eval-every, "
+      "--log-every and --checkpoint-every may change")
   g = p.add_argument_group("strategy")
   g.add_argument("--strategy", choices=sorted(strategies_lib.REGISTRY),
                  help=f"default {d['strategy']}")
@@ -98,7 +102,8 @@ def add_parser(subparsers) -> None:
   g.add_argument("--steps", type=int, help=f"inner steps per worker (default {d['steps']})")
   g.add_argument("--batch-size", type=int, help=f"examples per worker and step (default {d['batch_size']})")
   g.add_argument("--seed", type=int, help="default 0")
-  g.add_argument("--eval-every", type=int, help=f"default {d['eval_every']}")
+  g.add_argument("--eval-every", type=int,
+                 help="a multiple of H (default: the first multiple of H >= 100)")
   g.add_argument("--log-every", type=int, help="default: about 200 rows per run")
   g.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
   g.add_argument("--eval-examples", type=int, help="held-out examples per evaluation")
@@ -155,11 +160,22 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
   return merged, explicit | set(flags)
 
 
-def check_used(s: dict, explicit: set[str], model_name: str) -> None:
+def _data_kind(s: dict, source) -> str:
+  if source.task != "lm":
+    return "classification"
+  if s["data"] == "text":
+    return "text"
+  return "folder" if os.path.isdir(s["data"]) else "tokens"
+
+
+def check_used(s: dict, explicit: set[str], model_name: str, source) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
-  chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name}
+  chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name,
+            "data": _data_kind(s, source), "sharding": s["sharding"]}
   for kind, options in _USED_BY.items():
     used = options.get(chosen[kind], set())
+    if kind == "data" and model_name == "gpt":
+      used = used | {"seq_len"}
     for name in sorted(explicit & (set().union(*options.values()) - used)):
       raise _validate.fail(name, s[name],
                            f"not used by {kind} {chosen[kind]!r}")
@@ -232,18 +248,31 @@ def build_inner(s: dict) -> optax.GradientTransformation:
   lr = _learning_rate(s)
   if name == "adamw":
     return optax.inject_hyperparams(optax.adamw)(
-        learning_rate=lr, weight_decay=s["weight_decay"])
+        learning_rate=lr, weight_decay=_non_negative("weight_decay", s))
   if name == "adam":
     return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  return optax.inject_hyperparams(optax.sgd)(learning_rate=lr,
-                                             momentum=s["momentum"] or None)
+  return optax.inject_hyperparams(optax.sgd)(
+      learning_rate=lr, momentum=_momentum("momentum", s) or None)
+
+
+def _non_negative(field, s):
+  value = s[field]
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    raise _validate.fail(field, value, "expected a number >= 0")
+  return float(value)
+
+
+def _momentum(field, s):
+  value = s[field]
+  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+      not 0 <= value < 1):
+    raise _validate.fail(field, value, "expected a number in [0, 1)")
+  return float(value)
 
 
 def build_outer(s: dict) -> optax.GradientTransformation:
   lr = _validate.positive_float("outer_lr", s["outer_lr"])
-  momentum = s["outer_momentum"]
-  if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-    raise _validate.fail("outer_momentum", momentum, "expected a number in [0, 1)")
+  momentum = _momentum("outer_momentum", s)
   return optax.inject_hyperparams(optax.sgd)(
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 
@@ -268,8 +297,11 @@ def run(args: argparse.Namespace) -> int:
   s, explicit = settings(args)
   source = build_data(s)
   model = build_model(s, source)
-  check_used(s, explicit, model.name)
+  check_used(s, explicit, model.name, source)
   strategy = build_strategy(s)
+  eval_every = s["eval_every"]
+  if eval_every is None:  # the first multiple of H at or after 100 steps
+    eval_every = strategy.period * -(-100 // strategy.period)
   out = s["out"] or os.path.join(
       "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" +
       s["strategy"])
@@ -277,7 +309,7 @@ def run(args: argparse.Namespace) -> int:
   result = simulate(
       model=model, data=source, strategy=strategy, num_workers=s["workers"],
       batch_size=s["batch_size"], steps=s["steps"], seed=s["seed"],
-      eval_every=s["eval_every"], log_every=s["log_every"], log_dir=out,
+      eval_every=eval_every, log_every=s["log_every"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
       resume_from=args.resume, progress=s["progress"],
       metadata={METADATA_KEY: saved})

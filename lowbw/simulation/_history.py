@@ -1,11 +1,12 @@
 """Host-side bookkeeping: per-step device outputs -> logged rows.
 
-Runs once per chunk on numpy arrays (cumulative sums, no Python loop over
-steps). Its whole state is JSON-able so a checkpoint can carry it and a resumed
+Runs once per chunk on numpy arrays (cumulative sums; Python loops only over
+the rows to log, never over steps). Its whole state is JSON-able so a checkpoint can carry it and a resumed
 run logs exactly what an uninterrupted one would have.
 """
 
 import math
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -47,8 +48,7 @@ class History:
     self.metric_names = list(metric_names)
     self.rows: list[dict[str, Any]] = []
     self.step = 0
-    self.payload_bytes = 0
-    self.wire_bytes = 0.0
+    self.events = {name: 0 for name in channels}  # cumulative, per worker
     self.carry = {"n": 0, "loss": 0.0,
                   **{m: 0.0 for m in self.metric_names}}
     self.divergence = math.nan
@@ -56,18 +56,33 @@ class History:
 
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
-    return {"rows": self.rows, "step": self.step,
-            "payload_bytes": self.payload_bytes, "wire_bytes": self.wire_bytes,
-            "carry": self.carry, "divergence": self.divergence, "lr": self.lr}
+    return {"rows": self.rows, "step": self.step, "events": self.events,
+            "log_every": self.log_every, "carry": self.carry,
+            "divergence": self.divergence, "lr": self.lr}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
     self.step = int(d["step"])
-    self.payload_bytes = int(d["payload_bytes"])
-    self.wire_bytes = float(d["wire_bytes"])
+    self.events = {k: int(v) for k, v in d["events"].items()}
     self.carry = dict(d["carry"])
     self.divergence = float(d["divergence"])
     self.lr = float(d["lr"])
+
+  # ------------------------------------------------------------------ bytes
+  def _bytes(self, events: dict[str, int]) -> tuple[int, float]:
+    """Payload (exact int) and wire bytes (exactly summed, rounded once)."""
+    payload = sum(n * self.channels[c].payload_bytes for c, n in events.items())
+    wire = sum((n * Fraction(self.channels[c].wire_bytes)
+                for c, n in events.items()), Fraction(0))
+    return payload, float(wire)
+
+  @property
+  def payload_bytes(self) -> int:
+    return self._bytes(self.events)[0]
+
+  @property
+  def wire_bytes(self) -> float:
+    return self._bytes(self.events)[1]
 
   # ------------------------------------------------------------------ rows
   def as_arrays(self) -> dict[str, np.ndarray]:
@@ -97,43 +112,32 @@ class History:
     steps = self.step + 1 + np.arange(n)
     bad = np.flatnonzero(np.asarray(bad_worker) >= 0)
     stop = int(bad[0]) if bad.size else n
-    payload_inc = np.zeros(n, np.int64)
-    wire_inc = np.zeros(n, np.float64)
-    for name, c in counts.items():
-      ch = self.channels[name]
-      payload_inc += np.asarray(c, np.int64) * ch.payload_bytes
-      wire_inc += np.asarray(c, np.float64) * ch.wire_bytes
-    payload_cum = np.cumsum(payload_inc)
-    wire_cum = np.cumsum(wire_inc)
+    events_cum = {c: np.cumsum(np.asarray(counts[c], np.int64))
+                  for c in counts}
     loss_cum = np.cumsum(np.asarray(loss, np.float64))
     metric_cum = {m: np.cumsum(np.asarray(metrics[m], np.float64))
                   for m in self.metric_names}
     ends = np.flatnonzero(round_end)
 
-    new_rows, prev = [], -1
-    for j in range(stop):
-      s = int(steps[j])
-      if s % self.log_every:
-        continue
+    def at(j):  # everything cumulative at index j of this span
       k = np.searchsorted(ends, j, side="right") - 1
       if k >= 0:
         self.divergence, self.lr = float(divergence[k]), float(lr[k])
+      return {c: self.events[c] + int(events_cum[c][j]) for c in events_cum}
+
+    new_rows, prev = [], -1
+    for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
+      s = int(steps[j])
       count = self.carry["n"] + j - prev
-      row = {names.STEP: s, names.EXAMPLES: s * self.examples_per_step}
-      if self.tokens_per_example:
-        row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
+      row = self._bare_row(s, wall_time_s, self._bytes({**self.events, **at(j)}))
       row[names.TRAIN_LOSS] = (self.carry["loss"] + _span(loss_cum, prev, j)) / count
       for m in self.metric_names:
         row[names.train_metric(m)] = (
             self.carry[m] + _span(metric_cum[m], prev, j)) / count
-      row[names.PAYLOAD_BYTES] = self.payload_bytes + int(payload_cum[j])
-      row[names.WIRE_BYTES] = self.wire_bytes + float(wire_cum[j])
-      row[names.WORKER_DIVERGENCE] = self.divergence
       if not math.isnan(self.lr):
         row[names.LR] = self.lr
-      row[names.WALL_TIME_S] = wall_time_s
       new_rows.append(row)
-      self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
+      self._reset_carry()
       prev = j
 
     last = stop - 1
@@ -143,17 +147,16 @@ class History:
       for m in self.metric_names:
         self.carry[m] += _span(metric_cum[m], prev, last)
     if last >= 0:
-      k = np.searchsorted(ends, last, side="right") - 1
-      if k >= 0:
-        self.divergence, self.lr = float(divergence[k]), float(lr[k])
-      self.payload_bytes += int(payload_cum[last])
-      self.wire_bytes += float(wire_cum[last])
+      self.events.update(at(last))
     self.step += stop
     self.rows += new_rows
     if bad.size:
       raise NonFiniteLossError(int(steps[stop]), int(bad_worker[stop]),
                                self.as_arrays(), new_rows)
     return new_rows
+
+  def _reset_carry(self):
+    self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
 
   def finalize(self, step: int, wall_time_s: float) -> dict:
     """The row at the last step, made from the steps since the last row.
@@ -163,8 +166,10 @@ class History:
     2N logs exactly what a run of 2N steps logs.
     """
     if self.rows and self.rows[-1][names.STEP] == step:
-      return self.rows[-1]
-    row = self._bare_row(step, wall_time_s)
+      row = self.rows[-1]  # made by an evaluation at this step, or a log row
+    else:
+      row = self._bare_row(step, wall_time_s)
+      self.rows.append(row)
     n = self.carry["n"]
     if n:
       row[names.TRAIN_LOSS] = self.carry["loss"] / n
@@ -172,16 +177,15 @@ class History:
         row[names.train_metric(m)] = self.carry[m] / n
     if not math.isnan(self.lr):
       row[names.LR] = self.lr
-    self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
-    self.rows.append(row)
+    self._reset_carry()
     return row
 
-  def _bare_row(self, step, wall_time_s):
+  def _bare_row(self, step, wall_time_s, nbytes=None):
+    payload, wire = nbytes or self._bytes(self.events)
     row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step}
     if self.tokens_per_example:
       row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
-    row.update({names.PAYLOAD_BYTES: self.payload_bytes,
-                names.WIRE_BYTES: self.wire_bytes,
+    row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
                 names.WORKER_DIVERGENCE: self.divergence,
                 names.WALL_TIME_S: wall_time_s})
     return row

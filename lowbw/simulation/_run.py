@@ -1,6 +1,7 @@
 """``lowbw.simulate``: build a run, then drive its compiled chunks from the host."""
 
 import dataclasses
+import json
 import math
 import os
 import time
@@ -165,6 +166,7 @@ class _Run:
     if self.checkpoint_every and log_dir is None:
       raise _validate.fail("checkpoint_every", checkpoint_every,
                            "needs log_dir (checkpoints go to log_dir/checkpoints)")
+    self.log_every_given = log_every is not None
     self.log_every = (_validate.positive_int("log_every", log_every)
                       if log_every is not None else max(1, self.steps // 200))
     self.eval_examples = _validate.optional_positive_int("eval_examples",
@@ -194,6 +196,14 @@ class _Run:
                            f"{self.data.vocab_size - 1}; needs vocab >= "
                            f"{self.data.vocab_size}")
 
+    model_classes = self.model.config.get("num_classes")
+    data_classes = getattr(self.data, "num_classes", None)
+    if model_classes and data_classes and data_classes > model_classes:
+      raise _validate.fail("num_classes", model_classes,
+                           f"data {self.data.name!r} has labels up to "
+                           f"{data_classes - 1}; needs num_classes >= "
+                           f"{data_classes}")
+
     # --- build: data on device, initial state, compiled programs.
     key = jax.random.PRNGKey(self.seed)
     init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
@@ -208,8 +218,6 @@ class _Run:
     eval_batches = self.data.eval_batches(self.eval_examples)
     self.eval_batches = jax.tree.map(jnp.asarray, eval_batches)
     self.tail_steps = self.steps % period
-    self.programs = _engine.build(self.model, self.strategy, self.num_workers,
-                                  self.rounds_per_chunk, self.tail_steps)
     self.metric_names = sorted(
         jax.eval_shape(self.model.loss, params, example, loss_key)[1])
 
@@ -248,11 +256,13 @@ class _Run:
     history = History(self.channels, self.log_every,
                       self.num_workers * self.batch_size,
                       self.data.tokens_per_example, self.metric_names)
-    state = self.state
+    state, self.state = self.state, None  # the run owns it now (donated)
     wall_offset = 0.0
     if self.resume_from is not None:
-      state, wall_offset = self._restore(history)
+      state, wall_offset = self._restore(history, state)
 
+    self.programs = _engine.build(self.model, self.strategy, self.num_workers,
+                                  self.rounds_per_chunk, self.tail_steps)
     compile_start = time.perf_counter()
     chunk = self.programs.chunk.lower(state, self.sampler, 1).compile()
     tail = (self.programs.tail.lower(state, self.sampler).compile()
@@ -395,12 +405,17 @@ class _Run:
             "config": self.config()}
     telemetry.save(os.path.join(self.log_dir, "checkpoints"), step, state, meta)
 
-  def _restore(self, history):
+  # What a resumed run may change; everything else must match the checkpoint.
+  _MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
+                 "metadata", "jax_version", "backend")
+
+  def _restore(self, history, initial_state):
     directory = self._checkpoint_dir(self.resume_from)
     if telemetry.latest_step(directory) is None:
       raise _validate.fail("resume_from", self.resume_from,
                            "holds no checkpoint")
-    abstract = jax.eval_shape(lambda: self.state)
+    abstract = jax.eval_shape(lambda: initial_state)
+    del initial_state
     try:
       step, state, meta = telemetry.restore(directory, abstract)
     except Exception as e:  # orbax reports a structure mismatch many ways
@@ -408,6 +423,15 @@ class _Run:
           "resume_from", self.resume_from,
           f"its checkpoint does not match this run's configuration ({e})"
       ) from e
+    saved = meta["config"]
+    current = json.loads(json.dumps(self.config(), default=repr))
+    for key in sorted(set(saved) | set(current)):
+      if key not in self._MAY_CHANGE and saved.get(key) != current.get(key):
+        raise _validate.fail(
+            "resume_from", self.resume_from,
+            f"the checkpoint was made with {key}={saved.get(key)!r} but this "
+            f"run has {key}={current.get(key)!r}; only "
+            f"{', '.join(self._MAY_CHANGE[:4])} may change on resume")
     if step > self.steps:
       raise _validate.fail("steps", self.steps,
                            f"the checkpoint is already at step {step}")
@@ -415,6 +439,8 @@ class _Run:
       raise _validate.fail("resume_from", self.resume_from,
                            f"checkpoint step {step} is not a round boundary")
     history.load_state_dict(meta["history"])
+    if not self.log_every_given:  # keep the rows' spacing of the first run
+      self.log_every = history.log_every = int(meta["history"]["log_every"])
     return state, float(meta.get("wall_time_s", 0.0))
 
   def _summary(self, hist, compile_s, elapsed, history):

@@ -59,6 +59,9 @@ def sparse_average(
   out = []
   for i, x in enumerate(leaves):
     w, size = x.shape[0], math.prod(x.shape[1:])
+    if size == 0:  # nothing to average (and no bytes: sparse_count is 0)
+      out.append(x)
+      continue
     k = sparse_count(size, fraction)
     idx = sparse_indices(jax.random.fold_in(key, i), step, size, k, selector)
     flat = x.reshape(w, size)
