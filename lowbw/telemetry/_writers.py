@@ -39,9 +39,11 @@ def _cell(value):
 class TensorBoardWriter:
   """TensorBoard event files (tensorboardX): one scalar per metric and row."""
 
-  def __init__(self, log_dir: str):
+  def __init__(self, log_dir: str, purge_step: int | None = None):
+    """``purge_step``: on resume, events at or after it from the interrupted
+    run are discarded, so TensorBoard shows one curve."""
     from tensorboardX import SummaryWriter  # imported lazily: slow to import
-    self._writer = SummaryWriter(log_dir)
+    self._writer = SummaryWriter(log_dir, purge_step=purge_step)
 
   def write(self, row: dict[str, Any]) -> None:
     step = int(row["step"])
