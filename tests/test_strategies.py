@@ -50,6 +50,14 @@ def run_vectorized(strategy, params, batches, key=jax.random.PRNGKey(7)):
   return state
 
 
+def outer_step(outer, global_params, outer_state, params_w):
+  """DiLoCo's sync on Python lists: mean pseudo-gradient, outer step, restart."""
+  delta = mean_of([optax.tree.sub(global_params, p) for p in params_w])
+  upd, outer_state = outer.update(delta, outer_state, global_params)
+  global_params = optax.apply_updates(global_params, upd)
+  return global_params, outer_state, [global_params] * W
+
+
 def local_steps(inner, params_w, inner_w, batches, t):
   """One inner step of every worker, in a Python loop."""
   for w in range(W):
@@ -130,10 +138,8 @@ def test_diloco_matches_reference(H):
   for t in range(STEPS):
     local_steps(inner, params_w, inner_w, batches, t)
     if (t + 1) % H == 0:
-      delta = mean_of([optax.tree.sub(global_params, p) for p in params_w])
-      upd, outer_state = outer.update(delta, outer_state, global_params)
-      global_params = optax.apply_updates(global_params, upd)
-      params_w = [global_params] * W
+      global_params, outer_state, params_w = outer_step(
+          outer, global_params, outer_state, params_w)
   assert_workers_close(state.params_W, params_w)
   chex.assert_trees_all_close(state.comm[0], global_params, atol=1e-5)
 
@@ -180,10 +186,8 @@ def test_sparta_diloco_matches_reference():
     local_steps(INNER, params_w, inner_w, batches, t)
     params_w = sparse_reference(key, t + 1, params_w, p, "random")
     if (t + 1) % H == 0:
-      delta = mean_of([optax.tree.sub(global_params, p_) for p_ in params_w])
-      upd, outer_state = outer.update(delta, outer_state, global_params)
-      global_params = optax.apply_updates(global_params, upd)
-      params_w = [global_params] * W
+      global_params, outer_state, params_w = outer_step(
+          outer, global_params, outer_state, params_w)
   assert_workers_close(state.params_W, params_w)
 
 

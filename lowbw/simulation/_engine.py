@@ -71,7 +71,6 @@ class Programs(NamedTuple):
   chunk: Any     # (sim, sampler, n_rounds) -> (sim, RoundOut with leading max_rounds)
   tail: Any      # (sim, sampler) -> (sim, StepOut with leading tail_steps) or None
   evaluate: Any  # (sim, eval_batches) -> dict of eval metrics
-  max_rounds: int
 
 
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
@@ -138,5 +137,4 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
       chunk=jax.jit(chunk, donate_argnums=0),
       tail=jax.jit(tail, donate_argnums=0) if tail_steps else None,
       evaluate=jax.jit(evaluate),
-      max_rounds=max_rounds,
   )

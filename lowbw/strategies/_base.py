@@ -27,7 +27,7 @@ import optax
 
 from lowbw._types import Array, Params, PRNGKey, PyTree
 from lowbw.network import Channel
-from lowbw.transforms import per_worker, worker_mean
+from lowbw.transforms import broadcast_to_workers, per_worker, worker_mean
 
 CommReport = dict[str, Array]
 
@@ -98,7 +98,6 @@ def events(**counts) -> CommReport:
 def inner_init(inner: optax.GradientTransformation, params: Params,
                num_workers: int, key: PRNGKey, comm: PyTree) -> StrategyState:
   """A state where every worker holds ``params`` and a fresh inner state."""
-  from lowbw.transforms import broadcast_to_workers
   params_W = broadcast_to_workers(params, num_workers)
   return StrategyState(
       step=jnp.zeros((), jnp.int32),
