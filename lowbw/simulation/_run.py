@@ -421,15 +421,7 @@ class _Run:
     if telemetry.latest_step(directory) is None:
       raise _validate.fail("resume_from", self.resume_from,
                            "holds no checkpoint")
-    abstract = jax.eval_shape(lambda: initial_state)
-    del initial_state
-    try:
-      step, state, meta = telemetry.restore(directory, abstract)
-    except Exception as e:  # orbax reports a structure mismatch many ways
-      raise _validate.fail(
-          "resume_from", self.resume_from,
-          f"its checkpoint does not match this run's configuration ({e})"
-      ) from e
+    step, meta = telemetry.read_meta(directory)
     saved = meta["config"]
     current = json.loads(json.dumps(self.config(), default=repr))
     for key in sorted(set(saved) | set(current)):
@@ -439,6 +431,14 @@ class _Run:
             f"the checkpoint was made with {key}={saved.get(key)!r} but this "
             f"run has {key}={current.get(key)!r}; only "
             f"{', '.join(self._MAY_CHANGE[:4])} may change on resume")
+    abstract = jax.eval_shape(lambda: initial_state)
+    del initial_state
+    try:
+      step, state, meta = telemetry.restore(directory, abstract, step)
+    except Exception as e:  # same configuration, yet a different structure
+      raise _validate.fail(
+          "resume_from", self.resume_from,
+          f"its checkpoint does not match this run's state ({e})") from e
     if step > self.steps:
       raise _validate.fail("steps", self.steps,
                            f"the checkpoint is already at step {step}")

@@ -33,6 +33,15 @@ def latest_step(directory: str) -> int | None:
     return manager.latest_step()
 
 
+def read_meta(directory: str, step: int | None = None) -> tuple[int, dict]:
+  """The JSON part of a checkpoint alone (cheap; checks before a restore)."""
+  with _manager(directory) as manager:
+    step = manager.latest_step() if step is None else step
+    restored = manager.restore(step, args=ocp.args.Composite(
+        meta=ocp.args.JsonRestore()))
+  return step, restored["meta"]
+
+
 def restore(directory: str, abstract_state: Any, step: int | None = None
             ) -> tuple[int, Any, dict]:
   """Restores (step, state, meta); ``abstract_state`` gives the structure."""
