@@ -8,7 +8,9 @@ or SPARTA can pick its k indices of a tensor, at a cost proportional to b or k.
 The bijection is a 4-round Feistel network on the smallest even number of bits
 that covers n, restricted to ``[0, n)`` by cycle-walking (re-applying the cipher
 until the value falls inside the domain); the cipher's domain is less than 4n,
-so the expected number of walks is below 4.
+so the expected number of walks is below 4. The width follows n itself (traced
+when n is), so a worker with a small shard next to one with a large shard does
+not walk through the large shard's domain.
 """
 
 import jax
@@ -19,9 +21,10 @@ from lowbw._types import Array, ArrayLike, PRNGKey
 _ROUNDS = 4
 
 
-def _bits_for(n: int) -> int:
-  bits = max(2, int(n - 1).bit_length())
-  return bits + (bits % 2)
+def _half_bits(n: Array) -> Array:
+  """Half the cipher width: ceil(max(2, bit_length(n - 1)) / 2), traced."""
+  bit_length = 32 - jax.lax.clz(jnp.maximum(n, 2) - 1)
+  return (bit_length + 1) // 2
 
 
 def _mix(x: Array) -> Array:
@@ -42,7 +45,7 @@ def random_bijection(
     key: a PRNG key; the same key gives the same bijection.
     index: int array of positions, each in ``[0, n)``.
     n: size of the domain; may be a traced value (e.g. per-worker shard sizes).
-    max_n: a static upper bound on ``n`` that fixes the cipher's width.
+    max_n: a static upper bound on ``n`` (checked; values up to 2**31 - 1).
 
   Returns:
     An int32 array shaped like ``index``: the images of ``index``, all in
@@ -50,10 +53,10 @@ def random_bijection(
   """
   if max_n < 1 or max_n > 2**31 - 1:
     raise ValueError(f"max_n={max_n} must be in [1, 2**31 - 1]")
-  half = _bits_for(max_n) // 2
-  mask = jnp.uint32((1 << half) - 1)
-  round_keys = jax.random.bits(key, (_ROUNDS,), jnp.uint32)
   n = jnp.asarray(n, jnp.uint32)
+  half = _half_bits(n)
+  mask = (jnp.uint32(1) << half) - 1
+  round_keys = jax.random.bits(key, (_ROUNDS,), jnp.uint32)
 
   def cipher(x):
     left, right = x >> half, x & mask

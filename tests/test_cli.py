@@ -46,6 +46,18 @@ def test_config_file_with_flags_overriding(tmp_path):
   assert config["num_workers"] == 2  # TINY's --workers flag wins too
 
 
+def test_resume_rejects_changed_training_settings(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert cli.main(TINY + ["--warmup-steps", "4", "--checkpoint-every", "5",
+                          "--out", str(out)]) == 0
+  for flags in (["--inner-lr", "0.5"], ["--warmup-steps", "2"],
+                ["--schedule", "cosine"]):
+    assert cli.main(["train", "--resume", str(out), "--steps", "20",
+                     "--no-progress"] + flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lowbw: error: --" + flags[0][2:]) and "resume" in err
+
+
 def test_resume_continues_with_more_steps(tmp_path):
   out = tmp_path / "run"
   assert cli.main(TINY + ["--checkpoint-every", "5", "--out", str(out)]) == 0
@@ -85,6 +97,7 @@ def test_no_arguments_means_the_documented_default_run():
     (["--data-root", "/tmp"], "lowbw: error: --data-root='/tmp' is invalid: not used"),
     (["--alpha", "0.3"], "lowbw: error: --alpha=0.3 is invalid: not used by sharding"),
     (["--weight-decay", "-1"], "lowbw: error: --weight-decay=-1.0 is invalid"),
+    (["--data", "text", "--sharding", "dirichlet"], "lowbw: error: --sharding="),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY

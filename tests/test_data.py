@@ -265,11 +265,33 @@ def test_eval_batches_shapes():
       vocab_size=4000)
   tokens = lm.eval_batches()["tokens"]
   assert tokens.shape == (1, 256, 11) and tokens.dtype == np.int32
-  np.testing.assert_array_equal(tokens[0, 3], np.arange(30, 41))
+  # 399 windows available; the 256 evaluated are spread over all of them.
+  starts = tokens[0, :, 0].astype(np.int64)
+  assert starts[0] == 0 and starts[-1] == 398 * 10
+  assert np.all(np.diff(starts) > 0) and np.all(starts % 10 == 0)
+  for row in tokens[0]:
+    np.testing.assert_array_equal(row, np.arange(row[0], row[0] + 11))
   assert lm.eval_batches(10_000)["tokens"].shape == (1, 399, 11)
 
 
 # Factories.
+
+
+def test_contiguous_sharding_keeps_the_original_order():
+  # Sorted labels: contiguous shards must each hold one class (non-IID by
+  # source), which a shuffled train split would destroy.
+  x = np.arange(400, dtype=np.float32).reshape(100, 4)
+  y = np.repeat(np.arange(4), 25)
+  source = data.arrays(x, y, sharding="contiguous")
+  train_y = source.train["y"]
+  assert np.all(np.diff(train_y) >= 0)  # held-out rows removed, order kept
+  shard_W = np.asarray(source.build(4, 2, seed=0).shard_idx_W)
+  for w, shard in enumerate(shard_W):
+    assert np.all(np.diff(shard) > 0)  # a contiguous, increasing slice
+  labels = [set(train_y[shard].tolist()) for shard in shard_W]
+  assert sum(len(l) for l in labels) <= 7  # nearly one class per worker
+  digits = data.digits(sharding="contiguous")
+  assert np.all(np.diff(np.asarray(digits.build(4, 8, 0).shard_idx_W[0])) == 1)
 
 
 def test_digits():

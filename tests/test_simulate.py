@@ -199,6 +199,22 @@ def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
   assert set(np.diff(h["step"]).tolist()) == {2}
 
 
+def test_lr_is_logged_with_a_schedule():
+  schedule = optax.linear_schedule(0.0, 1e-2, 10)
+  inner = optax.inject_hyperparams(optax.adam)(learning_rate=schedule)
+  lr = run(strategies.diloco(inner, H=2), steps=10, log_every=2).history["lr"]
+  # The rate used by the last step of each round: steps 2, 4, ... use the
+  # schedule at counts 1, 3, ...
+  np.testing.assert_allclose(lr, [1e-3, 3e-3, 5e-3, 7e-3, 9e-3], rtol=1e-5)
+
+
+def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
+  strategy = strategies.diloco(optax.adam(1e-3), H=5)
+  run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
+  with pytest.raises(ValueError, match="^log_dir=.*checkpoints"):
+    run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
+
+
 def test_history_columns_and_log_files(tmp_path):
   result = run(strategies.diloco(optax.adam(1e-3), H=5), steps=20,
                eval_every=10, log_every=5, log_dir=str(tmp_path))

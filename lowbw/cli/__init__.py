@@ -52,7 +52,9 @@ def main(argv=None) -> int:
   except NonFiniteLossError as e:
     print(f"lowbw: error: {e}", file=sys.stderr)
     return 3
-  except (ValueError, FileNotFoundError, ModuleNotFoundError) as e:
+  except (ValueError, TypeError, AttributeError, OSError,
+          ModuleNotFoundError) as e:
+    # TypeError/AttributeError: a config-file value of the wrong type.
     print(f"lowbw: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:

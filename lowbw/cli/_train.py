@@ -60,7 +60,7 @@ def add_parser(subparsers) -> None:
       "low-bandwidth strategy; log loss, bytes and time. With no arguments: "
       "DiLoCo, 8 workers, a small GPT on the Python standard library's source "
       "bytes (a few minutes on a 2-core CPU).",
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  )
   d = DEFAULTS
   add = p.add_argument
   add("--config", metavar="FILE", help="TOML or JSON file of these options "
@@ -137,7 +137,7 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
   Returns the merged settings and the names given explicitly (flags and
   config file), which must all be used by the run.
   """
-  merged, explicit = dict(DEFAULTS), set()
+  merged, explicit, saved = dict(DEFAULTS), set(), {}
   if args.resume:
     path = os.path.join(args.resume, "config.json")
     saved = None
@@ -150,14 +150,36 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
                            "(no config.json with its settings)")
     merged.update(saved)
     merged["out"] = args.resume
+  from_file = {}
   if args.config:
     from_file = _read_config(args.config)
     merged.update(from_file)
     explicit |= set(from_file)
   flags = {k: v for k, v in vars(args).items()
            if k in DEFAULTS and v is not None}
+  if args.resume:
+    _check_resume_changes(saved, {**from_file, **flags})
   merged.update(flags)
   return merged, explicit | set(flags)
+
+
+# What ``--resume`` may change: how long the run goes on and how it is logged.
+RESUME_MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
+                     "eval_examples", "progress", "out")
+
+
+def _check_resume_changes(saved: dict, given: dict) -> None:
+  for name, value in sorted(given.items()):
+    if name not in RESUME_MAY_CHANGE and value != saved.get(name):
+      raise _validate.fail(
+          name, value, f"the resumed run has {name}={saved.get(name)!r}; on "
+          "--resume only " + ", ".join("--" + n.replace("_", "-") for n in
+                                       RESUME_MAY_CHANGE[:5]) + " may change")
+  if ("steps" in given and given["steps"] != saved.get("steps") and
+      saved.get("schedule") == "cosine"):
+    raise _validate.fail("steps", given["steps"],
+                         "a cosine schedule decays over the first run's "
+                         f"{saved.get('steps')} steps; it cannot be extended")
 
 
 def _data_kind(s: dict, source) -> str:
@@ -194,17 +216,16 @@ def _ints(field, text):
 def build_data(s: dict):
   name = s["data"]
   common = {"sharding": s["sharding"]}
-  if s["sharding"] == "dirichlet":
-    common["alpha"] = s["alpha"]
+  labelled = {**common, "alpha": s["alpha"]} if s["sharding"] == "dirichlet" else common
   if name == "text":
     return data_lib.text_bytes(seq_len=s["seq_len"], root=s["data_root"],
                                **common)
   if name == "digits":
-    return data_lib.digits(**common)
+    return data_lib.digits(**labelled)
   if os.path.isdir(name):
     return data_lib.text_bytes(seq_len=s["seq_len"], root=name, **common)
   if name.endswith(".npz"):
-    return data_lib.arrays(name, **common)
+    return data_lib.arrays(name, **labelled)
   if name.endswith(".bin"):
     return data_lib.token_file(name, seq_len=s["seq_len"], **common)
   raise _validate.fail("data", name, "expected text, digits, a folder, an "
@@ -306,6 +327,9 @@ def run(args: argparse.Namespace) -> int:
       "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" +
       s["strategy"])
   saved = {k: s[k] for k in DEFAULTS if k not in ("progress", "out")}
+  for key in ("data", "data_root"):  # resumable from another directory
+    if saved[key] and os.path.exists(saved[key]):
+      saved[key] = os.path.abspath(saved[key])
   result = simulate(
       model=model, data=source, strategy=strategy, num_workers=s["workers"],
       batch_size=s["batch_size"], steps=s["steps"], seed=s["seed"],

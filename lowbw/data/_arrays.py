@@ -150,8 +150,10 @@ def arrays(
           "expected at least 2 examples to hold some out for eval")
     order = np.random.default_rng(0).permutation(len(y_train))
     cut = len(order) - _common.held_out_count(len(order), fraction)
-    x_train, x_eval = x_train[order[:cut]], x_train[order[cut:]]
-    y_train, y_eval = y_train[order[:cut]], y_train[order[cut:]]
+    # Sorted, so that "contiguous" sharding keeps the user's order.
+    keep, held = np.sort(order[:cut]), np.sort(order[cut:])
+    x_train, x_eval = x_train[keep], x_train[held]
+    y_train, y_eval = y_train[keep], y_train[held]
   return DataSource(
       name=name,
       task="classification",

@@ -50,7 +50,8 @@ def digits(
   x, y = _load()
   order = np.random.default_rng(0).permutation(len(y))
   cut = len(y) - _common.held_out_count(len(y), fraction)
-  train, held_out = order[:cut], order[cut:]
+  # Sorted, so that "contiguous" sharding sees the data in its original order.
+  train, held_out = np.sort(order[:cut]), np.sort(order[cut:])
   return DataSource(
       name="digits",
       task="classification",

@@ -246,8 +246,9 @@ class DataSource:
     """Held-out data as ``num_batches`` equal batches (numpy).
 
     Classification uses every eval example (or the first ``max_examples``); lm
-    uses the first ``max_examples`` (default 256) non-overlapping windows of
-    the eval tokens. With n examples, ``num_batches = ceil(n / 512)`` and
+    uses ``max_examples`` (default 256) non-overlapping windows of the eval
+    tokens, spread evenly over the whole held-out stream (so every held-out
+    file is represented, not just the first few). With n examples, ``num_batches = ceil(n / 512)`` and
     ``eval_batch = n // num_batches``; the last ``n % num_batches`` examples are
     dropped so every batch has the same shape.
 
@@ -267,7 +268,7 @@ class DataSource:
       tokens = self.eval["tokens"]
       available = (len(tokens) - 1) // self.seq_len
       n = min(available, max_examples or _LM_EVAL_DEFAULT)
-      arrays = {"tokens": _windows(tokens, self.seq_len, n)}
+      arrays = {"tokens": _windows(tokens, self.seq_len, n, spread=True)}
     else:
       n = min(len(self.eval["y"]), max_examples or len(self.eval["y"]))
       arrays = {
@@ -282,7 +283,12 @@ class DataSource:
     }
 
 
-def _windows(tokens: np.ndarray, seq_len: int, count: int) -> np.ndarray:
-  """The first ``count`` lm examples: ``tokens[i*T : i*T + T + 1]`` as int32."""
-  offsets = np.arange(count)[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
+def _windows(tokens: np.ndarray, seq_len: int, count: int,
+             spread: bool = False) -> np.ndarray:
+  """``count`` lm examples ``tokens[i*T : i*T + T + 1]`` (int32): the first
+  ones, or with ``spread`` window indices i spread evenly over all windows."""
+  available = (len(tokens) - 1) // seq_len
+  index = (np.linspace(0, available - 1, count).round().astype(np.int64)
+           if spread else np.arange(count))
+  offsets = index[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
   return tokens[offsets].astype(np.int32)

@@ -58,8 +58,11 @@ def _first_bad(loss_W: Array) -> Array:
 
 
 def _inner_lr(inner_W: PyTree) -> Array:
+  # inject_hyperparams keeps the current value in ``hyperparams`` (and, for a
+  # schedule, the schedule's own state under another "learning_rate" key).
   try:
-    lr = optax.tree_utils.tree_get(inner_W, "learning_rate")
+    hyper = optax.tree_utils.tree_get(inner_W, "hyperparams")
+    lr = hyper.get("learning_rate") if isinstance(hyper, dict) else None
   except Exception:  # several or none: no single learning rate to report
     lr = None
   if lr is None or not hasattr(lr, "shape"):

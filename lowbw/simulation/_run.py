@@ -180,13 +180,18 @@ class _Run:
     self.resume_from = resume_from
     if resume_from is not None and not os.path.isdir(resume_from):
       raise _validate.fail("resume_from", resume_from, "no such directory")
+    if (resume_from is None and log_dir is not None and
+        os.path.isdir(os.path.join(log_dir, "checkpoints"))):
+      raise _validate.fail(
+          "log_dir", log_dir, "already holds another run's checkpoints; resume "
+          "it (resume_from) or choose a new folder")
     self.progress = telemetry.is_terminal() if progress is None else progress
     self.callback = callback
     self.metadata = dict(metadata or {})
     if self.model.task not in ("custom", self.data.task):
       raise _validate.fail(
           "model", self.model.name,
-          f"is a {self.model.task} model but data {self.data.name!r} is "
+          f"is a model for {self.model.task} but data {self.data.name!r} is "
           f"{self.data.task} data")
     model_vocab = self.model.config.get("vocab")
     if (self.data.vocab_size and model_vocab and
@@ -234,6 +239,7 @@ class _Run:
         "eval_every": self.eval_every,
         "log_every": self.log_every,
         "checkpoint_every": self.checkpoint_every,
+        "eval_examples": self.eval_examples,
         "num_params": self.num_params,
         "channels": {k: c._asdict() for k, c in self.channels.items()},
         "jax_version": jax.__version__,
@@ -414,7 +420,7 @@ class _Run:
 
   # What a resumed run may change; everything else must match the checkpoint.
   _MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
-                 "metadata", "jax_version", "backend")
+                 "eval_examples", "metadata", "jax_version", "backend")
 
   def _restore(self, history, initial_state):
     directory = self._checkpoint_dir(self.resume_from)
