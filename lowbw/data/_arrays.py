@@ -167,10 +167,16 @@ def arrays(
 
 def _tokens(path: str, field: str) -> np.ndarray:
   path = _existing(path, field)
-  if os.path.getsize(path) % 2:
+  size = os.path.getsize(path)
+  if size % 2:
     raise _validate.fail(
         field, path, "expected a raw uint16 token file (its size is odd)")
-  return np.fromfile(path, dtype=np.uint16)
+  if size // 2 >= 2**31:  # checked before reading gigabytes for nothing
+    raise _validate.fail(
+        field, path, f"holds {size // 2:,} tokens; expected fewer than 2**31 "
+        "(int32 offsets on device)")
+  # Little-endian on disk whatever the machine, native in memory.
+  return np.fromfile(path, dtype="<u2").astype(np.uint16, copy=False)
 
 
 def token_file(
