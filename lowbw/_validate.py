@@ -44,3 +44,24 @@ def one_of(field: str, value: Any, choices: Iterable[str]) -> str:
   if value not in choices:
     raise fail(field, value, "expected one of " + ", ".join(map(repr, choices)))
   return value
+
+
+def non_negative(field: str, value: Any) -> float:
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    raise fail(field, value, "expected a number >= 0")
+  return float(value)
+
+
+def non_negative_int(field: str, value: Any) -> int:
+  if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
+      or value < 0):
+    raise fail(field, value, "expected an integer >= 0")
+  return int(value)
+
+
+def momentum(field: str, value: Any) -> float:
+  """A decay factor in [0, 1)."""
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not 0 <= value < 1):
+    raise fail(field, value, "expected a number in [0, 1)")
+  return float(value)

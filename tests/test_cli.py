@@ -98,6 +98,10 @@ def test_no_arguments_means_the_documented_default_run():
     (["--alpha", "0.3"], "lowbw: error: --alpha=0.3 is invalid: not used by sharding"),
     (["--weight-decay", "-1"], "lowbw: error: --weight-decay=-1.0 is invalid"),
     (["--data", "text", "--sharding", "dirichlet"], "lowbw: error: --sharding="),
+    (["--warmup-steps", "-1"], "lowbw: error: --warmup-steps=-1 is invalid"),
+    (["--schedule", "linear"], "lowbw: error: --schedule='linear' is invalid"),
+    (["--outer-momentum", "1.0"], "lowbw: error: --outer-momentum=1.0 is invalid"),
+    (["--inner-lr", "0"], "lowbw: error: --inner-lr=0.0 is invalid"),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY

@@ -271,6 +271,9 @@ def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):
     (dict(model=models.gpt(layers=1, d_model=8, heads=2, seq_len=8)), "model"),
     (dict(resume_from="/no/such/dir"), "resume_from"),
     (dict(model=models.mlp(hidden=(4,), num_classes=2)), "num_classes"),
+    (dict(eval_examples=0), "eval_examples"),
+    (dict(rounds_per_chunk=0), "rounds_per_chunk"),
+    (dict(data="nope"), "data"),
 ])
 def test_bad_arguments_fail_at_build_naming_the_field(kwargs, field):
   args = dict(model=MLP, data=data.arrays(*toy_arrays(128), eval=EVAL),

@@ -44,7 +44,8 @@ _USED_BY = {
         "sparta_diloco": {"H", "p", "selector", "outer_lr", "outer_momentum"},
     },
     "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"}},
-    "model": {"gpt": {"layers", "d_model", "heads"}, "mlp": {"hidden"},
+    "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
+              "mlp": {"hidden"},
               "cnn": {"channels"}},
     "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
              "folder": {"seq_len"}, "classification": set()},
@@ -194,13 +195,15 @@ def check_used(s: dict, explicit: set[str], model_name: str, source) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
   chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name,
             "data": _data_kind(s, source), "sharding": s["sharding"]}
-  for kind, options in _USED_BY.items():
-    used = options.get(chosen[kind], set())
-    if kind == "data" and model_name == "gpt":
-      used = used | {"seq_len"}
-    for name in sorted(explicit & (set().union(*options.values()) - used)):
-      raise _validate.fail(name, s[name],
-                           f"not used by {kind} {chosen[kind]!r}")
+  used = set().union(*(options.get(chosen[kind], set())
+                        for kind, options in _USED_BY.items()))
+  for name in sorted(explicit - used):
+    owners = [kind for kind, options in _USED_BY.items()
+              if any(name in names for names in options.values())]
+    if owners:  # a setting some choice would use, but none of these does
+      raise _validate.fail(
+          name, s[name], "not used by " + ", ".join(
+              f"{kind} {chosen[kind]!r}" for kind in owners))
 
 
 def _ints(field, text):
@@ -250,9 +253,7 @@ def build_model(s: dict, source):
 
 def _learning_rate(s: dict):
   lr = _validate.positive_float("inner_lr", s["inner_lr"])
-  warmup = s["warmup_steps"]
-  if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-    raise _validate.fail("warmup_steps", warmup, "expected an integer >= 0")
+  warmup = _validate.non_negative_int("warmup_steps", s["warmup_steps"])
   schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
   if schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
@@ -269,31 +270,18 @@ def build_inner(s: dict) -> optax.GradientTransformation:
   lr = _learning_rate(s)
   if name == "adamw":
     return optax.inject_hyperparams(optax.adamw)(
-        learning_rate=lr, weight_decay=_non_negative("weight_decay", s))
+        learning_rate=lr,
+        weight_decay=_validate.non_negative("weight_decay", s["weight_decay"]))
   if name == "adam":
     return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
   return optax.inject_hyperparams(optax.sgd)(
-      learning_rate=lr, momentum=_momentum("momentum", s) or None)
-
-
-def _non_negative(field, s):
-  value = s[field]
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-    raise _validate.fail(field, value, "expected a number >= 0")
-  return float(value)
-
-
-def _momentum(field, s):
-  value = s[field]
-  if (isinstance(value, bool) or not isinstance(value, (int, float)) or
-      not 0 <= value < 1):
-    raise _validate.fail(field, value, "expected a number in [0, 1)")
-  return float(value)
+      learning_rate=lr,
+      momentum=_validate.momentum("momentum", s["momentum"]) or None)
 
 
 def build_outer(s: dict) -> optax.GradientTransformation:
   lr = _validate.positive_float("outer_lr", s["outer_lr"])
-  momentum = _momentum("outer_momentum", s)
+  momentum = _validate.momentum("outer_momentum", s["outer_momentum"])
   return optax.inject_hyperparams(optax.sgd)(
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 

@@ -121,7 +121,7 @@ def simulate(
 def _resolve(field, value, registry_get, cls):
   if isinstance(value, str):
     return registry_get(value)
-  if cls is not None and not isinstance(value, cls):
+  if not isinstance(value, cls):
     raise _validate.fail(field, value,
                          f"expected a {cls.__module__}.{cls.__name__} or a name")
   return value

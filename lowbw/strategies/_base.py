@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lowbw import _validate
 from lowbw._types import Array, Params, PRNGKey, PyTree
 from lowbw.network import Channel
 from lowbw.transforms import broadcast_to_workers, per_worker, worker_mean
@@ -88,6 +89,15 @@ def default_inner() -> optax.GradientTransformation:
   state leaf: logged as ``lr`` and changeable without recompiling."""
   return optax.inject_hyperparams(optax.adamw)(learning_rate=4e-4,
                                                weight_decay=0.1)
+
+
+def optimizer(field: str, tx, default) -> optax.GradientTransformation:
+  """``tx``, or ``default()`` when None; anything else than an optax
+  transformation is rejected at build time, naming ``field``."""
+  tx = default() if tx is None else tx
+  if not isinstance(tx, optax.GradientTransformation):
+    raise _validate.fail(field, tx, "expected an optax.GradientTransformation")
+  return tx
 
 
 def events(**counts) -> CommReport:

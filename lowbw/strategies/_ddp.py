@@ -2,7 +2,6 @@
 
 import optax
 
-from lowbw import _validate
 from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
 from lowbw.transforms import replace_with_mean
@@ -25,8 +24,7 @@ def ddp(inner: optax.GradientTransformation | None = None) -> _base.Strategy:
   Example:
     >>> strategy = lowbw.strategies.ddp(optax.sgd(0.1))
   """
-  inner = _base.default_inner() if inner is None else inner
-  _check_tx("inner", inner)
+  inner = _base.optimizer("inner", inner, _base.default_inner)
 
   def init(params, num_workers, key):
     return _base.inner_init(inner, params, num_workers, key, ())
@@ -41,7 +39,3 @@ def ddp(inner: optax.GradientTransformation | None = None) -> _base.Strategy:
   return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
                     channels, {"name": "ddp", "inner": _base.describe(inner)})
 
-
-def _check_tx(field, tx):
-  if not isinstance(tx, optax.GradientTransformation):
-    raise _validate.fail(field, tx, "expected an optax.GradientTransformation")

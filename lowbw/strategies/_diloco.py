@@ -6,7 +6,6 @@ import optax
 from lowbw import _validate
 from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
-from lowbw.strategies._ddp import _check_tx
 from lowbw.transforms import broadcast_to_workers, num_workers, worker_mean
 
 
@@ -70,10 +69,8 @@ def diloco(
     ...     inner=optax.adamw(1e-3),
     ...     outer=optax.sgd(0.7, momentum=0.9, nesterov=True), H=20)
   """
-  inner = _base.default_inner() if inner is None else inner
-  outer = default_outer() if outer is None else outer
-  _check_tx("inner", inner)
-  _check_tx("outer", outer)
+  inner = _base.optimizer("inner", inner, _base.default_inner)
+  outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
 
   def init(params, num_workers_, key):

@@ -6,7 +6,6 @@ import optax
 from lowbw import _validate
 from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
-from lowbw.strategies._ddp import _check_tx
 from lowbw.transforms import group_mean, num_workers, replace_with_mean
 
 
@@ -35,8 +34,7 @@ def fedavg(
   Example:
     >>> strategy = lowbw.strategies.fedavg(optax.sgd(0.1), H=10, island_size=2)
   """
-  inner = _base.default_inner() if inner is None else inner
-  _check_tx("inner", inner)
+  inner = _base.optimizer("inner", inner, _base.default_inner)
   H = _validate.positive_int("H", H)
   island_size = _validate.optional_positive_int("island_size", island_size)
 

@@ -7,7 +7,6 @@ import optax
 from lowbw import _validate
 from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
-from lowbw.strategies._ddp import _check_tx
 from lowbw.transforms import SELECTORS, sparse_average, sparse_payload_bytes
 
 
@@ -61,8 +60,7 @@ def sparta(
   Example:
     >>> strategy = lowbw.strategies.sparta(optax.adamw(1e-3), p=0.01)
   """
-  inner = _base.default_inner() if inner is None else inner
-  _check_tx("inner", inner)
+  inner = _base.optimizer("inner", inner, _base.default_inner)
   p, selector = check_sparta(p, selector)
 
   def init(params, num_workers_, key):

@@ -4,7 +4,6 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base
-from lowbw.strategies._ddp import _check_tx
 from lowbw.strategies._diloco import default_outer, diloco_channels, diloco_sync
 from lowbw.strategies._sparta import check_sparta, sparta_channels, sparta_local
 
@@ -32,10 +31,8 @@ def sparta_diloco(
     p: fraction of each tensor averaged per step, in (0, 1].
     selector: "random" | "shuffled" | "partitioned".
   """
-  inner = _base.default_inner() if inner is None else inner
-  outer = default_outer() if outer is None else outer
-  _check_tx("inner", inner)
-  _check_tx("outer", outer)
+  inner = _base.optimizer("inner", inner, _base.default_inner)
+  outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
   p, selector = check_sparta(p, selector)
   sparse_channels = sparta_channels(p)
