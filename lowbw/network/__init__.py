@@ -1,5 +1,6 @@
 """Network model: collectives and the bytes each worker sends."""
 
-from lowbw.network._collectives import Channel, ring_allreduce
+from lowbw.network._collectives import (COLLECTIVES, Channel, all_gather,
+                                        channel, ring_allreduce)
 
-__all__ = ["Channel", "ring_allreduce"]
+__all__ = ["COLLECTIVES", "Channel", "all_gather", "channel", "ring_allreduce"]

@@ -32,3 +32,20 @@ def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:
   """
   wire = 2.0 * (group_size - 1) / group_size * payload_bytes
   return Channel(int(payload_bytes), wire, "ring_allreduce", group_size)
+
+
+def all_gather(payload_bytes: int, group_size: int) -> Channel:
+  """A ring all-gather of payloads that cannot be summed (own indices, own
+  scales): every member forwards the n-1 other payloads once, so it sends
+  (n-1) x payload, and every member ends with all n payloads to decode.
+  """
+  wire = float((group_size - 1) * payload_bytes)
+  return Channel(int(payload_bytes), wire, "all_gather", group_size)
+
+
+COLLECTIVES = {"ring_allreduce": ring_allreduce, "all_gather": all_gather}
+
+
+def channel(collective: str, payload_bytes: int, group_size: int) -> Channel:
+  """The ``Channel`` of ``collective`` ("ring_allreduce" or "all_gather")."""
+  return COLLECTIVES[collective](payload_bytes, group_size)

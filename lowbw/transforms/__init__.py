@@ -1,15 +1,34 @@
-"""Communication transforms: per-worker lifting, worker reductions, sparse averaging."""
+"""Communication transforms: codecs, error feedback, per-worker lifting,
+worker reductions, sparse averaging."""
 
+from lowbw.transforms._cast import cast
+from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
+                                     collective, compress, decode_tree,
+                                     encode_tree, payload_nbytes, roundtrip)
+from lowbw.transforms._codec_spec import parse_codec
+from lowbw.transforms._compression import (Compression, comm_channel,
+                                           compression, init_residual,
+                                           message_bytes, transmit)
+from lowbw.transforms._dct import dct_top_k
+from lowbw.transforms._error_feedback import (ErrorFeedbackState,
+                                              error_feedback, feedback_step)
 from lowbw.transforms._per_worker import per_worker
+from lowbw.transforms._quantize import quantize, sign
 from lowbw.transforms._reductions import (broadcast_to_workers, group_mean,
                                           num_workers, replace_with_mean,
                                           worker_divergence, worker_mean)
 from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
                                       sparse_indices, sparse_payload_bytes)
+from lowbw.transforms._topk import index_dtype, random_k, top_k
 
 __all__ = [
-    "SELECTORS", "broadcast_to_workers", "group_mean", "num_workers",
-    "per_worker", "replace_with_mean", "sparse_average", "sparse_count",
-    "sparse_indices", "sparse_payload_bytes", "worker_divergence",
-    "worker_mean",
+    "Codec", "CompressState", "Compression", "ErrorFeedbackState", "Payload",
+    "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
+    "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
+    "encode_tree", "error_feedback", "feedback_step", "group_mean",
+    "index_dtype", "init_residual", "message_bytes", "num_workers",
+    "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
+    "replace_with_mean", "roundtrip", "sign", "sparse_average", "sparse_count",
+    "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
+    "worker_divergence", "worker_mean",
 ]

@@ -1,0 +1,248 @@
+"""The codec contract: a tensor becomes a payload of the arrays that cross the wire.
+
+A codec is a NamedTuple of pure functions, like an optax transformation:
+
+* ``encode(x, key=None, worker=0) -> Payload``: one worker's tensor to its
+  payload. ``key`` is shared by all workers (random-k indices must agree);
+  codecs that want per-worker randomness (stochastic rounding) fold ``worker``
+  into it themselves.
+* ``decode(payload, key=None) -> x_hat``: what a receiver reconstructs. It gets
+  the same shared key, so indices derived from it cost no bytes.
+
+The payload is a pytree whose leaves are exactly the arrays one worker sends
+(values, indices in the smallest unsigned integer type that fits, bit-packed
+codes, scales); the tensor's shape and dtype ride along as static metadata,
+known to every receiver. Its byte size is therefore exact and known from shapes
+alone (``payload_nbytes``).
+
+Codecs compose with ``|``: ``top_k(0.1) | quantize(4)`` quantizes the values that
+top-k keeps. The left codec must carry float ``values`` in its payload (the
+sparsifiers and ``cast`` do); the right one replaces them with its own payload.
+
+Collective: payloads that can be summed element-wise without decoding (plain or
+cast values at positions every worker agrees on: ``cast``, ``random_k`` and
+their chains) are all-reduced; everything else (own indices, own scales or
+codebooks) is all-gathered, and every receiver decodes and averages.
+"""
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw import _validate
+from lowbw._types import Array, PRNGKey, PyTree
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Payload:
+  """What one worker sends for one tensor.
+
+  Attributes:
+    data: the arrays that cross the wire (a dict; may nest another Payload when
+      codecs are chained). Every leaf counts towards the bytes.
+    shape: the original tensor's shape (static, known to every receiver).
+    dtype: the original tensor's dtype name (static).
+  """
+
+  data: dict[str, Any]
+  shape: tuple[int, ...] = dataclasses.field(metadata={"static": True})
+  dtype: str = dataclasses.field(metadata={"static": True})
+
+
+class Codec(NamedTuple):
+  """A lossy tensor codec as pure functions.
+
+  Attributes:
+    name: the spec, e.g. ``"topk:0.1"`` (what the CLI's ``--codec`` accepts).
+    encode: ``(x, key=None, worker=0) -> Payload``.
+    decode: ``(payload, key=None) -> x_hat`` with ``x``'s shape and dtype.
+    summable: True when payloads of different workers can be added without
+      decoding (all-reduce); False means all-gather.
+    carries_values: True when the payload holds float ``values`` that a codec
+      chained after this one can compress.
+    needs_key: True when encode/decode need the shared key.
+    config: JSON-able description.
+  """
+
+  name: str
+  encode: Callable[..., Payload]
+  decode: Callable[..., Array]
+  summable: bool
+  carries_values: bool
+  needs_key: bool
+  config: dict[str, Any]
+
+  def __or__(self, other: "Codec") -> "Codec":
+    return chain(self, other)
+
+
+def make_codec(name, encode, decode, *, summable, carries_values, needs_key,
+               config) -> Codec:
+  """Wraps per-tensor ``encode(x, key, worker)`` / ``decode(payload, key)``
+  with the key check and the static metadata."""
+
+  def checked_key(key):
+    if needs_key and key is None:
+      raise ValueError(
+          f"key=None is invalid for codec {name!r}: it draws its indices or "
+          "noise from a PRNG key shared by all workers; pass key=")
+    return key
+
+  def encode_(x, key=None, worker=0):
+    x = jnp.asarray(x)
+    return Payload(encode(x, checked_key(key), worker), tuple(x.shape),
+                   jnp.dtype(x.dtype).name)
+
+  def decode_(payload, key=None):
+    return decode(payload, checked_key(key)).astype(payload.dtype)
+
+  return Codec(name, encode_, decode_, summable, carries_values, needs_key,
+               config)
+
+
+def chain(first: Codec, second: Codec) -> Codec:
+  """``first`` then ``second`` on ``first``'s values (also ``first | second``)."""
+  for field, codec in (("first", first), ("second", second)):
+    if not isinstance(codec, Codec):
+      raise _validate.fail(f"codec {field}", codec, "expected a lowbw codec")
+  if not first.carries_values:
+    raise _validate.fail(
+        "codec", f"{first.name},{second.name}",
+        f"{first.name} leaves no float values for {second.name} to compress; "
+        "put sparsifiers or casts first, quantizers last")
+
+  def encode(x, key=None, worker=0):
+    payload = first.encode(x, _stage_key(key, 0), worker)
+    values = second.encode(payload.data["values"], _stage_key(key, 1), worker)
+    return dataclasses.replace(payload, data={**payload.data, "values": values})
+
+  def decode(payload, key=None):
+    values = second.decode(payload.data["values"], _stage_key(key, 1))
+    return first.decode(
+        dataclasses.replace(payload, data={**payload.data, "values": values}),
+        _stage_key(key, 0))
+
+  return Codec(f"{first.name},{second.name}", encode, decode,
+               first.summable and second.summable, second.carries_values,
+               first.needs_key or second.needs_key,
+               {"chain": [_config_list(first), _config_list(second)]})
+
+
+def _config_list(codec):
+  return codec.config["chain"] if "chain" in codec.config else codec.config
+
+
+def _stage_key(key, stage):
+  return None if key is None else jax.random.fold_in(key, stage)
+
+
+def worker_key(key: PRNGKey, worker) -> PRNGKey:
+  """A key private to ``worker`` (stochastic rounding), from the shared key."""
+  return jax.random.fold_in(jax.random.fold_in(key, 0x3A7B), worker)
+
+
+def collective(codec: Codec | None) -> str:
+  """The collective a codec's payloads imply: all-reduce or all-gather."""
+  return "ring_allreduce" if codec is None or codec.summable else "all_gather"
+
+
+# --- trees ------------------------------------------------------------------
+
+
+def encode_tree(codec: Codec, tree: PyTree, key: PRNGKey | None = None,
+                worker=0) -> PyTree:
+  """Encodes every leaf; leaf i uses ``fold_in(key, i)``."""
+  leaves, treedef = jax.tree.flatten(tree)
+  return jax.tree.unflatten(treedef, [
+      codec.encode(x, _stage_key(key, i), worker) for i, x in enumerate(leaves)])
+
+
+def decode_tree(codec: Codec, payload_tree: PyTree,
+                key: PRNGKey | None = None) -> PyTree:
+  """Inverse of ``encode_tree`` (lossy)."""
+  leaves, treedef = jax.tree.flatten(
+      payload_tree, is_leaf=lambda p: isinstance(p, Payload))
+  return jax.tree.unflatten(treedef, [
+      codec.decode(p, _stage_key(key, i)) for i, p in enumerate(leaves)])
+
+
+def roundtrip(codec: Codec, tree: PyTree, key: PRNGKey | None = None,
+              worker=0) -> PyTree:
+  """``decode(encode(tree))``: what every receiver reconstructs of this
+  worker's tree."""
+  return decode_tree(codec, encode_tree(codec, tree, key, worker), key)
+
+
+def payload_nbytes(codec: Codec | None, tree: PyTree) -> int:
+  """Exact bytes of one worker's payload for ``tree`` (arrays or
+  ShapeDtypeStructs), from static shapes: nothing is computed."""
+  if codec is None:
+    return _nbytes(tree)
+  key = None if not codec.needs_key else jax.random.key(0)
+  shapes = jax.eval_shape(lambda t, k: encode_tree(codec, t, k), tree, key)
+  return _nbytes(shapes)
+
+
+def _nbytes(tree) -> int:
+  return sum(math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+             for x in jax.tree.leaves(tree))
+
+
+# --- as optax transformations ----------------------------------------------
+
+
+class CompressState(NamedTuple):
+  """State of ``compress``: how many updates were compressed (keys derive from
+  it)."""
+  count: Array
+
+
+def compress(codec: Codec, key: PRNGKey | None = None,
+             ) -> optax.GradientTransformation:
+  """``decode(encode(updates))`` as an optax transformation.
+
+  Put it in an ``optax.chain`` to train with what a compressed channel would
+  deliver. The codec's shared key for update t is ``fold_in(key, t)``; under
+  ``per_worker`` the worker index is folded in for per-worker noise.
+
+  Example:
+    >>> tx = optax.chain(lowbw.transforms.compress(top_k(0.1)), optax.sgd(0.1))
+  """
+  base = _base_key(codec, key)
+
+  def init(params):
+    del params
+    return CompressState(jnp.zeros((), jnp.int32))
+
+  def update(updates, state, params=None):
+    del params
+    step_key = None if base is None else jax.random.fold_in(base, state.count)
+    out = roundtrip(codec, updates, step_key, current_worker())
+    return out, CompressState(state.count + 1)
+
+  return optax.GradientTransformation(init, update)
+
+
+def _base_key(codec, key):
+  if not isinstance(codec, Codec):
+    raise _validate.fail("codec", codec, "expected a lowbw codec")
+  if key is None and codec.needs_key:
+    return jax.random.key(0)
+  return key
+
+
+def current_worker():
+  """The worker index inside ``per_worker`` (its vmap axis), else 0."""
+  try:
+    return jax.lax.axis_index(WORKER_AXIS)
+  except NameError:
+    return 0
+
+
+WORKER_AXIS = "workers"

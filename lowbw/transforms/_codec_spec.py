@@ -1,0 +1,98 @@
+"""Codecs from short text specs, as the CLI's ``--codec`` takes them.
+
+A spec is a comma-separated chain of stages (``"topk:0.1,quant:4"`` is
+``top_k(0.1) | quantize(4)``):
+
+  topk:F             top_k(F)
+  randk:F            random_k(F)
+  quant:B[:OPT...]   quantize(B); OPT: linear | statistical | stochastic |
+                     chunk=N
+  sign               sign()
+  cast:T             cast(T); T: float32, bf16, fp16, fp8 (e4m3), e5m2
+  dct[:CHUNK[:K]]    dct_top_k(CHUNK, K); defaults 64, 32
+  none               no codec
+
+Every codec's ``name`` is its spec, so ``parse_codec(c.name)`` rebuilds ``c``.
+"""
+
+from lowbw import _validate
+from lowbw.transforms._cast import cast
+from lowbw.transforms._codec import Codec
+from lowbw.transforms._dct import dct_top_k
+from lowbw.transforms._quantize import quantize, sign
+from lowbw.transforms._topk import random_k, top_k
+
+FORMS = ("topk:F", "randk:F", "quant:BITS[:statistical][:stochastic]"
+         "[:chunk=N]", "sign", "cast:DTYPE", "dct[:CHUNK[:K]]", "none")
+
+
+def parse_codec(spec: str, field: str = "codec") -> Codec | None:
+  """The codec a spec names (None for ``"none"``); errors name ``field``."""
+  if not isinstance(spec, str) or not spec.strip():
+    raise _validate.fail(field, spec, "expected a codec spec such as "
+                         "'topk:0.1,quant:4'")
+  if spec.strip().lower() == "none":
+    return None
+  codec = None
+  for stage in spec.split(","):
+    try:
+      part = _stage(stage.strip())
+    except ValueError as e:
+      raise _validate.fail(field, spec, f"stage {stage.strip()!r}: {e}; "
+                           "stages are " + ", ".join(FORMS)) from None
+    codec = part if codec is None else _chain(codec, part, field, spec)
+  return codec
+
+
+def _chain(first, second, field, spec):
+  try:
+    return first | second
+  except ValueError as e:
+    raise _validate.fail(field, spec, str(e).split(": ", 1)[-1]) from None
+
+
+def _stage(stage: str) -> Codec:
+  name, *args = stage.split(":")
+  name = name.lower()
+  if name == "topk" and len(args) == 1:
+    return top_k(_number(args[0]))
+  if name == "randk" and len(args) == 1:
+    return random_k(_number(args[0]))
+  if name == "sign" and not args:
+    return sign()
+  if name == "cast" and len(args) == 1:
+    return cast(args[0])
+  if name == "dct" and len(args) <= 2:
+    ints = [_integer(a) for a in args]
+    return dct_top_k(*ints)
+  if name == "quant" and args:
+    return _quantize(args)
+  raise ValueError("unknown stage or wrong number of arguments")
+
+
+def _quantize(args):
+  kwargs = {"scheme": "linear", "stochastic": False, "chunk": None}
+  for opt in args[1:]:
+    if opt in ("linear", "statistical"):
+      kwargs["scheme"] = opt
+    elif opt == "stochastic":
+      kwargs["stochastic"] = True
+    elif opt.startswith("chunk="):
+      kwargs["chunk"] = _integer(opt[len("chunk="):])
+    else:
+      raise ValueError(f"unknown quant option {opt!r}")
+  return quantize(_integer(args[0]), **kwargs)
+
+
+def _number(text):
+  try:
+    return float(text)
+  except ValueError:
+    raise ValueError(f"{text!r} is not a number") from None
+
+
+def _integer(text):
+  try:
+    return int(text)
+  except ValueError:
+    raise ValueError(f"{text!r} is not an integer") from None

@@ -1,0 +1,187 @@
+"""Quantizing codecs: linear (min-max) and statistical quantization, and sign.
+
+Codes of ``bits`` bits are bit-packed, 8 / bits codes per byte (four 2-bit
+codes per byte), little end first: code j of a byte sits at bits
+[j * bits, (j + 1) * bits). A tensor of n entries costs ceil(n * bits / 8)
+bytes of codes plus its scales or codebooks.
+"""
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+from lowbw import _validate
+from lowbw._types import Array
+from lowbw.transforms._codec import Codec, make_codec, worker_key
+
+BITS = (1, 2, 4, 8)
+SCHEMES = ("linear", "statistical")
+
+
+def pack(codes: Array, bits: int) -> Array:
+  """Packs integer codes in [0, 2**bits) into uint8, 8 // bits per byte."""
+  per_byte = 8 // bits
+  codes = codes.reshape(-1).astype(jnp.uint8)
+  pad = -codes.size % per_byte
+  codes = jnp.pad(codes, (0, pad)).reshape(-1, per_byte)
+  shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+  return jnp.bitwise_or.reduce(codes << shifts, axis=1).astype(jnp.uint8)
+
+
+def unpack(packed: Array, bits: int, size: int) -> Array:
+  """The first ``size`` codes of ``pack``'s output, as int32."""
+  per_byte = 8 // bits
+  shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
+  mask = jnp.uint8((1 << bits) - 1)
+  codes = (packed[:, None] >> shifts) & mask
+  return codes.reshape(-1)[:size].astype(jnp.int32)
+
+
+def _chunks(flat: Array, chunk: int | None):
+  """(chunks, chunk) view of ``flat`` plus a validity mask for the padding."""
+  n = flat.size
+  size = max(n, 1) if chunk is None else chunk
+  count = max(1, math.ceil(n / size))
+  pad = count * size - n
+  values = jnp.pad(flat, (0, pad)).reshape(count, size)
+  valid = (jnp.arange(count * size) < n).reshape(count, size)
+  return values, valid
+
+
+def _linear_encode(values, valid, bits, noise):
+  levels = (1 << bits) - 1
+  lo = jnp.min(jnp.where(valid, values, jnp.inf), axis=1, keepdims=True)
+  hi = jnp.max(jnp.where(valid, values, -jnp.inf), axis=1, keepdims=True)
+  step = (hi - lo) / levels
+  scaled = jnp.where(step > 0, (values - lo) / jnp.where(step > 0, step, 1), 0)
+  codes = jnp.floor(scaled + noise) if noise is not None else jnp.round(scaled)
+  return jnp.clip(codes, 0, levels), lo[:, 0], hi[:, 0]
+
+
+def _linear_decode(codes, lo, hi, bits):
+  step = (hi - lo) / ((1 << bits) - 1)
+  return lo[:, None] + codes * step[:, None]
+
+
+def _statistical_encode(values, valid, bits):
+  levels = 1 << bits
+  count = jnp.sum(valid, axis=1, keepdims=True)
+  mean = jnp.sum(jnp.where(valid, values, 0), axis=1, keepdims=True) / count
+  var = jnp.sum(jnp.where(valid, (values - mean) ** 2, 0), axis=1,
+                keepdims=True) / count
+  lo = mean - 3 * jnp.sqrt(var)
+  width = 6 * jnp.sqrt(var) / levels
+  scaled = jnp.where(width > 0, (values - lo) / jnp.where(width > 0, width, 1),
+                     0)
+  codes = jnp.clip(jnp.floor(scaled), 0, levels - 1).astype(jnp.int32)
+  rows = jnp.broadcast_to(jnp.arange(values.shape[0])[:, None], codes.shape)
+  bins = jnp.zeros((values.shape[0], levels), values.dtype)
+  sums = bins.at[rows, codes].add(jnp.where(valid, values, 0))
+  members = bins.at[rows, codes].add(valid.astype(values.dtype))
+  centres = lo + (jnp.arange(levels) + 0.5) * width
+  codebook = jnp.where(members > 0, sums / jnp.maximum(members, 1), centres)
+  return codes, codebook
+
+
+def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
+             chunk: int | None = None) -> Codec:
+  """Quantizes each tensor (or each ``chunk`` of its flattened entries) to
+  ``bits``-bit codes.
+
+  * ``linear``: 2**bits evenly spaced levels from the minimum to the maximum;
+    decode(encode(x)) is within half a step, (max - min) / (2**bits - 1) / 2.
+    Scales: min and max, float32, per tensor or chunk (8 bytes each).
+    ``stochastic=True`` rounds up with probability equal to the remainder
+    (unbiased), from noise private to each worker.
+  * ``statistical``: MuLoCo's scheme (arXiv 2505.23725): the range
+    mean +- 3 standard deviations is cut into 2**bits equal bins (values
+    outside go to the edge bins), and each code decodes to the mean of the
+    entries in its bin (the bin's centre when it is empty). Codebook:
+    2**bits float32 values per tensor or chunk.
+
+  Bytes per tensor of n entries: ceil(n * bits / 8) + 8 per chunk (linear), or
+  + 4 * 2**bits per chunk (statistical). Workers have their own scales, so
+  payloads are all-gathered.
+
+  Args:
+    bits: 1, 2, 4 or 8.
+    scheme: "linear" or "statistical".
+    stochastic: stochastic rounding (linear only).
+    chunk: entries per scale group; None = one group per tensor.
+
+  Example:
+    >>> codec = quantize(2, "statistical")
+  """
+  if isinstance(bits, bool) or bits not in BITS:
+    raise _validate.fail("bits", bits, "expected one of 1, 2, 4, 8")
+  bits = int(bits)
+  scheme = _validate.one_of("scheme", scheme, SCHEMES)
+  chunk = _validate.optional_positive_int("chunk", chunk)
+  if not isinstance(stochastic, bool):
+    raise _validate.fail("stochastic", stochastic, "expected True or False")
+  if stochastic and scheme != "linear":
+    raise _validate.fail("stochastic", stochastic,
+                         "stochastic rounding is only defined for "
+                         "scheme='linear'")
+
+  def encode(x, key, worker):
+    flat = x.reshape(-1).astype(jnp.float32)
+    values, valid = _chunks(flat, chunk)
+    if scheme == "linear":
+      noise = (jax.random.uniform(worker_key(key, worker), values.shape)
+               if stochastic else None)
+      codes, lo, hi = _linear_encode(values, valid, bits, noise)
+      scales = {"min": lo, "max": hi}
+    else:
+      codes, codebook = _statistical_encode(values, valid, bits)
+      scales = {"codebook": codebook}
+    return {"codes": pack(codes.reshape(-1)[:flat.size], bits), **scales}
+
+  def decode(payload, key):
+    del key
+    n = math.prod(payload.shape)
+    data = payload.data
+    count = max(1, math.ceil(n / (max(n, 1) if chunk is None else chunk)))
+    codes = jnp.pad(unpack(data["codes"], bits, n), (0, -n % count))
+    codes = codes.reshape(count, -1)
+    if scheme == "linear":
+      values = _linear_decode(codes.astype(jnp.float32), data["min"],
+                              data["max"], bits)
+    else:
+      values = jnp.take_along_axis(data["codebook"], codes, axis=1)
+    return values.reshape(-1)[:n].reshape(payload.shape)
+
+  name = f"quant:{bits}" + ("" if scheme == "linear" else ":statistical")
+  name += ":stochastic" if stochastic else ""
+  name += f":chunk={chunk}" if chunk else ""
+  return make_codec(name, encode, decode, summable=False, carries_values=False,
+                    needs_key=stochastic,
+                    config={"codec": "quantize", "bits": bits,
+                            "scheme": scheme, "stochastic": stochastic,
+                            "chunk": chunk})
+
+
+def sign() -> Codec:
+  """Scaled sign (Karimireddy et al., 2019, arXiv 1901.09847): one bit per
+  entry and one float32 scale, the mean absolute value, so that
+  decode(encode(x)) = mean|x| * sign(x) (entries >= 0 count as +).
+
+  Bytes per tensor of n entries: ceil(n / 8) + 4. All-gathered.
+  """
+
+  def encode(x, key, worker):
+    del key, worker
+    flat = x.reshape(-1).astype(jnp.float32)
+    scale = jnp.mean(jnp.abs(flat)) if flat.size else jnp.zeros(())
+    return {"codes": pack(flat >= 0, 1), "scale": scale.reshape(1)}
+
+  def decode(payload, key):
+    del key
+    n = math.prod(payload.shape)
+    bits = unpack(payload.data["codes"], 1, n).astype(jnp.float32)
+    return (payload.data["scale"] * (2 * bits - 1)).reshape(payload.shape)
+
+  return make_codec("sign", encode, decode, summable=False,
+                    carries_values=False, needs_key=False,
+                    config={"codec": "sign"})
