@@ -141,7 +141,7 @@ def test_diloco_matches_reference(H):
       global_params, outer_state, params_w = outer_step(
           outer, global_params, outer_state, params_w)
   assert_workers_close(state.params_W, params_w)
-  chex.assert_trees_all_close(state.comm[0], global_params, atol=1e-5)
+  chex.assert_trees_all_close(state.comm.global_params, global_params, atol=1e-5)
 
 
 def sparse_reference(key, step, params_w, p, selector):

@@ -33,7 +33,7 @@ class CNN(nn.Module):
                               padding="SAME", count_include_pad=False)
     h_BxD = jnp.reshape(h_BxHxWxC, (h_BxHxWxC.shape[0], -1))
     h_BxD = nn.relu(nn.Dense(self.dense)(h_BxD))
-    return nn.Dense(self.num_classes)(h_BxD)
+    return nn.Dense(self.num_classes, name="head")(h_BxD)
 
 
 def cnn(

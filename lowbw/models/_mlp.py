@@ -24,7 +24,7 @@ class MLP(nn.Module):
     h_BxD = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
     for width in self.hidden:
       h_BxD = act(nn.Dense(width)(h_BxD))
-    return nn.Dense(self.num_classes)(h_BxD)
+    return nn.Dense(self.num_classes, name="head")(h_BxD)
 
 
 def mlp(

@@ -4,8 +4,10 @@ from lowbw import _validate
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
 from lowbw.strategies._ddp import ddp
+from lowbw.strategies._demo import demo
 from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedavg import fedavg
+from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
 
@@ -15,6 +17,8 @@ REGISTRY = {
     "diloco": diloco,
     "sparta": sparta,
     "sparta_diloco": sparta_diloco,
+    "muloco": muloco,
+    "demo": demo,
 }
 
 
@@ -25,7 +29,7 @@ def get(name: str, **kwargs) -> Strategy:
 
 
 __all__ = [
-    "CommReport", "REGISTRY", "Strategy", "StrategyState", "ddp",
-    "default_inner", "default_outer", "diloco", "fedavg", "get", "sparta",
-    "sparta_diloco",
+    "CommReport", "REGISTRY", "Strategy", "StrategyState", "ddp", "demo",
+    "default_inner", "default_outer", "diloco", "fedavg", "get",
+    "hidden_matrices", "muloco", "muon_inner", "sparta", "sparta_diloco",
 ]

@@ -135,6 +135,12 @@ def mean_of_workers(state: StrategyState) -> Params:
   return worker_mean(state.params_W)
 
 
+def comm_key(state: StrategyState) -> PRNGKey:
+  """The codec key of this step's messages: shared by all workers, fresh
+  every step (random-k positions, stochastic rounding)."""
+  return jax.random.fold_in(jax.random.fold_in(state.key, 0xC0DEC), state.step)
+
+
 def payload_bytes(tree: PyTree) -> int:
   """Exact bytes of a tree of arrays (or ShapeDtypeStructs) sent as is."""
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))

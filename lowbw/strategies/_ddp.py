@@ -2,40 +2,54 @@
 
 import optax
 
-from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
-from lowbw.transforms import replace_with_mean
+from lowbw.transforms import (Codec, comm_channel, compression, init_residual,
+                              replace_with_mean, transmit)
 
 
-def ddp(inner: optax.GradientTransformation | None = None) -> _base.Strategy:
+def ddp(inner: optax.GradientTransformation | None = None,
+        codec: Codec | None = None,
+        error_feedback: float | None = None) -> _base.Strategy:
   """Synchronous data parallelism (an all-reduce of gradients every step).
 
   Every worker computes gradients on its own batch; their mean is applied by
   every worker's inner optimizer, so all workers stay identical. With W workers
   of batch b this equals one model trained with batch W*b.
 
-  Bytes per worker and step: payload = the gradients (4 bytes x P in float32);
-  wire = 2(W-1)/W x payload (ring all-reduce).
+  With a ``codec`` each worker sends its encoded gradients (plus its residual
+  when ``error_feedback`` is set) and every worker applies the mean of the
+  decoded gradients.
+
+  Bytes per worker and step: payload = the gradients (4 bytes x P in float32,
+  or the codec's payload); wire = 2(W-1)/W x payload (ring all-reduce), or
+  (W-1) x payload when the codec's payloads must be all-gathered.
 
   Args:
     inner: the optimizer each worker applies; default AdamW (lr 4e-4, weight
       decay 0.1).
+    codec: a ``lowbw.transforms`` codec for the gradients, or None.
+    error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
 
   Example:
     >>> strategy = lowbw.strategies.ddp(optax.sgd(0.1))
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
+  comp = compression(codec, error_feedback)
 
   def init(params, num_workers, key):
-    return _base.inner_init(inner, params, num_workers, key, ())
+    state = _base.inner_init(inner, params, num_workers, key, ())
+    return state._replace(comm=init_residual(comp, state.params_W))
 
   def local(state, grads_W):
-    state = _base.inner_update(inner, state, replace_with_mean(grads_W))
+    sent_W, residual_W = transmit(comp, grads_W, state.comm,
+                                  _base.comm_key(state))
+    state = _base.inner_update(inner, state._replace(comm=residual_W),
+                               replace_with_mean(sent_W))
     return state, _base.events(gradients=1)
 
   def channels(params, num_workers):
-    return {"gradients": ring_allreduce(_base.payload_bytes(params), num_workers)}
+    return {"gradients": comm_channel(comp, params, num_workers)}
 
   return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
-                    channels, {"name": "ddp", "inner": _base.describe(inner)})
-
+                    channels, {"name": "ddp", "inner": _base.describe(inner),
+                               **comp.config})

@@ -1,12 +1,31 @@
 """DiLoCo: distributed low-communication training (Douillard et al., 2023,
-arXiv 2311.08105)."""
+arXiv 2311.08105), with compressed pseudo-gradients and error feedback as in
+MuLoCo's Algorithm 1 (Thérien et al., 2025, arXiv 2505.23725)."""
+
+from typing import NamedTuple
 
 import optax
 
 from lowbw import _validate
-from lowbw.network import ring_allreduce
+from lowbw._types import Params, PyTree
 from lowbw.strategies import _base
-from lowbw.transforms import broadcast_to_workers, num_workers, worker_mean
+from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
+                              comm_channel, compression, init_residual,
+                              num_workers, transmit, worker_mean)
+
+
+class DiLoCoComm(NamedTuple):
+  """DiLoCo's communication state.
+
+  Attributes:
+    global_params: the shared model theta.
+    outer_state: the outer optimizer's state.
+    residual_W: per-worker error-feedback residuals, ``()`` without feedback.
+  """
+
+  global_params: Params
+  outer_state: PyTree
+  residual_W: PyTree
 
 
 def default_outer() -> optax.GradientTransformation:
@@ -15,39 +34,69 @@ def default_outer() -> optax.GradientTransformation:
                                              nesterov=True)
 
 
-def diloco_sync(outer: optax.GradientTransformation):
-  """The DiLoCo outer step on a state whose ``comm`` is (global, outer_state).
+def diloco_init(inner, outer, comp: Compression):
+  def init(params, num_workers_, key):
+    state = _base.inner_init(inner, params, num_workers_, key, ())
+    return state._replace(comm=DiLoCoComm(
+        params, outer.init(params), init_residual(comp, state.params_W)))
+  return init
 
-  Each worker's pseudo-gradient is global - theta_w; their mean is fed to the
-  outer optimizer as a gradient of the global parameters, and every worker
-  restarts from the new global parameters.
+
+def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
+  """The DiLoCo outer step on a state whose ``comm`` is a ``DiLoCoComm``.
+
+  Each worker's pseudo-gradient is global - theta_w. Each goes through the
+  codec (after its error-feedback residual is added); the mean of what the
+  receivers decode is fed to the outer optimizer as a gradient of the global
+  parameters, and every worker restarts from the new global parameters.
   """
 
   def sync(state):
-    global_params, outer_state = state.comm
+    global_params, outer_state, residual_W = state.comm
     w = num_workers(state.params_W)
     delta_W = optax.tree.sub(broadcast_to_workers(global_params, w),
                              state.params_W)
-    updates, outer_state = outer.update(worker_mean(delta_W), outer_state,
+    sent_W, residual_W = transmit(comp, delta_W, residual_W,
+                                  _base.comm_key(state))
+    updates, outer_state = outer.update(worker_mean(sent_W), outer_state,
                                         global_params)
     global_params = optax.apply_updates(global_params, updates)
     return state._replace(
         params_W=broadcast_to_workers(global_params, w),
-        comm=(global_params, outer_state),
+        comm=DiLoCoComm(global_params, outer_state, residual_W),
     ), _base.events(pseudo_gradients=1)
 
   return sync
 
 
-def diloco_channels(params, num_workers_):
-  return {"pseudo_gradients": ring_allreduce(_base.payload_bytes(params),
-                                             num_workers_)}
+def diloco_channels(comp: Compression):
+  def channels(params, num_workers_):
+    return {"pseudo_gradients": comm_channel(comp, params, num_workers_)}
+  return channels
+
+
+def global_of(state):
+  return state.comm.global_params
+
+
+def build(name: str, inner, outer, H: int, comp: Compression,
+          extra_config: dict | None = None) -> _base.Strategy:
+  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo)."""
+  return _base.make(
+      name, H, diloco_init(inner, outer, comp), lambda s, g: (
+          _base.inner_update(inner, s, g), {}),
+      diloco_sync(outer, comp), global_of, diloco_channels(comp),
+      {"name": name, "inner": _base.describe(inner),
+       "outer": _base.describe(outer), "H": H, **comp.config,
+       **(extra_config or {})})
 
 
 def diloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
     H: int = 100,
+    codec: Codec | None = None,
+    error_feedback: float | None = None,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -56,32 +105,28 @@ def diloco(
   use H = 500; the default here is H = 100, better suited to short simulations.
   With outer SGD(lr=1, no momentum) DiLoCo is FedAvg.
 
+  With a ``codec`` the pseudo-gradients are compressed before they are
+  averaged, and ``error_feedback`` beta keeps what compression dropped for the
+  next round (MuLoCo's Algorithm 1; its AdamW-DiLoCo tuned beta is 0.7).
+
   Bytes per worker and sync: payload = the pseudo-gradient (4 bytes x P in
-  float32); wire = 2(W-1)/W x payload (ring all-reduce).
+  float32, or the codec's payload); wire = 2(W-1)/W x payload (ring
+  all-reduce), or (W-1) x payload for codecs that must be all-gathered.
 
   Args:
     inner: per-worker optimizer, state kept across rounds.
     outer: optimizer of the global parameters, fed the mean pseudo-gradient.
     H: inner steps per round (>= 1).
+    codec: a ``lowbw.transforms`` codec for the pseudo-gradients, or None.
+    error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
     ...     inner=optax.adamw(1e-3),
-    ...     outer=optax.sgd(0.7, momentum=0.9, nesterov=True), H=20)
+    ...     outer=optax.sgd(0.7, momentum=0.9, nesterov=True), H=20,
+    ...     codec=lowbw.transforms.quantize(4), error_feedback=0.7)
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
-
-  def init(params, num_workers_, key):
-    return _base.inner_init(inner, params, num_workers_, key,
-                            (params, outer.init(params)))
-
-  def local(state, grads_W):
-    return _base.inner_update(inner, state, grads_W), {}
-
-  return _base.make(
-      "diloco", H, init, local, diloco_sync(outer), lambda s: s.comm[0],
-      diloco_channels,
-      {"name": "diloco", "inner": _base.describe(inner),
-       "outer": _base.describe(outer), "H": H})
+  return build("diloco", inner, outer, H, compression(codec, error_feedback))

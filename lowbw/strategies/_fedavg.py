@@ -1,18 +1,26 @@
-"""Federated averaging (McMahan et al., 2017, arXiv 1602.05629), with islands."""
+"""Federated averaging (McMahan et al., 2017, arXiv 1602.05629), with islands
+and compressed messages."""
 
 import jax
 import optax
 
 from lowbw import _validate
-from lowbw.network import ring_allreduce
 from lowbw.strategies import _base
-from lowbw.transforms import group_mean, num_workers, replace_with_mean
+from lowbw.transforms import (Codec, broadcast_to_workers, comm_channel,
+                              compression, group_mean, init_residual,
+                              num_workers, replace_with_mean, transmit,
+                              worker_mean)
+
+PAYLOADS = ("deltas", "parameters")
 
 
 def fedavg(
     inner: optax.GradientTransformation | None = None,
     H: int = 100,
     island_size: int | None = None,
+    codec: Codec | None = None,
+    error_feedback: float | None = None,
+    compress: str = "deltas",
 ) -> _base.Strategy:
   """Parameters averaged every H inner steps.
 
@@ -22,14 +30,29 @@ def fedavg(
   averages only within each island, as in EXO Gym's FedAvg. Inner optimizer
   state is kept across syncs.
 
-  Bytes per worker and sync: payload = the parameters (4 bytes x P in float32);
-  wire = 2(s-1)/s x payload (ring all-reduce inside an island of s workers,
-  s = W without islands).
+  With a ``codec``, ``compress`` says what is encoded:
+
+  * ``"deltas"`` (default): each worker sends theta_w - theta, its change since
+    the last average; everyone applies the mean decoded change to theta (this
+    is DiLoCo with outer SGD at lr 1). ``error_feedback`` may be added. Needs
+    every worker in one group (no islands), since a receiver must know the
+    sender's starting point.
+  * ``"parameters"``: each worker sends its encoded parameters and the islands
+    average what they decode. No error feedback (a residual of parameters has
+    no meaning).
+
+  Bytes per worker and sync: payload = the parameters (4 bytes x P in float32)
+  or the codec's payload; wire = 2(s-1)/s x payload (ring all-reduce inside an
+  island of s workers, s = W without islands), or (s-1) x payload for codecs
+  that must be all-gathered.
 
   Args:
     inner: per-worker optimizer; default AdamW (lr 4e-4, weight decay 0.1).
     H: inner steps between syncs (>= 1).
     island_size: workers per island; must divide W. None averages all workers.
+    codec: a ``lowbw.transforms`` codec, or None.
+    error_feedback: residual decay beta in [0, 1] (deltas only), or None.
+    compress: "deltas" or "parameters"; what the codec encodes.
 
   Example:
     >>> strategy = lowbw.strategies.fedavg(optax.sgd(0.1), H=10, island_size=2)
@@ -37,32 +60,57 @@ def fedavg(
   inner = _base.optimizer("inner", inner, _base.default_inner)
   H = _validate.positive_int("H", H)
   island_size = _validate.optional_positive_int("island_size", island_size)
+  compress = _validate.one_of("compress", compress, PAYLOADS)
+  comp = compression(codec, error_feedback)
+  send_deltas = codec is not None and compress == "deltas"
+  if comp.beta is not None and compress == "parameters":
+    raise _validate.fail("error_feedback", error_feedback,
+                         "needs compress='deltas' (a residual of parameters "
+                         "has no meaning)")
 
   def init(params, num_workers_, key):
     check_island_size(island_size, num_workers_)
-    return _base.inner_init(inner, params, num_workers_, key, ())
+    if send_deltas and island_size not in (None, num_workers_):
+      raise _validate.fail(
+          "island_size", island_size,
+          "compressed deltas need all workers in one group (island_size=None);"
+          " use compress='parameters' with islands")
+    state = _base.inner_init(inner, params, num_workers_, key, ())
+    base = params if send_deltas else ()
+    return state._replace(comm=(base, init_residual(comp, state.params_W)))
 
   def local(state, grads_W):
     return _base.inner_update(inner, state, grads_W), {}
 
   def sync(state):
     w = num_workers(state.params_W)
-    if island_size is None or island_size == w:
-      params_W = replace_with_mean(state.params_W)
+    base, residual_W = state.comm
+    key = _base.comm_key(state)
+    if send_deltas:
+      delta_W = optax.tree.sub(state.params_W, broadcast_to_workers(base, w))
+      sent_W, residual_W = transmit(comp, delta_W, residual_W, key)
+      base = optax.apply_updates(base, worker_mean(sent_W))
+      params_W = broadcast_to_workers(base, w)
     else:
-      round_key = jax.random.fold_in(state.key, state.step // H)
-      perm = jax.random.permutation(round_key, w)
-      params_W = group_mean(state.params_W, perm, island_size)
-    return state._replace(params_W=params_W), _base.events(parameters=1)
+      sent_W, _ = transmit(comp, state.params_W, (), key)
+      if island_size is None or island_size == w:
+        params_W = replace_with_mean(sent_W)
+      else:
+        round_key = jax.random.fold_in(state.key, state.step // H)
+        perm = jax.random.permutation(round_key, w)
+        params_W = group_mean(sent_W, perm, island_size)
+    return (state._replace(params_W=params_W, comm=(base, residual_W)),
+            _base.events(parameters=1))
 
   def channels(params, num_workers_):
     group = num_workers_ if island_size is None else island_size
-    return {"parameters": ring_allreduce(_base.payload_bytes(params), group)}
+    return {"parameters": comm_channel(comp, params, group)}
 
   return _base.make(
       "fedavg", H, init, local, sync, _base.mean_of_workers, channels,
       {"name": "fedavg", "inner": _base.describe(inner), "H": H,
-       "island_size": island_size})
+       "island_size": island_size, **comp.config,
+       "compress": compress if codec is not None else None})
 
 
 def check_island_size(island_size, num_workers_):

@@ -5,31 +5,43 @@ import jax
 import optax
 
 from lowbw import _validate
-from lowbw.network import ring_allreduce
+from lowbw.network import channel
 from lowbw.strategies import _base
-from lowbw.transforms import SELECTORS, sparse_average, sparse_payload_bytes
+from lowbw.transforms import (SELECTORS, Codec, Compression, collective,
+                              sparse_average, sparse_payload_bytes, transmit)
 
 
-def sparta_local(inner, p: float, selector: str):
-  """An inner step on every worker, then the shared sparse averaging."""
+def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
+  """An inner step on every worker, then the shared sparse averaging of the
+  (optionally encoded) selected values."""
+  comp = Compression(codec, None)
 
   def local(state, grads_W):
     state = _base.inner_update(inner, state, grads_W)
     key = jax.random.fold_in(state.key, 0x5BA7)
-    params_W = sparse_average(key, state.step, state.params_W, p, selector)
+    transform = None
+    if codec is not None:
+      codec_key = _base.comm_key(state)
+      transform = lambda v_W, i: transmit(  # noqa: E731
+          comp, v_W, (), jax.random.fold_in(codec_key, i))[0]
+    params_W = sparse_average(key, state.step, state.params_W, p, selector,
+                              transform)
     return state._replace(params_W=params_W), _base.events(sparse_parameters=1)
 
   return local
 
 
-def sparta_channels(p: float):
+def sparta_channels(p: float, codec: Codec | None = None):
   def channels(params, num_workers_):
-    return {"sparse_parameters": ring_allreduce(sparse_payload_bytes(params, p),
-                                                num_workers_)}
+    return {"sparse_parameters": channel(
+        collective(codec), sparse_payload_bytes(params, p, codec),
+        num_workers_)}
   return channels
 
 
-def check_sparta(p, selector):
+def check_sparta(p, selector, codec=None, field="codec"):
+  if codec is not None and not isinstance(codec, Codec):
+    raise _validate.fail(field, codec, "expected a lowbw codec or None")
   return (_validate.fraction("p", p),
           _validate.one_of("selector", selector, SELECTORS))
 
@@ -38,6 +50,7 @@ def sparta(
     inner: optax.GradientTransformation | None = None,
     p: float = 0.005,
     selector: str = "random",
+    codec: Codec | None = None,
 ) -> _base.Strategy:
   """Every step, the same fraction p of each tensor is averaged across workers.
 
@@ -49,25 +62,33 @@ def sparta(
   tensor per step); the EXO Gym paper cites fractions as small as 0.05%.
   Inner AdamW.
 
+  With a ``codec`` each worker encodes the k-vector of each tensor and the
+  workers average what they decode (e.g. ``cast("bfloat16")`` halves the bytes).
+  There is no error feedback: the selected entries change every step.
+
   Bytes per worker and step: payload = sum over tensors of k x 4 bytes
-  (float32 values, no indices); wire = 2(W-1)/W x payload (ring all-reduce).
+  (float32 values, no indices) or the codec's payload of each k-vector;
+  wire = 2(W-1)/W x payload (ring all-reduce), or (W-1) x payload for codecs
+  that must be all-gathered.
 
   Args:
     inner: per-worker optimizer; default AdamW (lr 4e-4, weight decay 0.1).
     p: fraction of each tensor averaged per step, in (0, 1].
     selector: "random" | "shuffled" | "partitioned".
+    codec: a ``lowbw.transforms`` codec for the selected values, or None.
 
   Example:
     >>> strategy = lowbw.strategies.sparta(optax.adamw(1e-3), p=0.01)
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
-  p, selector = check_sparta(p, selector)
+  p, selector = check_sparta(p, selector, codec)
 
   def init(params, num_workers_, key):
     return _base.inner_init(inner, params, num_workers_, key, ())
 
   return _base.make(
-      "sparta", 1, init, sparta_local(inner, p, selector), None,
-      _base.mean_of_workers, sparta_channels(p),
+      "sparta", 1, init, sparta_local(inner, p, selector, codec), None,
+      _base.mean_of_workers, sparta_channels(p, codec),
       {"name": "sparta", "inner": _base.describe(inner), "p": p,
-       "selector": selector})
+       "selector": selector,
+       "codec": None if codec is None else codec.name})

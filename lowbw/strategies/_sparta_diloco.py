@@ -4,8 +4,10 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base
-from lowbw.strategies._diloco import default_outer, diloco_channels, diloco_sync
+from lowbw.strategies._diloco import (default_outer, diloco_channels,
+                                      diloco_init, diloco_sync, global_of)
 from lowbw.strategies._sparta import check_sparta, sparta_channels, sparta_local
+from lowbw.transforms import Codec, compression
 
 
 def sparta_diloco(
@@ -14,6 +16,9 @@ def sparta_diloco(
     H: int = 100,
     p: float = 0.005,
     selector: str = "random",
+    codec: Codec | None = None,
+    error_feedback: float | None = None,
+    sparse_codec: Codec | None = None,
 ) -> _base.Strategy:
   """SPARTA's sparse averaging every step plus a DiLoCo outer step every H.
 
@@ -22,7 +27,8 @@ def sparta_diloco(
   10,000). Defaults: p = 0.005, H = 100, DiLoCo's inner and outer optimizers.
 
   Bytes per worker: SPARTA's k values per tensor every step plus DiLoCo's full
-  pseudo-gradient every H steps, each under a ring all-reduce.
+  pseudo-gradient every H steps, each under a ring all-reduce (or an
+  all-gather for codecs whose payloads cannot be summed).
 
   Args:
     inner: per-worker optimizer.
@@ -30,23 +36,27 @@ def sparta_diloco(
     H: inner steps per outer step.
     p: fraction of each tensor averaged per step, in (0, 1].
     selector: "random" | "shuffled" | "partitioned".
+    codec: codec of DiLoCo's pseudo-gradients, or None.
+    error_feedback: residual decay beta for the pseudo-gradients, or None.
+    sparse_codec: codec of SPARTA's selected values, or None.
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
-  p, selector = check_sparta(p, selector)
-  sparse_channels = sparta_channels(p)
-
-  def init(params, num_workers_, key):
-    return _base.inner_init(inner, params, num_workers_, key,
-                            (params, outer.init(params)))
+  p, selector = check_sparta(p, selector, sparse_codec, "sparse_codec")
+  comp = compression(codec, error_feedback)
+  sparse_channels = sparta_channels(p, sparse_codec)
+  outer_channels = diloco_channels(comp)
 
   def channels(params, num_workers_):
     return {**sparse_channels(params, num_workers_),
-            **diloco_channels(params, num_workers_)}
+            **outer_channels(params, num_workers_)}
 
   return _base.make(
-      "sparta_diloco", H, init, sparta_local(inner, p, selector),
-      diloco_sync(outer), lambda s: s.comm[0], channels,
+      "sparta_diloco", H, diloco_init(inner, outer, comp),
+      sparta_local(inner, p, selector, sparse_codec), diloco_sync(outer, comp),
+      global_of, channels,
       {"name": "sparta_diloco", "inner": _base.describe(inner),
-       "outer": _base.describe(outer), "H": H, "p": p, "selector": selector})
+       "outer": _base.describe(outer), "H": H, "p": p, "selector": selector,
+       **comp.config,
+       "sparse_codec": None if sparse_codec is None else sparse_codec.name})

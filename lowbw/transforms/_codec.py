@@ -131,11 +131,13 @@ def chain(first: Codec, second: Codec) -> Codec:
   return Codec(f"{first.name},{second.name}", encode, decode,
                first.summable and second.summable, second.carries_values,
                first.needs_key or second.needs_key,
-               {"chain": [_config_list(first), _config_list(second)]})
+               {"chain": _config_list(first) + _config_list(second)})
 
 
 def _config_list(codec):
-  return codec.config["chain"] if "chain" in codec.config else codec.config
+  """A codec's stages as a flat list, so nested chains describe one chain."""
+  return (list(codec.config["chain"]) if "chain" in codec.config
+          else [codec.config])
 
 
 def _stage_key(key, stage):

@@ -23,9 +23,9 @@ from lowbw.transforms._codec import (Codec, _base_key, current_worker,
                                      roundtrip)
 
 
-def check_beta(beta) -> float:
-  """A feedback coefficient in [0, 1]."""
-  return _validate.fraction("error_feedback", beta, low_open=False)
+def check_beta(beta, field: str = "error_feedback") -> float:
+  """A feedback coefficient in [0, 1]; errors name ``field``."""
+  return _validate.fraction(field, beta, low_open=False)
 
 
 def feedback_step(codec: Codec, beta: float, residual: PyTree, delta: PyTree,
@@ -60,7 +60,7 @@ def error_feedback(codec: Codec, beta: float = 0.9,
   Example:
     >>> tx = optax.chain(error_feedback(quantize(2), beta=0.9), optax.sgd(1.0))
   """
-  beta = check_beta(beta)
+  beta = check_beta(beta, "beta")
   base = _base_key(codec, key)
 
   def init(params):

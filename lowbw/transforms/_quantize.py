@@ -26,7 +26,8 @@ def pack(codes: Array, bits: int) -> Array:
   pad = -codes.size % per_byte
   codes = jnp.pad(codes, (0, pad)).reshape(-1, per_byte)
   shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
-  return jnp.bitwise_or.reduce(codes << shifts, axis=1).astype(jnp.uint8)
+  packed = jnp.bitwise_or.reduce(codes << shifts[None, :], axis=1)
+  return packed.astype(jnp.uint8)
 
 
 def unpack(packed: Array, bits: int, size: int) -> Array:
@@ -34,7 +35,7 @@ def unpack(packed: Array, bits: int, size: int) -> Array:
   per_byte = 8 // bits
   shifts = (jnp.arange(per_byte, dtype=jnp.uint8) * bits).astype(jnp.uint8)
   mask = jnp.uint8((1 << bits) - 1)
-  codes = (packed[:, None] >> shifts) & mask
+  codes = (packed[:, None] >> shifts[None, :]) & mask
   return codes.reshape(-1)[:size].astype(jnp.int32)
 
 
@@ -79,7 +80,7 @@ def _statistical_encode(values, valid, bits):
   bins = jnp.zeros((values.shape[0], levels), values.dtype)
   sums = bins.at[rows, codes].add(jnp.where(valid, values, 0))
   members = bins.at[rows, codes].add(valid.astype(values.dtype))
-  centres = lo + (jnp.arange(levels) + 0.5) * width
+  centres = lo + (jnp.arange(levels) + 0.5)[None, :] * width
   codebook = jnp.where(members > 0, sums / jnp.maximum(members, 1), centres)
   return codes, codebook
 
@@ -142,9 +143,12 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
     del key
     n = math.prod(payload.shape)
     data = payload.data
-    count = max(1, math.ceil(n / (max(n, 1) if chunk is None else chunk)))
-    codes = jnp.pad(unpack(data["codes"], bits, n), (0, -n % count))
-    codes = codes.reshape(count, -1)
+    size = max(n, 1) if chunk is None else chunk
+    count = max(1, math.ceil(n / size))
+    # Pad to whole chunks as _chunks did: padding to a multiple of ``count``
+    # would misalign every chunk after the first (n=9, chunk=4).
+    codes = jnp.pad(unpack(data["codes"], bits, n), (0, count * size - n))
+    codes = codes.reshape(count, size)
     if scheme == "linear":
       values = _linear_decode(codes.astype(jnp.float32), data["min"],
                               data["max"], bits)

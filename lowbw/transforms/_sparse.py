@@ -15,12 +15,14 @@ every part has exactly k entries and the bytes per step are constant.
 """
 
 import math
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 
 from lowbw._random import random_bijection
 from lowbw._types import Array, PRNGKey, PyTree
+from lowbw.transforms._codec import Codec, payload_nbytes
 
 SELECTORS = ("random", "shuffled", "partitioned")
 
@@ -44,7 +46,8 @@ def sparse_indices(
 
 
 def sparse_average(
-    key: PRNGKey, step: Array, params_W: PyTree, fraction: float, selector: str
+    key: PRNGKey, step: Array, params_W: PyTree, fraction: float, selector: str,
+    transform: Callable[[Array, int], Array] | None = None,
 ) -> PyTree:
   """Replaces the selected entries of every worker's tensors by their mean.
 
@@ -54,6 +57,9 @@ def sparse_average(
     params_W: worker-stacked parameters.
     fraction: p in (0, 1].
     selector: one of ``SELECTORS``.
+    transform: ``(values_W, leaf_index) -> values_W``, applied to the selected
+      values (shape (W, k)) before they are averaged: what the receivers
+      decode when the values are compressed. None sends them as they are.
   """
   leaves, treedef = jax.tree.flatten(params_W)
   out = []
@@ -65,14 +71,20 @@ def sparse_average(
     k = sparse_count(size, fraction)
     idx = sparse_indices(jax.random.fold_in(key, i), step, size, k, selector)
     flat = x.reshape(w, size)
-    mean = jnp.mean(flat[:, idx], axis=0, keepdims=True)
+    values_W = flat[:, idx]
+    if transform is not None:
+      values_W = transform(values_W, i)
+    mean = jnp.mean(values_W, axis=0, keepdims=True)
     flat = flat.at[:, idx].set(jnp.broadcast_to(mean, (w, k)))
     out.append(flat.reshape(x.shape))
   return jax.tree.unflatten(treedef, out)
 
 
-def sparse_payload_bytes(params: PyTree, fraction: float) -> int:
-  """Bytes of the k values of every tensor (one worker, one step)."""
+def sparse_payload_bytes(params: PyTree, fraction: float,
+                         codec: Codec | None = None) -> int:
+  """Bytes of the k values of every tensor (one worker, one step), as they are
+  or as ``codec`` encodes each tensor's k-vector."""
   return sum(
-      sparse_count(x.size, fraction) * x.dtype.itemsize
-      for x in jax.tree.leaves(params))
+      payload_nbytes(codec, jax.ShapeDtypeStruct(
+          (sparse_count(math.prod(x.shape), fraction),), x.dtype))
+      for x in jax.tree.leaves(params) if math.prod(x.shape))

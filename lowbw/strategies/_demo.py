@@ -1,0 +1,98 @@
+"""DeMo: decoupled momentum optimization (Peng, Quesnelle and Kingma, 2024,
+arXiv 2411.19870)."""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw import _validate
+from lowbw.strategies import _base
+from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
+                              comm_channel, dct_top_k, num_workers, transmit)
+
+
+def default_inner() -> optax.GradientTransformation:
+  """DeMo's parameter step: SGD on the sign update, lr 4e-4 (the paper's
+  OLMo-300M configuration), no weight decay."""
+  return optax.inject_hyperparams(optax.sgd)(learning_rate=4e-4)
+
+
+def demo(
+    inner: optax.GradientTransformation | None = None,
+    decay: float = 0.999,
+    chunk: int = 64,
+    k: int = 32,
+    codec: Codec | None = None,
+) -> _base.Strategy:
+  """DeMo: every step, each worker shares only the fast components of its
+  momentum.
+
+  Per step and worker w (arXiv 2411.19870, Algorithm 1):
+
+    m_w <- decay * m_w + g_w                  (local, decoupled momentum)
+    c_w  = DCT-top-k(m_w)                     (chunk 64, k 32 per block)
+    m_w <- m_w - decode(c_w)                  (what is sent leaves m_w)
+    u    = sign(sum_v decode(c_v))            (after an all-gather of all c_v)
+    theta <- inner(u)                         (SGD: theta - lr * u)
+
+  The first three lines are error feedback with beta = decay, so the momentum
+  is exactly an error-feedback residual. Every worker applies the same u, so
+  the workers stay identical. The reference implementation scales g by the
+  learning rate before adding it; with a constant learning rate the sign
+  update is the same.
+
+  Defaults are the paper's: decay 0.999, chunk 64, k 32; lr 4e-4 and no weight
+  decay as in its OLMo-300M run (add ``optax.add_decayed_weights`` to
+  ``inner`` for decoupled weight decay).
+
+  Bytes per worker and step: per tensor, blocks x min(k, block size) x
+  (4 bytes of value + 1 or 2 bytes of in-block index); all-gathered, so each
+  worker sends (W-1) x payload.
+
+  Args:
+    inner: optimizer applied to the sign update; default SGD, lr 4e-4.
+    decay: momentum decay in [0, 1).
+    chunk: DCT block side (largest divisor of each axis not above it).
+    k: DCT coefficients kept per block.
+    codec: replaces ``dct_top_k(chunk, k)`` by any codec (e.g.
+      ``dct_top_k() | quantize(8)``); leave chunk and k at their defaults then.
+
+  Example:
+    >>> strategy = lowbw.strategies.demo(optax.sgd(1e-3), k=16)
+  """
+  inner = _base.optimizer("inner", inner, default_inner)
+  decay = _validate.momentum("decay", decay)
+  if codec is None:
+    codec = dct_top_k(chunk, k)
+  else:
+    for field, value, default in (("chunk", chunk, 64), ("k", k, 32)):
+      if value != default:
+        raise _validate.fail(field, value, "set it inside codec= instead "
+                             "(codec replaces dct_top_k(chunk, k))")
+    if not isinstance(codec, Codec):
+      raise _validate.fail("codec", codec, "expected a lowbw codec")
+  comp = Compression(codec, decay)
+
+  def init(params, num_workers_, key):
+    state = _base.inner_init(inner, params, num_workers_, key, ())
+    return state._replace(comm=jax.tree.map(jnp.zeros_like, state.params_W))
+
+  def local(state, grads_W):
+    sent_W, momentum_W = transmit(comp, grads_W, state.comm,
+                                  _base.comm_key(state))
+    update = jax.tree.map(lambda s: jnp.sign(jnp.sum(s, axis=0)), sent_W)
+    state = state._replace(comm=momentum_W)
+    state = _base.inner_update(
+        inner, state, broadcast_to_workers(update, num_workers(grads_W)))
+    return state, _base.events(momentum_components=1)
+
+  def channels(params, num_workers_):
+    return {"momentum_components": comm_channel(comp, params, num_workers_)}
+
+  def global_params(state):
+    return jax.tree.map(lambda x: x[0], state.params_W)
+
+  return _base.make(
+      "demo", 1, init, local, None, global_params, channels,
+      {"name": "demo", "inner": _base.describe(inner), "decay": decay,
+       "codec": codec.name})

@@ -1,0 +1,119 @@
+"""MuLoCo: DiLoCo with Muon as the inner optimizer, compressed pseudo-gradients
+and error feedback (Thérien et al., 2025, "MuLoCo: Muon is a practical inner
+optimizer for DiLoCo", arXiv 2505.23725)."""
+
+import jax
+import optax
+from optax.contrib import MuonDimensionNumbers, muon
+
+from lowbw import _validate
+from lowbw._types import Params
+from lowbw.strategies import _base
+from lowbw.strategies._diloco import build
+from lowbw.transforms import Codec, compression, quantize
+
+# Path fragments of the tensors Muon must not orthogonalise: embeddings and
+# output layers (Muon's authors and MuLoCo give them to AdamW).
+NOT_HIDDEN = ("embed", "head", "wte", "wpe", "logit", "classifier", "readout")
+
+_DEFAULT = object()
+
+
+def hidden_matrices(params: Params):
+  """Muon's labels: ``MuonDimensionNumbers()`` for hidden 2-D weight matrices,
+  None (AdamW) for everything else.
+
+  ``optax.contrib.muon`` alone labels every 2-D leaf as Muon, which would
+  include the token embedding and the output head; here a leaf is Muon only if
+  it is 2-D and no key on its path contains one of ``NOT_HIDDEN`` (lowbw's
+  models name those layers ``*embed*`` and ``head``). Apply the optimizer per
+  worker (``per_worker``), so ``ndim`` is one worker's.
+  """
+
+  def label(path, x):
+    names = "/".join(str(getattr(k, "key", getattr(k, "name", k))).lower()
+                     for k in path)
+    if x.ndim != 2 or any(part in names for part in NOT_HIDDEN):
+      return None
+    return MuonDimensionNumbers()
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def muon_inner(learning_rate=2.6827e-3, weight_decay: float = 7.2e-5,
+               clip_norm: float | None = 1.0, hidden=hidden_matrices
+               ) -> optax.GradientTransformation:
+  """MuLoCo's inner optimizer (arXiv 2505.23725, section 4 and Table 4).
+
+  Muon (Nesterov, momentum 0.95, 5 quintic Newton-Schulz steps) on hidden
+  matrices; AdamW (beta1 0.9, beta2 0.99) on embeddings, output layer, biases
+  and norms; weight decay 7.2e-5 on both; peak lr 2.6827e-3 for both;
+  gradients clipped to global norm 1.0 first. Hyperparameters are injected, so
+  the learning rate is logged and schedulable.
+
+  Args:
+    learning_rate: float or optax schedule.
+    weight_decay: decoupled weight decay for Muon and AdamW parameters.
+    clip_norm: global-norm clip of each worker's gradients, or None.
+    hidden: ``params -> labels`` tree (see ``hidden_matrices``).
+  """
+  tx = optax.inject_hyperparams(
+      muon, static_args=("muon_weight_dimension_numbers", "nesterov",
+                         "ns_coeffs"))(
+          learning_rate=learning_rate, weight_decay=weight_decay,
+          adam_b1=0.9, adam_b2=0.99, adam_weight_decay=weight_decay,
+          nesterov=True, muon_weight_dimension_numbers=hidden)
+  if clip_norm is None:
+    return tx
+  return optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+
+
+def default_outer() -> optax.GradientTransformation:
+  """MuLoCo's outer optimizer: SGD, lr 0.8, Nesterov momentum 0.9."""
+  return optax.inject_hyperparams(optax.sgd)(learning_rate=0.8, momentum=0.9,
+                                             nesterov=True)
+
+
+def default_codec() -> Codec:
+  """MuLoCo's headline compression: 2-bit statistical quantization."""
+  return quantize(2, "statistical")
+
+
+def muloco(
+    inner: optax.GradientTransformation | None = None,
+    outer: optax.GradientTransformation | None = None,
+    H: int = 30,
+    codec: Codec | None = _DEFAULT,
+    error_feedback: float | None = _DEFAULT,
+) -> _base.Strategy:
+  """MuLoCo: DiLoCo whose workers run Muon, with compressed pseudo-gradients.
+
+  Defaults are the paper's (arXiv 2505.23725, Tables 2 and 4): inner Muon at
+  lr 2.6827e-3 (``muon_inner``), outer SGD with Nesterov momentum (lr 0.8,
+  momentum 0.9), H = 30, and its headline compression: 2-bit statistical
+  quantization with error feedback beta = 0.9 (Algorithm 1, lines 14-17),
+  which sends 1/16 of DiLoCo's float32 bytes plus 16 bytes of codebook per
+  tensor. ``codec=None`` gives uncompressed MuLoCo (error feedback then
+  defaults to off).
+
+  Bytes per worker and sync: the codec's payload of the pseudo-gradient,
+  all-gathered for quantizers ((W-1) x payload sent).
+
+  Args:
+    inner: per-worker optimizer; default ``muon_inner()``.
+    outer: optimizer of the global parameters.
+    H: inner steps per round (>= 1).
+    codec: codec of the pseudo-gradients; default ``quantize(2, "statistical")``.
+    error_feedback: residual decay beta; default 0.9 with a codec, None without.
+
+  Example:
+    >>> strategy = lowbw.strategies.muloco(codec=lowbw.transforms.top_k(0.1))
+  """
+  inner = _base.optimizer("inner", inner, muon_inner)
+  outer = _base.optimizer("outer", outer, default_outer)
+  H = _validate.positive_int("H", H)
+  if codec is _DEFAULT:
+    codec = default_codec()
+  if error_feedback is _DEFAULT:
+    error_feedback = None if codec is None else 0.9
+  return build("muloco", inner, outer, H, compression(codec, error_feedback))

@@ -1,0 +1,147 @@
+"""top_k and random_k against numpy references: which entries are kept, where
+they land, and the index dtype."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowbw.transforms import index_dtype, random_k, roundtrip, top_k
+
+
+def _expected_k(n, fraction):
+  return min(n, max(1, round(fraction * n)))
+
+
+def _distinct(shape, seed):
+  """Entries with distinct magnitudes (no ties for top-k) and mixed signs."""
+  rng = np.random.default_rng(seed)
+  n = math.prod(shape)
+  mags = rng.permutation(n).astype(np.float32) + 1.0
+  signs = rng.choice(np.array([-1.0, 1.0], np.float32), n)
+  return (mags * signs * 0.01).reshape(shape)
+
+
+@pytest.mark.parametrize("shape", [(), (1,), (5,), (17,), (4, 5, 3), (300,)])
+@pytest.mark.parametrize("fraction", [0.01, 0.1, 0.5, 1.0])
+def test_top_k_keeps_the_k_largest_magnitudes(shape, fraction):
+  x = _distinct(shape, seed=len(shape) + int(fraction * 100))
+  n = x.size
+  k = _expected_k(n, fraction)
+  codec = top_k(fraction)
+  payload = codec.encode(jnp.asarray(x))
+  idx = np.asarray(payload.data["indices"]).astype(np.int64)
+  values = np.asarray(payload.data["values"])
+  assert idx.shape == (k,) and values.shape == (k,)
+  flat = x.reshape(-1)
+  expected = np.argsort(-np.abs(flat))[:k]
+  assert set(idx.tolist()) == set(expected.tolist())
+  np.testing.assert_array_equal(values, flat[idx])
+
+  dense = np.zeros(n, np.float32)
+  dense[expected] = flat[expected]
+  out = codec.decode(payload)
+  assert out.shape == x.shape and out.dtype == jnp.float32
+  np.testing.assert_array_equal(np.asarray(out), dense.reshape(shape))
+
+
+def test_k_uses_round_then_at_least_one_and_at_most_n():
+  # round(0.25 * 10) = 2 (banker's rounding of 2.5), 0.001 * 10 -> 1, 1.0 -> n.
+  for n, fraction, k in [(10, 0.25, 2), (10, 0.35, 4), (10, 0.001, 1),
+                         (10, 1.0, 10), (3, 0.5, 2), (1, 0.01, 1)]:
+    assert k == _expected_k(n, fraction)
+    payload = top_k(fraction).encode(jnp.ones((n,)))
+    assert payload.data["values"].shape == (k,)
+
+
+def test_index_dtype_boundaries():
+  assert index_dtype(1) == np.uint8
+  assert index_dtype(256) == np.uint8
+  assert index_dtype(257) == np.uint16
+  assert index_dtype(65536) == np.uint16
+  assert index_dtype(65537) == np.uint32
+  # the payload really uses them; indices up to n - 1 survive the narrow type
+  for n, dtype in [(256, np.uint8), (257, np.uint16), (65536, np.uint16),
+                   (65537, np.uint32)]:
+    shape = jax.eval_shape(top_k(0.01).encode,
+                           jax.ShapeDtypeStruct((n,), jnp.float32))
+    assert shape.data["indices"].dtype == dtype
+  x = np.zeros(257, np.float32)
+  x[256] = 5.0
+  payload = top_k(1 / 257).encode(jnp.asarray(x))
+  assert int(payload.data["indices"][0]) == 256
+  np.testing.assert_array_equal(np.asarray(top_k(1 / 257).decode(payload)), x)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_top_k_one_is_lossless(dtype):
+  x = jax.random.normal(jax.random.key(3), (6, 7)).astype(dtype)
+  x = x.at[0, 0].set(0.0)  # zeros and ties do not matter when all are kept
+  out = roundtrip(top_k(1.0), x)
+  assert out.dtype == dtype
+  np.testing.assert_array_equal(np.asarray(out, np.float32),
+                                np.asarray(x, np.float32))
+
+
+@pytest.mark.parametrize("shape", [(), (9,), (20, 30)])
+@pytest.mark.parametrize("fraction", [0.1, 0.5, 1.0])
+def test_random_k_keeps_k_entries_in_place(shape, fraction):
+  x = _distinct(shape, seed=7)  # no zeros, so kept entries are visible
+  n = x.size
+  k = _expected_k(n, fraction)
+  key = jax.random.key(11)
+  codec = random_k(fraction)
+  payload = codec.encode(jnp.asarray(x), key)
+  assert set(payload.data) == {"values"}  # positions come from the key
+  assert payload.data["values"].shape == (k,)
+  out = np.asarray(codec.decode(payload, key)).reshape(-1)
+  kept = np.flatnonzero(out)
+  assert kept.size == k
+  np.testing.assert_array_equal(out[kept], x.reshape(-1)[kept])
+  # the values travel in the order of the positions they came from
+  assert sorted(np.asarray(payload.data["values"]).tolist()) == sorted(
+      x.reshape(-1)[kept].tolist())
+
+
+def test_random_k_positions_follow_the_key():
+  x = jnp.asarray(_distinct((200,), seed=1))
+  codec = random_k(0.1)
+
+  def kept(key):
+    return set(np.flatnonzero(np.asarray(roundtrip(codec, x, key))).tolist())
+
+  assert kept(jax.random.key(0)) == kept(jax.random.key(0))
+  assert kept(jax.random.key(0)) != kept(jax.random.key(1))
+
+
+def test_random_k_positions_are_uniform():
+  n, k, draws = 20, 5, 2000
+  codec = random_k(k / n)
+  x = jnp.arange(1.0, n + 1.0)
+  keys = jax.random.split(jax.random.key(5), draws)
+  out = jax.jit(jax.vmap(lambda key: codec.decode(codec.encode(x, key), key)))(
+      keys)
+  counts = np.sum(np.asarray(out) != 0, axis=0)
+  assert counts.sum() == draws * k
+  expected = draws * k / n
+  sigma = math.sqrt(draws * (k / n) * (1 - k / n))
+  assert np.all(np.abs(counts - expected) < 5 * sigma), counts
+
+
+def test_random_k_needs_a_key():
+  codec = random_k(0.5)
+  with pytest.raises(ValueError, match="key"):
+    codec.encode(jnp.ones(4))
+  payload = codec.encode(jnp.ones(4), jax.random.key(0))
+  with pytest.raises(ValueError, match="key"):
+    codec.decode(payload)
+
+
+@pytest.mark.parametrize("factory", [top_k, random_k])
+@pytest.mark.parametrize("bad", [0, 0.0, -0.1, 1.5, True, "0.1", None,
+                                 float("nan")])
+def test_bad_fraction(factory, bad):
+  with pytest.raises(ValueError, match="fraction"):
+    factory(bad)
