@@ -7,7 +7,8 @@ import sys
 from lowbw.cli import _train
 
 # API field names whose command-line flag has another name.
-_FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out"}
+_FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
+          "error_feedback": "ef"}
 
 
 class _Parser(argparse.ArgumentParser):

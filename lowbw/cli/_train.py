@@ -13,6 +13,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw.simulation import simulate
+from lowbw.transforms import parse_codec
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 
@@ -25,6 +26,8 @@ DEFAULTS = {
     "inner": "adamw", "inner_lr": 1e-3, "weight_decay": 0.1,
     "momentum": 0.9, "warmup_steps": 0, "schedule": "constant",
     "outer_lr": 0.7, "outer_momentum": 0.9,
+    "codec": None, "ef": None, "compress": "deltas", "sparse_codec": None,
+    "decay": 0.999,
     "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
     "hidden": "64", "channels": "16,32",
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
@@ -32,18 +35,36 @@ DEFAULTS = {
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None,
 }
-INNERS = ("adamw", "adam", "sgd")
+INNERS = ("adamw", "adam", "sgd", "muon")
+
+# Where a strategy's paper differs from DEFAULTS; applies unless the setting is
+# given (flag, config file) or resumed.
+STRATEGY_DEFAULTS = {
+    # MuLoCo (arXiv 2505.23725, Tables 2 and 4): Muon inner, outer lr 0.8,
+    # H = 30, 2-bit statistical quantization with error feedback 0.9.
+    "muloco": {"inner": "muon", "inner_lr": 2.6827e-3, "weight_decay": 7.2e-5,
+               "H": 30, "outer_lr": 0.8, "codec": "quant:2:statistical",
+               "ef": 0.9},
+    # DeMo (arXiv 2411.19870): plain SGD on the sign update, lr 4e-4.
+    "demo": {"inner": "sgd", "momentum": 0.0, "inner_lr": 4e-4,
+             "codec": "dct:64:32"},
+}
 
 # Settings that only some choices use; giving one that the run ignores is an
 # error rather than a silent no-op.
 _USED_BY = {
     "strategy": {
-        "ddp": set(), "fedavg": {"H", "island_size"},
-        "diloco": {"H", "outer_lr", "outer_momentum"},
-        "sparta": {"p", "selector"},
-        "sparta_diloco": {"H", "p", "selector", "outer_lr", "outer_momentum"},
+        "ddp": {"codec", "ef"},
+        "fedavg": {"H", "island_size", "codec", "ef", "compress"},
+        "diloco": {"H", "outer_lr", "outer_momentum", "codec", "ef"},
+        "muloco": {"H", "outer_lr", "outer_momentum", "codec", "ef"},
+        "sparta": {"p", "selector", "codec"},
+        "sparta_diloco": {"H", "p", "selector", "outer_lr", "outer_momentum",
+                          "codec", "ef", "sparse_codec"},
+        "demo": {"codec", "decay"},
     },
-    "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"}},
+    "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"},
+              "muon": {"weight_decay"}},
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
               "mlp": {"hidden"},
               "cnn": {"channels"}},
@@ -77,10 +98,26 @@ def add_parser(subparsers) -> None:
   g.add_argument("--p", type=float, help=f"SPARTA fraction averaged per step (default {d['p']})")
   g.add_argument("--selector", help="SPARTA index selector: random | shuffled | partitioned")
   g.add_argument("--island-size", type=int, help="FedAvg: workers per island (default: all)")
+  g.add_argument("--decay", type=float, help=f"DeMo momentum decay (default {d['decay']})")
+  g = p.add_argument_group(
+      "compression", "codec specs chain stages with commas: topk:F, randk:F, "
+      "quant:BITS[:statistical][:stochastic][:chunk=N], sign, cast:DTYPE "
+      "(bf16, fp16, fp8, e5m2), dct[:CHUNK[:K]], none; e.g. topk:0.1,quant:4")
+  g.add_argument("--codec", help="codec of the communicated tensor: gradients "
+                 "(ddp), deltas or parameters (fedavg), pseudo-gradients "
+                 "(diloco, muloco, sparta_diloco), selected values (sparta), "
+                 "momentum (demo; default dct:64:32). muloco default "
+                 "quant:2:statistical; others none")
+  g.add_argument("--ef", type=float, help="error-feedback beta in [0, 1] "
+                 "(needs --codec; muloco default 0.9)")
+  g.add_argument("--compress", help="fedavg: what the codec encodes: deltas | "
+                 "parameters (default deltas)")
+  g.add_argument("--sparse-codec", help="sparta_diloco: codec of SPARTA's "
+                 "selected values (default none)")
   g = p.add_argument_group("optimizers")
   g.add_argument("--inner", help=f"inner optimizer: {' | '.join(INNERS)} (default {d['inner']})")
   g.add_argument("--inner-lr", type=float, help=f"default {d['inner_lr']}")
-  g.add_argument("--weight-decay", type=float, help=f"adamw only (default {d['weight_decay']})")
+  g.add_argument("--weight-decay", type=float, help=f"adamw and muon (default {d['weight_decay']}; muloco 7.2e-5)")
   g.add_argument("--momentum", type=float, help=f"sgd inner momentum (default {d['momentum']})")
   g.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up (default 0)")
   g.add_argument("--schedule", help="after warm-up: constant | cosine (default constant)")
@@ -161,7 +198,13 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
   if args.resume:
     _check_resume_changes(saved, {**from_file, **flags})
   merged.update(flags)
-  return merged, explicit | set(flags)
+  explicit |= set(flags)
+  for name, value in STRATEGY_DEFAULTS.get(merged["strategy"], {}).items():
+    if name not in explicit and name not in (saved or {}):
+      merged[name] = value
+  if str(merged["codec"]).lower() == "none" and "ef" not in explicit:
+    merged["ef"] = None  # a strategy's default feedback needs its codec
+  return merged, explicit
 
 
 # What ``--resume`` may change: how long the run goes on and how it is logged.
@@ -274,6 +317,9 @@ def build_inner(s: dict) -> optax.GradientTransformation:
         weight_decay=_validate.non_negative("weight_decay", s["weight_decay"]))
   if name == "adam":
     return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+  if name == "muon":
+    return strategies_lib.muon_inner(
+        lr, _validate.non_negative("weight_decay", s["weight_decay"]))
   return optax.inject_hyperparams(optax.sgd)(
       learning_rate=lr,
       momentum=_validate.momentum("momentum", s["momentum"]) or None)
@@ -286,20 +332,36 @@ def build_outer(s: dict) -> optax.GradientTransformation:
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 
 
+def _codec(s: dict, field: str = "codec"):
+  return None if s[field] is None else parse_codec(s[field], field)
+
+
 def build_strategy(s: dict):
   name = _validate.one_of("strategy", s["strategy"], strategies_lib.REGISTRY)
   inner = build_inner(s)
+  codec = _codec(s)
+  compressed = {"codec": codec, "error_feedback": s["ef"]}
   if name == "ddp":
-    return strategies_lib.ddp(inner)
+    return strategies_lib.ddp(inner, **compressed)
   if name == "fedavg":
-    return strategies_lib.fedavg(inner, H=s["H"], island_size=s["island_size"])
+    return strategies_lib.fedavg(inner, H=s["H"], island_size=s["island_size"],
+                                 compress=s["compress"], **compressed)
   if name == "sparta":
-    return strategies_lib.sparta(inner, p=s["p"], selector=s["selector"])
+    return strategies_lib.sparta(inner, p=s["p"], selector=s["selector"],
+                                 codec=codec)
+  if name == "demo":
+    if codec is None:
+      raise _validate.fail("codec", s["codec"], "demo needs a codec (its "
+                           "default is dct:64:32)")
+    return strategies_lib.demo(inner, decay=s["decay"], codec=codec)
   outer = build_outer(s)
   if name == "diloco":
-    return strategies_lib.diloco(inner, outer, H=s["H"])
-  return strategies_lib.sparta_diloco(inner, outer, H=s["H"], p=s["p"],
-                                      selector=s["selector"])
+    return strategies_lib.diloco(inner, outer, H=s["H"], **compressed)
+  if name == "muloco":
+    return strategies_lib.muloco(inner, outer, H=s["H"], **compressed)
+  return strategies_lib.sparta_diloco(
+      inner, outer, H=s["H"], p=s["p"], selector=s["selector"],
+      sparse_codec=_codec(s, "sparse_codec"), **compressed)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -347,8 +409,9 @@ def format_summary(summary: dict, s: dict) -> str:
     elif summary.get("final_eval_accuracy") is not None:
       extra = f", accuracy {summary['final_eval_accuracy']:.3f}"
     lines.append(f"  final eval loss   {summary['final_eval_loss']:.4f}{extra}")
+  collectives = ", ".join(sorted(set(summary.get("collectives", {}).values())))
   lines.append(f"  sent per worker   {_bytes(summary['payload_bytes'])} payload, "
-               f"{_bytes(summary['wire_bytes'])} on the wire (ring all-reduce)")
+               f"{_bytes(summary['wire_bytes'])} on the wire ({collectives})")
   rate = f"{summary['steps_per_s']:.2f} steps/s"
   if summary.get("tokens_per_s"):
     rate += f", {summary['tokens_per_s']:,.0f} tokens/s"

@@ -473,6 +473,8 @@ class _Run:
         "final_eval_loss": last(names.EVAL_LOSS),
         "payload_bytes": history.payload_bytes,
         "wire_bytes": history.wire_bytes,
+        "collectives": {name: c.collective for name, c in
+                        self.channels.items()},
         "compile_s": compile_s,
         "wall_time_s": elapsed,
         "steps_per_s": steps_run / elapsed if elapsed > 0 else None,
