@@ -1,0 +1,263 @@
+"""quantize (linear, stochastic, statistical), sign and bit packing against
+numpy references written here."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from lowbw.transforms import quantize, roundtrip, sign
+from lowbw.transforms._quantize import pack, unpack
+
+BITS = (1, 2, 4, 8)
+
+
+def _chunks_np(flat, chunk):
+  """The entries of each scale group, as a list of numpy arrays."""
+  size = flat.size if chunk is None else chunk
+  return [flat[i:i + size] for i in range(0, flat.size, size)]
+
+
+# --- bit packing ---------------------------------------------------------------
+
+
+def _pack_np(codes, bits):
+  per_byte = 8 // bits
+  out = np.zeros(math.ceil(codes.size * bits / 8), np.int64)
+  for i, c in enumerate(codes):
+    out[i // per_byte] |= int(c) << (bits * (i % per_byte))
+  return out
+
+
+@pytest.mark.parametrize("bits", BITS)
+def test_pack_unpack_roundtrip_and_layout(bits):
+  rng = np.random.default_rng(bits)
+  codes = [rng.integers(0, 2**bits, n) for n in (1, 3, 7, 8, 13, 33)]
+  run = jax.jit(lambda cs: [(pack(c, bits), unpack(pack(c, bits), bits, c.size))
+                            for c in cs])
+  for c, (packed, unpacked) in zip(codes, run([jnp.asarray(c) for c in codes])):
+    assert packed.dtype == np.uint8
+    assert packed.shape == (math.ceil(c.size * bits / 8),)
+    np.testing.assert_array_equal(packed, _pack_np(c, bits))
+    np.testing.assert_array_equal(unpacked, c)
+
+
+def test_pack_little_end_first():
+  np.testing.assert_array_equal(pack(jnp.array([1, 0, 0, 0, 0, 0, 0, 1]), 1),
+                                [0b10000001])
+  np.testing.assert_array_equal(pack(jnp.array([3, 1, 0, 2]), 2), [0b10000111])
+  np.testing.assert_array_equal(pack(jnp.array([0xA, 0x5, 0xF]), 4),
+                                [0x5A, 0x0F])
+
+
+# --- linear ----------------------------------------------------------------------
+
+
+CHUNKS = (None, 5, 16)
+
+
+def _all_linear(x):
+  """Payloads and roundtrips of every (bits, chunk), compiled together."""
+  out = []
+  for bits in BITS:
+    for chunk in CHUNKS:
+      codec = quantize(bits, chunk=chunk)
+      payload = codec.encode(x)
+      out.append((payload, codec.decode(payload)))
+  return out
+
+
+_all_linear_jit = jax.jit(_all_linear)
+
+
+@pytest.mark.parametrize("shape", [(37,), (3, 4, 5)])
+def test_linear_error_is_at_most_half_a_step(shape):
+  rng = np.random.default_rng(0)
+  x = (rng.normal(size=shape) * 3 + 1.5).astype(np.float32)
+  results = _all_linear_jit(jnp.asarray(x))
+  flat = x.reshape(-1)
+  settings = [(b, c) for b in BITS for c in CHUNKS]
+  for (bits, chunk), (payload, out) in zip(settings, results):
+    out = np.asarray(out)
+    assert out.shape == shape and out.dtype == np.float32
+    groups = _chunks_np(flat, chunk)
+    np.testing.assert_array_equal(payload.data["min"],
+                                  [g.min() for g in groups])
+    np.testing.assert_array_equal(payload.data["max"],
+                                  [g.max() for g in groups])
+    assert payload.data["codes"].shape == (math.ceil(flat.size * bits / 8),)
+    start = 0
+    for g, got in zip(groups, _chunks_np(out.reshape(-1), chunk)):
+      lo, hi = float(g.min()), float(g.max())
+      step = (hi - lo) / (2**bits - 1)
+      tol = 1e-6 * max(abs(lo), abs(hi))
+      err = np.abs(got.astype(np.float64) - g)
+      assert err.max() <= step / 2 + tol, (bits, chunk, start, err.max(), step)
+      assert len(np.unique(got)) <= 2**bits
+      start += g.size
+
+
+def test_linear_extremes_decode_to_min_and_max():
+  x = np.array([-3.0, 0.25, 7.0, 1.0, 2.5], np.float32)
+  outs = jax.jit(lambda x: [roundtrip(quantize(b), x) for b in BITS])(x)
+  for out in outs:  # lo + levels * ((hi - lo) / levels) is hi up to rounding
+    np.testing.assert_allclose(np.asarray(out)[[0, 2]], [-3.0, 7.0], rtol=1e-6)
+
+
+def test_linear_constant_tensors_decode_exactly():
+  run = jax.jit(lambda x: [roundtrip(quantize(b, chunk=c), x)
+                           for b in BITS for c in (None, 3)])
+  for value in (0.1, -2.75, 0.0, 1e-30, 3e5):
+    x = jnp.full((2, 5), value, jnp.float32)
+    for out in run(x):
+      np.testing.assert_array_equal(np.asarray(out), np.asarray(x))
+  # constant within each chunk, different across chunks
+  x = jnp.asarray(np.repeat(np.array([1.5, -4.0, 0.3, 2.0], np.float32), 3)
+                  .reshape(2, 6))
+  for out in run(x):  # chunk=3 keeps them apart; one group per tensor does not
+    if not np.array_equal(np.asarray(out), np.asarray(x)):
+      break
+  else:
+    raise AssertionError("a non-constant tensor decoded exactly at every width")
+  np.testing.assert_array_equal(
+      np.asarray(jax.jit(lambda x: roundtrip(quantize(2, chunk=3), x))(x)),
+      np.asarray(x))
+
+
+def test_linear_dtype_and_shapes_preserved():
+  for shape in [(), (1,), (2, 3)]:
+    for dtype in (jnp.float32, jnp.bfloat16):
+      x = jax.ShapeDtypeStruct(shape, dtype)
+      out = jax.eval_shape(lambda x: roundtrip(quantize(8), x), x)
+      assert out.shape == shape and out.dtype == dtype
+
+
+# --- stochastic ------------------------------------------------------------------
+
+
+def test_stochastic_rounding_is_unbiased_and_within_one_step():
+  bits, draws = 2, 4000
+  x = np.array([0.0, 0.1, 0.33, 0.5, 0.77, 0.99, 1.0, 0.62, 0.05, 0.45],
+               np.float32)
+  lo, hi = float(x.min()), float(x.max())
+  step = (hi - lo) / (2**bits - 1)
+  codec = quantize(bits, stochastic=True)
+  keys = jax.random.split(jax.random.key(0), draws)
+  out = np.asarray(jax.jit(jax.vmap(
+      lambda k: roundtrip(codec, jnp.asarray(x), k)))(keys), np.float64)
+  # every draw is the grid point just below or just above x
+  below = lo + np.floor((x - lo) / step) * step
+  above = np.minimum(below + step, hi)
+  near = np.minimum(np.abs(out - below), np.abs(out - above))
+  assert near.max() < 1e-6
+  assert np.abs(out - x).max() <= step + 1e-6
+  # unbiased: the mean over draws converges to x (std <= step / 2 / sqrt(N))
+  bound = 5 * step / 2 / math.sqrt(draws)
+  np.testing.assert_allclose(out.mean(axis=0), x, atol=bound)
+  # and it is really random (deterministic rounding would have no spread)
+  assert np.all(out[:, 1:6].std(axis=0) > 0)
+
+
+def test_stochastic_same_key_same_result_other_key_differs():
+  codec = quantize(4, stochastic=True, chunk=8)
+  x = jnp.asarray(np.random.default_rng(1).normal(size=(33,)), jnp.float32)
+  run = jax.jit(lambda k: roundtrip(codec, x, k))
+  a = np.asarray(run(jax.random.key(1)))
+  np.testing.assert_array_equal(a, np.asarray(run(jax.random.key(1))))
+  assert not np.array_equal(a, np.asarray(run(jax.random.key(2))))
+
+
+# --- statistical -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits,chunk", [(1, None), (2, None), (4, 64),
+                                        (2, 64)])
+def test_statistical_codebook_is_the_mean_of_each_bin(bits, chunk):
+  rng = np.random.default_rng(bits)
+  x = rng.normal(size=200).astype(np.float32) * 2 - 1
+  x[3], x[150] = 60.0, -60.0  # beyond mean +- 3 sigma: edge bins
+  codec = quantize(bits, "statistical", chunk=chunk)
+  payload = jax.jit(codec.encode)(jnp.asarray(x))
+  out = np.asarray(jax.jit(codec.decode)(payload))
+  levels = 2**bits
+  codes = np.asarray(unpack(payload.data["codes"], bits, x.size))
+  codebook = np.asarray(payload.data["codebook"], np.float64)
+  groups = _chunks_np(x.astype(np.float64), chunk)
+  assert codebook.shape == (len(groups), levels)
+  start = 0
+  for c, g in enumerate(groups):
+    got = codes[start:start + g.size]
+    mean, std = g.mean(), g.std()
+    lo, width = mean - 3 * std, 6 * std / levels
+    scaled = (g - lo) / width
+    expected = np.clip(np.floor(scaled), 0, levels - 1)
+    # float32 vs float64 may disagree right at a bin edge, nowhere else
+    on_edge = np.abs(scaled - np.round(scaled)) < 1e-4
+    np.testing.assert_array_equal(got[~on_edge], expected[~on_edge])
+    assert on_edge.sum() <= 1
+    for b in range(levels):
+      members = g[got == b]
+      want = members.mean() if members.size else lo + (b + 0.5) * width
+      np.testing.assert_allclose(codebook[c, b], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[start:start + g.size],
+                                  codebook[c, got].astype(np.float32))
+    start += g.size
+  if chunk is None:  # the outliers went to the edge bins
+    assert codes[3] == levels - 1 and codes[150] == 0
+
+
+def test_statistical_constant_tensor():
+  x = jnp.full((7,), 0.1, jnp.float32)
+  out = jax.jit(lambda x: roundtrip(quantize(2, "statistical"), x))(x)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(x), rtol=1e-6)
+
+
+# --- sign ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(), (5,), (3, 7)])
+def test_sign_is_scaled_sign(shape):
+  rng = np.random.default_rng(len(shape))
+  x = rng.normal(size=shape).astype(np.float32)
+  if x.size > 2:
+    x.reshape(-1)[1] = 0.0  # zero counts as +
+  codec = sign()
+  payload = codec.encode(jnp.asarray(x))
+  n = x.size
+  assert payload.data["codes"].shape == (math.ceil(n / 8),)
+  assert payload.data["codes"].dtype == np.uint8
+  np.testing.assert_allclose(payload.data["scale"], [np.abs(x).mean()],
+                             rtol=1e-6)
+  expected = np.abs(x).mean() * np.where(x >= 0, 1.0, -1.0)
+  out = codec.decode(payload)
+  assert out.shape == shape
+  np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-6)
+
+
+# --- errors ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bits", [0, 3, 16, -1, True, "4", None])
+def test_bad_bits(bits):
+  with pytest.raises(ValueError, match="bits"):
+    quantize(bits)
+
+
+@pytest.mark.parametrize("kwargs,field", [
+    ({"scheme": "log"}, "scheme"), ({"scheme": None}, "scheme"),
+    ({"chunk": 0}, "chunk"), ({"chunk": -4}, "chunk"),
+    ({"chunk": 2.5}, "chunk"), ({"chunk": True}, "chunk"),
+    ({"stochastic": "yes"}, "stochastic"), ({"stochastic": 1}, "stochastic"),
+    ({"stochastic": True, "scheme": "statistical"}, "stochastic"),
+])
+def test_bad_options(kwargs, field):
+  with pytest.raises(ValueError, match=field):
+    quantize(4, **kwargs)
+
+
+def test_stochastic_needs_a_key():
+  codec = quantize(4, stochastic=True)
+  with pytest.raises(ValueError, match="key"):
+    codec.encode(jnp.ones(4))
