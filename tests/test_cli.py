@@ -40,7 +40,7 @@ def test_config_file_with_flags_overriding(tmp_path):
                           str(out)]) == 0
   config = json.loads((out / "config.json").read_text())
   assert config["strategy"] == {"name": "sparta", "p": 0.05,
-                                "selector": "random",
+                                "selector": "random", "codec": None,
                                 "inner": config["strategy"]["inner"]}
   assert config["steps"] == 4  # the flag wins over the file
   assert config["num_workers"] == 2  # TINY's --workers flag wins too
@@ -102,6 +102,20 @@ def test_no_arguments_means_the_documented_default_run():
     (["--schedule", "linear"], "lowbw: error: --schedule='linear' is invalid"),
     (["--outer-momentum", "1.0"], "lowbw: error: --outer-momentum=1.0 is invalid"),
     (["--inner-lr", "0"], "lowbw: error: --inner-lr=0.0 is invalid"),
+    (["--codec", "quant:3"], "lowbw: error: --codec='quant:3' is invalid"),
+    (["--codec", "quant:4,topk:0.1"], "lowbw: error: --codec='quant:4,topk"),
+    (["--ef", "0.9"], "lowbw: error: --ef=0.9 is invalid: needs a codec"),
+    (["--codec", "sign", "--ef", "2"], "lowbw: error: --ef=2.0 is invalid"),
+    (["--strategy", "sparta", "--ef", "0.5"],
+     "lowbw: error: --ef=0.5 is invalid: not used by strategy 'sparta'"),
+    (["--sparse-codec", "cast:bf16"], "lowbw: error: --sparse-codec='cast:bf16'"
+     " is invalid: not used"),
+    (["--strategy", "demo", "--codec", "none"], "lowbw: error: --codec='none'"),
+    (["--strategy", "demo", "--decay", "1.0"], "lowbw: error: --decay=1.0"),
+    (["--strategy", "fedavg", "--codec", "topk:0.1", "--compress", "grads"],
+     "lowbw: error: --compress='grads' is invalid"),
+    (["--strategy", "fedavg", "--codec", "topk:0.1", "--island-size", "1"],
+     "lowbw: error: --island-size=1 is invalid"),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY

@@ -16,7 +16,7 @@ def cast(dtype: str = "bfloat16") -> Codec:
 
   Payloads are plain numbers at the same positions on every worker, so they
   are all-reduced. ``float32`` is lossless for float32 tensors. float8_e4m3fn
-  has no infinity: magnitudes that round beyond 448 (464 and up) become NaN, so
+  has no infinity: magnitudes that round beyond 448 (above 464) become NaN, so
   scale first (or use ``quantize``) for tensors that large; float8_e5m2
   reaches 57,344 (values that round beyond it become +-inf).
 
