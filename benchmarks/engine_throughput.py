@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import optax
 
 import lowbw
-from lowbw import data, models, strategies
+from lowbw import data, models, strategies, transforms
 
 
 def make_baseline(model, corpus, batch, seq_len, steps):
@@ -66,11 +66,14 @@ def make_baseline(model, corpus, batch, seq_len, steps):
   return measure
 
 
-def simulator_run(model, corpus, workers, batch_size, steps, H, seed):
+def simulator_run(model, corpus, workers, batch_size, steps, H, seed,
+                  codec=None, ef=None):
   """One ``lowbw.simulate`` run; its tokens/s exclude compilation."""
+  codec = None if codec is None else transforms.parse_codec(codec)
   result = lowbw.simulate(
       model=model, data=corpus,
-      strategy=strategies.diloco(optax.adamw(1e-3), H=H),
+      strategy=strategies.diloco(optax.adamw(1e-3), H=H, codec=codec,
+                                 error_feedback=ef),
       num_workers=workers, batch_size=batch_size, steps=steps, seed=seed,
       progress=False, eval_examples=64)
   return result.summary
@@ -83,6 +86,10 @@ def main():
   parser.add_argument("--steps", type=int, default=200)
   parser.add_argument("--H", type=int, default=50)
   parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--codec", default=None,
+                      help="codec spec of the pseudo-gradients, e.g. quant:2")
+  parser.add_argument("--ef", type=float, default=None,
+                      help="error-feedback beta (with --codec)")
   parser.add_argument("--json", default=None, help="also write figures here")
   args = parser.parse_args()
 
@@ -94,12 +101,13 @@ def main():
   # Warm-up of both, then alternate them so that load on a shared machine
   # affects both alike; the figure is the median of the per-pair ratios.
   simulator_run(model, corpus, args.workers, args.batch_size, args.steps,
-                args.H, seed=0)
+                args.H, seed=0, codec=args.codec, ef=args.ef)
   baseline()
   sims, bases = [], []
   for r in range(args.repeats):
     summary = simulator_run(model, corpus, args.workers, args.batch_size,
-                            args.steps, args.H, seed=1 + r)
+                            args.steps, args.H, seed=1 + r, codec=args.codec,
+                            ef=args.ef)
     sims.append(summary["tokens_per_s"])
     bases.append(baseline())
   ratios = [s_ / b_ for s_, b_ in zip(sims, bases)]
@@ -111,13 +119,13 @@ def main():
       "jax": jax.__version__,
       "model": model.config, "num_params": summary["num_params"],
       "workers": args.workers, "batch_size": args.batch_size,
-      "steps": args.steps, "H": args.H,
+      "steps": args.steps, "H": args.H, "codec": args.codec, "ef": args.ef,
       "simulator_tokens_per_s": sim, "baseline_tokens_per_s": base,
       "ratio": ratio, "ratios": ratios,
       "simulator_compile_s": summary["compile_s"],
   }
   print(f"simulator (DiLoCo, W={args.workers}, b={args.batch_size}, "
-        f"H={args.H}): {sim:,.0f} tokens/s")
+        f"H={args.H}, codec={args.codec}, ef={args.ef}): {sim:,.0f} tokens/s")
   print(f"baseline  (1 replica, batch {args.workers * args.batch_size}):"
         f"      {base:,.0f} tokens/s")
   print(f"ratio: {ratio:.3f}  (median of {len(ratios)} interleaved pairs: "

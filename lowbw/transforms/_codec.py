@@ -117,21 +117,38 @@ def chain(first: Codec, second: Codec) -> Codec:
         f"{first.name} leaves no float values for {second.name} to compress; "
         "put sparsifiers or casts first, quantizers last")
 
+  # When ``first`` is itself a chain (``a | b | c`` is ``(a | b) | c``), its
+  # float values sit in its last stage's payload, one level per stage down.
+  depth = len(_config_list(first))
+
   def encode(x, key=None, worker=0):
     payload = first.encode(x, _stage_key(key, 0), worker)
-    values = second.encode(payload.data["values"], _stage_key(key, 1), worker)
-    return dataclasses.replace(payload, data={**payload.data, "values": values})
+    values = second.encode(_get_values(payload, depth), _stage_key(key, 1),
+                           worker)
+    return _set_values(payload, depth, values)
 
   def decode(payload, key=None):
-    values = second.decode(payload.data["values"], _stage_key(key, 1))
-    return first.decode(
-        dataclasses.replace(payload, data={**payload.data, "values": values}),
-        _stage_key(key, 0))
+    values = second.decode(_get_values(payload, depth), _stage_key(key, 1))
+    return first.decode(_set_values(payload, depth, values),
+                        _stage_key(key, 0))
 
   return Codec(f"{first.name},{second.name}", encode, decode,
                first.summable and second.summable, second.carries_values,
                first.needs_key or second.needs_key,
                {"chain": _config_list(first) + _config_list(second)})
+
+
+def _get_values(payload, depth):
+  """The ``values`` of the payload ``depth`` chained stages down."""
+  values = payload.data["values"]
+  return values if depth == 1 else _get_values(values, depth - 1)
+
+
+def _set_values(payload, depth, values):
+  """``payload`` with the values ``depth`` stages down replaced."""
+  inner = values if depth == 1 else _set_values(payload.data["values"],
+                                                depth - 1, values)
+  return dataclasses.replace(payload, data={**payload.data, "values": inner})
 
 
 def _config_list(codec):
