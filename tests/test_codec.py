@@ -7,6 +7,7 @@ import math
 import chex
 import jax
 import jax.numpy as jnp
+import ml_dtypes
 import numpy as np
 import optax
 import pytest
@@ -15,18 +16,15 @@ from lowbw.transforms import (Codec, Payload, cast, chain, collective,
                               compress, dct_top_k, decode_tree, encode_tree,
                               parse_codec, payload_nbytes, per_worker,
                               quantize, random_k, roundtrip, sign, top_k)
-from lowbw.transforms._quantize import unpack
 
 REGISTRY = {
     "topk": top_k(0.25),
-    "randk": random_k(0.25),
     "quant:8:chunk": quantize(8, chunk=5),
     "quant:statistical": quantize(4, "statistical", chunk=8),
     "quant:stochastic": quantize(2, stochastic=True),
     "sign": sign(),
     "cast:bf16": cast("bf16"),
     "dct": dct_top_k(4, 3),
-    "topk|quant": top_k(0.25) | quantize(4),
     "randk|cast": random_k(0.5) | cast("bf16"),
     "topk|cast|quant:stochastic": (top_k(0.5) | cast("bf16")
                                    | quantize(2, stochastic=True)),
@@ -46,7 +44,7 @@ def _leaf_bytes(tree):
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-# --- registry: jit, vmap, scan ---------------------------------------------------
+# --- registry: jit, vmap, scan ------------------------------------------------
 
 
 @pytest.mark.parametrize("name", list(REGISTRY))
@@ -88,6 +86,23 @@ def test_registry_under_jit_vmap_and_scan(name):
   assert _leaf_bytes(payload) == payload_nbytes(codec, one)
 
 
+def test_empty_leaves():
+  shapes = [(0,), (3, 0), (0, 5)]
+  key = jax.random.key(0)
+  for codec in [*REGISTRY.values(), random_k(0.1), dct_top_k()]:
+    for shape in shapes:
+      x = jax.ShapeDtypeStruct(shape, jnp.float32)
+      out = jax.eval_shape(lambda x: roundtrip(codec, x, key), x)
+      assert out.shape == shape, codec.name
+  for codec in (top_k(0.1), random_k(0.1), cast(), dct_top_k()):
+    # nothing to send
+    assert payload_nbytes(codec, jax.ShapeDtypeStruct((3, 0), jnp.float32)) == 0
+  outs = jax.jit(lambda xs: [roundtrip(c, x, key) for x in xs
+                             for c in (random_k(0.5), dct_top_k(4, 2))])(
+                                 [jnp.zeros(s) for s in shapes])
+  assert [o.shape for o in outs] == [s for s in shapes for _ in range(2)]
+
+
 def test_second_call_does_not_recompile():
   codec = top_k(0.5) | quantize(2, stochastic=True)
   run = jax.jit(lambda x, key: roundtrip(codec, x, key))
@@ -122,7 +137,7 @@ def test_shared_key_same_positions_private_noise_per_worker():
   np.testing.assert_array_equal(quant_W, np.stack(loop))
 
 
-# --- chaining ----------------------------------------------------------------------
+# --- chaining -----------------------------------------------------------------
 
 
 def test_topk_then_quant_against_numpy():
@@ -145,6 +160,29 @@ def test_topk_then_quant_against_numpy():
   np.testing.assert_array_equal(out[rest], 0.0)
   assert np.abs(out[kept] - values).max() <= step / 2 + 1e-6
   assert not np.array_equal(out[kept], values)  # it did quantize
+
+
+def test_three_stage_chains_nest_either_way():
+  rng = np.random.default_rng(4)
+  x = rng.normal(size=(8, 8)).astype(np.float32)
+  left = (top_k(0.25) | cast("bf16")) | quantize(4)  # what `a | b | c` builds
+  right = top_k(0.25) | (cast("bf16") | quantize(4))
+  assert left.name == right.name == "topk:0.25,cast:bfloat16,quant:4"
+  assert left.config == right.config
+  out_left, out_right = jax.jit(lambda x: (roundtrip(left, x),
+                                           roundtrip(right, x)))(x)
+  np.testing.assert_array_equal(out_left, out_right)
+  # numpy: top 16 by magnitude, rounded to bf16, then 4-bit min-max levels
+  flat = x.reshape(-1)
+  kept = np.argsort(-np.abs(flat))[:16]
+  values = flat[kept].astype(ml_dtypes.bfloat16).astype(np.float64)
+  step = (values.max() - values.min()) / 15
+  out = np.asarray(out_left).reshape(-1)
+  assert np.abs(out[kept] - values).max() <= step / 2 + 1e-6
+  np.testing.assert_array_equal(np.delete(out, kept), 0.0)
+  shape = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+  assert payload_nbytes(left, shape) == payload_nbytes(right, shape) == (
+      16 * 1 + 8 + 8)
 
 
 def test_chain_attributes():
@@ -179,7 +217,8 @@ def test_chain_rejects_non_codecs():
 
 def test_key_none_is_rejected_where_a_key_is_needed():
   for codec in (random_k(0.5), top_k(0.5) | random_k(0.5),
-                random_k(0.5) | cast(), top_k(0.5) | quantize(2, stochastic=True)):
+                random_k(0.5) | cast(),
+                top_k(0.5) | quantize(2, stochastic=True)):
     with pytest.raises(ValueError, match="key"):
       roundtrip(codec, jnp.ones(8))
   payload = jax.eval_shape(random_k(0.5).encode, jnp.ones(8),
@@ -188,7 +227,7 @@ def test_key_none_is_rejected_where_a_key_is_needed():
     random_k(0.5).decode(payload)
 
 
-# --- payload bytes --------------------------------------------------------------------
+# --- payload bytes ------------------------------------------------------------
 
 
 def _idx(n):
@@ -245,6 +284,8 @@ FORMULAS = {
         lambda n, s: _k(n, 0.2) * _idx(n) + math.ceil(_k(n, 0.2) / 4)
         + 16 * math.ceil(_k(n, 0.2) / 4)),
     "topk:0.1,cast:bf16": lambda n, s: _k(n, 0.1) * (2 + _idx(n)),
+    "topk:0.1,cast:bf16,quant:4": (
+        lambda n, s: _k(n, 0.1) * _idx(n) + math.ceil(_k(n, 0.1) / 2) + 8),
     "randk:0.1,cast:bf16": lambda n, s: 2 * _k(n, 0.1),
     "randk:0.5,quant:1": lambda n, s: math.ceil(_k(n, 0.5) / 8) + 8,
     "dct:8:5,quant:8": lambda n, s: _dct_quant8_bytes(s, 8, 5),
@@ -283,7 +324,7 @@ def test_payload_bytes_of_bf16_values():
   assert payload_nbytes(cast("fp8"), x) == 300
 
 
-# --- collectives -----------------------------------------------------------------------
+# --- collectives --------------------------------------------------------------
 
 
 def test_collective():
@@ -297,7 +338,7 @@ def test_collective():
     assert collective(codec) == "all_gather", codec.name
 
 
-# --- specs -------------------------------------------------------------------------------
+# --- specs --------------------------------------------------------------------
 
 
 def test_parse_codec_examples():
@@ -328,6 +369,13 @@ def test_parse_codec_rebuilds_every_name(name):
       codec.summable, codec.carries_values, codec.needs_key)
 
 
+def test_names_keep_every_digit_of_a_fraction():
+  for codec in (top_k(1 / 3), random_k(0.123456789), top_k(0.1), top_k(1.0)):
+    again = parse_codec(codec.name)
+    assert again.config == codec.config, codec.name
+  assert top_k(0.1).name == "topk:0.1" and top_k(1.0).name == "topk:1"
+
+
 @pytest.mark.parametrize("spec", [
     "", "   ", None, 5, "topk", "topk:abc", "topk:0", "topk:2", "topk:0.1:2",
     "randk:-1", "quant", "quant:3", "quant:4:foo", "quant:4:chunk=x",
@@ -351,7 +399,7 @@ def test_parse_codec_names_the_field_and_the_cause():
     parse_codec("topk:1.5")
 
 
-# --- trees --------------------------------------------------------------------------------
+# --- trees --------------------------------------------------------------------
 
 
 def test_trees_use_one_key_per_leaf():
@@ -385,7 +433,7 @@ def test_identity_codecs_are_exact():
     chex.assert_trees_all_equal(o, tree)
 
 
-# --- the optax wrapper ----------------------------------------------------------------------
+# --- the optax wrapper --------------------------------------------------------
 
 
 def test_compress_in_an_optax_chain():

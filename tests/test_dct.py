@@ -70,6 +70,7 @@ def test_block_size():
   assert block_size(97, 64) == 1  # a prime above chunk: blocks of one
   assert block_size(10, 4) == 2
   assert block_size(1, 64) == 1
+  assert block_size(0, 64) == 1  # an empty axis: no blocks
 
 
 FULL_SHAPES = [(), (7,), (384,), (128, 512), (3, 3, 16, 32)]
@@ -140,7 +141,8 @@ def test_defaults_and_dtype():
 
 
 @pytest.mark.parametrize("kwargs,field", [
-    ({"chunk": 0}, "chunk"), ({"chunk": -2}, "chunk"), ({"chunk": 1.5}, "chunk"),
+    ({"chunk": 0}, "chunk"), ({"chunk": -2}, "chunk"),
+    ({"chunk": 1.5}, "chunk"),
     ({"chunk": True}, "chunk"), ({"k": 0}, "k="), ({"k": 2.0}, "k="),
     ({"k": None}, "k=")])
 def test_bad_arguments(kwargs, field):

@@ -9,18 +9,21 @@ import numpy as np
 import optax
 import pytest
 
-from lowbw.transforms import (cast, comm_channel, compression, dct_top_k,
-                              error_feedback, feedback_step, init_residual,
-                              message_bytes, payload_nbytes, per_worker,
-                              quantize, random_k, roundtrip, top_k, transmit)
+from lowbw.transforms import (comm_channel, compression, error_feedback,
+                              feedback_step, init_residual, message_bytes,
+                              payload_nbytes, per_worker, quantize, random_k,
+                              roundtrip, top_k, transmit)
 
 W = 3
 
 
-def _tree(seed, lead=()):
+def _tree(seed, lead=(), leaves=2):
+  """Two leaves by default; one where compiling a second costs time (random
+  codecs) and trees are already covered."""
   rng = np.random.default_rng(seed)
-  return {"w": jnp.asarray(rng.normal(size=lead + (4, 6)), jnp.float32),
+  tree = {"w": jnp.asarray(rng.normal(size=lead + (4, 6)), jnp.float32),
           "b": jnp.asarray(rng.normal(size=lead + (5,)), jnp.float32)}
+  return tree if leaves == 2 else {"w": tree["w"]}
 
 
 def _np(tree):
@@ -48,12 +51,12 @@ def _ef_top_k_np(deltas, fraction, beta):
   return sent, residual
 
 
-# --- feedback_step -----------------------------------------------------------------
+# --- feedback_step ------------------------------------------------------------
 
 
 @pytest.mark.parametrize("codec", [
-    top_k(0.1), quantize(2), random_k(0.2), top_k(0.3) | quantize(2),
-    quantize(1, stochastic=True, chunk=7)], ids=lambda c: c.name)
+    top_k(0.1), random_k(0.2), top_k(0.3) | quantize(2, chunk=7)],
+    ids=lambda c: c.name)
 def test_beta_one_conserves_mass(codec):
   steps = 5
   deltas = [_tree(seed=t) for t in range(steps)]
@@ -71,10 +74,9 @@ def test_beta_one_conserves_mass(codec):
   assert max(np.abs(r).max() for r in jax.tree.leaves(_np(residual))) > 1e-3
 
 
-@pytest.mark.parametrize("codec", [top_k(0.2), quantize(2, stochastic=True)],
-                         ids=lambda c: c.name)
-def test_beta_zero_is_plain_compression(codec):
-  residual, delta = _tree(seed=1), _tree(seed=2)  # the residual is ignored
+def test_beta_zero_is_plain_compression():
+  codec = quantize(2, stochastic=True)  # keys and worker pass through too
+  residual, delta = _tree(1, leaves=1), _tree(2, leaves=1)  # residual ignored
   key = jax.random.key(5)
 
   def run(residual, delta):
@@ -98,7 +100,7 @@ def test_feedback_step_matches_numpy_top_k():
   chex.assert_trees_all_close(_np(residual), want_residual, atol=1e-6)
 
 
-# --- the optax transform ------------------------------------------------------------
+# --- the optax transform ------------------------------------------------------
 
 
 def test_error_feedback_in_an_optax_chain():
@@ -149,7 +151,7 @@ def test_error_feedback_per_worker_keeps_per_worker_residuals():
 def test_error_feedback_per_worker_noise_and_keys():
   codec = quantize(1, stochastic=True)
   key = jax.random.key(3)
-  grads = {"w": _tree(seed=40)["w"]}
+  grads = _tree(seed=40, leaves=1)
   grads_W = jax.tree.map(lambda x: jnp.broadcast_to(x, (W,) + x.shape), grads)
   tx = per_worker(error_feedback(codec, beta=0.8, key=key))
   state_W = tx.init(grads_W)
@@ -171,7 +173,7 @@ def test_error_feedback_per_worker_noise_and_keys():
 
 def test_error_feedback_default_key_for_random_codecs():
   tx = error_feedback(random_k(0.5), beta=1.0)
-  grads = _tree(seed=50)
+  grads = _tree(seed=50, leaves=1)
   state = tx.init(grads)
 
   def run(grads, state):
@@ -196,7 +198,7 @@ def test_error_feedback_rejects_non_codecs():
     error_feedback("topk:0.1")
 
 
-# --- compression: validation, transmit, channel ---------------------------------------
+# --- compression: validation, transmit, channel -------------------------------
 
 
 def test_compression_validation():
@@ -223,17 +225,17 @@ def test_init_residual():
 
 TRANSMIT = [(top_k(0.25), None), (top_k(0.25), 0.9), (random_k(0.3), 0.5),
             (quantize(2, stochastic=True), 1.0),
-            (top_k(0.5) | quantize(4), 0.9), (dct_top_k(4, 3), None),
-            (random_k(0.3) | cast("bf16"), None)]
+            (top_k(0.5) | quantize(4), 0.9)]
 
 
 @pytest.mark.parametrize("codec,beta", TRANSMIT,
                          ids=[f"{c.name}-{b}" for c, b in TRANSMIT])
 def test_transmit_matches_a_loop_over_workers(codec, beta):
   comp = compression(codec, beta)
-  x_W = _tree(seed=1, lead=(W,))
-  residual_W = (() if beta is None else
-                jax.tree.map(lambda x: 0.5 * x, _tree(seed=2, lead=(W,))))
+  leaves = 1 if codec.needs_key else 2
+  x_W = _tree(seed=1, lead=(W,), leaves=leaves)
+  residual_W = (() if beta is None else jax.tree.map(
+      lambda x: 0.5 * x, _tree(seed=2, lead=(W,), leaves=leaves)))
   key = jax.random.key(11)
   sent_W, new_residual_W = jax.jit(
       lambda x, e: transmit(comp, x, e, key))(x_W, residual_W)

@@ -208,7 +208,8 @@ def test_sparse_partitions_cover_every_entry(selector):
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
 def test_every_strategy_runs_under_jit_and_scan(name):
   params, batches = make_problem()
-  kwargs = {} if name in ("ddp", "sparta") else {"H": 3}  # syncs run in the scan
+  # syncs run in the scan
+  kwargs = {} if name in ("ddp", "sparta", "demo") else {"H": 3}
   strategy = strategies.get(name, **kwargs)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   chex.assert_tree_shape_prefix(state.params_W, (W,))

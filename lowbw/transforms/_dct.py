@@ -32,7 +32,10 @@ def dct_matrix(n: int) -> np.ndarray:
 
 
 def block_size(n: int, chunk: int) -> int:
-  """The largest divisor of ``n`` that is at most ``chunk``."""
+  """The largest divisor of ``n`` that is at most ``chunk`` (1 for an empty
+  axis, which then has no blocks)."""
+  if n == 0:
+    return 1
   return max(d for d in range(1, min(n, chunk) + 1) if n % d == 0)
 
 
@@ -52,7 +55,8 @@ def dct_blocks(x, chunk):
   """Coefficients of every block, shape (blocks, block_rows * block_cols)."""
   rows, cols, br, bc = blocks(x.shape, chunk)
   m = x.reshape(rows // br, br, cols // bc, bc).astype(jnp.float32)
-  coeffs = jnp.einsum("aibj,ki,lj->abkl", m, dct_matrix(br), dct_matrix(bc))
+  coeffs = jnp.einsum("aibj,ki,lj->abkl", m, dct_matrix(br), dct_matrix(bc),
+                      precision=jax.lax.Precision.HIGHEST)
   return coeffs.reshape(-1, br * bc)
 
 
@@ -60,7 +64,8 @@ def idct_blocks(coeffs, shape, chunk):
   """Inverse of ``dct_blocks``."""
   rows, cols, br, bc = blocks(shape, chunk)
   c = coeffs.reshape(rows // br, cols // bc, br, bc)
-  m = jnp.einsum("abkl,ki,lj->aibj", c, dct_matrix(br), dct_matrix(bc))
+  m = jnp.einsum("abkl,ki,lj->aibj", c, dct_matrix(br), dct_matrix(bc),
+                 precision=jax.lax.Precision.HIGHEST)  # exact on GPUs too
   return m.reshape(shape)
 
 

@@ -10,6 +10,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from lowbw import _validate
 from lowbw._types import Array
@@ -114,7 +115,8 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
   Example:
     >>> codec = quantize(2, "statistical")
   """
-  if isinstance(bits, bool) or bits not in BITS:
+  if not isinstance(bits, (int, np.integer)) or isinstance(bits, bool) or (
+      bits not in BITS):
     raise _validate.fail("bits", bits, "expected one of 1, 2, 4, 8")
   bits = int(bits)
   scheme = _validate.one_of("scheme", scheme, SCHEMES)

@@ -25,6 +25,14 @@ def index_dtype(size: int) -> jnp.dtype:
   return jnp.dtype(jnp.uint32)
 
 
+def _spec_number(value: float) -> str:
+  """``value`` as short as it can be written and still parse back exactly,
+  so that ``parse_codec(codec.name)`` rebuilds the same codec (``:g`` alone
+  would turn 1/3 into 0.333333)."""
+  short = f"{value:g}"
+  return short if float(short) == value else repr(value)
+
+
 def scatter(indices, values, size: int):
   """A dense flat vector of ``size`` entries, ``values`` at ``indices``."""
   dense = jnp.zeros((size,), values.dtype)
@@ -64,8 +72,8 @@ def top_k(fraction: float) -> Codec:
     data = payload.data
     return scatter(data["indices"], data["values"], size).reshape(payload.shape)
 
-  return make_codec(f"topk:{fraction:g}", encode, decode, summable=False,
-                    carries_values=True, needs_key=False,
+  return make_codec(f"topk:{_spec_number(fraction)}", encode, decode,
+                    summable=False, carries_values=True, needs_key=False,
                     config={"codec": "top_k", "fraction": fraction})
 
 
@@ -84,6 +92,8 @@ def random_k(fraction: float) -> Codec:
   fraction = _validate.fraction("fraction", fraction)
 
   def positions(key, size):
+    if size == 0:  # an empty leaf: nothing to pick (the bijection needs n >= 1)
+      return jnp.zeros((0,), jnp.int32)
     k = sparse_count(size, fraction)
     return random_bijection(key, jnp.arange(k, dtype=jnp.int32), size, size)
 
@@ -97,6 +107,6 @@ def random_k(fraction: float) -> Codec:
     return scatter(positions(key, size), payload.data["values"],
                    size).reshape(payload.shape)
 
-  return make_codec(f"randk:{fraction:g}", encode, decode, summable=True,
-                    carries_values=True, needs_key=True,
+  return make_codec(f"randk:{_spec_number(fraction)}", encode, decode,
+                    summable=True, carries_values=True, needs_key=True,
                     config={"codec": "random_k", "fraction": fraction})
