@@ -114,6 +114,8 @@ def test_no_arguments_means_the_documented_default_run():
     (["--strategy", "demo", "--decay", "1.0"], "lowbw: error: --decay=1.0"),
     (["--strategy", "fedavg", "--codec", "topk:0.1", "--compress", "grads"],
      "lowbw: error: --compress='grads' is invalid"),
+    (["--strategy", "fedavg", "--compress", "deltas"],
+     "lowbw: error: --compress='deltas' is invalid: says what --codec"),
     (["--strategy", "fedavg", "--codec", "topk:0.1", "--island-size", "1"],
      "lowbw: error: --island-size=1 is invalid"),
 ])

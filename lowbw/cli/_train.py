@@ -240,6 +240,9 @@ def check_used(s: dict, explicit: set[str], model_name: str, source) -> None:
             "data": _data_kind(s, source), "sharding": s["sharding"]}
   used = set().union(*(options.get(chosen[kind], set())
                         for kind, options in _USED_BY.items()))
+  if "compress" in explicit and str(s["codec"]).lower() == "none":
+    raise _validate.fail("compress", s["compress"],
+                         "says what --codec encodes; give a --codec")
   for name in sorted(explicit - used):
     owners = [kind for kind, options in _USED_BY.items()
               if any(name in names for names in options.values())]

@@ -46,7 +46,8 @@ def demo(
   ``inner`` for decoupled weight decay).
 
   Bytes per worker and step: per tensor, blocks x min(k, block size) x
-  (4 bytes of value + 1 or 2 bytes of in-block index); all-gathered, so each
+  (4 bytes of value + 1 or 2 bytes of in-block index for chunk <= 256);
+  all-gathered, so each
   worker sends (W-1) x payload.
 
   Args:

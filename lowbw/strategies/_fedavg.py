@@ -33,8 +33,9 @@ def fedavg(
   With a ``codec``, ``compress`` says what is encoded:
 
   * ``"deltas"`` (default): each worker sends theta_w - theta, its change since
-    the last average; everyone applies the mean decoded change to theta (this
-    is DiLoCo with outer SGD at lr 1). ``error_feedback`` may be added. Needs
+    the last average; everyone applies the mean decoded change to theta (DiLoCo
+    with outer SGD at lr 1 encodes theta - theta_w instead, which is the same
+    for codecs that commute with negation, such as top-k and casts). ``error_feedback`` may be added. Needs
     every worker in one group (no islands), since a receiver must know the
     sender's starting point.
   * ``"parameters"``: each worker sends its encoded parameters and the islands

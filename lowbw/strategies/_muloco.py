@@ -45,7 +45,7 @@ def muon_inner(learning_rate=2.6827e-3, weight_decay: float = 7.2e-5,
                ) -> optax.GradientTransformation:
   """MuLoCo's inner optimizer (arXiv 2505.23725, section 4 and Table 4).
 
-  Muon (Nesterov, momentum 0.95, 5 quintic Newton-Schulz steps) on hidden
+  Muon (Nesterov momentum 0.9, 5 quintic Newton-Schulz steps) on hidden
   matrices; AdamW (beta1 0.9, beta2 0.99) on embeddings, output layer, biases
   and norms; weight decay 7.2e-5 on both; peak lr 2.6827e-3 for both;
   gradients clipped to global norm 1.0 first. Hyperparameters are injected, so
@@ -60,7 +60,7 @@ def muon_inner(learning_rate=2.6827e-3, weight_decay: float = 7.2e-5,
   tx = optax.inject_hyperparams(
       muon, static_args=("muon_weight_dimension_numbers", "nesterov",
                          "ns_coeffs"))(
-          learning_rate=learning_rate, weight_decay=weight_decay,
+          learning_rate=learning_rate, weight_decay=weight_decay, beta=0.9,
           adam_b1=0.9, adam_b2=0.99, adam_weight_decay=weight_decay,
           nesterov=True, muon_weight_dimension_numbers=hidden)
   if clip_norm is None:

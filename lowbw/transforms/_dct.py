@@ -79,7 +79,8 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
   decode(encode(x)) = x up to float rounding.
 
   Bytes per tensor: blocks x k' x (4 + index bytes), k' = min(k, block size);
-  indices are uint8 for blocks of <= 256 coefficients, else uint16. Each
+  indices are uint8 for blocks of <= 256 coefficients, uint16 up to 65,536
+  (any chunk <= 256), else uint32. Each
   worker keeps its own coefficients, so payloads are all-gathered.
 
   Args:
