@@ -35,7 +35,8 @@ OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CODECS = {"none": None, "8-bit": "quant:8:statistical",
           "4-bit": "quant:4:statistical", "2-bit": "quant:2:statistical",
           "top-k 10%": "topk:0.1"}
-BETAS = {"DiLoCo": 0.7, "MuLoCo": 0.9}  # the paper's tuned values (Table 2)
+BETAS = {"DiLoCo": 0.7, "MuLoCo": 0.9}
+HAND_WRITTEN = "## Reading (written by hand"  # the paper's tuned values (Table 2)
 
 
 def make_strategy(method, codec_spec, ef, args):
@@ -133,8 +134,15 @@ def write_report(results, args, out):
             "bins, bin-mean codebook); top-k is per tensor.",
             "- `experiments/muloco_topk_trajectory.py` prints the eval loss "
             "at every sync of the MuLoCo top-k runs."]
-  with open(os.path.join(out, "muloco.md"), "w") as f:
-    f.write("\n".join(lines) + "\n")
+  path = os.path.join(out, "muloco.md")
+  kept = ""  # a hand-written reading of the results survives regeneration
+  if os.path.exists(path):
+    with open(path) as f:
+      text = f.read()
+    if HAND_WRITTEN in text:
+      kept = "\n" + text[text.index(HAND_WRITTEN):]
+  with open(path, "w") as f:
+    f.write("\n".join(lines) + "\n" + kept)
   plot(rows, os.path.join(out, "muloco.png"))
 
 
@@ -169,14 +177,17 @@ def plot(rows, path):
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for method, color in (("DiLoCo", "tab:blue"), ("MuLoCo", "tab:orange")):
     for ef, marker in ((False, "o"), (True, "s")):
-      pts = [r for r in rows if r["method"] == method and
-             (r["ef"] == ef or r["codec"] == "none")]
+      pts = [r for r in rows if r["method"] == method and r["ef"] == ef
+             and r["codec"] != "none"]
       ax.scatter([r["payload_bytes"] for r in pts], [r["eval_loss"] for r in pts],
                  color=color, marker=marker, facecolors="none" if not ef else color,
                  label=f"{method} {'EF' if ef else 'no EF'}")
       for r in pts:
         ax.annotate(r["codec"], (r["payload_bytes"], r["eval_loss"]), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
+    base = [r for r in rows if r["method"] == method and r["codec"] == "none"]
+    ax.scatter([r["payload_bytes"] for r in base], [r["eval_loss"] for r in base],
+               color=color, marker="*", s=120, label=f"{method} uncompressed")
   ax.set_xscale("log")
   ax.set_xlabel("payload bytes per worker (whole run)")
   ax.set_ylabel("final eval loss")
