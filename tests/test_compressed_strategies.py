@@ -19,7 +19,7 @@ import pytest
 from lowbw import strategies
 from lowbw import transforms as T
 from lowbw.transforms import roundtrip, sparse_count, sparse_indices
-from tests.test_strategies import (INNER, STEPS, W, assert_workers_close,
+from test_strategies import (INNER, STEPS, W, assert_workers_close,
                                    batch_at, local_steps, loss_fn, make_problem,
                                    mean_of, run_vectorized)
 
