@@ -19,9 +19,9 @@ import pytest
 from lowbw import strategies
 from lowbw import transforms as T
 from lowbw.transforms import roundtrip, sparse_count, sparse_indices
-from test_strategies import (INNER, STEPS, W, assert_workers_close,
-                                   batch_at, local_steps, loss_fn, make_problem,
-                                   mean_of, run_vectorized)
+from test_strategies import (INNER, STEPS, W, assert_workers_close, batch_at,
+                             local_steps, loss_fn, make_problem, mean_of,
+                             run_vectorized)
 
 IDENTITY_CODECS = {"top_k(1.0)": T.top_k(1.0), "cast(float32)": T.cast("float32")}
 OUTER = optax.sgd(0.7, momentum=0.9, nesterov=True)
