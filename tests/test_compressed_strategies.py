@@ -20,8 +20,8 @@ from lowbw import strategies
 from lowbw import transforms as T
 from lowbw.transforms import roundtrip, sparse_count, sparse_indices
 from test_strategies import (INNER, STEPS, W, assert_workers_close, batch_at,
-                             local_steps, loss_fn, make_problem, mean_of,
-                             run_vectorized)
+                             island_average, local_steps, loss_fn, make_problem,
+                             mean_of, run_vectorized)
 
 IDENTITY_CODECS = {"top_k(1.0)": T.top_k(1.0), "cast(float32)": T.cast("float32")}
 OUTER = optax.sgd(0.7, momentum=0.9, nesterov=True)
@@ -148,13 +148,7 @@ def test_fedavg_parameters_codec_with_islands_matches_reference():
       continue
     decoded = [roundtrip(codec, params_w[w], codec_key(key, t + 1), w)
                for w in range(W)]
-    perm = np.asarray(jax.random.permutation(
-        jax.random.fold_in(key, (t + 1) // H), W))
-    for g in range(W // s):
-      island = perm[g * s:(g + 1) * s].tolist()
-      avg = mean_of([decoded[w] for w in island])
-      for w in island:
-        params_w[w] = avg
+    params_w = island_average(decoded, key, t + 1, H, s)
   assert_workers_close(state.params_W, params_w)
 
 
@@ -305,6 +299,8 @@ def test_muon_only_on_hidden_matrices():
     (lambda: strategies.demo(decay=1.0), "decay"),
     (lambda: strategies.demo(chunk=32, codec=T.top_k(0.1)), "chunk"),
     (lambda: strategies.demo(k=0), "k"),
+    (lambda: strategies.demo(codec="dct:64:32"), "codec"),
+    (lambda: T.top_k(0.1) | "quant:4", "codec second"),
 ])
 def test_bad_compression_arguments_name_the_field(call, field):
   with pytest.raises(ValueError, match=f"^{field}="):

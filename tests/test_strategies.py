@@ -104,6 +104,20 @@ def test_fedavg_matches_reference(H):
   assert_workers_close(state.params_W, params_w)
 
 
+def island_average(trees_w, key, step, H, s):
+  """FedAvg's island sync on a Python list: the island draw is part of the
+  spec, a permutation from the shared key, fresh every round."""
+  perm = np.asarray(jax.random.permutation(jax.random.fold_in(key, step // H),
+                                           W))
+  out = list(trees_w)
+  for g in range(W // s):
+    island = perm[g * s:(g + 1) * s].tolist()
+    avg = mean_of([trees_w[w] for w in island])
+    for w in island:
+      out[w] = avg
+  return out
+
+
 def test_fedavg_islands_match_reference():
   params, batches = make_problem()
   H, s, key = 2, 2, jax.random.PRNGKey(3)
@@ -113,14 +127,7 @@ def test_fedavg_islands_match_reference():
   for t in range(STEPS):
     local_steps(INNER, params_w, inner_w, batches, t)
     if (t + 1) % H == 0:
-      # The island draw is part of the spec: a permutation from the shared key.
-      perm = np.asarray(jax.random.permutation(
-          jax.random.fold_in(key, (t + 1) // H), W))
-      for g in range(W // s):
-        island = perm[g * s:(g + 1) * s].tolist()
-        avg = mean_of([params_w[w] for w in island])
-        for w in island:
-          params_w[w] = avg
+      params_w = island_average(params_w, key, t + 1, H, s)
   assert_workers_close(state.params_W, params_w)
   # Islands really differ: workers are not all equal after a sync.
   spread = float(jnp.max(jnp.abs(state.params_W["w"] - state.params_W["w"][:1])))

@@ -8,7 +8,8 @@ import optax
 from lowbw import _validate
 from lowbw.strategies import _base
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              comm_channel, dct_top_k, num_workers, transmit)
+                              check_codec, comm_channel, dct_top_k,
+                              num_workers, transmit)
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -70,8 +71,7 @@ def demo(
       if value != default:
         raise _validate.fail(field, value, "set it inside codec= instead "
                              "(codec replaces dct_top_k(chunk, k))")
-    if not isinstance(codec, Codec):
-      raise _validate.fail("codec", codec, "expected a lowbw codec")
+    check_codec("codec", codec, optional=False)
   comp = Compression(codec, decay)
 
   def init(params, num_workers_, key):

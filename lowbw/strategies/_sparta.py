@@ -7,8 +7,9 @@ import optax
 from lowbw import _validate
 from lowbw.network import channel
 from lowbw.strategies import _base
-from lowbw.transforms import (SELECTORS, Codec, Compression, collective,
-                              sparse_average, sparse_payload_bytes, transmit)
+from lowbw.transforms import (SELECTORS, Codec, Compression, check_codec,
+                              collective, sparse_average, sparse_payload_bytes,
+                              transmit)
 
 
 def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
@@ -40,8 +41,7 @@ def sparta_channels(p: float, codec: Codec | None = None):
 
 
 def check_sparta(p, selector, codec=None, field="codec"):
-  if codec is not None and not isinstance(codec, Codec):
-    raise _validate.fail(field, codec, "expected a lowbw codec or None")
+  check_codec(field, codec)
   return (_validate.fraction("p", p),
           _validate.one_of("selector", selector, SELECTORS))
 

@@ -3,8 +3,9 @@ worker reductions, sparse averaging."""
 
 from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
-                                     collective, compress, decode_tree,
-                                     encode_tree, payload_nbytes, roundtrip)
+                                     check_codec, collective, compress,
+                                     decode_tree, encode_tree, payload_nbytes,
+                                     roundtrip)
 from lowbw.transforms._codec_spec import parse_codec
 from lowbw.transforms._compression import (Compression, comm_channel,
                                            compression, init_residual,
@@ -22,7 +23,7 @@ from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
 from lowbw.transforms._topk import index_dtype, random_k, top_k
 
 __all__ = [
-    "Codec", "CompressState", "Compression", "ErrorFeedbackState", "Payload",
+    "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
     "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
     "encode_tree", "error_feedback", "feedback_step", "group_mean",

@@ -106,11 +106,20 @@ def make_codec(name, encode, decode, *, summable, carries_values, needs_key,
                config)
 
 
+def check_codec(field: str, codec, optional: bool = True) -> Codec | None:
+  """``codec`` if it is a lowbw codec (or None when ``optional``); else a
+  ValueError naming ``field``."""
+  if (codec is None and optional) or isinstance(codec, Codec):
+    return codec
+  raise _validate.fail(field, codec, "expected a lowbw codec "
+                       "(lowbw.transforms.top_k, quantize, ...)"
+                       + (" or None" if optional else ""))
+
+
 def chain(first: Codec, second: Codec) -> Codec:
   """``first`` then ``second`` on ``first``'s values (also ``first | second``)."""
   for field, codec in (("first", first), ("second", second)):
-    if not isinstance(codec, Codec):
-      raise _validate.fail(f"codec {field}", codec, "expected a lowbw codec")
+    check_codec(f"codec {field}", codec, optional=False)
   if not first.carries_values:
     raise _validate.fail(
         "codec", f"{first.name},{second.name}",
@@ -249,8 +258,7 @@ def compress(codec: Codec, key: PRNGKey | None = None,
 
 
 def _base_key(codec, key):
-  if not isinstance(codec, Codec):
-    raise _validate.fail("codec", codec, "expected a lowbw codec")
+  check_codec("codec", codec, optional=False)
   if key is None and codec.needs_key:
     return jax.random.key(0)
   return key

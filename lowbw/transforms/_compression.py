@@ -16,8 +16,8 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw._types import PRNGKey, PyTree
 from lowbw.network import Channel, channel
-from lowbw.transforms._codec import (Codec, collective, payload_nbytes,
-                                     roundtrip)
+from lowbw.transforms._codec import (Codec, check_codec, collective,
+                                     payload_nbytes, roundtrip)
 from lowbw.transforms._error_feedback import check_beta, feedback_step
 from lowbw.transforms._reductions import num_workers
 
@@ -42,10 +42,7 @@ class Compression(NamedTuple):
 def compression(codec: Codec | None, error_feedback: float | None
                 ) -> Compression:
   """Validates a strategy's ``codec=`` and ``error_feedback=`` arguments."""
-  if codec is not None and not isinstance(codec, Codec):
-    raise _validate.fail("codec", codec,
-                         "expected a lowbw codec (lowbw.transforms.top_k, "
-                         "quantize, ...) or None")
+  check_codec("codec", codec)
   if error_feedback is not None:
     error_feedback = check_beta(error_feedback)
     if codec is None:
