@@ -4,7 +4,7 @@ import argparse
 import re
 import sys
 
-from lowbw.cli import _train
+from lowbw.cli import _plan, _train
 
 # API field names whose command-line flag has another name.
 _FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = parser.add_subparsers(title="commands", metavar="COMMAND",
                               parser_class=_Parser)
   _train.add_parser(sub)
+  _plan.add_parser(sub)
   return parser
 
 
