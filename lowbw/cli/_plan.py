@@ -1,5 +1,235 @@
-"""``lowbw plan``: the analytical planner. Being written."""
+"""``lowbw plan``: the analytical planner of seed 001 from flags, a config
+file, or a sweep over one input."""
+
+import argparse
+import json
+import math
+import os
+import tomllib
+
+from lowbw import _validate
+from lowbw.network._planner import PLAN_DEFAULTS, plan, resolve_inputs
+
+# What each input means, for --help; units follow the name.
+_HELP = {
+    "parameters": "total parameters, billions (MoE: all experts)",
+    "active_params": "active parameters per token, billions (MoE only)",
+    "tokens": "training tokens, trillions",
+    "num_nodes": "nodes, backups included",
+    "pflops_per_node": "peak PFLOP/s per node",
+    "vram_per_node": "memory per node, GB",
+    "bandwidth_mbps": "WAN bandwidth per node, Mbit/s",
+    "latency_ms": "WAN round trip, ms",
+    "mfu": "per-node model FLOP utilization, (0, 1]",
+    "inner_steps": "inner steps H between syncs",
+    "compression": "pseudo-gradient compression ratio vs FP16",
+    "local_batch": "tokens per node and inner step",
+    "micro_batches": "pipeline micro-batches M",
+    "precision": "FP16 | FP8 | FP4",
+    "streaming": "overlap the sync with the next H inner steps",
+    "nodes_per_group": "nodes per region (hierarchical, regional EP)",
+    "regional_bandwidth_mbps": "bandwidth inside a region, Mbit/s",
+    "regional_latency_ms": "round trip inside a region, ms",
+    "regional_steps": "regional syncs per global sync",
+    "moe": "mixture of experts: compute with --active-params",
+    "moe_layers": "MoE layers (expert all-to-all latency)",
+    "expert_parallelism": "none | global | regional",
+    "hierarchical": "regions sync often, the WAN every H x regional steps",
+    "straggler_mitigation": "none | threshold | backup",
+    "activation_compression": "pipeline activation compression (default: "
+                              "1, 2, 4 for FP16, FP8, FP4)",
+    "hw_growth": "hardware growth, orders of magnitude per year",
+    "sw_growth": "software growth, orders of magnitude per year",
+    "invest_growth": "investment growth, orders of magnitude per year",
+}
+
+# Field names whose errors the CLI renames to flags (see cli._one_line).
+FLAG_NAMES = frozenset(PLAN_DEFAULTS) | {"sweep"}
+
+# The columns of a sweep table, after the swept input.
+SWEEP_COLUMNS = ("mode", "pipeline_stages", "groups", "memory_per_node_gb",
+                 "t_comp_s", "t_sync_s", "t_outer_s", "total_days",
+                 "efficiency", "global_mfu", "hfu")
+
+
+def _flag(name: str) -> str:
+  return "--" + name.replace("_", "-")
+
+
+def _kind(name: str):
+  """The Python type of an input, from its default."""
+  if name == "activation_compression":
+    return float
+  return type(PLAN_DEFAULTS[name])
 
 
 def add_parser(subparsers) -> None:
-  del subparsers
+  p = subparsers.add_parser(
+      "plan", help="estimate a decentralized pre-training run analytically",
+      description="How long a pre-training run takes across nodes joined by "
+      "a slow network, and in which mode (DiLoCo, hierarchical DiLoCo, "
+      "pipeline groups with DiLoCo, or a pure pipeline): the analytical "
+      "model of seed 001, see docs/planner.md. With no arguments: a 144B "
+      "dense model, 12T tokens, 72 nodes on 100 Mbit/s.")
+  p.add_argument("--config", metavar="FILE", help="TOML or JSON file of these "
+                 "inputs (keys as the long option names, '-' or '_'); flags "
+                 "override it")
+  p.add_argument("--sweep", metavar="NAME=V1,V2,...", help="one row per "
+                 "value of one input, e.g. num_nodes=8,72,512")
+  p.add_argument("--json", action="store_true", help="print JSON (a list "
+                 "with --sweep) instead of a table")
+  g = p.add_argument_group("inputs")
+  for name, default in PLAN_DEFAULTS.items():
+    shown = "auto" if default is None else default
+    text = f"{_HELP[name]} (default {shown})"
+    if isinstance(default, bool):
+      g.add_argument(_flag(name), action=argparse.BooleanOptionalAction,
+                     help=text)
+    else:
+      g.add_argument(_flag(name), type=_kind(name), metavar="X"
+                     if _kind(name) is not str else "NAME", help=text)
+  p.set_defaults(run=run)
+
+
+def _read_config(path: str) -> dict:
+  if not os.path.isfile(path):
+    raise _validate.fail("config", path, "no such file")
+  with open(path, "rb") as f:
+    text = f.read()
+  try:
+    values = (json.loads(text) if path.endswith(".json")
+              else tomllib.loads(text.decode()))
+  except (ValueError, tomllib.TOMLDecodeError) as e:
+    raise _validate.fail("config", path, f"not valid TOML/JSON ({e})") from e
+  if not isinstance(values, dict):
+    raise _validate.fail("config", path, "expected a table of inputs")
+  values = {k.replace("-", "_"): v for k, v in values.items()}
+  unknown = sorted(set(values) - set(PLAN_DEFAULTS))
+  if unknown:
+    raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
+                         f"{', '.join(PLAN_DEFAULTS)}")
+  return values
+
+
+def given_inputs(args: argparse.Namespace) -> dict:
+  """Config file < flags; only what was given, so plan() knows the rest are
+  defaults."""
+  given = _read_config(args.config) if args.config else {}
+  given.update({k: v for k, v in vars(args).items()
+                if k in PLAN_DEFAULTS and v is not None})
+  return given
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _sweep_value(name: str, text: str, spec: str):
+  kind, word = _kind(name), text.strip()
+  if name == "activation_compression" and word.lower() in ("auto", "none"):
+    return None
+  try:
+    if kind is bool:
+      if word.lower() not in _TRUE + _FALSE:
+        raise ValueError(word)
+      return word.lower() in _TRUE
+    return kind(word)
+  except ValueError:
+    raise _validate.fail("sweep", spec, f"{word!r} is not a valid "
+                         f"{kind.__name__} for {name}") from None
+
+
+def parse_sweep(spec: str, given: dict) -> tuple[str, list]:
+  """``NAME=V1,V2,...`` into the input's name and its typed values."""
+  name, sep, values = spec.partition("=")
+  name = name.strip().replace("-", "_")
+  if not sep or name not in PLAN_DEFAULTS:
+    raise _validate.fail("sweep", spec, "expected NAME=V1,V2,... with NAME "
+                         "one of " + ", ".join(PLAN_DEFAULTS))
+  if name in given:
+    raise _validate.fail("sweep", spec, f"{name} is also given as "
+                         f"{_flag(name)} or in --config; give it once")
+  words = [w for w in values.split(",") if w.strip()]
+  if not words:
+    raise _validate.fail("sweep", spec, "expected at least one value")
+  return name, [_sweep_value(name, w, spec) for w in words]
+
+
+def run(args: argparse.Namespace) -> int:
+  given = given_inputs(args)
+  if args.sweep:
+    name, values = parse_sweep(args.sweep, given)
+    rows = [(value, plan(**given, **{name: value})) for value in values]
+    if args.json:
+      print(json.dumps([{"inputs": resolve_inputs(**given, **{name: value}),
+                         "outputs": out} for value, out in rows], indent=2))
+    else:
+      print(format_sweep(name, rows))
+    return 0
+  out = plan(**given)
+  if args.json:
+    print(json.dumps({"inputs": resolve_inputs(**given), "outputs": out},
+                     indent=2))
+  else:
+    print(format_plan(given, out))
+  return 0
+
+
+# ------------------------------------------------------------------ printing
+
+
+def _fmt(value) -> str:
+  """Readable numbers: thousands separators, four significant digits."""
+  if value is None:
+    return "-"
+  if isinstance(value, bool):
+    return "yes" if value else "no"
+  if isinstance(value, int):
+    return f"{value:,}"
+  if isinstance(value, float):
+    if value == 0 or not math.isfinite(value):
+      return f"{value:g}"
+    if abs(value) >= 1e15 or abs(value) < 1e-3:
+      return f"{value:.3e}"
+    if abs(value) >= 1e4:
+      return f"{value:,.0f}"
+    return f"{value:.4g}"
+  return str(value)
+
+
+def _block(title: str, pairs: list[tuple[str, str]]) -> list[str]:
+  width = max(len(k) for k, _ in pairs)
+  return [title] + [f"  {k:<{width}}  {v}" for k, v in pairs]
+
+
+def format_plan(given: dict, out: dict) -> str:
+  """Inputs (``*`` marks those given) and the outputs that apply."""
+  resolved = resolve_inputs(**given)
+  inputs = [(name + (" *" if name in given else ""), _fmt(value))
+            for name, value in resolved.items()]
+  outputs = [(k, _fmt(v)) for k, v in out.items()
+             if k != "warnings" and v is not None]
+  lines = [f"lowbw plan: {out['mode']}, {out['total_days']:,.1f} days, "
+           f"efficiency {out['efficiency']:.3f}, global MFU "
+           f"{out['global_mfu']:.2%}", ""]
+  lines += _block("inputs (* given)", inputs) + [""]
+  lines += _block("outputs", outputs)
+  if out["warnings"]:
+    lines += ["", "warnings"] + [f"  - {w}" for w in out["warnings"]]
+  return "\n".join(lines)
+
+
+def format_sweep(name: str, rows: list) -> str:
+  """One row per swept value; warnings below, prefixed by the value."""
+  header = (name,) + SWEEP_COLUMNS
+  table = [header] + [
+      (_fmt(value),) + tuple(_fmt(out[c]) for c in SWEEP_COLUMNS)
+      for value, out in rows]
+  widths = [max(len(r[i]) for r in table) for i in range(len(header))]
+  lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w)
+                     for i, (cell, w) in enumerate(zip(r, widths))).rstrip()
+           for r in table]
+  notes = [f"  {name}={_fmt(value)}: {w}" for value, out in rows
+           for w in out["warnings"]]
+  if notes:
+    lines += ["", "warnings"] + notes
+  return "\n".join(lines)

@@ -9,6 +9,11 @@ fixed-size buffer and read by the host after the next chunk is dispatched.
 
 Steps left over when ``steps`` is not a multiple of the period run in a *tail*
 program: local steps only, no sync.
+
+With a network (``lowbw.network``), the round also keeps the simulated clock
+and, when a fault or straggler model is given, the participation masks: its
+numbers (``NetParams``) are an argument of the compiled programs, so changing
+them does not recompile.
 """
 
 from typing import Any, NamedTuple
@@ -18,8 +23,9 @@ import jax.numpy as jnp
 import optax
 
 from lowbw._types import Array, PRNGKey, PyTree
+from lowbw.network import _clock
 from lowbw.strategies import Strategy, StrategyState
-from lowbw.transforms import worker_divergence
+from lowbw.transforms import broadcast_to_workers, worker_divergence
 
 
 class SimState(NamedTuple):
@@ -43,6 +49,18 @@ class StepOut(NamedTuple):
   metrics: dict            # mean of each model metric over workers
   first_bad_worker: Array  # int32: first worker with a non-finite loss, or -1
   counts: dict             # int32 events per channel (per-step communication)
+  clock: Any = None        # StepClock with a network
+
+
+class StepClock(NamedTuple):
+  time_s: Array            # float32: slowest up worker done, from round start
+  participants: Array      # int32: workers averaged at this step, or -1
+
+
+class RoundClock(NamedTuple):
+  compute_s: Array         # float32: when the sync starts, from round start
+  sync_s: Array            # float32: seconds of the sync's communication
+  participants: Array      # int32: workers averaged by the sync, or -1
 
 
 class RoundOut(NamedTuple):
@@ -50,6 +68,7 @@ class RoundOut(NamedTuple):
   sync_counts: dict        # int32 events per channel of the sync
   divergence: Array        # worker divergence at the end of the round, pre-sync
   lr: Array                # the inner learning rate if discoverable, else nan
+  clock: Any = None        # RoundClock with a network
 
 
 def _first_bad(loss_W: Array) -> Array:
@@ -76,54 +95,147 @@ class Programs(NamedTuple):
   evaluate: Any  # (sim, eval_batches) -> dict of eval metrics
 
 
+def _where_W(mask_W: Array, new: PyTree, old: PyTree) -> PyTree:
+  return jax.tree.map(
+      lambda n, o: jnp.where(mask_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
+      new, old)
+
+
+def _unless_nobody(fn, active_W: Array, steps: int):
+  """``fn(state, *args)``, skipped when no worker takes part (the counter still
+  advances by ``steps``; no events): the global model is never lost."""
+
+  def skip(state, *args):
+    del args
+    return state._replace(step=state.step + steps), none
+
+  def run(state, *args):
+    nonlocal none
+    out_shape = jax.eval_shape(fn, state, *args)[1]
+    none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+    return jax.lax.cond(jnp.any(active_W), fn, skip, state, *args)
+
+  none = None
+  return run
+
+
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
-          tail_steps: int) -> Programs:
-  """Builds the jitted programs; nothing is traced until first called."""
+          tail_steps: int, masks: bool = False) -> Programs:
+  """Builds the jitted programs; nothing is traced until first called.
+
+  The programs take a ``NetParams`` (or None, no clock) as their last
+  argument. ``masks``: the run has a fault or straggler model, so the engine
+  sets ``StrategyState.active`` before each communication, freezes down
+  workers and has them pull the global parameters when their round ends.
+  """
 
   def grads(params, batch, key):
     (loss, metrics), g = jax.value_and_grad(model.loss, has_aux=True)(
         params, batch, key)
     return loss, metrics, g
 
-  def local_step(sim: SimState, sampler) -> tuple[SimState, StepOut]:
+  def local_step(sim: SimState, sampler, net, up_W, ready_W):
     st = sim.strategy
     batch_W = sampler.sample(sim.data_key, st.step)
     keys_W = jax.random.split(jax.random.fold_in(sim.loss_key, st.step),
                               num_workers)
     loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
-    st, counts = strategy.local(st, grads_W)
+    clock = None
+    if net is None:
+      st, counts = strategy.local(st, grads_W)
+    else:
+      ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
+      if jax.eval_shape(strategy.local, st, grads_W)[1]:
+        # Communication every step: a barrier of the workers waited for.
+        active_W, start = (_clock.participants(net, ready_W, up_W, st.step, 0)
+                           if masks else (up_W, jnp.max(ready_W)))
+        local = strategy.local
+        if masks:
+          st = st._replace(active=active_W)
+          local = _unless_nobody(local, active_W, 1)
+        st, counts = local(st, grads_W)
+        ready_W = jnp.full_like(ready_W,
+                                start + _clock.comm_seconds(net, counts))
+        n = jnp.sum(active_W.astype(jnp.int32))
+      else:
+        new, counts = strategy.local(st, grads_W)
+        if masks:  # a down worker's steps never happened
+          new = new._replace(params_W=_where_W(up_W, new.params_W, st.params_W),
+                             inner_W=_where_W(up_W, new.inner_W, st.inner_W))
+        st, n = new, jnp.int32(-1)
+      clock = StepClock(jnp.max(jnp.where(up_W, ready_W, 0.0)), n)
     out = StepOut(jnp.mean(loss_W), jax.tree.map(jnp.mean, metrics_W),
-                  _first_bad(loss_W), counts)
-    return sim._replace(strategy=st), out
+                  _first_bad(loss_W), counts, clock)
+    return sim._replace(strategy=st), out, ready_W
 
-  def run_round(sim: SimState, sampler) -> tuple[SimState, RoundOut]:
-    sim, steps = jax.lax.scan(lambda s, _: local_step(s, sampler), sim,
-                              length=strategy.period)
+  def local_steps(sim: SimState, sampler, net, length: int):
+    up_W = ready_W = None
+    if net is not None:
+      up_W = (_clock.up_mask(net, sim.strategy.step) if masks
+              else jnp.ones(num_workers, bool))
+      ready_W = jnp.zeros(num_workers, jnp.float32)
+
+    def body(carry, _):
+      sim, ready_W = carry
+      sim, out, ready_W = local_step(sim, sampler, net, up_W, ready_W)
+      return (sim, ready_W), out
+
+    (sim, ready_W), steps = jax.lax.scan(body, (sim, ready_W), length=length)
+    return sim, steps, up_W, ready_W
+
+  def rejoin(st: StrategyState, up_W) -> StrategyState:
+    """Down workers pull the global parameters; all are active again."""
+    if not masks:
+      return st
+    global_W = broadcast_to_workers(strategy.global_params(st), num_workers)
+    return st._replace(params_W=_where_W(up_W, st.params_W, global_W),
+                       active=up_W)
+
+  def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
+    sim, steps, up_W, ready_W = local_steps(sim, sampler, net, strategy.period)
     st = sim.strategy
     divergence = worker_divergence(st.params_W)
     lr = _inner_lr(st.inner_W)
-    sync_counts = {}
+    sync_counts, clock = {}, None
+    if net is not None:
+      start, sync_s = jnp.max(jnp.where(up_W, ready_W, 0.0)), jnp.float32(0)
+      n = steps.clock.participants[-1]
     if strategy.sync is not None:
-      st, sync_counts = strategy.sync(st)
+      sync = strategy.sync
+      if masks:
+        active_W, start = _clock.participants(net, ready_W, up_W, st.step, 1)
+        st = st._replace(active=active_W)
+        sync = _unless_nobody(sync, active_W, 0)
+        n = jnp.sum(active_W.astype(jnp.int32))
+      elif net is not None:
+        n = jnp.int32(num_workers)
+      st, sync_counts = sync(st)
+      if net is not None:
+        sync_s = _clock.comm_seconds(net, sync_counts)
+    if net is not None:
+      st = rejoin(st, up_W)
+      clock = RoundClock(start, sync_s, n)
     return sim._replace(strategy=st), RoundOut(steps, sync_counts, divergence,
-                                               lr)
+                                               lr, clock)
 
-  def chunk(sim: SimState, sampler, n_rounds: Array):
-    out_shape = jax.eval_shape(run_round, sim, sampler)[1]
+  def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
+    out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
     buf = jax.tree.map(lambda s: jnp.zeros((max_rounds,) + s.shape, s.dtype),
                        out_shape)
 
     def body(r, carry):
       sim, buf = carry
-      sim, out = run_round(sim, sampler)
+      sim, out = run_round(sim, sampler, net)
       buf = jax.tree.map(lambda b, o: b.at[r].set(o), buf, out)
       return sim, buf
 
     return jax.lax.fori_loop(0, n_rounds, body, (sim, buf))
 
-  def tail(sim: SimState, sampler):
-    return jax.lax.scan(lambda s, _: local_step(s, sampler), sim,
-                        length=tail_steps)
+  def tail(sim: SimState, sampler, net=None):
+    sim, steps, up_W, _ = local_steps(sim, sampler, net, tail_steps)
+    if net is not None:
+      sim = sim._replace(strategy=rejoin(sim.strategy, up_W))
+    return sim, steps
 
   def evaluate(sim: SimState, eval_batches):
     params = strategy.global_params(sim.strategy)

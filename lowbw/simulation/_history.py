@@ -40,7 +40,8 @@ class History:
 
   def __init__(self, channels: dict[str, Channel], log_every: int,
                examples_per_step: int,
-               tokens_per_example: int | None, metric_names: list[str]):
+               tokens_per_example: int | None, metric_names: list[str],
+               clock: bool = False):
     self.channels = channels
     self.log_every = log_every
     self.examples_per_step = examples_per_step
@@ -53,12 +54,17 @@ class History:
                   **{m: 0.0 for m in self.metric_names}}
     self.divergence = math.nan
     self.lr = math.nan
+    # The simulated clock (a run with a network): seconds after the last
+    # step, and how many workers the last communication averaged.
+    self.sim_time = 0.0 if clock else None
+    self.participants = math.nan
 
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
     return {"rows": self.rows, "step": self.step, "events": self.events,
             "log_every": self.log_every, "carry": self.carry,
-            "divergence": self.divergence, "lr": self.lr}
+            "divergence": self.divergence, "lr": self.lr,
+            "sim_time": self.sim_time, "participants": self.participants}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -67,6 +73,8 @@ class History:
     self.carry = dict(d["carry"])
     self.divergence = float(d["divergence"])
     self.lr = float(d["lr"])
+    self.sim_time = d.get("sim_time")
+    self.participants = float(d.get("participants", math.nan))
 
   # ------------------------------------------------------------------ bytes
   def _bytes(self, events: dict[str, int]) -> tuple[int, float]:
@@ -92,7 +100,8 @@ class History:
     return {k: np.array([_num(r.get(k)) for r in self.rows]) for k in keys}
 
   def add(self, *, loss, metrics, bad_worker, counts, round_end,
-          divergence, lr, wall_time_s: float) -> list[dict]:
+          divergence, lr, wall_time_s: float, sim_time=None,
+          participants=None) -> list[dict]:
     """Consumes n consecutive steps; returns the new rows (and keeps them).
 
     Args:
@@ -104,6 +113,9 @@ class History:
       round_end: (n,) bool, True where a round (and its sync) ended.
       divergence, lr: (number of round ends,) values at those round ends.
       wall_time_s: real seconds since the run started.
+      sim_time: (n,) simulated seconds after each step (with a clock).
+      participants: (n,) workers averaged by each step's communication, -1
+        where it had none (with a clock).
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
@@ -118,11 +130,19 @@ class History:
     metric_cum = {m: np.cumsum(np.asarray(metrics[m], np.float64))
                   for m in self.metric_names}
     ends = np.flatnonzero(round_end)
+    if participants is not None:
+      part = np.asarray(participants, np.float64)
+      communicated = np.flatnonzero(part >= 0)
 
     def at(j):  # everything cumulative at index j of this span
       k = np.searchsorted(ends, j, side="right") - 1
       if k >= 0:
         self.divergence, self.lr = float(divergence[k]), float(lr[k])
+      if sim_time is not None:
+        self.sim_time = float(sim_time[j])
+        c = np.searchsorted(communicated, j, side="right") - 1
+        if c >= 0:
+          self.participants = float(part[communicated[c]])
       return {c: self.events[c] + int(events_cum[c][j]) for c in events_cum}
 
     new_rows, prev = [], -1
@@ -158,13 +178,17 @@ class History:
   def _reset_carry(self):
     self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
 
-  def finalize(self, step: int, wall_time_s: float) -> dict:
+  def finalize(self, step: int, wall_time_s: float,
+               sim_time: float | None = None) -> dict:
     """The row at the last step, made from the steps since the last row.
 
     Kept apart from ``add`` so that rows and checkpoints before the end follow
     the periodic rules alone: a run of N steps checkpointed at N and resumed to
-    2N logs exactly what a run of 2N steps logs.
+    2N logs exactly what a run of 2N steps logs. ``sim_time``: the clock once
+    every message has arrived (later than the last step's with overlap).
     """
+    if sim_time is not None:
+      self.sim_time = sim_time
     if self.rows and self.rows[-1][names.STEP] == step:
       row = self.rows[-1]  # made by an evaluation at this step, or a log row
     else:
@@ -177,6 +201,8 @@ class History:
         row[names.train_metric(m)] = self.carry[m] / n
     if not math.isnan(self.lr):
       row[names.LR] = self.lr
+    if self.sim_time is not None:
+      self._clock_columns(row)
     self._reset_carry()
     return row
 
@@ -188,7 +214,13 @@ class History:
     row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
                 names.WORKER_DIVERGENCE: self.divergence,
                 names.WALL_TIME_S: wall_time_s})
+    if self.sim_time is not None:
+      self._clock_columns(row)
     return row
+
+  def _clock_columns(self, row):
+    row[names.SIM_TIME_S] = self.sim_time
+    row[names.SYNC_WORKERS] = self.participants
 
   def add_eval(self, step: int, results: dict[str, float],
                perplexity: bool, wall_time_s: float) -> dict:

@@ -18,6 +18,7 @@ from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import telemetry
 from lowbw.simulation import _engine
+from lowbw.network import _clock
 from lowbw.simulation._history import History, NonFiniteLossError
 from lowbw.telemetry import names
 
@@ -86,7 +87,9 @@ def simulate(
       Steps past the last multiple of H run without a final sync.
     seed: seeds initialisation, sharding, sampling and the strategy's keys.
       Same seed, same bits.
-    network: reserved for the simulated clock (a later release); must be None.
+    network: a ``lowbw.network.Network`` (links, topology, hardware,
+      stragglers, faults) for the simulated clock (``sim_time_s``) and the
+      fault and straggler masks; None: no clock.
     eval_every: evaluate the global parameters every this many steps (a
       multiple of the strategy's period H); always at the last step.
     log_every: log a row every this many steps (default: about 200 rows).
@@ -151,9 +154,10 @@ class _Run:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
       raise _validate.fail("seed", seed, "expected an integer")
     self.seed = int(seed)
-    if network is not None:
-      raise _validate.fail("network", network,
-                           "the network clock is not implemented yet; use None")
+    self.network = (None if network is None
+                    else _clock.check_network(network, self.num_workers))
+    self.masks = self.network is not None and (
+        self.network.faults is not None or self.network.stragglers is not None)
     self.model = (models_lib.get(model) if isinstance(model, str)
                   else models_lib.as_model(model))
     self.data = _resolve("data", data, data_lib.get, data_lib.DataSource)
@@ -217,9 +221,26 @@ class _Run:
     params = self.model.init(init_key, example)
     self.num_params = sum(x.size for x in jax.tree.leaves(params))
     self.channels = self.strategy.channels(params, self.num_workers)
-    self.state = _engine.SimState(
-        self.strategy.init(params, self.num_workers, strategy_key),
-        data_key, loss_key)
+    strategy_state = self.strategy.init(params, self.num_workers, strategy_key)
+    self.net = None
+    if self.network is not None:
+      costs = _clock.channel_costs(self.network, self.channels,
+                                   self.num_workers)
+      # What each worker sends under the topology's algorithms.
+      self.channels = {
+          name: c._replace(wire_bytes=costs[name].wire_bytes,
+                           collective=costs[name].algorithm)
+          for name, c in self.channels.items()}
+      self.comm_seconds = {name: c.seconds for name, c in costs.items()}
+      tokens = self.batch_size * (self.data.tokens_per_example or 1)
+      self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
+      self.net = _clock.net_params(self.network, self.num_workers,
+                                   self.flops_per_step, self.channels,
+                                   self.seed)
+      if self.masks:
+        strategy_state = strategy_state._replace(
+            active=jnp.ones(self.num_workers, bool))
+    self.state = _engine.SimState(strategy_state, data_key, loss_key)
     eval_batches = self.data.eval_batches(self.eval_examples)
     self.eval_batches = jax.tree.map(jnp.asarray, eval_batches)
     self.tail_steps = self.steps % period
@@ -242,6 +263,11 @@ class _Run:
         "eval_examples": self.eval_examples,
         "num_params": self.num_params,
         "channels": {k: c._asdict() for k, c in self.channels.items()},
+        "network": None if self.network is None else {
+            **self.network.describe(),
+            "compute_s_per_step": self.network.hardware and
+            self.network.hardware.step_seconds(self.flops_per_step),
+            "comm_s_per_event": self.comm_seconds},
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
         "metadata": self.metadata,
@@ -254,24 +280,31 @@ class _Run:
     cols += [names.EVAL_LOSS] + [names.eval_metric(m) for m in self.metric_names]
     cols += [names.EVAL_PERPLEXITY] if lm else []
     cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.WORKER_DIVERGENCE,
-             names.LR, names.WALL_TIME_S]
+             names.LR]
+    if self.network is not None:
+      cols += [names.SIM_TIME_S, names.SYNC_WORKERS]
+    cols += [names.WALL_TIME_S]
     return cols
 
   # ------------------------------------------------------------- execution
   def execute(self) -> Result:
     history = History(self.channels, self.log_every,
                       self.num_workers * self.batch_size,
-                      self.data.tokens_per_example, self.metric_names)
+                      self.data.tokens_per_example, self.metric_names,
+                      clock=self.network is not None)
+    self.clock = _clock.Clock(bool(self.network and self.network.overlap))
     state, self.state = self.state, None  # the run owns it now (donated)
     wall_offset = 0.0
     if self.resume_from is not None:
       state, wall_offset = self._restore(history, state)
 
     self.programs = _engine.build(self.model, self.strategy, self.num_workers,
-                                  self.rounds_per_chunk, self.tail_steps)
+                                  self.rounds_per_chunk, self.tail_steps,
+                                  self.masks)
+    net = self.net
     compile_start = time.perf_counter()
-    chunk = self.programs.chunk.lower(state, self.sampler, 1).compile()
-    tail = (self.programs.tail.lower(state, self.sampler).compile()
+    chunk = self.programs.chunk.lower(state, self.sampler, 1, net).compile()
+    tail = (self.programs.tail.lower(state, self.sampler, net).compile()
             if self.programs.tail else None)
     evaluate = self.programs.evaluate.lower(state, self.eval_batches).compile()
     global_params = jax.jit(
@@ -279,7 +312,7 @@ class _Run:
     # Load the executables: a first execution pays one-off costs (buffer and
     # thread-pool set-up) that belong with compilation, not with the run's
     # throughput. A chunk of zero rounds leaves the state unchanged.
-    state, _ = chunk(state, self.sampler, 0)
+    state, _ = chunk(state, self.sampler, 0, net)
     jax.block_until_ready(evaluate(state, self.eval_batches))
     compile_s = time.perf_counter() - compile_start
 
@@ -314,7 +347,7 @@ class _Run:
         n = min(self.rounds_per_chunk, (self.steps - step) // period,
                 *(self._rounds_to(step, every) for every in
                   (self.eval_every, self.checkpoint_every) if every))
-        state, out = chunk(state, self.sampler, n)
+        state, out = chunk(state, self.sampler, n, net)
         step += n * period
         ev = evaluate(state, self.eval_batches) if self._eval_due(step) else None
         if pending is not None:
@@ -325,7 +358,7 @@ class _Run:
           pending = None
           self._save(step, state, history, time.perf_counter() - start)
       if tail is not None:
-        state, out = tail(state, self.sampler)
+        state, out = tail(state, self.sampler, net)
         step += self.tail_steps
         if pending is not None:
           finish(pending)
@@ -333,7 +366,9 @@ class _Run:
       if pending is not None:
         finish(pending)
       wall = time.perf_counter() - start
-      row = history.finalize(self.steps, wall)
+      row = history.finalize(
+          self.steps, wall,
+          self.clock.elapsed if self.network is not None else None)
       if names.EVAL_LOSS not in row:
         ev = {k: float(v) for k, v in
               jax.device_get(evaluate(state, self.eval_batches)).items()}
@@ -377,15 +412,27 @@ class _Run:
         full[period - 1::period] = c[:n]
         counts[name] = counts.get(name, 0) + full
       divergence, lr = out.divergence[:n], out.lr[:n]
+      if out.clock is not None:
+        sim_time = self.clock.rounds(
+            out.steps.clock.time_s[:n], out.clock.compute_s[:n],
+            out.clock.sync_s[:n])
+        participants = per_step.clock.participants.copy()
+        participants[period - 1::period] = out.clock.participants[:n]
     else:
       per_step = out
       round_end = np.zeros(n, bool)
       counts = dict(per_step.counts)
       divergence = lr = np.zeros(0)
+      if per_step.clock is not None:
+        sim_time = self.clock.steps(per_step.clock.time_s)
+        participants = per_step.clock.participants
+    if per_step.clock is None:
+      sim_time = participants = None
     rows = history.add(loss=per_step.loss, metrics=per_step.metrics,
                        bad_worker=per_step.first_bad_worker, counts=counts,
                        round_end=round_end, divergence=divergence, lr=lr,
-                       wall_time_s=wall)
+                       wall_time_s=wall, sim_time=sim_time,
+                       participants=participants)
     if ev is not None:
       ev = {k: float(v) for k, v in jax.device_get(ev).items()}
       row = history.add_eval(end_step, ev, self._is_lm(), wall)
@@ -415,7 +462,7 @@ class _Run:
 
   def _save(self, step, state, history, wall):
     meta = {"history": history.state_dict(), "wall_time_s": wall,
-            "config": self.config()}
+            "clock": self.clock.state_dict(), "config": self.config()}
     telemetry.save(os.path.join(self.log_dir, "checkpoints"), step, state, meta)
 
   # What a resumed run may change; everything else must match the checkpoint.
@@ -452,6 +499,8 @@ class _Run:
       raise _validate.fail("resume_from", self.resume_from,
                            f"checkpoint step {step} is not a round boundary")
     history.load_state_dict(meta["history"])
+    if "clock" in meta:
+      self.clock.load_state_dict(meta["clock"])
     if not self.log_every_given:  # keep the rows' spacing of the first run
       self.log_every = history.log_every = int(meta["history"]["log_every"])
     return state, float(meta.get("wall_time_s", 0.0))
@@ -475,6 +524,8 @@ class _Run:
         "wire_bytes": history.wire_bytes,
         "collectives": {name: c.collective for name, c in
                         self.channels.items()},
+        "sim_time_s": (self.clock.elapsed if self.network is not None
+                       else None),
         "compile_s": compile_s,
         "wall_time_s": elapsed,
         "steps_per_s": steps_run / elapsed if elapsed > 0 else None,

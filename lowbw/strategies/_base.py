@@ -43,6 +43,9 @@ class StrategyState(NamedTuple):
     comm: strategy-specific communication state (global parameters, outer
       optimizer state, ...); ``()`` when there is none.
     key: a PRNG key shared by all workers (SPARTA indices, island draws).
+    active: bool (W,): the workers whose messages the next communication
+      averages (set by the engine under a fault or straggler model); None:
+      every worker. Inactive workers still receive what is broadcast.
   """
 
   step: Array
@@ -50,6 +53,7 @@ class StrategyState(NamedTuple):
   inner_W: PyTree
   comm: PyTree
   key: PRNGKey
+  active: Array | None = None
 
 
 class Strategy(NamedTuple):
@@ -131,8 +135,9 @@ def inner_update(inner: optax.GradientTransformation, state: StrategyState,
 
 
 def mean_of_workers(state: StrategyState) -> Params:
-  """Global parameters of strategies without a server model."""
-  return worker_mean(state.params_W)
+  """Global parameters of strategies without a server model: the mean of the
+  (active) workers."""
+  return worker_mean(state.params_W, state.active)
 
 
 def comm_key(state: StrategyState) -> PRNGKey:

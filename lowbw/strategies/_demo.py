@@ -80,7 +80,11 @@ def demo(
 
   def local(state, grads_W):
     sent_W, momentum_W = transmit(comp, grads_W, state.comm,
-                                  _base.comm_key(state))
+                                  _base.comm_key(state), state.active)
+    if state.active is not None:  # only the gathered components count
+      sent_W = jax.tree.map(
+          lambda s: jnp.where(
+              state.active.reshape((-1,) + (1,) * (s.ndim - 1)), s, 0), sent_W)
     update = jax.tree.map(lambda s: jnp.sign(jnp.sum(s, axis=0)), sent_W)
     state = state._replace(comm=momentum_W)
     state = _base.inner_update(

@@ -57,9 +57,9 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
     delta_W = optax.tree.sub(broadcast_to_workers(global_params, w),
                              state.params_W)
     sent_W, residual_W = transmit(comp, delta_W, residual_W,
-                                  _base.comm_key(state))
-    updates, outer_state = outer.update(worker_mean(sent_W), outer_state,
-                                        global_params)
+                                  _base.comm_key(state), state.active)
+    updates, outer_state = outer.update(worker_mean(sent_W, state.active),
+                                        outer_state, global_params)
     global_params = optax.apply_updates(global_params, updates)
     return state._replace(
         params_W=broadcast_to_workers(global_params, w),

@@ -26,7 +26,7 @@ def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
       transform = lambda v_W, i: transmit(  # noqa: E731
           comp, v_W, (), jax.random.fold_in(codec_key, i))[0]
     params_W = sparse_average(key, state.step, state.params_W, p, selector,
-                              transform)
+                              transform, state.active)
     return state._replace(params_W=params_W), _base.events(sparse_parameters=1)
 
   return local

@@ -13,6 +13,7 @@ EVAL_PERPLEXITY = "eval_perplexity"
 PAYLOAD_BYTES = "payload_bytes"
 WIRE_BYTES = "wire_bytes"
 SIM_TIME_S = "sim_time_s"
+SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
 WALL_TIME_S = "wall_time_s"
 WORKER_DIVERGENCE = "worker_divergence"
 LR = "lr"

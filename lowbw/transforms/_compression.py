@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate
-from lowbw._types import PRNGKey, PyTree
+from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.network import Channel, channel
 from lowbw.transforms._codec import (Codec, check_codec, collective,
                                      payload_nbytes, roundtrip)
@@ -60,10 +60,13 @@ def init_residual(comp: Compression, tree_W: PyTree) -> PyTree:
 
 
 def transmit(comp: Compression, x_W: PyTree, residual_W: PyTree,
-             key: PRNGKey) -> tuple[PyTree, PyTree]:
+             key: PRNGKey, active_W: Array | None = None
+             ) -> tuple[PyTree, PyTree]:
   """Every worker's decoded message and new residual.
 
   ``key`` is shared by all workers; worker w folds in w for private noise.
+  With ``active_W``, only active workers' residuals change (the others sent
+  nothing this time).
   """
   if comp.codec is None:
     return x_W, residual_W
@@ -71,9 +74,15 @@ def transmit(comp: Compression, x_W: PyTree, residual_W: PyTree,
   if comp.beta is None:
     return jax.vmap(lambda x, w: roundtrip(comp.codec, x, key, w))(
         x_W, workers), residual_W
-  return jax.vmap(
+  sent_W, new_W = jax.vmap(
       lambda e, x, w: feedback_step(comp.codec, comp.beta, e, x, key, w))(
           residual_W, x_W, workers)
+  if active_W is not None:
+    new_W = jax.tree.map(
+        lambda n, o: jnp.where(
+            active_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
+        new_W, residual_W)
+  return sent_W, new_W
 
 
 def message_bytes(comp: Compression, tree: PyTree) -> int:

@@ -14,9 +14,23 @@ def num_workers(tree_W: PyTree) -> int:
   return jax.tree.leaves(tree_W)[0].shape[0]
 
 
-def worker_mean(tree_W: PyTree) -> PyTree:
-  """The mean over workers of every leaf: (W, ...) -> (...)."""
-  return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
+def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
+  """The mean over workers of every leaf: (W, ...) -> (...).
+
+  With ``active_W`` (bool (W,)), the mean over the active workers only (zeros
+  when none is): what an average computes when the others' messages are
+  missing.
+  """
+  if active_W is None:
+    return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
+  weight = active_W.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(weight), 1.0)
+
+  def one(x):
+    total = jnp.tensordot(weight.astype(x.dtype), x, axes=1)
+    return (total / count.astype(x.dtype)).astype(x.dtype)
+
+  return jax.tree.map(one, tree_W)
 
 
 def broadcast_to_workers(tree: PyTree, num_workers: int) -> PyTree:
@@ -25,25 +39,38 @@ def broadcast_to_workers(tree: PyTree, num_workers: int) -> PyTree:
       lambda x: jnp.broadcast_to(x[None], (num_workers,) + x.shape), tree)
 
 
-def replace_with_mean(tree_W: PyTree) -> PyTree:
-  """Every worker gets the mean over workers (an all-reduce of the average)."""
-  return broadcast_to_workers(worker_mean(tree_W), num_workers(tree_W))
+def replace_with_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
+  """Every worker gets the mean over (active) workers (an all-reduce of the
+  average)."""
+  return broadcast_to_workers(worker_mean(tree_W, active_W),
+                              num_workers(tree_W))
 
 
-def group_mean(tree_W: PyTree, perm: Array, group_size: int) -> PyTree:
+def group_mean(tree_W: PyTree, perm: Array, group_size: int,
+               active_W: Array | None = None) -> PyTree:
   """Averages within groups: workers ``perm[g*s:(g+1)*s]`` form group g.
 
   Args:
     tree_W: worker-stacked tree.
     perm: int (W,) permutation of the workers.
     group_size: static group size s; must divide W.
+    active_W: bool (W,): average only the active members of each group (a
+      group without any keeps its values); None: all.
   """
 
   def one(x):
     w = x.shape[0]
-    grouped = x[perm].reshape((w // group_size, group_size) + x.shape[1:])
-    mean = jnp.broadcast_to(jnp.mean(grouped, axis=1, keepdims=True),
-                            grouped.shape)
+    shape = (w // group_size, group_size) + x.shape[1:]
+    grouped = x[perm].reshape(shape)
+    if active_W is None:
+      mean = jnp.mean(grouped, axis=1, keepdims=True)
+    else:
+      a = active_W[perm].reshape(shape[:2] + (1,) * (x.ndim - 1))
+      count = jnp.sum(a, axis=1, keepdims=True)
+      mean = (jnp.sum(jnp.where(a, grouped, 0), axis=1, keepdims=True) /
+              jnp.maximum(count, 1).astype(x.dtype))
+      mean = jnp.where(count > 0, mean, grouped)
+    mean = jnp.broadcast_to(mean, grouped.shape)
     return jnp.zeros_like(x).at[perm].set(mean.reshape(x.shape))
 
   return jax.tree.map(one, tree_W)

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from lowbw._random import random_bijection
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.transforms._codec import Codec, payload_nbytes
+from lowbw.transforms._reductions import worker_mean
 
 SELECTORS = ("random", "shuffled", "partitioned")
 
@@ -48,6 +49,7 @@ def sparse_indices(
 def sparse_average(
     key: PRNGKey, step: Array, params_W: PyTree, fraction: float, selector: str,
     transform: Callable[[Array, int], Array] | None = None,
+    active_W: Array | None = None,
 ) -> PyTree:
   """Replaces the selected entries of every worker's tensors by their mean.
 
@@ -60,6 +62,8 @@ def sparse_average(
     transform: ``(values_W, leaf_index) -> values_W``, applied to the selected
       values (shape (W, k)) before they are averaged: what the receivers
       decode when the values are compressed. None sends them as they are.
+    active_W: bool (W,): average only these workers' values (every worker
+      still receives the mean); None: all.
   """
   leaves, treedef = jax.tree.flatten(params_W)
   out = []
@@ -74,7 +78,7 @@ def sparse_average(
     values_W = flat[:, idx]
     if transform is not None:
       values_W = transform(values_W, i)
-    mean = jnp.mean(values_W, axis=0, keepdims=True)
+    mean = worker_mean(values_W, active_W)[None]
     flat = flat.at[:, idx].set(jnp.broadcast_to(mean, (w, k)))
     out.append(flat.reshape(x.shape))
   return jax.tree.unflatten(treedef, out)

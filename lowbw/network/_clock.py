@@ -1,0 +1,309 @@
+"""The simulated clock of a run: a ``Network`` and what the engine needs of it.
+
+Three parts:
+
+* ``Network`` / ``network(...)``: the user's description (topology, hardware,
+  stragglers, faults, overlap), validated at build time.
+* ``NetParams``: its numbers as arrays, an argument of the compiled round, so
+  changing a bandwidth, a probability or a jitter does not recompile; and the
+  pure functions the round calls on it (step times, who is up, who takes part
+  in a communication).
+* ``Clock``: the host-side accumulation, in float64, of the per-round times
+  the device reports (relative to the round's start, in float32).
+
+Per round (H inner steps and a sync), every up worker w is ready after its own
+compute, ``ready_w = sum_t step_s_w * jitter_wt``. A communication is a
+barrier: it starts when the workers it waits for are ready (all up workers,
+or the fastest ones under a straggler mitigation) and lasts the topology's
+time for its channel. Steps without communication do not wait for anyone.
+With ``overlap`` the sync's communication runs during the next round's compute
+(Streaming DiLoCo's schedule), so a round costs max(compute, communication)
+once the pipeline is full.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lowbw import _validate
+from lowbw._types import Array, PRNGKey
+from lowbw.network._collectives import Channel
+from lowbw.network._faults import (Faults, Stragglers, check_faults,
+                                   check_stragglers)
+from lowbw.network._hardware import Hardware, check_speeds, hardware
+from lowbw.network._topology import (Flat, Hierarchical, flat, hierarchical)
+
+TOPOLOGIES = ("ring", "parameter_server", "hierarchical")
+
+
+class Network(NamedTuple):
+  """Where and on what a run would execute.
+
+  Attributes:
+    topology: ``Flat`` or ``Hierarchical`` links (see ``lowbw.network.flat``).
+    hardware: every worker's ``Hardware``; None counts communication only.
+    stragglers: ``Stragglers`` (jitter and mitigation), or None.
+    faults: ``Faults`` (dropouts, windows, failures, lost messages), or None.
+      Giving one compiles the fault masks in; its numbers can then change
+      without recompiling.
+    overlap: overlap the sync's communication with the next round's compute
+      (Streaming DiLoCo's schedule). Per-step communication never overlaps.
+  """
+
+  topology: Flat | Hierarchical
+  hardware: Hardware | None = None
+  stragglers: Stragglers | None = None
+  faults: Faults | None = None
+  overlap: bool = False
+
+  def describe(self) -> dict:
+    return {**self.topology.describe(),
+            "hardware": None if self.hardware is None
+            else self.hardware.describe(),
+            "stragglers": None if self.stragglers is None
+            else self.stragglers._asdict(),
+            "faults": None if self.faults is None else {
+                k: [list(x) for x in v] if isinstance(v, tuple) else v
+                for k, v in self.faults._asdict().items()},
+            "overlap": self.overlap}
+
+
+def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
+            group_size: int | None = None, regional_bandwidth="10Gbps",
+            regional_latency="5ms", hardware_="h100", mfu: float = 0.4,
+            speeds=None, stragglers: Stragglers | None = None,
+            faults: Faults | None = None, overlap: bool = False) -> Network:
+  """A ``Network`` from plain values.
+
+  Args:
+    bandwidth: each worker's (WAN) bandwidth: "100Mbps", "1Gbps" or bit/s.
+    latency: one-way latency per message hop: "50ms" or seconds.
+    topology: "ring" | "parameter_server" | "hierarchical".
+    group_size: workers per region (hierarchical only).
+    regional_bandwidth, regional_latency: links inside a region.
+    hardware_: a preset ("h100", "a100", ...), a peak ("312TFLOPS"), a time
+      per step ("0.5s"), or None for communication time only.
+    mfu: model-FLOP utilisation for the FLOP model.
+    speeds: per-worker speed multipliers, or None.
+    stragglers, faults: see ``Stragglers`` and ``Faults``.
+    overlap: overlap sync communication with the next round's compute.
+
+  Example:
+    >>> net = lowbw.network.network("100Mbps", "100ms", hardware_="a100")
+  """
+  topology = _validate.one_of("topology", topology, TOPOLOGIES)
+  if topology == "hierarchical":
+    if group_size is None:
+      raise _validate.fail("group_size", group_size,
+                           "topology='hierarchical' needs workers per region")
+    topo = hierarchical(group_size, regional_bandwidth, regional_latency,
+                        bandwidth, latency)
+  else:
+    if group_size is not None:
+      raise _validate.fail("group_size", group_size,
+                           "only used by topology='hierarchical'")
+    topo = flat(bandwidth, latency, topology)
+  hw = None if hardware_ is None else hardware(hardware_, mfu, speeds)
+  return Network(topo, hw, stragglers, faults, overlap)
+
+
+def check_network(net: Network, num_workers: int) -> Network:
+  """Validates ``net`` for a run of ``num_workers`` workers."""
+  if not isinstance(net, Network):
+    raise _validate.fail("network", net, "expected a lowbw.network.Network "
+                         "(see lowbw.network.network) or None")
+  if not isinstance(net.topology, (Flat, Hierarchical)):
+    raise _validate.fail("topology", net.topology,
+                         "expected lowbw.network.flat(...) or hierarchical(...)")
+  if isinstance(net.topology, Hierarchical) and (
+      num_workers % net.topology.group_size):
+    raise _validate.fail("group_size", net.topology.group_size,
+                         f"must divide num_workers={num_workers}")
+  hw = net.hardware
+  if hw is not None:
+    if not isinstance(hw, Hardware):
+      raise _validate.fail("hardware", hw, "expected lowbw.network.hardware(...)")
+    speeds = check_speeds(hw.speeds)
+    if speeds is not None and len(speeds) != num_workers:
+      raise _validate.fail("speeds", hw.speeds,
+                           f"expected {num_workers} values, one per worker")
+  if not isinstance(net.overlap, bool):
+    raise _validate.fail("overlap", net.overlap, "expected True or False")
+  return net._replace(
+      stragglers=None if net.stragglers is None
+      else check_stragglers(net.stragglers, num_workers),
+      faults=None if net.faults is None
+      else check_faults(net.faults, num_workers))
+
+
+class NetParams(NamedTuple):
+  """The traced numbers of a network, for one run (W workers)."""
+
+  key: PRNGKey
+  step_s_W: Array        # float32 (W,): seconds per step at jitter 1
+  jitter: Array          # float32: lognormal sigma
+  keep_fraction: Array   # float32: threshold's fraction (1 otherwise)
+  backups: Array         # int32: backup workers (0 otherwise)
+  drop_prob: Array       # float32
+  loss_prob: Array       # float32
+  fail_step_W: Array     # int32 (W,): first step of a permanent failure
+  window_W: Array        # int32 (n,): workers of the down windows
+  window_start: Array    # int32 (n,)
+  window_end: Array      # int32 (n,)
+  comm_s: dict           # channel name -> float32 seconds per event
+
+
+def channel_costs(net: Network, channels: dict[str, Channel],
+                  num_workers: int) -> dict:
+  """The topology's ``Cost`` of one event of every channel."""
+  return {name: net.topology.cost(c, num_workers)
+          for name, c in channels.items()}
+
+
+def net_params(net: Network, num_workers: int, flops_per_step: float,
+               channels: dict[str, Channel], seed: int) -> NetParams:
+  """The arrays of ``net`` for a run; ``flops_per_step``: one worker's FLOPs
+  per inner step (6 x parameters x tokens)."""
+  hw = net.hardware
+  base = 0.0 if hw is None else hw.step_seconds(flops_per_step)
+  speeds = np.ones(num_workers) if hw is None or hw.speeds is None else (
+      np.asarray(hw.speeds, np.float64))
+  s = net.stragglers or Stragglers()
+  f = net.faults or Faults()
+  never = np.iinfo(np.int32).max
+  fail = np.full(num_workers, never, np.int64)
+  for worker, step in f.failures:
+    fail[worker] = min(fail[worker], step)
+  windows = np.asarray(f.windows, np.int64).reshape(-1, 3)
+  f32, i32 = jnp.float32, jnp.int32
+  return NetParams(
+      key=jax.random.fold_in(jax.random.PRNGKey(seed), 0x7E7),
+      step_s_W=jnp.asarray(base / speeds, f32),
+      jitter=f32(s.jitter),
+      keep_fraction=f32(s.fraction if s.mitigation == "threshold" else 1.0),
+      backups=i32(s.backups if s.mitigation == "backup" else 0),
+      drop_prob=f32(f.drop_prob),
+      loss_prob=f32(f.message_loss),
+      fail_step_W=jnp.asarray(fail, i32),
+      window_W=jnp.asarray(windows[:, 0], i32),
+      window_start=jnp.asarray(windows[:, 1], i32),
+      window_end=jnp.asarray(windows[:, 2], i32),
+      comm_s={name: f32(c.seconds) for name, c in
+              channel_costs(net, channels, num_workers).items()},
+  )
+
+
+# ---------------------------------------------------------------- in the round
+def step_seconds(p: NetParams, step: Array) -> Array:
+  """(W,) compute seconds of inner step ``step`` (0-based) on every worker."""
+  z = jax.random.normal(jax.random.fold_in(jax.random.fold_in(p.key, 1), step),
+                        p.step_s_W.shape)
+  return p.step_s_W * jnp.exp(p.jitter * z - 0.5 * jnp.square(p.jitter))
+
+
+def up_mask(p: NetParams, step: Array) -> Array:
+  """(W,) bool: which workers are up for the round starting at ``step``."""
+  w = p.step_s_W.shape[0]
+  u = jax.random.uniform(jax.random.fold_in(jax.random.fold_in(p.key, 2), step),
+                         (w,))
+  down = (u < p.drop_prob) | (step >= p.fail_step_W)
+  in_window = ((p.window_start <= step) & (step < p.window_end))[:, None] & (
+      p.window_W[:, None] == jnp.arange(w)[None, :])
+  return ~(down | jnp.any(in_window, axis=0))
+
+
+def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
+                 salt: int) -> tuple[Array, Array]:
+  """Who takes part in a communication, and when it starts.
+
+  The fastest k up workers are waited for: k = all of them without a
+  mitigation, ceil(fraction x up) under threshold, up - backups under backup
+  workers (at least one). Their messages then get lost with the fault model's
+  probability.
+
+  Returns:
+    active_W: bool (W,), the workers whose messages are averaged.
+    start: float32, the time (relative to the round) the communication starts.
+  """
+  w = ready_W.shape[0]
+  n_up = jnp.sum(up_W.astype(jnp.int32))
+  k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up).astype(jnp.int32),
+                  n_up - p.backups)
+  k = jnp.clip(k, jnp.minimum(n_up, 1), n_up)
+  t = jnp.where(up_W, ready_W, jnp.inf)
+  rank = jnp.argsort(jnp.argsort(t, stable=True), stable=True)
+  kept = up_W & (rank < k)
+  start = jnp.max(jnp.where(kept, ready_W, 0.0))
+  key = jax.random.fold_in(jax.random.fold_in(p.key, 3 + salt), step)
+  lost = jax.random.uniform(key, (w,)) < p.loss_prob
+  return kept & ~lost, start
+
+
+def comm_seconds(p: NetParams, counts: dict) -> Array:
+  """Seconds of the communication events in ``counts`` (channel -> int)."""
+  total = jnp.float32(0.0)
+  for name, c in counts.items():
+    total = total + c.astype(jnp.float32) * p.comm_s[name]
+  return total
+
+
+# ------------------------------------------------------------------ on the host
+class Clock:
+  """Simulated seconds since the run started, accumulated in float64.
+
+  ``now`` is when the workers start their next step; ``comm_end`` is when the
+  last sync's communication finishes (later than ``now`` only with overlap).
+  """
+
+  def __init__(self, overlap: bool):
+    self.overlap = overlap
+    self.now = 0.0
+    self.comm_end = 0.0
+
+  def state_dict(self) -> dict:
+    return {"now": self.now, "comm_end": self.comm_end}
+
+  def load_state_dict(self, d: dict) -> None:
+    self.now, self.comm_end = float(d["now"]), float(d["comm_end"])
+
+  @property
+  def elapsed(self) -> float:
+    """The run's simulated time: every step done, every message arrived."""
+    return max(self.now, self.comm_end)
+
+  def rounds(self, step_s, compute_s, sync_s) -> np.ndarray:
+    """Absolute times after each step of ``n`` rounds.
+
+    Args:
+      step_s: (n, H) relative time after each step (slowest up worker).
+      compute_s: (n,) relative time the sync starts.
+      sync_s: (n,) seconds of the sync's communication.
+    """
+    step_s = np.asarray(step_s, np.float64)
+    out = np.empty(step_s.shape, np.float64)
+    for r in range(step_s.shape[0]):
+      start = self.now
+      out[r] = start + step_s[r]
+      ready = start + float(compute_s[r])
+      if self.overlap:
+        comm_start = max(ready, self.comm_end)
+        self.comm_end = comm_start + float(sync_s[r])
+        self.now = comm_start
+      else:
+        self.now = self.comm_end = ready + float(sync_s[r])
+      out[r, -1] = self.now
+    return out.reshape(-1)
+
+  def steps(self, step_s) -> np.ndarray:
+    """Absolute times after each of a tail's steps (no sync)."""
+    out = self.now + np.asarray(step_s, np.float64)
+    if out.size:
+      self.now = float(out[-1])
+    return out
+
+
+def flops_per_step(num_params: int, tokens_per_worker_step: int) -> float:
+  """6 P FLOPs per token (forward 2P, backward 4P)."""
+  return 6.0 * num_params * tokens_per_worker_step

@@ -1,0 +1,165 @@
+"""Links and topologies: what one collective costs in seconds and wire bytes.
+
+The alpha-beta model: a message hop costs the link's latency (alpha) plus its
+bytes over the link's bandwidth (beta). A collective's algorithm says how many
+hops are sequential and how many bytes each worker sends; the bytes are the
+same ones the engine counts (a strategy's ``Channel``), so time and
+``wire_bytes`` always agree. Links are full duplex and every worker has its own.
+
+A ``Channel``'s ``collective`` names the kind of combination its payloads need:
+``"ring_allreduce"`` (summable payloads, reduced) or ``"all_gather"`` (every
+payload delivered to every worker). The topology picks the algorithm.
+"""
+
+from typing import NamedTuple
+
+from lowbw import _validate
+from lowbw.network import _units
+from lowbw.network._collectives import Channel
+
+ALGORITHMS = ("ring", "parameter_server")
+_GATHER = "all_gather"
+
+
+class Link(NamedTuple):
+  """A point-to-point link: bandwidth in bit/s, one-way latency per message."""
+
+  bandwidth_bps: float
+  latency_s: float
+
+  def hop(self, nbytes: float) -> float:
+    """Seconds for one message of ``nbytes``."""
+    return self.latency_s + 8.0 * nbytes / self.bandwidth_bps
+
+
+def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Link:
+  """A ``Link`` from ``"100Mbps"``/``"1Gbps"``/bit/s and ``"50ms"``/seconds."""
+  prefix = field + "_" if field else ""
+  return Link(_units.bandwidth(bandwidth, prefix + "bandwidth"),
+              _units.duration(latency, prefix + "latency"))
+
+
+class Cost(NamedTuple):
+  """One event of a channel: seconds on the clock and bytes each worker sends
+  (mean over workers), under ``algorithm``."""
+
+  seconds: float
+  wire_bytes: float
+  algorithm: str
+
+
+class Flat(NamedTuple):
+  """Every worker on the same kind of link.
+
+  Attributes:
+    link: each worker's link.
+    algorithm: "ring" (ring all-reduce / ring all-gather, bandwidth-optimal)
+      or "parameter_server" (each worker uploads its payload and downloads the
+      result; the server is assumed to have the bandwidth to serve all workers
+      at once, as a sharded server does).
+  """
+
+  link: Link
+  algorithm: str = "ring"
+
+  def cost(self, channel: Channel, num_workers: int) -> Cost:
+    del num_workers
+    if self.algorithm == "ring":
+      return ring(self.link, channel)
+    return parameter_server(self.link, channel)
+
+  def describe(self) -> dict:
+    return {"topology": "flat", "algorithm": self.algorithm,
+            "bandwidth_bps": self.link.bandwidth_bps,
+            "latency_s": self.link.latency_s}
+
+
+class Hierarchical(NamedTuple):
+  """Regions of ``group_size`` workers on fast regional links, regions joined
+  over a wide-area network.
+
+  Workers ``[g*s, (g+1)*s)`` form region g. A collective over all workers runs
+  in two tiers (the 2-D algorithm of hierarchical all-reduce): a reduce-scatter
+  inside each region, a ring all-reduce of each worker's 1/s shard across
+  regions (every worker uses its own WAN link), an all-gather inside each
+  region. All-gathers do the same with whole payloads. Collectives over fewer
+  workers than all (FedAvg islands, drawn at random) are timed as a ring over
+  the WAN, since their members are in any region.
+  """
+
+  group_size: int
+  regional: Link
+  wan: Link
+
+  def cost(self, channel: Channel, num_workers: int) -> Cost:
+    n = channel.group_size
+    if n != num_workers or n % self.group_size:
+      wan_ring = ring(self.wan, channel)
+      return wan_ring._replace(algorithm="wan_" + wan_ring.algorithm)
+    return two_tier(self.regional, self.wan, self.group_size, channel)
+
+  def describe(self) -> dict:
+    return {"topology": "hierarchical", "group_size": self.group_size,
+            "regional_bandwidth_bps": self.regional.bandwidth_bps,
+            "regional_latency_s": self.regional.latency_s,
+            "bandwidth_bps": self.wan.bandwidth_bps,
+            "latency_s": self.wan.latency_s}
+
+
+Topology = Flat | Hierarchical
+
+
+def ring(link_: Link, channel: Channel) -> Cost:
+  """Ring all-reduce: 2(n-1) sequential hops of payload/n bytes; ring
+  all-gather: n-1 hops of a whole payload."""
+  n, payload = channel.group_size, channel.payload_bytes
+  if n <= 1:
+    return Cost(0.0, 0.0, "none")
+  if channel.collective == _GATHER:
+    return Cost((n - 1) * link_.hop(payload), float((n - 1) * payload),
+                "ring_all_gather")
+  return Cost(2 * (n - 1) * link_.hop(payload / n),
+              2.0 * (n - 1) / n * payload, "ring_allreduce")
+
+
+def parameter_server(link_: Link, channel: Channel) -> Cost:
+  """Upload one payload, then download the result: the mean (one payload) or,
+  for an all-gather, the n-1 other payloads."""
+  n, payload = channel.group_size, channel.payload_bytes
+  if n <= 1:
+    return Cost(0.0, 0.0, "none")
+  down = (n - 1) * payload if channel.collective == _GATHER else payload
+  return Cost(link_.hop(payload) + link_.hop(down), float(payload),
+              "parameter_server")
+
+
+def two_tier(regional: Link, wan: Link, s: int, channel: Channel) -> Cost:
+  """The hierarchical collective over n workers in n/s regions of s."""
+  n, payload = channel.group_size, channel.payload_bytes
+  regions = n // s
+  if channel.collective == _GATHER:
+    # Gather the region's s payloads, exchange 1/s of the region's bundle (one
+    # payload per worker) around the WAN ring, share what arrived regionally.
+    t = ((s - 1) * regional.hop(payload) + (regions - 1) * wan.hop(payload) +
+         (s - 1) * regional.hop((regions - 1) * payload))
+    return Cost(t, float((n - 1) * payload), "hierarchical_all_gather")
+  inside = ring(regional, Channel(payload, 0.0, channel.collective, s))
+  across = ring(wan, Channel(payload / s, 0.0, channel.collective, regions))
+  return Cost(inside.seconds + across.seconds,
+              inside.wire_bytes + across.wire_bytes, "hierarchical_allreduce")
+
+
+def flat(bandwidth="1Gbps", latency="50ms", algorithm: str = "ring") -> Flat:
+  """A flat topology; ``algorithm`` is "ring" or "parameter_server"."""
+  return Flat(link(bandwidth, latency),
+              _validate.one_of("algorithm", algorithm, ALGORITHMS))
+
+
+def hierarchical(group_size: int, regional_bandwidth="10Gbps",
+                 regional_latency="5ms", bandwidth="100Mbps",
+                 latency="100ms") -> Hierarchical:
+  """Regions of ``group_size`` workers (on ``regional_*`` links) joined by a
+  WAN (``bandwidth``, ``latency``)."""
+  return Hierarchical(_validate.positive_int("group_size", group_size),
+                      link(regional_bandwidth, regional_latency, "regional"),
+                      link(bandwidth, latency))

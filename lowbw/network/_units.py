@@ -1,0 +1,77 @@
+"""Parsing of human-written quantities: "100Mbps", "1Gbps", "50ms", "312TFLOPS".
+
+Every parser accepts a plain number in the base unit too (bits/s, seconds,
+FLOP/s) and raises a ValueError naming the field for anything else.
+"""
+
+import math
+import re
+
+from lowbw import _validate
+
+_NUMBER = r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*"
+
+# Bandwidth is in bits per second (network convention: 1 Mbit/s = 1e6 bit/s).
+_BANDWIDTH = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
+              "bit/s": 1.0, "kbit/s": 1e3, "mbit/s": 1e6, "gbit/s": 1e9,
+              "tbit/s": 1e12}
+_TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9,
+         "min": 60.0, "h": 3600.0}
+_FLOPS = {"flops": 1.0, "gflops": 1e9, "tflops": 1e12, "pflops": 1e15}
+
+
+def _parse(field, value, units, allowed, *, allow_zero):
+  if isinstance(value, bool):
+    raise _validate.fail(field, value, allowed)
+  if isinstance(value, (int, float)):
+    number = float(value)
+  elif isinstance(value, str):
+    match = re.fullmatch(_NUMBER + r"([A-Za-zµ/]*)\s*", value)
+    unit = match.group(2).lower() if match else None
+    if match is None or (unit and unit not in units):
+      raise _validate.fail(field, value, allowed)
+    number = float(match.group(1)) * (units[unit] if unit else 1.0)
+  else:
+    raise _validate.fail(field, value, allowed)
+  if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
+    raise _validate.fail(field, value, allowed)
+  return number
+
+
+def bandwidth(value, field: str = "bandwidth") -> float:
+  """Bits per second from ``"100Mbps"``, ``"1Gbps"``, ``"10Gbit/s"`` or a
+  number of bit/s (> 0)."""
+  return _parse(field, value, _BANDWIDTH,
+                "expected a bandwidth > 0 such as '100Mbps', '1Gbps' or a "
+                "number of bit/s", allow_zero=False)
+
+
+def duration(value, field: str = "latency") -> float:
+  """Seconds from ``"50ms"``, ``"2s"``, ``"100us"`` or a number of seconds
+  (>= 0)."""
+  return _parse(field, value, _TIME,
+                "expected a time >= 0 such as '50ms', '1.5s' or a number of "
+                "seconds", allow_zero=True)
+
+
+def flops(value, field: str = "flops") -> float:
+  """FLOP/s from ``"312TFLOPS"``, ``"1.2PFLOPS"`` or a number (> 0)."""
+  return _parse(field, value, _FLOPS,
+                "expected a peak throughput > 0 such as '989TFLOPS' or a "
+                "number of FLOP/s", allow_zero=False)
+
+
+def format_bandwidth(bps: float) -> str:
+  for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6),
+                      ("kbps", 1e3)):
+    if bps >= scale:
+      return f"{bps / scale:g}{unit}"
+  return f"{bps:g}bps"
+
+
+def format_duration(seconds: float) -> str:
+  if seconds >= 1 or seconds == 0:
+    return f"{seconds:g}s"
+  if seconds >= 1e-3:
+    return f"{seconds * 1e3:g}ms"
+  return f"{seconds * 1e6:g}us"
