@@ -374,3 +374,12 @@ def test_clock_values_are_finite_and_grow():
     t = r.history["sim_time_s"]
     assert np.all(np.isfinite(t)) and np.all(np.diff(t) >= 0), strategy.name
     assert math.isfinite(r.history["eval_loss"][-1])
+
+
+def test_all_gather_channels_are_timed_as_gathers():
+  r = run(strategies.demo(), steps=2, network=base_network())
+  payload = r.config["channels"]["momentum_components"]["payload_bytes"]
+  hop = LAT + 8 * payload / BW
+  assert r.summary["sim_time_s"] == pytest.approx(2 * (C + (W - 1) * hop),
+                                                  rel=1e-5)
+  assert r.summary["wire_bytes"] == 2 * (W - 1) * payload

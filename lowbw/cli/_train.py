@@ -4,6 +4,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import tomllib
 
 import optax
@@ -11,6 +12,7 @@ import optax
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
+from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
 from lowbw.simulation import simulate
 from lowbw.transforms import parse_codec
@@ -34,6 +36,13 @@ DEFAULTS = {
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None,
+    # The simulated clock (lowbw.network): every run has one.
+    "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
+    "group_size": None, "regional_bandwidth": "10Gbps",
+    "regional_latency": "5ms", "hardware": "h100", "mfu": 0.4, "speeds": None,
+    "overlap": False, "jitter": None, "mitigation": "none",
+    "keep_fraction": 0.9, "backups": 1, "drop_prob": None,
+    "message_loss": None, "failures": None, "windows": None,
 }
 INNERS = ("adamw", "adam", "sgd", "muon")
 
@@ -71,6 +80,11 @@ _USED_BY = {
     "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
              "folder": {"seq_len"}, "classification": set()},
     "sharding": {"dirichlet": {"alpha"}, "iid": set(), "contiguous": set()},
+    "topology": {"hierarchical": {"group_size", "regional_bandwidth",
+                                  "regional_latency"},
+                 "ring": set(), "parameter_server": set()},
+    "mitigation": {"threshold": {"keep_fraction"}, "backup": {"backups"},
+                   "none": set()},
 }
 SCHEDULES = ("constant", "cosine")
 
@@ -136,6 +150,48 @@ def add_parser(subparsers) -> None:
   g.add_argument("--data-root", help="folder of text files for --data text")
   g.add_argument("--sharding", help="iid | contiguous | dirichlet (default iid)")
   g.add_argument("--alpha", type=float, help="dirichlet concentration (default 0.5)")
+  g = p.add_argument_group(
+      "network (the simulated clock, sim_time_s)",
+      "per step: the slowest participating worker's compute, plus the "
+      "collective's time on the links (latency per message hop + bytes / "
+      "bandwidth); see docs/network.md")
+  g.add_argument("--bandwidth", help="each worker's link, e.g. 100Mbps, 1Gbps "
+                 f"(default {d['bandwidth']})")
+  g.add_argument("--latency", help=f"one-way latency per message hop, e.g. "
+                 f"50ms (default {d['latency']})")
+  g.add_argument("--topology", help="ring | parameter_server | hierarchical "
+                 "(default ring)")
+  g.add_argument("--group-size", type=int, help="hierarchical: workers per "
+                 "region (on --regional-* links)")
+  g.add_argument("--regional-bandwidth", help=f"hierarchical (default "
+                 f"{d['regional_bandwidth']})")
+  g.add_argument("--regional-latency", help=f"hierarchical (default "
+                 f"{d['regional_latency']})")
+  g.add_argument("--hardware", help="per worker: a preset (" + ", ".join(
+      sorted(network_lib.PRESETS)) + "), a peak such as 312TFLOPS, or a time "
+      f"per step such as 0.5s (default {d['hardware']})")
+  g.add_argument("--mfu", type=float, help=f"model-FLOP utilisation (default {d['mfu']})")
+  g.add_argument("--speeds", help="per-worker speed multipliers, comma-"
+                 "separated (one per worker; 0.5 = half as fast)")
+  g.add_argument("--overlap", action=argparse.BooleanOptionalAction,
+                 help="overlap sync communication with the next round's "
+                 "compute (Streaming DiLoCo's schedule)")
+  g.add_argument("--jitter", type=float, help="stragglers: lognormal sigma of "
+                 "every step's time (default none)")
+  g.add_argument("--mitigation", help="stragglers: none | threshold | backup "
+                 "(default none)")
+  g.add_argument("--keep-fraction", type=float, help="threshold: fraction of "
+                 f"the workers aggregated, fastest first (default {d['keep_fraction']})")
+  g.add_argument("--backups", type=int, help="backup: spare workers, the "
+                 f"slowest dropped each round (default {d['backups']})")
+  g.add_argument("--drop-prob", type=float, help="faults: probability a "
+                 "worker is down for a round")
+  g.add_argument("--message-loss", type=float, help="faults: probability a "
+                 "worker's message is lost")
+  g.add_argument("--failures", help="faults: permanent failures, "
+                 "WORKER@STEP,... e.g. 3@500")
+  g.add_argument("--windows", help="faults: down windows, "
+                 "WORKER:START-END,... e.g. 1:100-200")
   g = p.add_argument_group("run")
   g.add_argument("--steps", type=int, help=f"inner steps per worker (default {d['steps']})")
   g.add_argument("--batch-size", type=int, help=f"examples per worker and step (default {d['batch_size']})")
@@ -237,7 +293,8 @@ def _data_kind(s: dict, source) -> str:
 def check_used(s: dict, explicit: set[str], model_name: str, source) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
   chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name,
-            "data": _data_kind(s, source), "sharding": s["sharding"]}
+            "data": _data_kind(s, source), "sharding": s["sharding"],
+            "topology": s["topology"], "mitigation": s["mitigation"]}
   used = set().union(*(options.get(chosen[kind], set())
                         for kind, options in _USED_BY.items()))
   if "compress" in explicit and str(s["codec"]).lower() == "none":
@@ -367,12 +424,52 @@ def build_strategy(s: dict):
       sparse_codec=_codec(s, "sparse_codec"), **compressed)
 
 
+def _pairs(field, text, pattern, size):
+  """"3@500,5@800" or "1:100-200" -> tuples of ints."""
+  out = []
+  for item in str(text).split(","):
+    match = re.fullmatch(pattern, item.strip())
+    if not match:
+      raise _validate.fail(field, text, "expected " + (
+          "WORKER@STEP" if size == 2 else "WORKER:START-END") +
+          " items, comma-separated")
+    out.append(tuple(int(v) for v in match.groups()))
+  return tuple(out)
+
+
+def build_network(s: dict) -> network_lib.Network:
+  stragglers = faults = None
+  if s["jitter"] is not None or s["mitigation"] != "none":
+    stragglers = network_lib.Stragglers(
+        jitter=0.0 if s["jitter"] is None else s["jitter"],
+        mitigation=s["mitigation"], fraction=s["keep_fraction"],
+        backups=s["backups"])
+  fault_settings = ("drop_prob", "message_loss", "failures", "windows")
+  if any(s[k] is not None for k in fault_settings):
+    faults = network_lib.Faults(
+        drop_prob=s["drop_prob"] or 0.0, message_loss=s["message_loss"] or 0.0,
+        failures=_pairs("failures", s["failures"], r"(\d+)@(\d+)", 2)
+        if s["failures"] else (),
+        windows=_pairs("windows", s["windows"], r"(\d+):(\d+)-(\d+)", 3)
+        if s["windows"] else ())
+  overlap = s["overlap"]
+  if not isinstance(overlap, bool):
+    raise _validate.fail("overlap", overlap, "expected true or false")
+  return network_lib.network(
+      s["bandwidth"], s["latency"], topology=s["topology"],
+      group_size=s["group_size"], regional_bandwidth=s["regional_bandwidth"],
+      regional_latency=s["regional_latency"], hardware_=s["hardware"],
+      mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
+      overlap=overlap)
+
+
 def run(args: argparse.Namespace) -> int:
   s, explicit = settings(args)
   source = build_data(s)
   model = build_model(s, source)
   check_used(s, explicit, model.name, source)
   strategy = build_strategy(s)
+  network = build_network(s)
   eval_every = s["eval_every"]
   if eval_every is None:  # the first multiple of H at or after 100 steps
     eval_every = strategy.period * -(-100 // strategy.period)
@@ -386,7 +483,7 @@ def run(args: argparse.Namespace) -> int:
   result = simulate(
       model=model, data=source, strategy=strategy, num_workers=s["workers"],
       batch_size=s["batch_size"], steps=s["steps"], seed=s["seed"],
-      eval_every=eval_every, log_every=s["log_every"], log_dir=out,
+      network=network, eval_every=eval_every, log_every=s["log_every"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
       resume_from=args.resume, progress=s["progress"],
       metadata={METADATA_KEY: saved})
@@ -400,6 +497,14 @@ def _bytes(n: float) -> str:
       return f"{n:,.1f} {unit}" if unit != "B" else f"{n:,.0f} B"
     n /= 1000
   return str(n)
+
+
+def _duration(seconds: float) -> str:
+  if seconds >= 3600:
+    return f"{seconds / 3600:,.2f} h"
+  if seconds >= 60:
+    return f"{seconds / 60:.1f} min"
+  return f"{seconds:.3g} s"
 
 
 def format_summary(summary: dict, s: dict) -> str:
@@ -418,6 +523,12 @@ def format_summary(summary: dict, s: dict) -> str:
   rate = f"{summary['steps_per_s']:.2f} steps/s"
   if summary.get("tokens_per_s"):
     rate += f", {summary['tokens_per_s']:,.0f} tokens/s"
+  if summary.get("sim_time_s") is not None:
+    topology = s["topology"] + (f" of {s['group_size']}" if s["group_size"]
+                                else "")
+    lines.append(f"  simulated time    {_duration(summary['sim_time_s'])} on "
+                 f"{s['bandwidth']}, {s['latency']} ({topology}), "
+                 f"{s['hardware']} at MFU {s['mfu']}")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
   lines.append(f"  logs              {summary['log_dir']}")
   return "\n".join(lines)

@@ -229,7 +229,9 @@ def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
   """
   w = ready_W.shape[0]
   n_up = jnp.sum(up_W.astype(jnp.int32))
-  k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up).astype(jnp.int32),
+  # The epsilon keeps float32 rounding from turning an exact q x n (0.6 x 25)
+  # into one worker more.
+  k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up - 1e-4).astype(jnp.int32),
                   n_up - p.backups)
   k = jnp.clip(k, jnp.minimum(n_up, 1), n_up)
   t = jnp.where(up_W, ready_W, jnp.inf)

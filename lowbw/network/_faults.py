@@ -83,6 +83,16 @@ def check_faults(f: Faults, num_workers: int) -> Faults:
   return Faults(drop, windows, failures, loss)
 
 
+_MAX_STEP = 2**31 - 2  # steps are int32 in the compiled round
+
+
+def _step(field, value):
+  step = _validate.non_negative_int(field, value)
+  if step > _MAX_STEP:
+    raise _validate.fail(field, value, f"steps must be at most {_MAX_STEP}")
+  return step
+
+
 def _worker(field, value, num_workers):
   w = _validate.non_negative_int(field, value)
   if w >= num_workers:
@@ -97,8 +107,7 @@ def _triple(window, num_workers):
                          "expected (worker, start_step, end_step) triples")
   worker, start, end = window
   worker = _worker("windows", worker, num_workers)
-  start = _validate.non_negative_int("windows", start)
-  end = _validate.non_negative_int("windows", end)
+  start, end = _step("windows", start), _step("windows", end)
   if end <= start:
     raise _validate.fail("windows", window, "end_step must exceed start_step")
   return (worker, start, end)
@@ -108,4 +117,4 @@ def _pair(failure, num_workers):
   if not isinstance(failure, (tuple, list)) or len(failure) != 2:
     raise _validate.fail("failures", failure, "expected (worker, step) pairs")
   return (_worker("failures", failure[0], num_workers),
-          _validate.non_negative_int("failures", failure[1]))
+          _step("failures", failure[1]))

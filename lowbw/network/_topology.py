@@ -140,8 +140,10 @@ def two_tier(regional: Link, wan: Link, s: int, channel: Channel) -> Cost:
   if channel.collective == _GATHER:
     # Gather the region's s payloads, exchange 1/s of the region's bundle (one
     # payload per worker) around the WAN ring, share what arrived regionally.
-    t = ((s - 1) * regional.hop(payload) + (regions - 1) * wan.hop(payload) +
-         (s - 1) * regional.hop((regions - 1) * payload))
+    t = (s - 1) * regional.hop(payload)
+    if regions > 1:
+      t += ((regions - 1) * wan.hop(payload) +
+            (s - 1) * regional.hop((regions - 1) * payload))
     return Cost(t, float((n - 1) * payload), "hierarchical_all_gather")
   inside = ring(regional, Channel(payload, 0.0, channel.collective, s))
   across = ring(wan, Channel(payload / s, 0.0, channel.collective, regions))

@@ -224,7 +224,8 @@ class _Run:
     strategy_state = self.strategy.init(params, self.num_workers, strategy_key)
     self.net = None
     if self.network is not None:
-      costs = _clock.channel_costs(self.network, self.channels,
+      strategy_channels = self.channels
+      costs = _clock.channel_costs(self.network, strategy_channels,
                                    self.num_workers)
       # What each worker sends under the topology's algorithms.
       self.channels = {
@@ -235,7 +236,7 @@ class _Run:
       tokens = self.batch_size * (self.data.tokens_per_example or 1)
       self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
       self.net = _clock.net_params(self.network, self.num_workers,
-                                   self.flops_per_step, self.channels,
+                                   self.flops_per_step, strategy_channels,
                                    self.seed)
       if self.masks:
         strategy_state = strategy_state._replace(
