@@ -214,6 +214,25 @@ def up_mask(p: NetParams, step: Array) -> Array:
   return ~(down | jnp.any(in_window, axis=0))
 
 
+def _kept(p: NetParams, ready_W: Array, up_W: Array) -> Array:
+  """bool (W,): the fastest k up workers, the ones a barrier waits for."""
+  n_up = jnp.sum(up_W.astype(jnp.int32))
+  # The epsilon keeps float32 rounding from turning an exact q x n (0.6 x 25)
+  # into one worker more.
+  k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up - 1e-4).astype(jnp.int32),
+                  n_up - p.backups)
+  k = jnp.clip(k, jnp.minimum(n_up, 1), n_up)
+  t = jnp.where(up_W, ready_W, jnp.inf)
+  rank = jnp.argsort(jnp.argsort(t, stable=True), stable=True)
+  return up_W & (rank < k)
+
+
+def waited_for(p: NetParams, ready_W: Array, up_W: Array) -> Array:
+  """When the workers a barrier would wait for are all ready: the slowest up
+  worker without a mitigation, the k-th fastest with one (0 if none is up)."""
+  return jnp.max(jnp.where(_kept(p, ready_W, up_W), ready_W, 0.0))
+
+
 def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
                  salt: int) -> tuple[Array, Array]:
   """Who takes part in a communication, and when it starts.
@@ -227,19 +246,10 @@ def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
     active_W: bool (W,), the workers whose messages are averaged.
     start: float32, the time (relative to the round) the communication starts.
   """
-  w = ready_W.shape[0]
-  n_up = jnp.sum(up_W.astype(jnp.int32))
-  # The epsilon keeps float32 rounding from turning an exact q x n (0.6 x 25)
-  # into one worker more.
-  k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up - 1e-4).astype(jnp.int32),
-                  n_up - p.backups)
-  k = jnp.clip(k, jnp.minimum(n_up, 1), n_up)
-  t = jnp.where(up_W, ready_W, jnp.inf)
-  rank = jnp.argsort(jnp.argsort(t, stable=True), stable=True)
-  kept = up_W & (rank < k)
+  kept = _kept(p, ready_W, up_W)
   start = jnp.max(jnp.where(kept, ready_W, 0.0))
   key = jax.random.fold_in(jax.random.fold_in(p.key, 3 + salt), step)
-  lost = jax.random.uniform(key, (w,)) < p.loss_prob
+  lost = jax.random.uniform(key, ready_W.shape) < p.loss_prob
   return kept & ~lost, start
 
 
@@ -279,7 +289,7 @@ class Clock:
     """Absolute times after each step of ``n`` rounds.
 
     Args:
-      step_s: (n, H) relative time after each step (slowest up worker).
+      step_s: (n, H) relative time after each step (workers waited for).
       compute_s: (n,) relative time the sync starts.
       sync_s: (n,) seconds of the sync's communication.
     """

@@ -53,7 +53,7 @@ class StepOut(NamedTuple):
 
 
 class StepClock(NamedTuple):
-  time_s: Array            # float32: slowest up worker done, from round start
+  time_s: Array            # float32: the workers waited for done (from round start)
   participants: Array      # int32: workers averaged at this step, or -1
 
 
@@ -163,7 +163,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           new = new._replace(params_W=_where_W(up_W, new.params_W, st.params_W),
                              inner_W=_where_W(up_W, new.inner_W, st.inner_W))
         st, n = new, jnp.int32(-1)
-      clock = StepClock(jnp.max(jnp.where(up_W, ready_W, 0.0)), n)
+      clock = StepClock(_clock.waited_for(net, ready_W, up_W), n)
     out = StepOut(jnp.mean(loss_W), jax.tree.map(jnp.mean, metrics_W),
                   _first_bad(loss_W), counts, clock)
     return sim._replace(strategy=st), out, ready_W
@@ -198,7 +198,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     lr = _inner_lr(st.inner_W)
     sync_counts, clock = {}, None
     if net is not None:
-      start, sync_s = jnp.max(jnp.where(up_W, ready_W, 0.0)), jnp.float32(0)
+      start, sync_s = _clock.waited_for(net, ready_W, up_W), jnp.float32(0)
       n = steps.clock.participants[-1]
     if strategy.sync is not None:
       sync = strategy.sync
