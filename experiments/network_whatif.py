@@ -71,7 +71,7 @@ def run_all(args, cache_path):
       name = f"{label} | {link}"
       if name in runs:
         continue
-      net = network.network(bw, lat, hardware_=f"{step_time}s")
+      net = network.network(bw, lat, hardware=f"{step_time}s")
       r = lowbw.simulate(strategy=make(), num_workers=args.workers,
                          steps=args.steps, network=net,
                          eval_every=args.eval_every, **common(args))

@@ -51,7 +51,7 @@ def run(strategy, steps=8, network=None, num_workers=W, **kw):
 
 
 def base_network(**kw):
-  return net_lib.network("100Mbps", "100ms", hardware_="0.01s", **kw)
+  return net_lib.network("100Mbps", "100ms", hardware="0.01s", **kw)
 
 
 def ring_seconds(payload, n, bw=BW, lat=LAT):
@@ -125,7 +125,7 @@ def test_overlap_costs_max_of_compute_and_communication():
   assert T > H * C
   assert slow_link.summary["sim_time_s"] == pytest.approx(H * C + 4 * T,
                                                           rel=1e-5)
-  fast = net_lib.network("100Gbps", "0.1ms", hardware_="0.01s", overlap=True)
+  fast = net_lib.network("100Gbps", "0.1ms", hardware="0.01s", overlap=True)
   t_fast = ring_seconds(P, W, 1e11, 1e-4)
   assert t_fast < H * C
   r = run(strategy, steps=20, network=fast)
@@ -136,7 +136,7 @@ def test_hierarchical_topology_by_hand():
   P = num_bytes(initial_params())
   net = net_lib.network("100Mbps", "100ms", topology="hierarchical",
                         group_size=2, regional_bandwidth="10Gbps",
-                        regional_latency="5ms", hardware_="0.01s")
+                        regional_latency="5ms", hardware="0.01s")
   r = run(strategies.diloco(optax.sgd(0.1), H=4), steps=8, network=net)
   inside = ring_seconds(P, 2, 1e10, 5e-3)
   across = ring_seconds(P / 2, 2)
@@ -151,7 +151,7 @@ def test_hierarchical_topology_by_hand():
 def test_parameter_server_and_all_gather_bytes_follow_the_topology():
   P = num_bytes(initial_params())
   net = net_lib.network("100Mbps", "100ms", topology="parameter_server",
-                        hardware_="0.01s")
+                        hardware="0.01s")
   r = run(strategies.ddp(optax.sgd(0.1)), steps=3, network=net)
   assert r.summary["wire_bytes"] == 3 * P
   hop = LAT + 8 * P / BW
@@ -160,7 +160,7 @@ def test_parameter_server_and_all_gather_bytes_follow_the_topology():
 
 def test_slowest_worker_sets_the_pace():
   P = num_bytes(initial_params())
-  net = net_lib.network("100Mbps", "100ms", hardware_="0.01s",
+  net = net_lib.network("100Mbps", "100ms", hardware="0.01s",
                         speeds=(1, 1, 0.5, 2))
   r = run(strategies.diloco(optax.sgd(0.1), H=4), steps=8, network=net)
   assert r.summary["sim_time_s"] == pytest.approx(
@@ -267,7 +267,7 @@ def test_random_dropouts_match_the_reference_with_the_same_masks():
 ])
 def test_straggler_mitigation_drops_the_slow_workers_updates(stragglers):
   speeds = (1.0, 0.5, 1.0, 0.5)
-  net = net_lib.network("100Mbps", "100ms", hardware_="0.01s", speeds=speeds,
+  net = net_lib.network("100Mbps", "100ms", hardware="0.01s", speeds=speeds,
                         stragglers=stragglers)
   r = run(diloco_strategy(2), steps=8, network=net)
   fast = [s == 1.0 for s in speeds]
@@ -328,7 +328,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
 
   def params_of(**kw):
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))
-    net = net_lib.network(kw.pop("bw", "1Gbps"), "50ms", hardware_="0.01s",
+    net = net_lib.network(kw.pop("bw", "1Gbps"), "50ms", hardware="0.01s",
                           stragglers=net_lib.Stragglers(**kw), faults=faults)
     return _clock.net_params(_clock.check_network(net, W), W, 0.0, channels, 0)
 

@@ -51,7 +51,7 @@ def hop(bps, latency, nbytes):
 
 def params(num_workers, *, hw=None, stragglers=None, faults=None, seed=0,
            channels=None, flops_per_step=0.0, **kw):
-  net = check_network(network(hardware_=hw, stragglers=stragglers,
+  net = check_network(network(hardware=hw, stragglers=stragglers,
                               faults=faults, **kw), num_workers)
   if channels is None:
     channels = {"sync": ring_allreduce(1_000_000, num_workers)}
@@ -376,8 +376,8 @@ def test_network_topologies():
               regional_bandwidth="40Gbps", regional_latency="1ms")
   assert h.topology == Hierarchical(4, link("40Gbps", "1ms"),
                                     link("100Mbps", "80ms"))
-  assert network(hardware_=None).hardware is None
-  assert network(hardware_="a100", mfu=0.3).hardware.mfu == 0.3
+  assert network(hardware=None).hardware is None
+  assert network(hardware="a100", mfu=0.3).hardware.mfu == 0.3
 
 
 def test_network_build_errors():

@@ -8,8 +8,7 @@ from lowbw.cli import _plan, _plot, _train
 
 # API field names whose command-line flag has another name.
 _FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
-          "error_feedback": "ef", "fraction": "keep_fraction",
-          "hardware_": "hardware"}
+          "error_feedback": "ef", "fraction": "keep_fraction"}
 
 
 class _Parser(argparse.ArgumentParser):

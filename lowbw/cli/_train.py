@@ -458,7 +458,7 @@ def build_network(s: dict) -> network_lib.Network:
   return network_lib.network(
       s["bandwidth"], s["latency"], topology=s["topology"],
       group_size=s["group_size"], regional_bandwidth=s["regional_bandwidth"],
-      regional_latency=s["regional_latency"], hardware_=s["hardware"],
+      regional_latency=s["regional_latency"], hardware=s["hardware"],
       mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
       overlap=overlap)
 

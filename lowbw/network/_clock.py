@@ -32,7 +32,8 @@ from lowbw._types import Array, PRNGKey
 from lowbw.network._collectives import Channel
 from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
-from lowbw.network._hardware import Hardware, check_speeds, hardware
+from lowbw.network._hardware import Hardware, check_speeds
+from lowbw.network._hardware import hardware as make_hardware
 from lowbw.network._topology import (Flat, Hierarchical, flat, hierarchical)
 
 TOPOLOGIES = ("ring", "parameter_server", "hierarchical")
@@ -72,7 +73,7 @@ class Network(NamedTuple):
 
 def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
             group_size: int | None = None, regional_bandwidth="10Gbps",
-            regional_latency="5ms", hardware_="h100", mfu: float = 0.4,
+            regional_latency="5ms", hardware="h100", mfu: float = 0.4,
             speeds=None, stragglers: Stragglers | None = None,
             faults: Faults | None = None, overlap: bool = False) -> Network:
   """A ``Network`` from plain values.
@@ -83,7 +84,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
     topology: "ring" | "parameter_server" | "hierarchical".
     group_size: workers per region (hierarchical only).
     regional_bandwidth, regional_latency: links inside a region.
-    hardware_: a preset ("h100", "a100", ...), a peak ("312TFLOPS"), a time
+    hardware: a preset ("h100", "a100", ...), a peak ("312TFLOPS"), a time
       per step ("0.5s"), or None for communication time only.
     mfu: model-FLOP utilisation for the FLOP model.
     speeds: per-worker speed multipliers, or None.
@@ -91,7 +92,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
     overlap: overlap sync communication with the next round's compute.
 
   Example:
-    >>> net = lowbw.network.network("100Mbps", "100ms", hardware_="a100")
+    >>> net = lowbw.network.network("100Mbps", "100ms", hardware="a100")
   """
   topology = _validate.one_of("topology", topology, TOPOLOGIES)
   if topology == "hierarchical":
@@ -105,7 +106,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
       raise _validate.fail("group_size", group_size,
                            "only used by topology='hierarchical'")
     topo = flat(bandwidth, latency, topology)
-  hw = None if hardware_ is None else hardware(hardware_, mfu, speeds)
+  hw = None if hardware is None else make_hardware(hardware, mfu, speeds)
   return Network(topo, hw, stragglers, faults, overlap)
 
 
