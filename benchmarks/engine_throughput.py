@@ -24,7 +24,20 @@ import jax.numpy as jnp
 import optax
 
 import lowbw
-from lowbw import data, models, strategies, transforms
+from lowbw import data, models, network, strategies, transforms
+
+# --network: what the run carries besides training. "clock": a simulated clock
+# only (no masks). "faults": the clock plus stragglers (jitter, threshold) and
+# faults (dropouts, lost messages), whose masks are compiled into the round.
+NETWORKS = {
+    "none": None,
+    "clock": network.network("100Mbps", "100ms"),
+    "faults": network.network(
+        "100Mbps", "100ms",
+        stragglers=network.Stragglers(jitter=0.3, mitigation="threshold",
+                                      fraction=0.75),
+        faults=network.Faults(drop_prob=0.1, message_loss=0.05)),
+}
 
 
 def make_baseline(model, corpus, batch, seq_len, steps):
@@ -67,7 +80,7 @@ def make_baseline(model, corpus, batch, seq_len, steps):
 
 
 def simulator_run(model, corpus, workers, batch_size, steps, H, seed,
-                  codec=None, ef=None):
+                  codec=None, ef=None, net="none"):
   """One ``lowbw.simulate`` run; its tokens/s exclude compilation."""
   codec = None if codec is None else transforms.parse_codec(codec)
   result = lowbw.simulate(
@@ -75,7 +88,7 @@ def simulator_run(model, corpus, workers, batch_size, steps, H, seed,
       strategy=strategies.diloco(optax.adamw(1e-3), H=H, codec=codec,
                                  error_feedback=ef),
       num_workers=workers, batch_size=batch_size, steps=steps, seed=seed,
-      progress=False, eval_examples=64)
+      network=NETWORKS[net], progress=False, eval_examples=64)
   return result.summary
 
 
@@ -90,6 +103,9 @@ def main():
                       help="codec spec of the pseudo-gradients, e.g. quant:2")
   parser.add_argument("--ef", type=float, default=None,
                       help="error-feedback beta (with --codec)")
+  parser.add_argument("--network", default="none", choices=sorted(NETWORKS),
+                      help="none | clock (simulated clock only) | faults "
+                      "(clock + straggler and fault masks)")
   parser.add_argument("--json", default=None, help="also write figures here")
   args = parser.parse_args()
 
@@ -101,13 +117,13 @@ def main():
   # Warm-up of both, then alternate them so that load on a shared machine
   # affects both alike; the figure is the median of the per-pair ratios.
   simulator_run(model, corpus, args.workers, args.batch_size, args.steps,
-                args.H, seed=0, codec=args.codec, ef=args.ef)
+                args.H, seed=0, codec=args.codec, ef=args.ef, net=args.network)
   baseline()
   sims, bases = [], []
   for r in range(args.repeats):
     summary = simulator_run(model, corpus, args.workers, args.batch_size,
                             args.steps, args.H, seed=1 + r, codec=args.codec,
-                            ef=args.ef)
+                            ef=args.ef, net=args.network)
     sims.append(summary["tokens_per_s"])
     bases.append(baseline())
   ratios = [s_ / b_ for s_, b_ in zip(sims, bases)]
@@ -120,12 +136,14 @@ def main():
       "model": model.config, "num_params": summary["num_params"],
       "workers": args.workers, "batch_size": args.batch_size,
       "steps": args.steps, "H": args.H, "codec": args.codec, "ef": args.ef,
+      "network": args.network,
       "simulator_tokens_per_s": sim, "baseline_tokens_per_s": base,
       "ratio": ratio, "ratios": ratios,
       "simulator_compile_s": summary["compile_s"],
   }
   print(f"simulator (DiLoCo, W={args.workers}, b={args.batch_size}, "
-        f"H={args.H}, codec={args.codec}, ef={args.ef}): {sim:,.0f} tokens/s")
+        f"H={args.H}, codec={args.codec}, ef={args.ef}, "
+        f"network={args.network}): {sim:,.0f} tokens/s")
   print(f"baseline  (1 replica, batch {args.workers * args.batch_size}):"
         f"      {base:,.0f} tokens/s")
   print(f"ratio: {ratio:.3f}  (median of {len(ratios)} interleaved pairs: "

@@ -4,10 +4,9 @@ file, or a sweep over one input."""
 import argparse
 import json
 import math
-import os
-import tomllib
 
 from lowbw import _validate
+from lowbw.cli._config import read_config
 from lowbw.network._planner import PLAN_DEFAULTS, plan, resolve_inputs
 
 # What each input means, for --help; units follow the name.
@@ -91,30 +90,10 @@ def add_parser(subparsers) -> None:
   p.set_defaults(run=run)
 
 
-def _read_config(path: str) -> dict:
-  if not os.path.isfile(path):
-    raise _validate.fail("config", path, "no such file")
-  with open(path, "rb") as f:
-    text = f.read()
-  try:
-    values = (json.loads(text) if path.endswith(".json")
-              else tomllib.loads(text.decode()))
-  except (ValueError, tomllib.TOMLDecodeError) as e:
-    raise _validate.fail("config", path, f"not valid TOML/JSON ({e})") from e
-  if not isinstance(values, dict):
-    raise _validate.fail("config", path, "expected a table of inputs")
-  values = {k.replace("-", "_"): v for k, v in values.items()}
-  unknown = sorted(set(values) - set(PLAN_DEFAULTS))
-  if unknown:
-    raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
-                         f"{', '.join(PLAN_DEFAULTS)}")
-  return values
-
-
 def given_inputs(args: argparse.Namespace) -> dict:
   """Config file < flags; only what was given, so plan() knows the rest are
   defaults."""
-  given = _read_config(args.config) if args.config else {}
+  given = read_config(args.config, PLAN_DEFAULTS) if args.config else {}
   given.update({k: v for k, v in vars(args).items()
                 if k in PLAN_DEFAULTS and v is not None})
   return given

@@ -5,11 +5,11 @@ import datetime
 import json
 import os
 import re
-import tomllib
 
 import optax
 
 from lowbw import _validate
+from lowbw.cli._config import read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
@@ -207,24 +207,6 @@ def add_parser(subparsers) -> None:
   p.set_defaults(run=run)
 
 
-def _read_config(path: str) -> dict:
-  if not os.path.isfile(path):
-    raise _validate.fail("config", path, "no such file")
-  with open(path, "rb") as f:
-    text = f.read()
-  try:
-    values = (json.loads(text) if path.endswith(".json")
-              else tomllib.loads(text.decode()))
-  except (ValueError, tomllib.TOMLDecodeError) as e:
-    raise _validate.fail("config", path, f"not valid TOML/JSON ({e})") from e
-  values = {k.replace("-", "_"): v for k, v in values.items()}
-  unknown = sorted(set(values) - set(DEFAULTS))
-  if unknown:
-    raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
-                         f"{', '.join(sorted(DEFAULTS))}")
-  return values
-
-
 def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
   """Defaults < resumed run's settings < config file < flags.
 
@@ -246,7 +228,7 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
     merged["out"] = args.resume
   from_file = {}
   if args.config:
-    from_file = _read_config(args.config)
+    from_file = read_config(args.config, DEFAULTS)
     merged.update(from_file)
     explicit |= set(from_file)
   flags = {k: v for k, v in vars(args).items()
