@@ -734,3 +734,15 @@ def test_single_region_all_gather_is_a_regional_ring():
   topo = Hierarchical(s, regional, wan)
   cost = topo.cost(Channel(payload, 0.0, "all_gather", s), s)
   assert cost.seconds == pytest.approx((s - 1) * (0.01 + 8 * payload / 1e6))
+
+
+def test_ties_are_broken_at_random_not_by_index():
+  """After a per-step barrier every worker is ready at once; a threshold must
+  not always drop the same (highest-index) workers."""
+  net = _clock.check_network(network(stragglers=Stragglers(
+      mitigation="threshold", fraction=0.5)), 4)
+  p = _clock.net_params(net, 4, 0.0, {}, 0)
+  kept = jax.vmap(lambda s: _clock.participants(
+      p, jnp.ones(4), jnp.ones(4, bool), s, 1)[0])(jnp.arange(200))
+  assert set(np.asarray(kept.sum(axis=1)).tolist()) == {2}
+  assert np.all(np.asarray(kept.mean(axis=0)) > 0.3)

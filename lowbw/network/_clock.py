@@ -215,23 +215,22 @@ def up_mask(p: NetParams, step: Array) -> Array:
   return ~(down | jnp.any(in_window, axis=0))
 
 
-def _kept(p: NetParams, ready_W: Array, up_W: Array) -> Array:
-  """bool (W,): the fastest k up workers, the ones a barrier waits for."""
+def _waited_count(p: NetParams, up_W: Array) -> Array:
+  """k: how many of the up workers a barrier waits for (0 if none is up)."""
   n_up = jnp.sum(up_W.astype(jnp.int32))
   # The epsilon keeps float32 rounding from turning an exact q x n (0.6 x 25)
   # into one worker more.
   k = jnp.minimum(jnp.ceil(p.keep_fraction * n_up - 1e-4).astype(jnp.int32),
                   n_up - p.backups)
-  k = jnp.clip(k, jnp.minimum(n_up, 1), n_up)
-  t = jnp.where(up_W, ready_W, jnp.inf)
-  rank = jnp.argsort(jnp.argsort(t, stable=True), stable=True)
-  return up_W & (rank < k)
+  return jnp.clip(k, jnp.minimum(n_up, 1), n_up)
 
 
 def waited_for(p: NetParams, ready_W: Array, up_W: Array) -> Array:
-  """When the workers a barrier would wait for are all ready: the slowest up
-  worker without a mitigation, the k-th fastest with one (0 if none is up)."""
-  return jnp.max(jnp.where(_kept(p, ready_W, up_W), ready_W, 0.0))
+  """When the workers a barrier waits for are all ready: the slowest up worker
+  without a mitigation, the k-th fastest with one (0 if none is up)."""
+  k = _waited_count(p, up_W)
+  ordered = jnp.sort(jnp.where(up_W, ready_W, jnp.inf))
+  return jnp.where(k > 0, ordered[jnp.maximum(k - 1, 0)], 0.0)
 
 
 def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
@@ -240,18 +239,23 @@ def participants(p: NetParams, ready_W: Array, up_W: Array, step: Array,
 
   The fastest k up workers are waited for: k = all of them without a
   mitigation, ceil(fraction x up) under threshold, up - backups under backup
-  workers (at least one). Their messages then get lost with the fault model's
+  workers (at least one); workers ready at the same time are ranked in a
+  seeded random order. Their messages then get lost with the fault model's
   probability.
 
   Returns:
     active_W: bool (W,), the workers whose messages are averaged.
     start: float32, the time (relative to the round) the communication starts.
   """
-  kept = _kept(p, ready_W, up_W)
-  start = jnp.max(jnp.where(kept, ready_W, 0.0))
+  w = ready_W.shape[0]
   key = jax.random.fold_in(jax.random.fold_in(p.key, 3 + salt), step)
-  lost = jax.random.uniform(key, ready_W.shape) < p.loss_prob
-  return kept & ~lost, start
+  lose_key, tie_key = jax.random.split(key)
+  order = jnp.lexsort((jax.random.uniform(tie_key, (w,)),
+                       jnp.where(up_W, ready_W, jnp.inf)))
+  rank = jnp.zeros(w, jnp.int32).at[order].set(jnp.arange(w, dtype=jnp.int32))
+  kept = up_W & (rank < _waited_count(p, up_W))
+  lost = jax.random.uniform(lose_key, (w,)) < p.loss_prob
+  return kept & ~lost, waited_for(p, ready_W, up_W)
 
 
 def comm_seconds(p: NetParams, counts: dict) -> Array:
