@@ -383,3 +383,47 @@ def test_all_gather_channels_are_timed_as_gathers():
   assert r.summary["sim_time_s"] == pytest.approx(2 * (C + (W - 1) * hop),
                                                   rel=1e-5)
   assert r.summary["wire_bytes"] == 2 * (W - 1) * payload
+
+
+@pytest.mark.parametrize("make, faults", [
+    (lambda: strategies.ddp(optax.sgd(0.1)),
+     net_lib.Faults(windows=tuple((w, 1, 2) for w in range(W)))),
+    (lambda: strategies.sparta(optax.sgd(0.1), p=0.2),
+     net_lib.Faults(windows=tuple((w, 1, 2) for w in range(W)))),
+    (lambda: strategies.fedavg(optax.sgd(0.1), H=2),
+     net_lib.Faults(message_loss=1.0, windows=((1, 0, 4),))),
+])
+def test_a_communication_with_nobody_keeps_the_model(make, faults):
+  """Strategies whose global model is the mean of the active workers must not
+  fall back to a mean over nobody (zeros) when a communication is empty."""
+  r = run(make(), steps=4, network=base_network(faults=faults))
+  norm = sum(float(jnp.sum(jnp.abs(x))) for x in jax.tree.leaves(r.params))
+  assert norm > 0.1 * sum(float(jnp.sum(jnp.abs(x)))
+                          for x in jax.tree.leaves(initial_params()))
+  assert np.isfinite(r.history["eval_loss"][-1])
+
+
+def test_jitter_alone_leaves_training_bit_identical():
+  strategy = strategies.diloco(optax.sgd(0.1), H=2)
+  a = run(strategy, steps=6, network=base_network())
+  b = run(strategy, steps=6, network=base_network(
+      stragglers=net_lib.Stragglers(jitter=0.5)))
+  chex.assert_trees_all_equal(a.params, b.params)
+  assert b.summary["sim_time_s"] != a.summary["sim_time_s"]
+
+
+def test_a_window_without_a_round_start_is_rejected():
+  faults = net_lib.Faults(windows=((1, 3, 5),))
+  with pytest.raises(ValueError, match=r"^windows=\(1, 3, 5\).*H=6"):
+    run(diloco_strategy(6), steps=12, network=base_network(faults=faults))
+
+
+def test_ddp_step_with_every_worker_down_is_skipped():
+  faults = net_lib.Faults(windows=tuple((w, 1, 2) for w in range(W)))
+  r = run(strategies.ddp(optax.sgd(0.1)), steps=4,
+          network=base_network(faults=faults))
+  p = initial_params()
+  for step in (0, 2, 3):  # step 1: nobody up, nothing happens
+    g = jax.tree.map(lambda *gs: sum(gs) / W, *[grad(p, w) for w in range(W)])
+    p = jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
+  chex.assert_trees_all_close(r.params, p, atol=2e-5, rtol=1e-4)

@@ -746,3 +746,13 @@ def test_ties_are_broken_at_random_not_by_index():
       p, jnp.ones(4), jnp.ones(4, bool), s, 1)[0])(jnp.arange(200))
   assert set(np.asarray(kept.sum(axis=1)).tolist()) == {2}
   assert np.all(np.asarray(kept.mean(axis=0)) > 0.3)
+
+
+def test_bandwidth_in_bytes_per_second_needs_a_capital_b():
+  assert bandwidth("125MB/s") == 1e9 and bandwidth("1GBps") == 8e9
+  assert bandwidth("100Mbps") == bandwidth("100mbps") == 1e8
+
+
+def test_a_bare_small_number_is_not_taken_for_flops():
+  with pytest.raises(ValueError, match="^hardware=0.5 .*'0.5s'"):
+    hardware(0.5)

@@ -20,9 +20,11 @@ class Stragglers(NamedTuple):
     jitter: sigma of a lognormal multiplier of every worker's step time, drawn
       per worker and step with mean 1 (exp(sigma z - sigma^2 / 2)).
     mitigation: "none" (every communication waits for the slowest worker),
-      "threshold" (aggregate the first ``fraction`` of the workers to finish;
-      the others' updates are dropped that round) or "backup" (``backups`` of
-      the workers are spares: the first W - backups to finish are aggregated).
+      "threshold" (aggregate the first ``fraction`` of the up workers to
+      finish; the others' updates are dropped that round) or "backup"
+      (``backups`` of the workers are spares: the first (up workers -
+      backups) to finish are aggregated). Dropped workers still receive
+      what is broadcast.
     fraction: threshold's fraction of the up workers aggregated, in (0, 1];
       the count kept is ceil(fraction x up workers).
     backups: backup's number of spare workers (>= 0, fewer than W).
@@ -37,11 +39,17 @@ class Stragglers(NamedTuple):
 class Faults(NamedTuple):
   """Workers that go down and messages that get lost.
 
-  A down worker computes nothing and sends nothing for the round: its local
-  steps are discarded, it is left out of every average, it does not hold up
-  the clock, and when the round ends it pulls the global parameters. The
-  global model itself is never lost: a communication nobody takes part in is
-  skipped.
+  A down worker sends nothing for the round: it is left out of every average,
+  it does not hold up the clock, and when the round ends it pulls the global
+  parameters. Under strategies that communicate only at the sync (DiLoCo,
+  FedAvg, MuLoCo) its local steps are discarded too; under those that
+  communicate every step (DDP, SPARTA, DeMo) it still applies what the others
+  broadcast. The global model itself is never lost: a communication nobody
+  takes part in is skipped (for per-step strategies, the whole step).
+
+  Masks are drawn per round (H inner steps; one step for DDP, SPARTA and
+  DeMo), so a window or failure takes effect at the first round starting in
+  it; a window with no round start in it is rejected at build time.
 
   Attributes:
     drop_prob: probability that a worker is down for a round (independent per
@@ -118,3 +126,13 @@ def _pair(failure, num_workers):
     raise _validate.fail("failures", failure, "expected (worker, step) pairs")
   return (_worker("failures", failure[0], num_workers),
           _step("failures", failure[1]))
+
+
+def check_windows(f: Faults, period: int) -> None:
+  """Every down window must contain a round start (a multiple of H)."""
+  for worker, start, end in f.windows:
+    if -(-start // period) * period >= end:
+      raise _validate.fail(
+          "windows", (worker, start, end),
+          f"no round starts in [{start}, {end}): masks are drawn per round "
+          f"and rounds start every H={period} steps")

@@ -72,6 +72,10 @@ def hardware(spec="h100", mfu: float = 0.4, speeds=None) -> Hardware:
     if seconds <= 0:
       raise _validate.fail("hardware", spec, "a time per step must be > 0")
     return Hardware(spec, None, mfu, seconds, speeds)
+  if isinstance(spec, (int, float)) and not isinstance(spec, bool) and (
+      0 < spec < 1e9):
+    raise _validate.fail("hardware", spec, "a number is a peak in FLOP/s; "
+                         f"for seconds per step write '{spec}s'")
   try:
     peak = _units.flops(spec, "hardware")
   except ValueError:

@@ -39,11 +39,17 @@ def _parse(field, value, units, allowed, *, allow_zero):
 
 
 def bandwidth(value, field: str = "bandwidth") -> float:
-  """Bits per second from ``"100Mbps"``, ``"1Gbps"``, ``"10Gbit/s"`` or a
-  number of bit/s (> 0)."""
-  return _parse(field, value, _BANDWIDTH,
-                "expected a bandwidth > 0 such as '100Mbps', '1Gbps' or a "
-                "number of bit/s", allow_zero=False)
+  """Bits per second from ``"100Mbps"``, ``"1Gbps"``, ``"10Gbit/s"``, bytes
+  per second with a capital B (``"125MB/s"``, ``"1GBps"``), or a number of
+  bit/s (> 0)."""
+  allowed = ("expected a bandwidth > 0 such as '100Mbps', '1Gbps', "
+             "'125MB/s' or a number of bit/s")
+  if isinstance(value, str):
+    match = re.fullmatch(_NUMBER + r"([kMGT]?)B(?:ps|/s)\s*", value)
+    if match:  # bytes per second
+      scale = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
+      value = 8.0 * float(match.group(1)) * scale[match.group(2)]
+  return _parse(field, value, _BANDWIDTH, allowed, allow_zero=False)
 
 
 def duration(value, field: str = "latency") -> float:

@@ -184,12 +184,21 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return sim, steps, up_W, ready_W
 
   def rejoin(st: StrategyState, up_W) -> StrategyState:
-    """Down workers pull the global parameters; all are active again."""
+    """Down workers pull the global parameters; the up ones are active again.
+
+    Strategies without a server model define the global parameters as the
+    mean of the active workers; when the last communication had nobody, the
+    mean of the up workers stands in, and with nobody up, of all of them (a
+    mean over nobody would be zeros).
+    """
     if not masks:
       return st
-    global_W = broadcast_to_workers(strategy.global_params(st), num_workers)
+    fallback = jnp.where(jnp.any(up_W), up_W, True)
+    counted = jnp.where(jnp.any(st.active), st.active, fallback)
+    global_W = broadcast_to_workers(
+        strategy.global_params(st._replace(active=counted)), num_workers)
     return st._replace(params_W=_where_W(up_W, st.params_W, global_W),
-                       active=up_W)
+                       active=fallback)
 
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
     sim, steps, up_W, ready_W = local_steps(sim, sampler, net, strategy.period)

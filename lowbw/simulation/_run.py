@@ -18,7 +18,7 @@ from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import telemetry
 from lowbw.simulation import _engine
-from lowbw.network import _clock
+from lowbw.network import _clock, _faults
 from lowbw.simulation._history import History, NonFiniteLossError
 from lowbw.telemetry import names
 
@@ -156,14 +156,19 @@ class _Run:
     self.seed = int(seed)
     self.network = (None if network is None
                     else _clock.check_network(network, self.num_workers))
+    # Jitter alone moves the clock but drops nobody: no masks, same training.
     self.masks = self.network is not None and (
-        self.network.faults is not None or self.network.stragglers is not None)
+        self.network.faults is not None or (
+            self.network.stragglers is not None and
+            self.network.stragglers.mitigation != "none"))
     self.model = (models_lib.get(model) if isinstance(model, str)
                   else models_lib.as_model(model))
     self.data = _resolve("data", data, data_lib.get, data_lib.DataSource)
     self.strategy = _resolve("strategy", strategy, strategies_lib.get,
                              strategies_lib.Strategy)
     period = self.strategy.period
+    if self.network is not None and self.network.faults is not None:
+      _faults.check_windows(self.network.faults, period)
     self.eval_every = _multiple_of_period("eval_every", eval_every, period)
     self.checkpoint_every = _multiple_of_period("checkpoint_every",
                                                 checkpoint_every, period)
