@@ -105,17 +105,16 @@ def _unless_nobody(fn, active_W: Array, steps: int):
   """``fn(state, *args)``, skipped when no worker takes part (the counter still
   advances by ``steps``; no events): the global model is never lost."""
 
-  def skip(state, *args):
-    del args
-    return state._replace(step=state.step + steps), none
-
   def run(state, *args):
-    nonlocal none
-    out_shape = jax.eval_shape(fn, state, *args)[1]
-    none = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), out_shape)
+    report_shape = jax.eval_shape(fn, state, *args)[1]
+
+    def skip(state, *args):
+      del args
+      return state._replace(step=state.step + steps), jax.tree.map(
+          lambda s: jnp.zeros(s.shape, s.dtype), report_shape)
+
     return jax.lax.cond(jnp.any(active_W), fn, skip, state, *args)
 
-  none = None
   return run
 
 
@@ -144,29 +143,35 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     if net is None:
       st, counts = strategy.local(st, grads_W)
     else:
-      ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
-      if jax.eval_shape(strategy.local, st, grads_W)[1]:
-        # Communication every step: a barrier of the workers waited for.
-        active_W, start = (_clock.participants(net, ready_W, up_W, st.step, 0)
-                           if masks else (up_W, jnp.max(ready_W)))
-        local = strategy.local
-        if masks:
-          st = st._replace(active=active_W)
-          local = _unless_nobody(local, active_W, 1)
-        st, counts = local(st, grads_W)
-        ready_W = jnp.full_like(ready_W,
-                                start + _clock.comm_seconds(net, counts))
-        n = jnp.sum(active_W.astype(jnp.int32))
-      else:
-        new, counts = strategy.local(st, grads_W)
-        if masks:  # a down worker's steps never happened
-          new = new._replace(params_W=_where_W(up_W, new.params_W, st.params_W),
-                             inner_W=_where_W(up_W, new.inner_W, st.inner_W))
-        st, n = new, jnp.int32(-1)
-      clock = StepClock(_clock.waited_for(net, ready_W, up_W), n)
+      st, counts, ready_W, clock = clocked_local(st, grads_W, net, up_W,
+                                                 ready_W)
     out = StepOut(jnp.mean(loss_W), jax.tree.map(jnp.mean, metrics_W),
                   _first_bad(loss_W), counts, clock)
     return sim._replace(strategy=st), out, ready_W
+
+  def clocked_local(st: StrategyState, grads_W, net, up_W, ready_W):
+    """``strategy.local`` with the clock (and the masks, when on)."""
+    ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
+    if jax.eval_shape(strategy.local, st, grads_W)[1]:
+      # Communication every step: a barrier of the workers waited for.
+      local = strategy.local
+      if masks:
+        active_W, start = _clock.participants(net, ready_W, up_W, st.step, 0)
+        st = st._replace(active=active_W)
+        local = _unless_nobody(local, active_W, 1)
+      else:
+        active_W, start = up_W, jnp.max(ready_W)
+      st, counts = local(st, grads_W)
+      ready_W = jnp.full_like(ready_W, start + _clock.comm_seconds(net, counts))
+      n = jnp.sum(active_W.astype(jnp.int32))
+    else:
+      new, counts = strategy.local(st, grads_W)
+      if masks:  # a down worker's steps never happened
+        new = new._replace(params_W=_where_W(up_W, new.params_W, st.params_W),
+                           inner_W=_where_W(up_W, new.inner_W, st.inner_W))
+      st, n = new, jnp.int32(-1)
+    clock = StepClock(_clock.waited_for(net, ready_W, up_W), n)
+    return st, counts, ready_W, clock
 
   def local_steps(sim: SimState, sampler, net, length: int):
     up_W = ready_W = None
