@@ -169,8 +169,8 @@ def test_slowest_worker_sets_the_pace():
 
 def test_a_network_alone_leaves_training_unchanged():
   strategy = strategies.sparta_diloco(optax.adamw(3e-3), H=4, p=0.1)
-  a = run(strategy, steps=10)
-  b = run(strategy, steps=10, network=base_network())
+  a = run(strategy, steps=6)
+  b = run(strategy, steps=6, network=base_network())
   chex.assert_trees_all_equal(a.params, b.params)
   np.testing.assert_array_equal(a.history["train_loss"],
                                 b.history["train_loss"])
@@ -367,10 +367,10 @@ def test_bad_networks_fail_at_build_naming_the_field(network, field):
 def test_clock_values_are_finite_and_grow():
   net = base_network(stragglers=net_lib.Stragglers(jitter=0.5),
                      faults=net_lib.Faults(drop_prob=0.3, message_loss=0.2))
-  for strategy in (strategies.sparta(optax.sgd(0.1), p=0.2),
-                   strategies.fedavg(optax.sgd(0.1), H=2, island_size=2),
+  # SPARTA's masks are exercised by the tests above; these are the others.
+  for strategy in (strategies.fedavg(optax.sgd(0.1), H=2, island_size=2),
                    strategies.demo(), strategies.sparta_diloco(H=2, p=0.2)):
-    r = run(strategy, steps=7, network=net, log_every=1)
+    r = run(strategy, steps=5, network=net, log_every=1)
     t = r.history["sim_time_s"]
     assert np.all(np.isfinite(t)) and np.all(np.diff(t) >= 0), strategy.name
     assert math.isfinite(r.history["eval_loss"][-1])
