@@ -271,8 +271,8 @@ class _Run:
         "channels": {k: c._asdict() for k, c in self.channels.items()},
         "network": None if self.network is None else {
             **self.network.describe(),
-            "compute_s_per_step": self.network.hardware and
-            self.network.hardware.step_seconds(self.flops_per_step),
+            "compute_s_per_step": None if self.network.hardware is None
+            else self.network.hardware.step_seconds(self.flops_per_step),
             "comm_s_per_event": self.comm_seconds},
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
