@@ -28,6 +28,7 @@ import time
 
 import optax
 
+import _report
 import lowbw
 from lowbw import data, models, strategies, transforms
 
@@ -36,7 +37,6 @@ CODECS = {"none": None, "8-bit": "quant:8:statistical",
           "4-bit": "quant:4:statistical", "2-bit": "quant:2:statistical",
           "top-k 10%": "topk:0.1"}
 BETAS = {"DiLoCo": 0.7, "MuLoCo": 0.9}
-HAND_WRITTEN = "## Reading (written by hand"  # the paper's tuned values (Table 2)
 
 
 def make_strategy(method, codec_spec, ef, args):
@@ -134,15 +134,7 @@ def write_report(results, args, out):
             "bins, bin-mean codebook); top-k is per tensor.",
             "- `experiments/muloco_topk_trajectory.py` prints the eval loss "
             "at every sync of the MuLoCo top-k runs."]
-  path = os.path.join(out, "muloco.md")
-  kept = ""  # a hand-written reading of the results survives regeneration
-  if os.path.exists(path):
-    with open(path) as f:
-      text = f.read()
-    if HAND_WRITTEN in text:
-      kept = "\n" + text[text.index(HAND_WRITTEN):]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + "\n" + kept)
+  _report.write_report(os.path.join(out, "muloco.md"), "\n".join(lines))
   plot(rows, os.path.join(out, "muloco.png"))
 
 

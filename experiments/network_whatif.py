@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 
+import _report
 import lowbw
 from lowbw import data, models, network, strategies
 
@@ -35,7 +36,6 @@ LINKS = {  # name: (bandwidth, one-way latency per message hop)
     "1 Gbit/s, 5 ms (metro)": ("1Gbps", "5ms"),
     "100 Mbit/s, 50 ms (internet)": ("100Mbps", "50ms"),
 }
-HAND_WRITTEN = "## Reading (written by hand"
 
 
 def common(args):
@@ -147,15 +147,7 @@ def write_report(results, args, out):
             "batch b equals one model with batch W*b (tests/test_simulate.py), "
             "so it has DDP's losses at W times one worker's compute per step.",
             ""]
-  path = os.path.join(out, "network.md")
-  kept = ""
-  if os.path.exists(path):
-    with open(path) as f:
-      text = f.read()
-    if HAND_WRITTEN in text:
-      kept = "\n" + text[text.index(HAND_WRITTEN):]
-  with open(path, "w") as f:
-    f.write("\n".join(lines) + kept)
+  _report.write_report(os.path.join(out, "network.md"), "\n".join(lines))
   plot(rows, os.path.join(out, "network.png"))
 
 
