@@ -163,10 +163,7 @@ def findings(rows, base):
 
 
 def plot(rows, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(7, 4.5))
+  fig, ax = _report.axes()
   for method, color in (("DiLoCo", "tab:blue"), ("MuLoCo", "tab:orange")):
     for ef, marker in ((False, "o"), (True, "s")):
       pts = [r for r in rows if r["method"] == method and r["ef"] == ef
@@ -180,13 +177,8 @@ def plot(rows, path):
     base = [r for r in rows if r["method"] == method and r["codec"] == "none"]
     ax.scatter([r["payload_bytes"] for r in base], [r["eval_loss"] for r in base],
                color=color, marker="*", s=120, label=f"{method} uncompressed")
-  ax.set_xscale("log")
-  ax.set_xlabel("payload bytes per worker (whole run)")
-  ax.set_ylabel("final eval loss")
-  ax.legend(fontsize=8)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  _report.save_plot(fig, ax, path, "payload bytes per worker (whole run)",
+                    "final eval loss")
 
 
 def main():

@@ -160,12 +160,9 @@ def _hms(seconds):
 
 
 def plot(rows, path):
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
   colors = {"no network": "black", **dict(zip(
       LINKS, ("tab:green", "tab:blue", "tab:red")))}
-  fig, ax = plt.subplots(figsize=(7.5, 4.5))
+  fig, ax = _report.axes(figsize=(7.5, 4.5))
   for r in rows:
     style = "--" if r["strategy"] == "DDP" else (
         ":" if r["link"] == "no network" else "-")
@@ -173,13 +170,8 @@ def plot(rows, path):
     ax.plot([x / 3600 for x in t], loss, style, color=colors[r["link"]],
             marker="o", markersize=3,
             label=f"{r['strategy']}, {r['link'].split(' (')[0]}")
-  ax.set_xscale("log")
-  ax.set_xlabel("simulated hours (compute + communication)")
-  ax.set_ylabel("eval loss")
-  ax.legend(fontsize=7)
-  ax.grid(alpha=0.3)
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
+  _report.save_plot(fig, ax, path, "simulated hours (compute + communication)",
+                    "eval loss", legend_size=7)
 
 
 def main():

@@ -83,3 +83,13 @@ def test_plot_errors_name_the_flag(argv, start, tmp_path, capsys):
 def test_plot_of_a_missing_run(tmp_path, capsys):
   assert cli.main(["plot", str(tmp_path / "none")]) == 2
   assert "no metrics.csv" in capsys.readouterr().err
+
+
+def test_overlap_from_a_config_file_must_be_a_boolean(tmp_path, capsys):
+  cfg = tmp_path / "run.toml"
+  cfg.write_text('overlap = "yes"\n')
+  assert cli.main(TINY + ["--config", str(cfg), "--out",
+                          str(tmp_path / "x")]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith("lowbw: error: --overlap='yes' is invalid") and (
+      "\n" not in err)
