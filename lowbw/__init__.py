@@ -15,9 +15,9 @@ Example:
 """
 
 from lowbw import data, models, network, strategies, telemetry, transforms
-from lowbw.simulation import NonFiniteLossError, Result, simulate
+from lowbw.simulation import NonFiniteLossError, Result, initialize, simulate
 
 __version__ = "0.1.0"
 
 __all__ = ["NonFiniteLossError", "Result", "data", "models", "network",
-           "simulate", "strategies", "telemetry", "transforms"]
+           "initialize", "simulate", "strategies", "telemetry", "transforms"]

@@ -24,7 +24,8 @@ def _one_line(error: Exception) -> str:
   match = re.match(r"(\w+)=", text)
   if match:
     name = _FLAGS.get(match.group(1), match.group(1))
-    if (name in _train.DEFAULTS or name in ("resume", "config", "x", "y")
+    if (name in _train.DEFAULTS or name in ("resume", "config", "x", "y", "coordinator",
+                                        "num_processes", "process_id")
         or name in _plan.FLAG_NAMES):
       text = "--" + name.replace("_", "-") + text[len(match.group(1)):]
   return text

@@ -6,6 +6,7 @@ import json
 import os
 import re
 
+import jax
 import optax
 
 from lowbw import _validate
@@ -14,7 +15,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
-from lowbw.simulation import simulate
+from lowbw.simulation import initialize, simulate
 from lowbw.transforms import parse_codec
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
@@ -35,7 +36,7 @@ DEFAULTS = {
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
-    "out": None, "progress": None,
+    "out": None, "progress": None, "devices": None, "worker_dtype": None,
     # The simulated clock (lowbw.network): every run has one.
     "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
     "group_size": None, "regional_bandwidth": "10Gbps",
@@ -204,7 +205,32 @@ def add_parser(subparsers) -> None:
   g.add_argument("--out", help="log folder (default runs/<time>-<strategy>)")
   g.add_argument("--progress", action=argparse.BooleanOptionalAction,
                  help="progress bar (default: on a terminal)")
+  add_scale_flags(p)
   p.set_defaults(run=run)
+
+
+def add_scale_flags(p) -> None:
+  """Devices, worker precision and multi-process flags (train and bench)."""
+  g = p.add_argument_group("devices and hosts")
+  g.add_argument("--devices", type=int, help="spread the workers over N "
+                 "devices (must divide --workers; default 1, or all devices "
+                 "of a multi-process run)")
+  g.add_argument("--worker-dtype", help="bfloat16: keep every worker's "
+                 "parameters and optimizer state in bf16 (half the memory; "
+                 "see docs/performance.md); default float32")
+  g.add_argument("--coordinator", help="multi-process: host:port of process "
+                 "0 (or JAX_COORDINATOR_ADDRESS)")
+  g.add_argument("--num-processes", type=int, help="multi-process: K "
+                 "processes (or JAX_NUM_PROCESSES)")
+  g.add_argument("--process-id", type=int, help="multi-process: this "
+                 "process's index in [0, K) (or JAX_PROCESS_ID)")
+
+
+def join_processes(args: argparse.Namespace) -> None:
+  """``jax.distributed.initialize`` when flags or environment ask for it."""
+  if (args.coordinator or args.num_processes is not None or
+      args.process_id is not None or "JAX_COORDINATOR_ADDRESS" in os.environ):
+    initialize(args.coordinator, args.num_processes, args.process_id)
 
 
 def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
@@ -247,7 +273,7 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
 
 # What ``--resume`` may change: how long the run goes on and how it is logged.
 RESUME_MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
-                     "eval_examples", "progress", "out")
+                     "eval_examples", "progress", "out", "devices")
 
 
 def _check_resume_changes(saved: dict, given: dict) -> None:
@@ -446,6 +472,7 @@ def build_network(s: dict) -> network_lib.Network:
 
 
 def run(args: argparse.Namespace) -> int:
+  join_processes(args)
   s, explicit = settings(args)
   source = build_data(s)
   model = build_model(s, source)
@@ -468,8 +495,10 @@ def run(args: argparse.Namespace) -> int:
       network=network, eval_every=eval_every, log_every=s["log_every"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
       resume_from=args.resume, progress=s["progress"],
-      metadata={METADATA_KEY: saved})
-  print(format_summary(result.summary, s))
+      metadata={METADATA_KEY: saved}, devices=s["devices"],
+      worker_dtype=s["worker_dtype"])
+  if result.config["processes"] == 1 or jax.process_index() == 0:
+    print(format_summary(result.summary, s))
   return 0
 
 

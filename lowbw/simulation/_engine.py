@@ -25,7 +25,9 @@ import optax
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.network import _clock
 from lowbw.strategies import Strategy, StrategyState
-from lowbw.transforms import broadcast_to_workers, worker_divergence
+from lowbw.transforms import (all_workers, any_worker, broadcast_to_workers,
+                              local_workers, sharded_workers, worker_divergence,
+                              worker_mean, worker_offset)
 
 
 class SimState(NamedTuple):
@@ -72,7 +74,7 @@ class RoundOut(NamedTuple):
 
 
 def _first_bad(loss_W: Array) -> Array:
-  bad_W = ~jnp.isfinite(loss_W)
+  bad_W = ~jnp.isfinite(all_workers(loss_W))
   return jnp.where(jnp.any(bad_W), jnp.argmax(bad_W), -1).astype(jnp.int32)
 
 
@@ -86,7 +88,7 @@ def _inner_lr(inner_W: PyTree) -> Array:
     lr = None
   if lr is None or not hasattr(lr, "shape"):
     return jnp.float32(jnp.nan)
-  return jnp.mean(jnp.asarray(lr, jnp.float32))
+  return worker_mean(jnp.asarray(lr, jnp.float32).reshape(-1))
 
 
 class Programs(NamedTuple):
@@ -96,6 +98,8 @@ class Programs(NamedTuple):
 
 
 def _where_W(mask_W: Array, new: PyTree, old: PyTree) -> PyTree:
+  """Per worker, ``new`` where ``mask_W`` (over all W workers) else ``old``."""
+  mask_W = local_workers(mask_W)
   return jax.tree.map(
       lambda n, o: jnp.where(mask_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
       new, old)
@@ -118,15 +122,46 @@ def _unless_nobody(fn, active_W: Array, steps: int):
   return run
 
 
+def cast_workers(st: StrategyState, dtype) -> StrategyState:
+  """Every worker's parameters and inner optimizer state as ``dtype``.
+
+  Only tensors are cast (leaves with a dimension besides the worker axis):
+  per-worker scalars such as step counts and learning rates keep their type.
+  """
+  def one(x):
+    if x.ndim >= 2 and jnp.issubdtype(x.dtype, jnp.floating):
+      return x.astype(dtype)
+    return x
+  return st._replace(params_W=jax.tree.map(one, st.params_W),
+                     inner_W=jax.tree.map(one, st.inner_W))
+
+
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
-          tail_steps: int, masks: bool = False) -> Programs:
+          tail_steps: int, masks: bool = False, mesh=None,
+          specs=None, worker_dtype=None) -> Programs:
   """Builds the jitted programs; nothing is traced until first called.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
   argument. ``masks``: the run has a fault or straggler model, so the engine
   sets ``StrategyState.active`` before each communication, freezes down
   workers and has them pull the global parameters when their round ends.
+
+  ``mesh``: a ``jax.sharding.Mesh`` with a ``"workers"`` axis; the chunk and
+  tail programs then run under ``shard_map``, each device vmapping over its
+  slice of the workers, with ``specs = (sim_specs, sampler_specs)`` saying
+  which leaves are per worker (``P("workers")``) and which are replicated.
+  Evaluation stays a plain ``jit`` (the partitioner reduces over devices).
+
+  ``worker_dtype`` (e.g. bfloat16): the workers' parameters and inner
+  optimizer states are kept in this type between steps; every step and sync
+  computes in float32 (cast on entry, rounded back on exit).
   """
+
+  def widen(st):
+    return st if worker_dtype is None else cast_workers(st, jnp.float32)
+
+  def narrow(st):
+    return st if worker_dtype is None else cast_workers(st, worker_dtype)
 
   def grads(params, batch, key):
     (loss, metrics), g = jax.value_and_grad(model.loss, has_aux=True)(
@@ -134,10 +169,10 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return loss, metrics, g
 
   def local_step(sim: SimState, sampler, net, up_W, ready_W):
-    st = sim.strategy
-    batch_W = sampler.sample(sim.data_key, st.step)
-    keys_W = jax.random.split(jax.random.fold_in(sim.loss_key, st.step),
-                              num_workers)
+    st = widen(sim.strategy)
+    batch_W = sampler.sample(sim.data_key, st.step, worker_offset())
+    keys_W = local_workers(jax.random.split(
+        jax.random.fold_in(sim.loss_key, st.step), num_workers))
     loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
     clock = None
     if net is None:
@@ -145,9 +180,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     else:
       st, counts, ready_W, clock = clocked_local(st, grads_W, net, up_W,
                                                  ready_W)
-    out = StepOut(jnp.mean(loss_W), jax.tree.map(jnp.mean, metrics_W),
+    out = StepOut(worker_mean(loss_W), worker_mean(metrics_W),
                   _first_bad(loss_W), counts, clock)
-    return sim._replace(strategy=st), out, ready_W
+    return sim._replace(strategy=narrow(st)), out, ready_W
 
   def clocked_local(st: StrategyState, grads_W, net, up_W, ready_W):
     """``strategy.local`` with the clock (and the masks, when on)."""
@@ -157,7 +192,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
       local = strategy.local
       if masks:
         active_W, start = _clock.participants(net, ready_W, up_W, st.step, 0)
-        st = st._replace(active=active_W)
+        st = st._replace(active=local_workers(active_W))
         local = _unless_nobody(local, active_W, 1)
       else:
         active_W, start = up_W, jnp.max(ready_W)
@@ -198,16 +233,17 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     """
     if not masks:
       return st
-    fallback = jnp.where(jnp.any(up_W), up_W, True)
-    counted = jnp.where(jnp.any(st.active), st.active, fallback)
+    fallback = local_workers(jnp.where(jnp.any(up_W), up_W, True))
+    counted = jnp.where(any_worker(st.active), st.active, fallback)
     global_W = broadcast_to_workers(
-        strategy.global_params(st._replace(active=counted)), num_workers)
+        strategy.global_params(st._replace(active=counted)),
+        fallback.shape[0])
     return st._replace(params_W=_where_W(up_W, st.params_W, global_W),
                        active=fallback)
 
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
     sim, steps, up_W, ready_W = local_steps(sim, sampler, net, strategy.period)
-    st = sim.strategy
+    st = widen(sim.strategy)
     divergence = worker_divergence(st.params_W)
     lr = _inner_lr(st.inner_W)
     sync_counts, clock = {}, None
@@ -218,7 +254,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
       sync = strategy.sync
       if masks:
         active_W, start = _clock.participants(net, ready_W, up_W, st.step, 1)
-        st = st._replace(active=active_W)
+        st = st._replace(active=local_workers(active_W))
         sync = _unless_nobody(sync, active_W, 0)
         n = jnp.sum(active_W.astype(jnp.int32))
       elif net is not None:
@@ -229,8 +265,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     if net is not None:
       st = rejoin(st, up_W)
       clock = RoundClock(start, sync_s, n)
-    return sim._replace(strategy=st), RoundOut(steps, sync_counts, divergence,
-                                               lr, clock)
+    return sim._replace(strategy=narrow(st)), RoundOut(
+        steps, sync_counts, divergence, lr, clock)
 
   def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
     out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
@@ -248,11 +284,11 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def tail(sim: SimState, sampler, net=None):
     sim, steps, up_W, _ = local_steps(sim, sampler, net, tail_steps)
     if net is not None:
-      sim = sim._replace(strategy=rejoin(sim.strategy, up_W))
+      sim = sim._replace(strategy=narrow(rejoin(widen(sim.strategy), up_W)))
     return sim, steps
 
   def evaluate(sim: SimState, eval_batches):
-    params = strategy.global_params(sim.strategy)
+    params = strategy.global_params(widen(sim.strategy))
     key = jax.random.fold_in(sim.loss_key, 0xE7A1)  # not a step index
 
     def one(batch):
@@ -262,8 +298,44 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     losses, metrics = jax.lax.map(one, eval_batches)
     return {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
 
+  if mesh is not None:
+    chunk, tail = _shard(chunk, tail, mesh, specs, num_workers)
   return Programs(
       chunk=jax.jit(chunk, donate_argnums=0),
       tail=jax.jit(tail, donate_argnums=0) if tail_steps else None,
       evaluate=jax.jit(evaluate),
   )
+
+
+MESH_AXIS = "workers"
+
+
+def _shard(chunk, tail, mesh, specs, num_workers: int):
+  """``chunk`` and ``tail`` under ``shard_map`` over ``mesh``'s workers axis.
+
+  Inside, every worker-stacked leaf holds this device's workers and the
+  reductions of ``lowbw.transforms`` add a ``psum`` across devices; every
+  per-round output is such a reduction, hence replicated.
+  """
+  sim_specs, sampler_specs = specs
+  shards = mesh.shape[MESH_AXIS]
+  rep = jax.sharding.PartitionSpec()
+
+  def mapped(fn, in_specs, out_specs):
+    def body(*args):
+      with sharded_workers(MESH_AXIS, shards, num_workers):
+        return fn(*args)
+    return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                         out_specs=out_specs, check_vma=False)
+
+  chunk_s = mapped(chunk, (sim_specs, sampler_specs, rep, rep),
+                   (sim_specs, rep))
+  tail_s = mapped(tail, (sim_specs, sampler_specs, rep), (sim_specs, rep))
+
+  def sharded_chunk(sim, sampler, n_rounds, net=None):
+    return chunk_s(sim, sampler, n_rounds, net)
+
+  def sharded_tail(sim, sampler, net=None):
+    return tail_s(sim, sampler, net)
+
+  return sharded_chunk, sharded_tail

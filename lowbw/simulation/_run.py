@@ -17,12 +17,13 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import telemetry
-from lowbw.simulation import _engine
+from lowbw.simulation import _engine, _mesh
 from lowbw.network import _clock, _faults
 from lowbw.simulation._history import History, NonFiniteLossError
 from lowbw.telemetry import names
 
 _TARGET_CHUNKS = 25
+WORKER_DTYPES = ("float32", "bfloat16")
 
 
 @dataclasses.dataclass
@@ -68,6 +69,8 @@ def simulate(
     progress: bool | None = None,
     callback: Callable[[dict], None] | None = None,
     metadata: dict | None = None,
+    devices: int | None = None,
+    worker_dtype: str | None = None,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -106,6 +109,16 @@ def simulate(
     callback: called with each logged row (a dict), on the host.
     metadata: JSON-able notes stored under "metadata" in config.json (the CLI
       keeps its settings there, for ``lowbw train --resume``).
+    devices: spread the workers over this many devices (``shard_map`` over a
+      ``"workers"`` mesh axis; must divide ``num_workers``); the trajectory is
+      the same as on one device up to float rounding. Default: 1, or every
+      device of a multi-process run (``lowbw.simulation.initialize``).
+    worker_dtype: "bfloat16" keeps every worker's parameters and inner
+      optimizer state in bf16 between steps (half their memory); steps, syncs
+      and the global parameters stay float32. Updates smaller than bf16's
+      resolution (about 0.4% of a weight) are rounded away, so use it with
+      strategies that restart workers from float32 global parameters
+      (DiLoCo, MuLoCo, FedAvg). Default float32.
 
   Returns:
     A ``Result``.
@@ -117,7 +130,7 @@ def simulate(
   run = _Run(model, data, strategy, num_workers, batch_size, steps, seed,
              network, eval_every, log_every, log_dir, checkpoint_every,
              resume_from, eval_examples, rounds_per_chunk, progress, callback,
-             metadata)
+             metadata, devices, worker_dtype)
   return run.execute()
 
 
@@ -146,7 +159,7 @@ class _Run:
   def __init__(self, model, data, strategy, num_workers, batch_size, steps,
                seed, network, eval_every, log_every, log_dir, checkpoint_every,
                resume_from, eval_examples, rounds_per_chunk, progress,
-               callback, metadata):
+               callback, metadata, devices=None, worker_dtype=None):
     # --- validation: everything fails here, before compiling.
     self.num_workers = _validate.positive_int("num_workers", num_workers)
     self.batch_size = _validate.positive_int("batch_size", batch_size)
@@ -154,6 +167,18 @@ class _Run:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
       raise _validate.fail("seed", seed, "expected an integer")
     self.seed = int(seed)
+    self.devices = _mesh.check_devices(devices, self.num_workers)
+    worker_dtype = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
+        worker_dtype, worker_dtype)
+    self.worker_dtype = _validate.one_of("worker_dtype", worker_dtype,
+                                         WORKER_DTYPES)
+    self.processes = jax.process_count()
+    self.main_process = jax.process_index() == 0
+    if self.processes > 1 and (checkpoint_every or resume_from):
+      raise _validate.fail(
+          "checkpoint_every" if checkpoint_every else "resume_from",
+          checkpoint_every or resume_from,
+          "checkpoints are not supported in multi-process runs yet")
     self.network = (None if network is None
                     else _clock.check_network(network, self.num_workers))
     # Jitter alone moves the clock but drops nobody: no masks, same training.
@@ -195,6 +220,7 @@ class _Run:
           "log_dir", log_dir, "already holds another run's checkpoints; resume "
           "it (resume_from) or choose a new folder")
     self.progress = telemetry.is_terminal() if progress is None else progress
+    self.progress = self.progress and self.main_process
     self.callback = callback
     self.metadata = dict(metadata or {})
     if self.model.task not in ("custom", self.data.task):
@@ -246,12 +272,41 @@ class _Run:
       if self.masks:
         strategy_state = strategy_state._replace(
             active=jnp.ones(self.num_workers, bool))
+    if self.worker_dtype != "float32":
+      strategy_state = _engine.cast_workers(strategy_state, self._narrow)
     self.state = _engine.SimState(strategy_state, data_key, loss_key)
     eval_batches = self.data.eval_batches(self.eval_examples)
     self.eval_batches = jax.tree.map(jnp.asarray, eval_batches)
+    self.mesh = self.specs = None
+    if self.devices > 1 or self.processes > 1:
+      self._spread(params, strategy_key)
     self.tail_steps = self.steps % period
     self.metric_names = sorted(
         jax.eval_shape(self.model.loss, params, example, loss_key)[1])
+
+  @property
+  def _narrow(self):
+    return None if self.worker_dtype == "float32" else jnp.bfloat16
+
+  def _spread(self, params, strategy_key):
+    """Splits the workers' leaves over the mesh, replicates the rest."""
+    self.mesh = _mesh.make_mesh(self.devices)
+    sim_specs = _engine.SimState(
+        _mesh.strategy_specs(self.strategy, params, self.num_workers,
+                             strategy_key, self.masks),
+        _mesh.replicated(self.state.data_key),
+        _mesh.replicated(self.state.loss_key))
+    self.specs = (sim_specs, _mesh.sampler_specs(self.sampler))
+    self.state = _mesh.place(self.state, sim_specs, self.mesh)
+    self.sampler = _mesh.place(self.sampler, self.specs[1], self.mesh)
+    self.eval_batches = _mesh.place(
+        self.eval_batches, _mesh.replicated(self.eval_batches), self.mesh)
+    if self.net is not None:
+      self.net = _mesh.place(self.net, _mesh.replicated(self.net), self.mesh)
+
+  def _fetch(self, tree):
+    """Device outputs (replicated) as numpy, whichever process holds them."""
+    return jax.device_get(tree) if self.mesh is None else _mesh.to_host(tree)
 
   # ------------------------------------------------------------ description
   def config(self) -> dict:
@@ -276,6 +331,9 @@ class _Run:
             "comm_s_per_event": self.comm_seconds},
         "jax_version": jax.__version__,
         "backend": jax.default_backend(),
+        "worker_dtype": self.worker_dtype,
+        "devices": self.devices,
+        "processes": self.processes,
         "metadata": self.metadata,
     }
 
@@ -306,15 +364,16 @@ class _Run:
 
     self.programs = _engine.build(self.model, self.strategy, self.num_workers,
                                   self.rounds_per_chunk, self.tail_steps,
-                                  self.masks)
+                                  self.masks, self.mesh, self.specs,
+                                  self._narrow)
     net = self.net
     compile_start = time.perf_counter()
     chunk = self.programs.chunk.lower(state, self.sampler, 1, net).compile()
     tail = (self.programs.tail.lower(state, self.sampler, net).compile()
             if self.programs.tail else None)
     evaluate = self.programs.evaluate.lower(state, self.eval_batches).compile()
-    global_params = jax.jit(
-        lambda s: self.strategy.global_params(s.strategy)).lower(state).compile()
+    global_params = jax.jit(lambda s: self.strategy.global_params(
+        _engine.cast_workers(s.strategy, jnp.float32))).lower(state).compile()
     # Load the executables: a first execution pays one-off costs (buffer and
     # thread-pool set-up) that belong with compilation, not with the run's
     # throughput. A chunk of zero rounds leaves the state unchanged.
@@ -377,7 +436,7 @@ class _Run:
           self.clock.elapsed if self.network is not None else None)
       if names.EVAL_LOSS not in row:
         ev = {k: float(v) for k, v in
-              jax.device_get(evaluate(state, self.eval_batches)).items()}
+              self._fetch(evaluate(state, self.eval_batches)).items()}
         history.add_eval(self.steps, ev, self._is_lm(), wall)
       emit([row])
     finally:
@@ -389,10 +448,12 @@ class _Run:
     elapsed = time.perf_counter() - start
     hist = history.as_arrays()
     summary = self._summary(hist, compile_s, elapsed, history)
-    if self.log_dir:
+    if self.log_dir and self.main_process:
       telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
-    return Result(hist, global_params(state), state, summary, self.config(),
-                  self.log_dir)
+    params = global_params(state)
+    if self.processes > 1:  # a copy this process can read
+      params = jax.tree.map(lambda x: x.addressable_data(0), params)
+    return Result(hist, params, state, summary, self.config(), self.log_dir)
 
   def _rounds_to(self, step, every):
     return (every - step % every) // self.strategy.period
@@ -405,7 +466,7 @@ class _Run:
 
   def _consume(self, history, pending, wall):
     kind, n, out, ev, end_step = pending
-    out = jax.device_get(out)
+    out = self._fetch(out)
     if kind == "rounds":
       per_step = jax.tree.map(lambda x: x[:n].reshape((-1,) + x.shape[2:]),
                               out.steps)
@@ -440,7 +501,7 @@ class _Run:
                        wall_time_s=wall, sim_time=sim_time,
                        participants=participants)
     if ev is not None:
-      ev = {k: float(v) for k, v in jax.device_get(ev).items()}
+      ev = {k: float(v) for k, v in self._fetch(ev).items()}
       row = history.add_eval(end_step, ev, self._is_lm(), wall)
       if not rows or rows[-1] is not row:
         rows.append(row)
@@ -448,7 +509,7 @@ class _Run:
 
   # ------------------------------------------------------------ files
   def _open_writers(self, history):
-    if not self.log_dir:
+    if not self.log_dir or not self.main_process:
       return []
     os.makedirs(self.log_dir, exist_ok=True)
     telemetry.write_json(os.path.join(self.log_dir, "config.json"),
@@ -473,7 +534,8 @@ class _Run:
 
   # What a resumed run may change; everything else must match the checkpoint.
   _MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
-                 "eval_examples", "metadata", "jax_version", "backend")
+                 "eval_examples", "metadata", "jax_version", "backend",
+                 "devices", "processes")
 
   def _restore(self, history, initial_state):
     directory = self._checkpoint_dir(self.resume_from)
@@ -491,6 +553,11 @@ class _Run:
             f"run has {key}={current.get(key)!r}; only "
             f"{', '.join(self._MAY_CHANGE[:4])} may change on resume")
     abstract = jax.eval_shape(lambda: initial_state)
+    if self.mesh is not None:  # restore straight into the devices' slices
+      abstract = jax.tree.map(
+          lambda a, x: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                            sharding=x.sharding),
+          abstract, initial_state)
     del initial_state
     try:
       step, state, meta = telemetry.restore(directory, abstract, step)

@@ -9,7 +9,7 @@ from lowbw import _validate
 from lowbw.strategies import _base
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               check_codec, comm_channel, dct_top_k,
-                              num_workers, transmit)
+                              num_workers, transmit, worker_sum)
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -85,7 +85,7 @@ def demo(
       sent_W = jax.tree.map(
           lambda s: jnp.where(
               state.active.reshape((-1,) + (1,) * (s.ndim - 1)), s, 0), sent_W)
-    update = jax.tree.map(lambda s: jnp.sign(jnp.sum(s, axis=0)), sent_W)
+    update = jax.tree.map(jnp.sign, worker_sum(sent_W))
     state = state._replace(comm=momentum_W)
     state = _base.inner_update(
         inner, state, broadcast_to_workers(update, num_workers(grads_W)))

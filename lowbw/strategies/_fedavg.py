@@ -8,8 +8,8 @@ from lowbw import _validate
 from lowbw.strategies import _base
 from lowbw.transforms import (Codec, broadcast_to_workers, comm_channel,
                               compression, group_mean, init_residual,
-                              num_workers, replace_with_mean, transmit,
-                              worker_mean)
+                              num_workers, replace_with_mean, total_workers,
+                              transmit, worker_mean)
 
 PAYLOADS = ("deltas", "parameters")
 
@@ -95,11 +95,12 @@ def fedavg(
       params_W = broadcast_to_workers(base, w)
     else:
       sent_W, _ = transmit(comp, state.params_W, (), key)
-      if island_size is None or island_size == w:
+      if island_size is None or island_size == total_workers(sent_W):
         params_W = replace_with_mean(sent_W, state.active)
       else:
         round_key = jax.random.fold_in(state.key, state.step // H)
-        perm = jax.random.permutation(round_key, w)
+        perm = jax.random.permutation(round_key,
+                                      total_workers(state.params_W))
         params_W = group_mean(sent_W, perm, island_size, state.active)
     return (state._replace(params_W=params_W, comm=(base, residual_W)),
             _base.events(parameters=1))

@@ -15,9 +15,13 @@ from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
 from lowbw.transforms._per_worker import per_worker
 from lowbw.transforms._quantize import quantize, sign
-from lowbw.transforms._reductions import (broadcast_to_workers, group_mean,
-                                          num_workers, replace_with_mean,
-                                          worker_divergence, worker_mean)
+from lowbw.transforms._reductions import (all_workers, any_worker,
+                                          broadcast_to_workers, group_mean,
+                                          local_workers, num_workers,
+                                          replace_with_mean, sharded_workers,
+                                          total_workers, worker_divergence,
+                                          worker_ids, worker_mean, worker_offset,
+                                          worker_sum)
 from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
                                       sparse_indices, sparse_payload_bytes)
 from lowbw.transforms._topk import index_dtype, random_k, top_k
@@ -31,5 +35,7 @@ __all__ = [
     "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
     "replace_with_mean", "roundtrip", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
-    "worker_divergence", "worker_mean",
+    "worker_divergence", "worker_mean", "all_workers", "any_worker",
+    "local_workers", "sharded_workers", "total_workers", "worker_ids",
+    "worker_offset", "worker_sum",
 ]

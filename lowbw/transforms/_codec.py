@@ -36,6 +36,7 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey, PyTree
+from lowbw.transforms import _reductions
 
 
 @jax.tree_util.register_dataclass
@@ -265,11 +266,17 @@ def _base_key(codec, key):
 
 
 def current_worker():
-  """The worker index inside ``per_worker`` (its vmap axis), else 0."""
+  """The global worker index inside ``per_worker`` (its vmap axis), else 0.
+
+  With the workers spread over devices, the device's first worker index is
+  added, so a worker draws the same noise wherever it runs.
+  """
   try:
-    return jax.lax.axis_index(WORKER_AXIS)
+    local = jax.lax.axis_index(WORKER_AXIS)
   except NameError:
     return 0
+  return local + _reductions.worker_offset()
 
 
-WORKER_AXIS = "workers"
+# The vmap axis of ``per_worker`` (distinct from the device mesh's "workers").
+WORKER_AXIS = "lowbw_worker"

@@ -19,7 +19,7 @@ from lowbw.network import Channel, channel
 from lowbw.transforms._codec import (Codec, check_codec, collective,
                                      payload_nbytes, roundtrip)
 from lowbw.transforms._error_feedback import check_beta, feedback_step
-from lowbw.transforms._reductions import num_workers
+from lowbw.transforms._reductions import num_workers, worker_ids
 
 
 class Compression(NamedTuple):
@@ -70,7 +70,7 @@ def transmit(comp: Compression, x_W: PyTree, residual_W: PyTree,
   """
   if comp.codec is None:
     return x_W, residual_W
-  workers = jnp.arange(num_workers(x_W))
+  workers = worker_ids(num_workers(x_W))
   if comp.beta is None:
     return jax.vmap(lambda x, w: roundtrip(comp.codec, x, key, w))(
         x_W, workers), residual_W

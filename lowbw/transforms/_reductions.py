@@ -1,8 +1,15 @@
 """Reductions over the worker axis: the only code that sees axis 0 as workers.
 
 Everything that combines workers goes through these functions, so spreading the
-worker axis over devices (shard_map) needs to change them alone.
+worker axis over devices needs to change them alone. Inside the engine's
+``shard_map`` (``sharded_workers``), each device holds a contiguous slice of
+the workers: a reduction is the local reduction over the device's slice
+followed by a ``psum`` over the mesh axis, and the functions that need a
+worker's global index (``worker_ids``) add the device's offset.
 """
+
+import contextlib
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -10,8 +17,84 @@ import jax.numpy as jnp
 from lowbw._types import Array, PyTree
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sharded:
+  axis: str          # the mesh axis the workers are split over
+  shards: int        # devices along it
+  num_workers: int   # W, all devices together
+
+
+_SHARDED: list[_Sharded] = []
+
+
+@contextlib.contextmanager
+def sharded_workers(axis: str, shards: int, num_workers_: int):
+  """While tracing a ``shard_map`` body whose per-worker leaves are split over
+  mesh axis ``axis`` (``shards`` devices, ``num_workers_ // shards`` workers
+  each), makes every reduction here span all devices."""
+  _SHARDED.append(_Sharded(axis, shards, num_workers_))
+  try:
+    yield
+  finally:
+    _SHARDED.pop()
+
+
+def _sharded() -> _Sharded | None:
+  return _SHARDED[-1] if _SHARDED else None
+
+
 def num_workers(tree_W: PyTree) -> int:
+  """The workers this device holds (axis 0 of ``tree_W``)."""
   return jax.tree.leaves(tree_W)[0].shape[0]
+
+
+def total_workers(tree_W: PyTree) -> int:
+  """W: the workers of all devices together."""
+  s = _sharded()
+  return num_workers(tree_W) if s is None else s.num_workers
+
+
+def worker_offset() -> Array | int:
+  """The global index of this device's first worker (0 unsharded)."""
+  s = _sharded()
+  if s is None:
+    return 0
+  return jax.lax.axis_index(s.axis) * (s.num_workers // s.shards)
+
+
+def worker_ids(local_workers: int) -> Array:
+  """Global indices of this device's workers: int32 (local_workers,)."""
+  return jnp.arange(local_workers, dtype=jnp.int32) + worker_offset()
+
+
+def all_workers(x_W: PyTree) -> PyTree:
+  """Every device's rows, in worker order: (W_local, ...) -> (W, ...)."""
+  s = _sharded()
+  if s is None:
+    return x_W
+  return jax.tree.map(
+      lambda x: jax.lax.all_gather(x, s.axis, axis=0, tiled=True), x_W)
+
+
+def local_workers(x_all: PyTree) -> PyTree:
+  """This device's rows of a tree over all W workers: (W, ...) -> (W_local, ...)."""
+  s = _sharded()
+  if s is None:
+    return x_all
+  size = s.num_workers // s.shards
+  return jax.tree.map(
+      lambda x: jax.lax.dynamic_slice_in_dim(x, worker_offset(), size, axis=0),
+      x_all)
+
+
+def _psum(x):
+  s = _sharded()
+  return x if s is None else jax.lax.psum(x, s.axis)
+
+
+def worker_sum(tree_W: PyTree) -> PyTree:
+  """The sum over all workers of every leaf: (W, ...) -> (...)."""
+  return jax.tree.map(lambda x: _psum(jnp.sum(x, axis=0)), tree_W)
 
 
 def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
@@ -22,15 +105,24 @@ def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   missing.
   """
   if active_W is None:
-    return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
+    if _sharded() is None:
+      return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
+    w = total_workers(tree_W)
+    return jax.tree.map(lambda s: s / jnp.asarray(w, s.dtype),
+                        worker_sum(tree_W))
   weight = active_W.astype(jnp.float32)
-  count = jnp.maximum(jnp.sum(weight), 1.0)
+  count = jnp.maximum(_psum(jnp.sum(weight)), 1.0)
 
   def one(x):
-    total = jnp.tensordot(weight.astype(x.dtype), x, axes=1)
+    total = _psum(jnp.tensordot(weight.astype(x.dtype), x, axes=1))
     return (total / count.astype(x.dtype)).astype(x.dtype)
 
   return jax.tree.map(one, tree_W)
+
+
+def any_worker(mask_W: Array) -> Array:
+  """Whether any worker's flag is set (all devices)."""
+  return _psum(jnp.sum(mask_W.astype(jnp.int32))) > 0
 
 
 def broadcast_to_workers(tree: PyTree, num_workers: int) -> PyTree:
@@ -56,8 +148,18 @@ def group_mean(tree_W: PyTree, perm: Array, group_size: int,
     group_size: static group size s; must divide W.
     active_W: bool (W,): average only the active members of each group (a
       group without any keeps its values); None: all.
-  """
 
+  Sharded, groups span devices: every device gathers all W rows, averages
+  and keeps its own (W x the tree per device for the moment of the sync).
+  """
+  if _sharded() is not None:
+    return local_workers(_group_mean(
+        all_workers(tree_W), perm, group_size,
+        None if active_W is None else all_workers(active_W)))
+  return _group_mean(tree_W, perm, group_size, active_W)
+
+
+def _group_mean(tree_W, perm, group_size, active_W):
   def one(x):
     w = x.shape[0]
     shape = (w // group_size, group_size) + x.shape[1:]
@@ -86,4 +188,5 @@ def worker_divergence(params_W: PyTree) -> Array:
       jnp.sum(jnp.square(x - m[None]).reshape(x.shape[0], -1), axis=1)
       for x, m in zip(jax.tree.leaves(params_W), jax.tree.leaves(mean)))
   sq_mean = sum(jnp.sum(jnp.square(m)) for m in jax.tree.leaves(mean))
-  return jnp.mean(jnp.sqrt(sq_dev_W)) / jnp.maximum(jnp.sqrt(sq_mean), 1e-30)
+  return (worker_mean(jnp.sqrt(sq_dev_W)) /
+          jnp.maximum(jnp.sqrt(sq_mean), 1e-30))

@@ -1,0 +1,180 @@
+"""Spreading the workers over devices and hosts.
+
+W workers over N devices: a ``Mesh`` with one axis, ``"workers"``; every
+per-worker leaf (axis 0 of size W) is split into N contiguous slices of W/N
+workers, everything else is replicated. Over several hosts
+(``jax.distributed``) the mesh spans every process's devices and each process
+holds its own devices' slices; the program is the same.
+"""
+
+import os
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from lowbw import _validate
+from lowbw.data import WorkerSampler
+from lowbw.simulation._engine import MESH_AXIS
+
+_WORKERS = PartitionSpec(MESH_AXIS)
+_REPLICATED = PartitionSpec()
+
+
+def initialize(coordinator: str | None = None,
+               num_processes: int | None = None,
+               process_id: int | None = None) -> None:
+  """Joins a multi-process run (``jax.distributed.initialize``).
+
+  Call it before anything else uses JAX. Missing arguments come from
+  ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID``
+  (then from JAX's cluster detection, e.g. SLURM). On CPU the processes'
+  collectives go over gloo.
+
+  Args:
+    coordinator: ``host:port`` of process 0's coordination service.
+    num_processes: K, the number of processes.
+    process_id: this process's index in [0, K).
+
+  Raises:
+    ValueError: a malformed value, naming it.
+  """
+  coordinator = coordinator or os.environ.get("JAX_COORDINATOR_ADDRESS")
+  if num_processes is None and "JAX_NUM_PROCESSES" in os.environ:
+    num_processes = _env_int("JAX_NUM_PROCESSES")
+  if process_id is None and "JAX_PROCESS_ID" in os.environ:
+    process_id = _env_int("JAX_PROCESS_ID")
+  if coordinator is not None:
+    host, _, port = coordinator.rpartition(":")
+    if not host or not port.isdigit():
+      raise _validate.fail("coordinator", coordinator, "expected host:port")
+  if num_processes is not None:
+    _validate.positive_int("num_processes", num_processes)
+  if process_id is not None:
+    _validate.non_negative_int("process_id", process_id)
+    if num_processes is not None and process_id >= num_processes:
+      raise _validate.fail("process_id", process_id,
+                           f"must be below num_processes={num_processes}")
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.distributed.initialize(coordinator_address=coordinator,
+                             num_processes=num_processes,
+                             process_id=process_id)
+
+
+def _env_int(name):
+  value = os.environ[name]
+  try:
+    return int(value)
+  except ValueError:
+    raise _validate.fail(name, value, "expected an integer") from None
+
+
+def check_devices(devices, num_workers: int) -> int:
+  """The number of devices to spread ``num_workers`` workers over.
+
+  None: one device, or every device of every process in a multi-process run.
+  """
+  available = jax.device_count()
+  if devices is None:
+    devices = available if jax.process_count() > 1 else 1
+  devices = _validate.positive_int("devices", devices)
+  if devices > available:
+    raise _validate.fail("devices", devices,
+                         f"only {available} {jax.default_backend()} device(s) "
+                         "are visible (on CPU, set XLA_FLAGS="
+                         "--xla_force_host_platform_device_count=N before "
+                         "JAX starts)")
+  if jax.process_count() > 1 and devices != available:
+    raise _validate.fail("devices", devices,
+                         f"a run over {jax.process_count()} processes uses all "
+                         f"{available} devices")
+  if num_workers % devices:
+    raise _validate.fail("devices", devices,
+                         f"must divide num_workers={num_workers} (each device "
+                         "holds the same number of workers)")
+  return devices
+
+
+def make_mesh(devices: int) -> Mesh:
+  """A one-axis mesh (``"workers"``) over the first ``devices`` devices."""
+  return Mesh(np.asarray(jax.devices()[:devices]), (MESH_AXIS,))
+
+
+def strategy_specs(strategy, params, num_workers: int, key, masks: bool):
+  """Which leaves of the strategy's state are per worker.
+
+  A leaf is per worker when its leading axis grows with the number of
+  workers: the state's shapes are compared for W and a multiple of W, so a
+  global tensor that happens to have W rows is not mistaken for one.
+  """
+  def shapes_for(w):
+    return jax.eval_shape(lambda p, k: strategy.init(p, w, k), params, key)
+
+  shapes = shapes_for(num_workers)
+  for k in (2, 3, 5):
+    try:
+      more = shapes_for(k * num_workers)
+      break
+    except ValueError:  # e.g. a group size that must equal W
+      more = None
+  if more is None:  # the strategy only accepts this W: leading axis W
+    flags = jax.tree.map(lambda s: bool(s.shape) and s.shape[0] == num_workers,
+                         shapes)
+  else:
+    flags = jax.tree.map(lambda a, b: a.shape != b.shape, shapes, more)
+  specs = jax.tree.map(lambda f: _WORKERS if f else _REPLICATED, flags)
+  return specs._replace(active=_WORKERS if masks else None)
+
+
+def sampler_specs(sampler):
+  """A ``WorkerSampler``'s shards are per worker; the dataset is replicated."""
+  if not isinstance(sampler, WorkerSampler):
+    raise _validate.fail("data", type(sampler).__name__,
+                         "spreading workers over devices needs a data source "
+                         "whose build() returns a lowbw.data.WorkerSampler")
+  return WorkerSampler(
+      arrays=jax.tree.map(lambda _: _REPLICATED, sampler.arrays),
+      shard_idx_W=_WORKERS, shard_len_W=_WORKERS,
+      batch_size=sampler.batch_size, task=sampler.task,
+      seq_len=sampler.seq_len, max_shard=sampler.max_shard)
+
+
+def replicated(tree):
+  """Specs that replicate every leaf of ``tree``."""
+  return jax.tree.map(lambda _: _REPLICATED, tree)
+
+
+def _is_spec(x):
+  return isinstance(x, PartitionSpec)
+
+
+def place(tree, specs, mesh: Mesh):
+  """Puts ``tree`` on ``mesh`` as ``specs`` say (works across processes:
+  every process passes the same values and keeps its devices' slices)."""
+
+  def one(x, spec):
+    sharding = NamedSharding(mesh, spec)
+    if jax.process_count() == 1:
+      return jax.device_put(x, sharding)
+    if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
+      impl = jax.random.key_impl(x)
+      return jax.random.wrap_key_data(one(jax.random.key_data(x), spec),
+                                      impl=impl)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda index: host[index])
+
+  return jax.tree.map(lambda spec, sub: jax.tree.map(lambda x: one(x, spec), sub),
+                      specs, tree, is_leaf=_is_spec)
+
+
+def to_host(tree):
+  """numpy copies of replicated outputs, also when other processes hold
+  devices of the same array."""
+
+  def one(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      x = x.addressable_data(0)
+    return np.asarray(x)
+
+  return jax.tree.map(one, tree)

@@ -1,0 +1,74 @@
+"""Runs shared by test_scale.py and the subprocesses it starts.
+
+``python scale_cases.py devices OUT``: with 4 host devices (XLA_FLAGS set by
+the caller), every case on 1 device and on 4; writes both trajectories to OUT.
+``python scale_cases.py process PORT ID OUT``: process ID of 2 joins
+``jax.distributed`` on 127.0.0.1:PORT and runs the multi-process case; process
+0 writes its trajectory to OUT.
+"""
+
+import json
+import sys
+
+import numpy as np
+import optax
+
+W, STEPS = 8, 12
+
+
+def cases():
+  from lowbw import network, strategies
+  faults = network.network(
+      "100Mbps", "10ms", faults=network.Faults(drop_prob=0.2),
+      stragglers=network.Stragglers(jitter=0.3, mitigation="threshold",
+                                    fraction=0.75))
+  return {
+      "ddp": (strategies.ddp(optax.sgd(0.1)), None),
+      "diloco": (strategies.diloco(optax.adamw(1e-3), H=3), None),
+      "sparta": (strategies.sparta(optax.adamw(1e-3), p=0.05), None),
+      # Groups that span devices, private codec noise, and the fault masks.
+      "fedavg_islands": (strategies.fedavg(optax.sgd(0.1), H=3,
+                                           island_size=2), None),
+      "diloco_q4_ef_faults": (strategies.diloco(
+          optax.adamw(1e-3), H=3, codec=__import__("lowbw").transforms
+          .parse_codec("quant:4:stochastic"), error_feedback=0.9), faults),
+  }
+
+
+def trajectory(strategy, net, devices, num_workers=W, steps=STEPS):
+  import jax
+  import lowbw
+  from lowbw import models
+  r = lowbw.simulate(model=models.mlp(hidden=(16,)), data="digits",
+                     strategy=strategy, num_workers=num_workers, batch_size=4,
+                     steps=steps, seed=3, network=net, progress=False,
+                     devices=devices, eval_examples=64)
+  hist = {k: np.asarray(v).tolist() for k, v in r.history.items()
+          if k != "wall_time_s"}
+  params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(r.params)]
+  return {"history": hist, "params": params, "devices": r.config["devices"],
+          "processes": r.config["processes"]}
+
+
+def main(argv):
+  import jax
+  jax.config.update("jax_numpy_rank_promotion", "raise")
+  if argv[0] == "devices":
+    out = {}
+    for name, (strategy, net) in cases().items():
+      out[name] = [trajectory(strategy, net, 1), trajectory(strategy, net, 4)]
+    path = argv[1]
+  else:
+    port, pid, path = argv[1], int(argv[2]), argv[3]
+    import lowbw
+    lowbw.initialize(f"127.0.0.1:{port}", 2, pid)
+    strategy, net = cases()["diloco_q4_ef_faults"]
+    out = trajectory(strategy, net, None, num_workers=4)
+    if pid != 0:
+      return
+  with open(path, "w") as f:
+    json.dump(out, f)
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -1,0 +1,231 @@
+"""Scale: workers spread over devices (shard_map) and over processes
+(jax.distributed) give the one-device trajectory; bf16 workers; learning rates
+that live in the state change without recompiling."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lowbw
+from lowbw import models, strategies
+from lowbw.simulation import _engine
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import scale_cases  # noqa: E402
+
+
+def _env(**extra):
+  env = dict(os.environ)
+  env.pop("XLA_FLAGS", None)
+  env.update(extra)
+  return env
+
+
+def _assert_same(a, b, name):
+  assert a["history"].keys() == b["history"].keys()
+  for key in a["history"]:
+    np.testing.assert_allclose(np.asarray(a["history"][key], float),
+                               np.asarray(b["history"][key], float),
+                               rtol=1e-5, atol=1e-6, err_msg=f"{name}: {key}")
+  for x, y in zip(a["params"], b["params"]):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def four_devices(tmp_path_factory):
+  out = tmp_path_factory.mktemp("devices") / "out.json"
+  subprocess.run(
+      [sys.executable, os.path.join(HERE, "scale_cases.py"), "devices",
+       str(out)], check=True, cwd=HERE, timeout=600,
+      env=_env(XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+  return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("name", sorted(scale_cases.cases()))
+def test_four_devices_give_the_one_device_trajectory(four_devices, name):
+  one, four = four_devices[name]
+  assert (one["devices"], four["devices"]) == (1, 4)
+  _assert_same(one, four, name)
+  # Not a trivially flat run: the loss moved and workers were counted.
+  loss = np.asarray(one["history"]["train_loss"])
+  assert loss[0] != loss[-1]
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_two_processes_give_the_one_process_trajectory(tmp_path):
+  out = tmp_path / "out.json"
+  port = _free_port()
+  procs = [subprocess.Popen(
+      [sys.executable, os.path.join(HERE, "scale_cases.py"), "process",
+       str(port), str(i), str(out)], cwd=HERE, env=_env(),
+      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+      for i in range(2)]
+  logs = [p.communicate(timeout=300)[0] for p in procs]
+  for p, log in zip(procs, logs):
+    assert p.returncode == 0, log[-3000:]
+  two = json.loads(out.read_text())
+  assert (two["devices"], two["processes"]) == (2, 2)
+  strategy, net = scale_cases.cases()["diloco_q4_ef_faults"]
+  one = scale_cases.trajectory(strategy, net, 1, num_workers=4)
+  _assert_same(one, two, "two processes")
+
+
+# ------------------------------------------------------------ bf16 workers
+MLP = models.mlp(hidden=(16,))
+
+
+def _run(**kw):
+  kw = {"model": MLP, "data": "digits", "num_workers": 4, "batch_size": 4,
+        "steps": 12, "seed": 0, "progress": False, "eval_examples": 64, **kw}
+  return lowbw.simulate(**kw)
+
+
+def test_bf16_workers_store_bf16_and_round_each_step():
+  strategy = strategies.diloco(optax.adamw(1e-3), H=3)
+  r = _run(strategy=strategy, worker_dtype="bfloat16")
+  st = r.state.strategy
+  tensors = [x for x in jax.tree.leaves((st.params_W, st.inner_W))
+             if x.ndim >= 2]
+  assert tensors and all(x.dtype == jnp.bfloat16 for x in tensors)
+  counts = [x for x in jax.tree.leaves(st.inner_W) if x.ndim < 2]
+  assert all(x.dtype != jnp.bfloat16 for x in counts)
+  # The global model and what evaluation sees stay float32.
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(r.params))
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(st.comm[0]))
+  # Reference: the float32 run with the workers rounded to bf16 after every
+  # step and sync is what the bf16 run computes.
+  f32 = _run(strategy=strategy)
+  assert r.summary["final_eval_loss"] != f32.summary["final_eval_loss"]
+  np.testing.assert_allclose(r.history["train_loss"], f32.history["train_loss"],
+                             rtol=0.05)
+  assert r.config["worker_dtype"] == "bfloat16"
+
+
+def test_bf16_ddp_against_a_per_worker_reference():
+  """DDP(SGD), 2 workers, 3 steps, by hand: every worker's f32 gradient of
+  its bf16-stored weights, averaged, applied in f32, rounded back to bf16."""
+  W, B, lr, seed = 2, 4, 0.5, 0
+  r = _run(strategy=strategies.ddp(optax.sgd(lr)), worker_dtype="bfloat16",
+           steps=3, num_workers=W, seed=seed)
+  src = lowbw.data.get("digits")
+  init_key, data_key, _, loss_key = jax.random.split(
+      jax.random.PRNGKey(seed), 4)
+  sampler = src.build(W, B, seed)
+  params = MLP.init(init_key, src.example_batch(B))
+
+  def bf16(tree):
+    return jax.tree.map(lambda x: x.astype(jnp.bfloat16) if x.ndim >= 1
+                        else x, tree)
+
+  workers = [bf16(params) for _ in range(W)]
+  for step in range(3):
+    batch = sampler.sample(data_key, step)
+    keys = jax.random.split(jax.random.fold_in(loss_key, step), W)
+    grads = []
+    for w in range(W):
+      f32 = jax.tree.map(lambda x: x.astype(jnp.float32), workers[w])
+      one = jax.tree.map(lambda x: x[w], batch)
+      grads.append(jax.grad(lambda p: MLP.loss(p, one, keys[w])[0])(f32))
+    mean = jax.tree.map(lambda *g: sum(g) / W, *grads)
+    workers = [bf16(jax.tree.map(lambda p, g: p.astype(jnp.float32) - lr * g,
+                                 workers[w], mean)) for w in range(W)]
+  for w in range(W):
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda x: x[w], r.state.strategy.params_W), workers[w],
+        atol=1e-2, rtol=1e-2)
+  # bf16-exact on all but the rare element whose f32 value sits on a
+  # rounding boundary (the order of float sums differs).
+  got = np.concatenate([np.asarray(x, np.float32).ravel() for x in
+                        jax.tree.leaves(r.state.strategy.params_W)])
+  want = np.concatenate([np.stack([np.asarray(wk_leaf, np.float32) for wk_leaf
+                                   in leaves]).ravel()
+                         for leaves in zip(*[jax.tree.leaves(wk)
+                                             for wk in workers])])
+  assert np.mean(got == want) > 0.99
+
+
+# ------------------------------------------------------------ no recompiling
+def test_new_learning_rates_in_the_state_do_not_recompile():
+  """The inner and outer learning rates live in the state
+  (inject_hyperparams), so a state with other rates runs the same compiled
+  chunk and gives what a strategy built with those rates gives."""
+  src = lowbw.data.get("digits")
+  W = 4
+
+  def strategy(inner_lr, outer_lr):
+    return strategies.diloco(
+        optax.inject_hyperparams(optax.adamw)(learning_rate=inner_lr),
+        optax.inject_hyperparams(optax.sgd)(learning_rate=outer_lr,
+                                            momentum=0.9, nesterov=True), H=2)
+
+  params = MLP.init(jax.random.PRNGKey(0), src.example_batch(4))
+  sampler = src.build(W, 4, 0)
+
+  def start(s):
+    k1, k2, k3 = jax.random.split(jax.random.PRNGKey(1), 3)
+    fresh = jax.tree.map(jnp.copy, params)  # the chunk donates its state
+    return _engine.SimState(s.init(fresh, W, k1), k2, k3)
+
+  base = strategy(1e-3, 0.7)
+  programs = _engine.build(MLP, base, W, 2, 0)
+  programs.chunk(start(base), sampler, 2)
+  sim = start(base)
+  st = sim.strategy
+  inner_W = optax.tree_utils.tree_set(
+      st.inner_W, learning_rate=jnp.full((W,), 3e-3, jnp.float32))
+  outer = optax.tree_utils.tree_set(st.comm[1],
+                                    learning_rate=jnp.float32(0.5))
+  new = sim._replace(strategy=st._replace(
+      inner_W=inner_W, comm=st.comm._replace(**{st.comm._fields[1]: outer})))
+  jax.block_until_ready(new)
+  compiles = []
+  listener = lambda event, *_, **__: compiles.append(event) if (  # noqa: E731
+      "backend_compile" in event) else None
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    changed, _ = programs.chunk(new, sampler, 2)
+    jax.block_until_ready(changed)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert not compiles
+  other = strategy(3e-3, 0.5)
+  expected, _ = _engine.build(MLP, other, W, 2, 0).chunk(start(other),
+                                                         sampler, 2)
+  chex.assert_trees_all_close(changed.strategy.comm[0],
+                              expected.strategy.comm[0], rtol=1e-6)
+  unchanged, _ = programs.chunk(start(base), sampler, 2)
+  assert not np.allclose(jax.tree.leaves(unchanged.strategy.comm[0])[0],
+                         jax.tree.leaves(expected.strategy.comm[0])[0])
+
+
+# ------------------------------------------------------------ errors
+@pytest.mark.parametrize("kw, field", [
+    ({"devices": 0}, "devices"),
+    ({"devices": 64}, "devices"),
+    ({"worker_dtype": "float8"}, "worker_dtype"),
+])
+def test_errors_name_the_field(kw, field):
+  with pytest.raises(ValueError, match=f"^{field}="):
+    _run(strategy=strategies.ddp(optax.sgd(0.1)), **kw)
+
+
+def test_initialize_rejects_bad_values():
+  with pytest.raises(ValueError, match="^coordinator="):
+    lowbw.initialize("localhost", 2, 0)
+  with pytest.raises(ValueError, match="^process_id="):
+    lowbw.initialize("127.0.0.1:1234", 2, 2)
