@@ -253,6 +253,8 @@ class _Run:
     self.num_params = sum(x.size for x in jax.tree.leaves(params))
     self.channels = self.strategy.channels(params, self.num_workers)
     strategy_state = self.strategy.init(params, self.num_workers, strategy_key)
+    self.abstract_params = jax.eval_shape(lambda: params)
+    self.strategy_key = strategy_key
     self.net = None
     if self.network is not None:
       strategy_channels = self.channels

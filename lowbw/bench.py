@@ -1,0 +1,285 @@
+"""Throughput and memory of the simulator against a single-replica baseline.
+
+``measure`` times the compiled round program of a real run (every worker's H
+inner steps with per-worker sampling, loss and byte bookkeeping, the
+strategy's sync) and, in the same process and interleaved with it, a plain
+jitted optax loop training ONE model on batch W·b: the machine's best case for
+the same FLOPs. The figures are medians over repeats, after warm-up calls;
+compilation is timed separately. ``lowbw bench`` runs one ``measure`` per
+worker count, each in a fresh process so that peak memory is that
+configuration's own.
+"""
+
+import os
+import resource
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import PartitionSpec
+
+from lowbw.simulation import _engine, _mesh, _run
+
+
+def _proc_status(field: str) -> int | None:
+  """A /proc/self/status size in bytes (VmRSS, VmHWM), None off Linux."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith(field + ":"):
+          return int(line.split()[1]) * 1024
+  except OSError:
+    return None
+  return None
+
+
+def _reset_peak() -> bool:
+  """Starts a new peak-RSS window (Linux ``clear_refs``)."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
+
+
+class _Memory:
+  """Peak memory of what runs after ``start``: the device's allocator
+  statistics where it keeps them (GPU), else the process's resident set."""
+
+  def __init__(self):
+    stats = jax.local_devices()[0].memory_stats()
+    self.device = bool(stats and "peak_bytes_in_use" in stats)
+    if self.device:
+      self.source = f"{jax.local_devices()[0].device_kind} allocator"
+      self.base = stats["bytes_in_use"]
+    else:
+      self.source = "process RSS"
+      self.base = _proc_status("VmRSS") or 0
+      if not _reset_peak():
+        self.source = "process RSS (peak since start)"
+
+  def built(self) -> None:
+    """The run's state and data are allocated."""
+    self.after_build = self.base if self.device else _proc_status("VmRSS") or 0
+
+  def after_compile(self) -> None:
+    """Leaves the compiler's memory out: the run's memory is what building
+    it allocated plus how far running it rises above the compiled state."""
+    if not self.device:
+      self.compiled = _proc_status("VmRSS") or 0
+      _reset_peak()
+
+  def used(self, peak: int) -> int:
+    if self.device:
+      return peak - self.base
+    return (self.after_build - self.base) + (peak - self.compiled)
+
+  def peak(self) -> int:
+    if self.device:
+      return jax.local_devices()[0].memory_stats()["peak_bytes_in_use"]
+    peak = _proc_status("VmHWM")
+    if peak is None:
+      peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return peak
+
+
+def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
+  """A plain single-replica loop: ``inner`` on one model with batch ``batch``.
+
+  Data are drawn inside jit from the same arrays the simulator samples
+  (uniform random examples or windows). Returns ``run() -> seconds`` for
+  ``steps`` steps (one compiled ``lax.scan``), already compiled and warm.
+  """
+  arrays = sampler.arrays
+  if sampler.task == "lm":
+    tokens = arrays["tokens"]
+    windows = (tokens.shape[0] - 1) // sampler.seq_len
+
+    def sample(key):
+      starts = jax.random.randint(key, (batch,), 0, windows) * sampler.seq_len
+      rows = jax.vmap(lambda s: jax.lax.dynamic_slice(
+          tokens, (s,), (sampler.seq_len + 1,)))(starts)
+      return {"tokens": rows.astype(jnp.int32)}
+  else:
+    n = arrays["y"].shape[0]
+
+    def sample(key):
+      idx = jax.random.randint(key, (batch,), 0, n)
+      return {"x": arrays["x"][idx], "y": arrays["y"][idx]}
+
+  key = jax.random.PRNGKey(seed)
+  params = model.init(key, jax.tree.map(lambda x: x[:1], sample(key)))
+
+  def step(carry, key):
+    params, opt_state = carry
+    (loss, _), g = jax.value_and_grad(model.loss, has_aux=True)(
+        params, sample(key), key)
+    updates, opt_state = inner.update(g, opt_state, params)
+    return (optax.apply_updates(params, updates), opt_state), loss
+
+  loop = jax.jit(lambda carry, key: jax.lax.scan(
+      step, carry, jax.random.split(key, steps)), donate_argnums=0)
+  state = {"carry": (params, inner.init(params)), "calls": 0}
+
+  def run() -> float:
+    state["calls"] += 1
+    start = time.perf_counter()
+    state["carry"], losses = loop(state["carry"],
+                                  jax.random.PRNGKey(seed + state["calls"]))
+    jax.block_until_ready(losses)
+    return time.perf_counter() - start
+
+  run()  # compile and warm
+  return run
+
+
+def _time_sync(run, repeats: int) -> float | None:
+  """Seconds of one sync (the outer step with its codec and reductions),
+  compiled on its own; None for strategies that communicate every step."""
+  if run.strategy.sync is None:
+    return None
+  sync = jax.jit(lambda st: run.strategy.sync(
+      _engine.cast_workers(st, jnp.float32))[0])
+  sync = sync.lower(run.state.strategy).compile()
+  jax.block_until_ready(sync(run.state.strategy))
+  times = []
+  for _ in range(max(repeats, 5)):
+    start = time.perf_counter()
+    jax.block_until_ready(sync(run.state.strategy))
+    times.append(time.perf_counter() - start)
+  return statistics.median(times)
+
+
+def _nbytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _per_worker_bytes(run) -> int:
+  """Bytes of the per-worker leaves of the state (params, optimizer states,
+  residuals), all workers."""
+  specs = _mesh.strategy_specs(run.strategy, run.abstract_params, run.num_workers,
+                               run.strategy_key, run.masks)
+  st = run.state.strategy
+  total = 0
+  for spec, sub in zip(jax.tree.leaves(specs, is_leaf=_is_spec),
+                       _prefix_subtrees(specs, st)):
+    if spec == PartitionSpec(_engine.MESH_AXIS):
+      total += _nbytes(sub)
+  return total
+
+
+def _is_spec(x):
+  return isinstance(x, PartitionSpec)
+
+
+def _prefix_subtrees(specs, tree):
+  out = []
+  jax.tree.map(lambda _, sub: out.append(sub), specs, tree, is_leaf=_is_spec)
+  return out
+
+
+def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
+            rounds: int = 2, repeats: int = 3, warmup: int = 1,
+            devices: int | None = None, worker_dtype: str | None = None,
+            sync_cost: bool = True, seed: int = 0) -> dict:
+  """Figures for one configuration (see the module docstring).
+
+  Args:
+    model, data, strategy: as for ``lowbw.simulate``.
+    inner: the optax optimizer of the baseline (the strategy's inner one).
+    num_workers, batch_size: W and b; the baseline's batch is W·b.
+    rounds: rounds (of H steps) per timed call.
+    repeats: timed calls of each program; figures are medians.
+    warmup: untimed calls before timing.
+    devices, worker_dtype: as for ``lowbw.simulate``.
+    sync_cost: also time the strategy's sync alone (median of ``repeats``
+      calls on the run's state) and report its share of a round.
+
+  Returns:
+    A JSON-able dict of figures.
+  """
+  memory = _Memory()
+  run = _run._Run(
+      model=model, data=data, strategy=strategy, num_workers=num_workers,
+      batch_size=batch_size, steps=rounds * strategy.period, seed=seed,
+      network=None, eval_every=None, log_every=None, log_dir=None,
+      checkpoint_every=None, resume_from=None, eval_examples=None,
+      rounds_per_chunk=rounds, progress=False, callback=None, metadata=None,
+      devices=devices, worker_dtype=worker_dtype)
+  memory.built()
+  steps = rounds * run.strategy.period
+
+  def compiled(strat):
+    programs = _engine.build(run.model, strat, num_workers, rounds, 0,
+                             run.masks, run.mesh, run.specs, run._narrow)
+    return programs.chunk.lower(run.state, run.sampler, rounds,
+                                None).compile()
+
+  start = time.perf_counter()
+  chunk = compiled(run.strategy)
+  compile_s = time.perf_counter() - start
+  sync_s = _time_sync(run, repeats) if sync_cost else None
+  memory.after_compile()
+  state = run.state
+  for _ in range(max(warmup, 1)):
+    state, out = chunk(state, run.sampler, rounds, None)
+  jax.block_until_ready(state)
+  peak = memory.peak()  # the simulator's own: before the baseline exists
+  base = baseline(run.model, run.sampler, inner, num_workers * batch_size,
+                  steps, seed)
+  for _ in range(warmup - 1):
+    base()
+  sim_s, base_s = [], []
+  for _ in range(repeats):  # alternate, so that load changes hit both alike
+    start = time.perf_counter()
+    state, out = chunk(state, run.sampler, rounds, None)
+    jax.block_until_ready(out)
+    sim_s.append(time.perf_counter() - start)
+    base_s.append(base())
+  out = run._fetch(out)
+  per_round = {}
+  for name, channel in run.channels.items():
+    events = int(np.sum(out.steps.counts.get(name, np.zeros(1))[0]))
+    events += int(out.sync_counts.get(name, np.zeros(1))[0])
+    per_round[name] = events * channel.wire_bytes
+  tokens = run.data.tokens_per_example or 1
+  sim, base_t = statistics.median(sim_s), statistics.median(base_s)
+  worker_steps = num_workers * steps
+  state_bytes = _per_worker_bytes(run)
+  analysis = chunk.memory_analysis()
+  return {
+      "workers": num_workers, "batch_size": batch_size,
+      "H": run.strategy.period, "rounds": rounds, "steps": steps,
+      "devices": run.devices, "processes": run.processes,
+      "worker_dtype": run.worker_dtype, "num_params": run.num_params,
+      "worker_steps_per_s": worker_steps / sim,
+      "examples_per_s": worker_steps * batch_size / sim,
+      "tokens_per_s": (worker_steps * batch_size * tokens / sim
+                       if run.data.tokens_per_example else None),
+      "baseline_examples_per_s": worker_steps * batch_size / base_t,
+      "baseline_tokens_per_s": (worker_steps * batch_size * tokens / base_t
+                                if run.data.tokens_per_example else None),
+      "efficiency": statistics.median(b / s for s, b in zip(sim_s, base_s)),
+      "efficiencies": [b / s for s, b in zip(sim_s, base_s)],
+      "round_s": sim / rounds,
+      "sync_s": sync_s,
+      "sync_share": None if sync_s is None else sync_s * rounds / sim,
+      "compile_s": compile_s,
+      "memory_source": memory.source,
+      "peak_bytes": peak,
+      "base_bytes": memory.base,
+      "run_bytes": memory.used(peak),
+      "memory_per_worker": memory.used(peak) / num_workers,
+      "theoretical_per_worker": state_bytes / num_workers,
+      "memory_ratio": memory.used(peak) / state_bytes,
+      "xla_argument_bytes": getattr(analysis, "argument_size_in_bytes", None),
+      "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
+      "wire_bytes_per_round": sum(per_round.values()),
+      "wire_bytes_per_round_by_channel": per_round,
+      "flops_per_token": 6 * run.num_params,
+      "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+  }

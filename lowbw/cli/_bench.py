@@ -1,0 +1,189 @@
+"""``lowbw bench``: simulator throughput and memory against a single-replica
+baseline, one configuration per worker count."""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+from lowbw import _validate
+from lowbw.cli import _train
+
+# Bench settings besides the train settings it shares (model, strategy, ...).
+BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
+
+
+def add_parser(subparsers) -> None:
+  p = subparsers.add_parser(
+      "bench", help="throughput and memory vs a single-replica baseline",
+      description=__doc__.split("\n")[0] + " Each worker count runs in its "
+      "own process (clean peak memory); figures are medians over --repeats "
+      "timed calls after --warmup calls. See docs/performance.md.")
+  add = p.add_argument
+  add("--model", help="gpt | mlp | cnn (default gpt)")
+  add("--layers", type=int, help="gpt layers (default 2)")
+  add("--d-model", type=int, help="gpt width (default 128)")
+  add("--heads", type=int, help="gpt heads (default 4)")
+  add("--seq-len", type=int, help="gpt context (default 128)")
+  add("--hidden", help="mlp hidden sizes (default 64)")
+  add("--channels", help="cnn channels (default 16,32)")
+  add("--strategy", help="default diloco")
+  add("--workers", help="worker counts, comma-separated (default 1,8,32)")
+  add("--H", type=int, help="inner steps per sync (default 50)")
+  add("--p", type=float, help="sparta fraction (default 0.005)")
+  add("--codec", help="codec spec, e.g. quant:2")
+  add("--ef", type=float, help="error-feedback beta")
+  add("--inner", help="adamw | adam | sgd | muon (default adamw; the "
+      "baseline uses the same optimizer)")
+  add("--batch-size", type=int, help="examples per worker and step (default 8)")
+  add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
+  add("--repeats", type=int, help="timed calls per program (default 3)")
+  add("--warmup", type=int, help="untimed calls first (default 1)")
+  add("--json", help="write every configuration's figures here")
+  add("--plot", help="write tokens/s and memory vs W here (.png; needs "
+      "matplotlib)")
+  add("--seed", type=int, help="default 0")
+  add("--child", help=argparse.SUPPRESS)
+  _train.add_scale_flags(p)
+  p.set_defaults(run=run)
+
+
+def _settings(args) -> dict:
+  s = dict(_train.DEFAULTS)
+  s.update({"model": "gpt", "data": "text"})
+  s.update({k: v for k, v in BENCH_DEFAULTS.items()})
+  for k, v in vars(args).items():
+    if v is not None and (k in s or k in BENCH_DEFAULTS):
+      s[k] = v
+  if s["model"] in ("mlp", "cnn"):
+    s["data"] = "digits"
+  for name in ("rounds", "repeats", "warmup"):
+    _validate.positive_int(name, s[name])
+  return s
+
+
+def _measure(s: dict, workers: int) -> dict:
+  from lowbw import bench
+  source = _train.build_data(s)
+  model = _train.build_model(s, source)
+  strategy = _train.build_strategy(s)
+  return bench.measure(
+      model, source, strategy, _train.build_inner(s), workers,
+      s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
+      warmup=s["warmup"], devices=s["devices"],
+      worker_dtype=s["worker_dtype"], seed=s["seed"])
+
+
+def run(args: argparse.Namespace) -> int:
+  _train.join_processes(args)
+  if args.child:  # one configuration, figures as JSON on stdout
+    s = json.loads(args.child)
+    print("BENCH " + json.dumps(_measure(s, s["workers"])))
+    return 0
+  s = _settings(args)
+  counts = _train._ints("workers", s["workers"])
+  # Validate everything once, here, before any child process starts.
+  _train.build_strategy(s)
+  _train.build_model(s, _train.build_data(s))
+  rows = []
+  import jax
+  isolate = jax.process_count() == 1
+  for i, w in enumerate(counts):
+    print(f"[{i + 1}/{len(counts)}] W={w} ...", file=sys.stderr, flush=True)
+    if isolate:
+      rows.append(_child(s, w))
+    else:
+      rows.append(_measure(s, w))
+    print(format_row(rows[-1]), file=sys.stderr, flush=True)
+  if jax.process_index() == 0:
+    print(format_table(s, rows))
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"settings": s, "configurations": rows}, f, indent=2)
+    if args.plot:
+      plot(rows, args.plot, s)
+  return 0
+
+
+def _child(s: dict, workers: int) -> dict:
+  child = json.dumps({**s, "workers": workers})
+  proc = subprocess.run(
+      [sys.executable, "-m", "lowbw", "bench", "--child", child],
+      capture_output=True, text=True, env=dict(os.environ))
+  for line in proc.stdout.splitlines():
+    if line.startswith("BENCH "):
+      return json.loads(line[len("BENCH "):])
+  err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+  raise ValueError(f"workers={workers} is invalid: its benchmark failed: {err}")
+
+
+def _mb(n):
+  return "-" if n is None else f"{n / 1e6:,.1f}"
+
+
+def format_row(r: dict) -> str:
+  rate = (f"{r['tokens_per_s']:,.0f} tok/s" if r["tokens_per_s"] else
+          f"{r['examples_per_s']:,.0f} ex/s")
+  return (f"  W={r['workers']}: {rate}, efficiency {r['efficiency']:.3f}, "
+          f"{_mb(r['memory_per_worker'])} MB/worker")
+
+
+def format_table(s: dict, rows: list[dict]) -> str:
+  lm = rows[0]["tokens_per_s"] is not None
+  unit = "tokens/s" if lm else "examples/s"
+  head = ["W", "worker-steps/s", unit, f"baseline {unit}", "efficiency",
+          "sync % of round", "compile s", "peak MB", "MB/worker",
+          "state MB/worker", "wire MB/round"]
+  lines = [
+      f"{s['strategy']} on {s['model']}, b={s['batch_size']}, H={s['H']}, "
+      f"{rows[0]['device']}, devices={rows[0]['devices']}, "
+      f"{rows[0]['worker_dtype']} workers; baseline: one replica, batch W*b; "
+      f"medians of {s['repeats']} timed calls; memory: "
+      f"{rows[0]['memory_source']}",
+      " | ".join(head)]
+  for r in rows:
+    rate = r["tokens_per_s"] if lm else r["examples_per_s"]
+    base = r["baseline_tokens_per_s"] if lm else r["baseline_examples_per_s"]
+    share = "-" if r["sync_share"] is None else f"{100 * r['sync_share']:.2f}"
+    lines.append(" | ".join([
+        str(r["workers"]), f"{r['worker_steps_per_s']:,.1f}", f"{rate:,.0f}",
+        f"{base:,.0f}", f"{r['efficiency']:.3f}", share,
+        f"{r['compile_s']:.1f}", _mb(r["peak_bytes"]),
+        _mb(r["memory_per_worker"]), _mb(r["theoretical_per_worker"]),
+        _mb(r["wire_bytes_per_round"])]))
+  return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: str, s: dict) -> None:
+  try:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+  except ModuleNotFoundError:
+    raise ModuleNotFoundError(
+        "plot=... needs matplotlib: pip install 'lowbw[plot]'") from None
+  lm = rows[0]["tokens_per_s"] is not None
+  key = "tokens_per_s" if lm else "examples_per_s"
+  w = [r["workers"] for r in rows]
+  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  a.plot(w, [r[key] for r in rows], "o-", label="simulator")
+  a.plot(w, [r["baseline_" + key] for r in rows], "s--",
+         label="baseline (1 replica, batch W*b)")
+  a.set_xscale("log", base=2)
+  a.set_xlabel("workers W")
+  a.set_ylabel(key.replace("_", " ").replace(" per s", "/s"))
+  a.legend()
+  a.set_title(f"{s['strategy']} on {s['model']}, b={s['batch_size']}")
+  b.plot(w, [r["peak_bytes"] / 1e6 for r in rows], "o-", label="peak")
+  b.plot(w, [r["run_bytes"] / 1e6 for r in rows], "^-",
+         label="the run's own (state, data, activations)")
+  b.plot(w, [r["theoretical_per_worker"] * r["workers"] / 1e6 for r in rows],
+         "s--", label="W x (params + opt + residuals)")
+  b.set_xscale("log", base=2)
+  b.set_xlabel("workers W")
+  b.set_ylabel(f"MB ({rows[0]['memory_source']})")
+  b.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
