@@ -17,14 +17,12 @@ import argparse
 import json
 import platform
 import statistics
-import time
 
 import jax
-import jax.numpy as jnp
 import optax
 
 import lowbw
-from lowbw import data, models, network, strategies, transforms
+from lowbw import bench, data, models, network, strategies, transforms
 
 # --network: what the run carries besides training. "clock": a simulated clock
 # only (no masks). "faults": the clock plus stragglers (jitter, threshold) and
@@ -41,42 +39,12 @@ NETWORKS = {
 
 
 def make_baseline(model, corpus, batch, seq_len, steps):
-  """A plain single-replica loop: AdamW on batch ``batch`` (= W*b).
-
-  Returns a function that runs ``steps`` steps and returns their tokens/s.
-  """
-  tokens = jnp.asarray(corpus.train["tokens"])
-  n_windows = (tokens.shape[0] - 1) // seq_len
-  params = model.init(jax.random.PRNGKey(0), corpus.example_batch(batch))
-  tx = optax.adamw(1e-3)
-
-  def sample(key):
-    starts = jax.random.randint(key, (batch,), 0, n_windows) * seq_len
-    rows = jax.vmap(
-        lambda s: jax.lax.dynamic_slice(tokens, (s,), (seq_len + 1,)))(starts)
-    return {"tokens": rows.astype(jnp.int32)}
-
-  def step(carry, key):
-    params, opt_state = carry
-    (loss, _), g = jax.value_and_grad(model.loss, has_aux=True)(
-        params, sample(key), key)
-    updates, opt_state = tx.update(g, opt_state, params)
-    return (optax.apply_updates(params, updates), opt_state), loss
-
-  run = jax.jit(lambda carry, key: jax.lax.scan(step, carry,
-                                                jax.random.split(key, steps)))
-  state = {"carry": (params, tx.init(params)), "calls": 0}
-  jax.block_until_ready(run(state["carry"], jax.random.PRNGKey(1)))  # compile
-
-  def measure():
-    state["calls"] += 1
-    start = time.perf_counter()
-    state["carry"], losses = run(state["carry"],
-                                 jax.random.PRNGKey(1 + state["calls"]))
-    jax.block_until_ready(losses)
-    return steps * batch * seq_len / (time.perf_counter() - start)
-
-  return measure
+  """A plain single-replica loop: AdamW on batch ``batch`` (= W*b), the same
+  one ``lowbw bench`` uses. Returns a function that runs ``steps`` steps and
+  returns their tokens/s."""
+  run = bench.baseline(model, corpus.build(1, 1, 0), optax.adamw(1e-3), batch,
+                       steps, seed=1)
+  return lambda: steps * batch * seq_len / run()
 
 
 def simulator_run(model, corpus, workers, batch_size, steps, H, seed,

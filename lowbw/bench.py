@@ -10,7 +10,6 @@ worker count, each in a fresh process so that peak memory is that
 configuration's own.
 """
 
-import os
 import resource
 import statistics
 import time
@@ -185,7 +184,7 @@ def _prefix_subtrees(specs, tree):
 def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             rounds: int = 2, repeats: int = 3, warmup: int = 1,
             devices: int | None = None, worker_dtype: str | None = None,
-            sync_cost: bool = True, seed: int = 0) -> dict:
+            worker_batch: int | None = None, sync_cost: bool = True, seed: int = 0) -> dict:
   """Figures for one configuration (see the module docstring).
 
   Args:
@@ -195,7 +194,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     rounds: rounds (of H steps) per timed call.
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
-    devices, worker_dtype: as for ``lowbw.simulate``.
+    devices, worker_dtype, worker_batch: as for ``lowbw.simulate``.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
 
@@ -209,13 +208,14 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       network=None, eval_every=None, log_every=None, log_dir=None,
       checkpoint_every=None, resume_from=None, eval_examples=None,
       rounds_per_chunk=rounds, progress=False, callback=None, metadata=None,
-      devices=devices, worker_dtype=worker_dtype)
+      devices=devices, worker_dtype=worker_dtype, worker_batch=worker_batch)
   memory.built()
   steps = rounds * run.strategy.period
 
   def compiled(strat):
     programs = _engine.build(run.model, strat, num_workers, rounds, 0,
-                             run.masks, run.mesh, run.specs, run._narrow)
+                             run.masks, run.mesh, run.specs, run._narrow,
+                             run._grouping())
     return programs.chunk.lower(run.state, run.sampler, rounds,
                                 None).compile()
 
@@ -255,7 +255,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       "workers": num_workers, "batch_size": batch_size,
       "H": run.strategy.period, "rounds": rounds, "steps": steps,
       "devices": run.devices, "processes": run.processes,
-      "worker_dtype": run.worker_dtype, "num_params": run.num_params,
+      "worker_dtype": run.worker_dtype, "worker_batch": run.worker_batch,
+      "num_params": run.num_params,
       "worker_steps_per_s": worker_steps / sim,
       "examples_per_s": worker_steps * batch_size / sim,
       "tokens_per_s": (worker_steps * batch_size * tokens / sim

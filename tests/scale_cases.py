@@ -35,14 +35,14 @@ def cases():
   }
 
 
-def trajectory(strategy, net, devices, num_workers=W, steps=STEPS):
+def trajectory(strategy, net, devices, num_workers=W, steps=STEPS, **kw):
   import jax
   import lowbw
   from lowbw import models
   r = lowbw.simulate(model=models.mlp(hidden=(16,)), data="digits",
                      strategy=strategy, num_workers=num_workers, batch_size=4,
                      steps=steps, seed=3, network=net, progress=False,
-                     devices=devices, eval_examples=64)
+                     devices=devices, eval_examples=64, **kw)
   hist = {k: np.asarray(v).tolist() for k, v in r.history.items()
           if k != "wall_time_s"}
   params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(r.params)]
@@ -57,6 +57,13 @@ def main(argv):
     out = {}
     for name, (strategy, net) in cases().items():
       out[name] = [trajectory(strategy, net, 1), trajectory(strategy, net, 4)]
+    # A checkpoint written on 4 devices, resumed on 1.
+    import tempfile
+    strategy, net = cases()["diloco"]
+    with tempfile.TemporaryDirectory() as tmp:
+      trajectory(strategy, net, 4, steps=6, log_dir=tmp, checkpoint_every=6)
+      resumed = trajectory(strategy, net, 1, resume_from=tmp)
+    out["resume_4_to_1"] = [out["diloco"][0], resumed]
     path = argv[1]
   else:
     port, pid, path = argv[1], int(argv[2]), argv[3]

@@ -61,6 +61,14 @@ def test_four_devices_give_the_one_device_trajectory(four_devices, name):
   assert loss[0] != loss[-1]
 
 
+def test_a_checkpoint_from_four_devices_resumes_on_one(four_devices):
+  uninterrupted, resumed = four_devices["resume_4_to_1"]
+  assert resumed["devices"] == 1
+  _assert_same(uninterrupted, resumed, "resumed")
+
+
+
+
 def _free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -229,3 +237,61 @@ def test_initialize_rejects_bad_values():
     lowbw.initialize("localhost", 2, 0)
   with pytest.raises(ValueError, match="^process_id="):
     lowbw.initialize("127.0.0.1:1234", 2, 2)
+
+
+# ------------------------------------------------------------ worker groups
+def test_worker_batch_gives_the_same_run():
+  """Computing the workers' steps two at a time changes nothing: also with
+  bf16 workers, fault masks and a codec with private noise."""
+  from lowbw import network
+  net = network.network("1Gbps", "1ms", faults=network.Faults(drop_prob=0.3))
+  strategy = strategies.diloco(optax.adamw(1e-3), H=3)
+  for kw in ({}, {"worker_dtype": "bfloat16", "network": net}):
+    whole = _run(strategy=strategy, **kw)
+    groups = _run(strategy=strategy, worker_batch=2, **kw)
+    for key in whole.history:
+      if key != "wall_time_s":
+        np.testing.assert_allclose(groups.history[key], whole.history[key],
+                                   rtol=1e-6, atol=1e-7, err_msg=key)
+    chex.assert_trees_all_close(groups.state.strategy.params_W,
+                                whole.state.strategy.params_W,
+                                rtol=1e-6, atol=1e-7)
+    assert groups.config["worker_batch"] == 2
+
+
+@pytest.mark.parametrize("kw", [
+    {"worker_batch": 3},  # does not divide W = 4
+    {"worker_batch": 0},
+    {"worker_batch": 2, "strategy": strategies.ddp(optax.sgd(0.1))},
+])
+def test_worker_batch_errors(kw):
+  kw = {"strategy": strategies.diloco(optax.adamw(1e-3), H=3), **kw}
+  with pytest.raises(ValueError, match="^worker_batch="):
+    _run(**kw)
+
+
+# ------------------------------------------------------------ command line
+def test_train_flags_reach_the_run(tmp_path, capsys):
+  from lowbw import cli
+  from test_cli import TINY
+  out = tmp_path / "run"
+  assert cli.main([*TINY, "--worker-batch", "1", "--worker-dtype",
+                   "bfloat16", "--out", str(out)]) == 0
+  config = json.loads((out / "config.json").read_text())
+  assert (config["worker_batch"], config["worker_dtype"],
+          config["devices"]) == (1, "bfloat16", 1)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--devices", "64"], "--devices"),
+    (["--worker-batch", "3"], "--worker-batch"),
+    (["--worker-dtype", "fp8"], "--worker-dtype"),
+    (["--coordinator", "nohost"], "--coordinator"),
+])
+def test_train_scale_flags_errors(argv, flag, tmp_path, capsys):
+  from lowbw import cli
+  from test_cli import TINY
+  code = cli.main([*TINY, *argv, "--out", str(tmp_path / "r")])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err.startswith(f"lowbw: error: {flag}=") and err.count("\n") == 1, err

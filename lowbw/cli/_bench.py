@@ -72,7 +72,8 @@ def _measure(s: dict, workers: int) -> dict:
       model, source, strategy, _train.build_inner(s), workers,
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
       warmup=s["warmup"], devices=s["devices"],
-      worker_dtype=s["worker_dtype"], seed=s["seed"])
+      worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
+      seed=s["seed"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,8 +87,19 @@ def run(args: argparse.Namespace) -> int:
   # Validate everything once, here, before any child process starts.
   _train.build_strategy(s)
   _train.build_model(s, _train.build_data(s))
-  rows = []
   import jax
+  from lowbw.simulation import _mesh
+  _validate.optional_positive_int("worker_batch", s["worker_batch"])
+  for w in counts:
+    devices = _mesh.check_devices(s["devices"], w)
+    if s["worker_batch"] and (w // devices) % s["worker_batch"]:
+      raise _validate.fail("worker_batch", s["worker_batch"],
+                           f"must divide the {w // devices} workers of each "
+                           f"device at --workers {w}")
+  if s["worker_dtype"] not in (None, "float32", "bfloat16", "bf16", "fp32"):
+    raise _validate.fail("worker_dtype", s["worker_dtype"],
+                         "expected float32 or bfloat16")
+  rows = []
   isolate = jax.process_count() == 1
   for i, w in enumerate(counts):
     print(f"[{i + 1}/{len(counts)}] W={w} ...", file=sys.stderr, flush=True)
@@ -96,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     else:
       rows.append(_measure(s, w))
     print(format_row(rows[-1]), file=sys.stderr, flush=True)
+  add_marginal(rows)
   if jax.process_index() == 0:
     print(format_table(s, rows))
     if args.json:
@@ -115,11 +128,30 @@ def _child(s: dict, workers: int) -> dict:
     if line.startswith("BENCH "):
       return json.loads(line[len("BENCH "):])
   err = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+  if err.startswith("lowbw: error: "):  # the child's own one-line error
+    raise ValueError(err[len("lowbw: error: "):])
   raise ValueError(f"workers={workers} is invalid: its benchmark failed: {err}")
 
 
+def add_marginal(rows: list[dict]) -> None:
+  """Memory per added worker between consecutive worker counts: the growth
+  of the run's memory over the growth of W, free of fixed costs (runtime,
+  compiled code, dataset). Against the state's own bytes per worker."""
+  prev = None
+  for r in sorted(rows, key=lambda r: r["workers"]):
+    r["marginal_per_worker"] = r["marginal_ratio"] = None
+    if prev is not None and r["workers"] > prev["workers"]:
+      grow = ((r["run_bytes"] - prev["run_bytes"]) /
+              (r["workers"] - prev["workers"]))
+      r["marginal_per_worker"] = grow
+      r["marginal_ratio"] = grow / r["theoretical_per_worker"]
+    prev = r
+
+
 def _mb(n):
-  return "-" if n is None else f"{n / 1e6:,.1f}"
+  if n is None:
+    return "-"
+  return f"{n / 1e6:,.1f}" if abs(n) >= 1e6 else f"{n / 1e6:.3f}"
 
 
 def format_row(r: dict) -> str:
@@ -134,11 +166,12 @@ def format_table(s: dict, rows: list[dict]) -> str:
   unit = "tokens/s" if lm else "examples/s"
   head = ["W", "worker-steps/s", unit, f"baseline {unit}", "efficiency",
           "sync % of round", "compile s", "peak MB", "MB/worker",
-          "state MB/worker", "wire MB/round"]
+          "MB/added worker", "state MB/worker", "wire MB/round"]
   lines = [
       f"{s['strategy']} on {s['model']}, b={s['batch_size']}, H={s['H']}, "
       f"{rows[0]['device']}, devices={rows[0]['devices']}, "
-      f"{rows[0]['worker_dtype']} workers; baseline: one replica, batch W*b; "
+      f"{rows[0]['worker_dtype']} workers, worker batch "
+      f"{s['worker_batch'] or 'all'}; baseline: one replica, batch W*b; "
       f"medians of {s['repeats']} timed calls; memory: "
       f"{rows[0]['memory_source']}",
       " | ".join(head)]
@@ -150,7 +183,8 @@ def format_table(s: dict, rows: list[dict]) -> str:
         str(r["workers"]), f"{r['worker_steps_per_s']:,.1f}", f"{rate:,.0f}",
         f"{base:,.0f}", f"{r['efficiency']:.3f}", share,
         f"{r['compile_s']:.1f}", _mb(r["peak_bytes"]),
-        _mb(r["memory_per_worker"]), _mb(r["theoretical_per_worker"]),
+        _mb(r["memory_per_worker"]), _mb(r["marginal_per_worker"]),
+        _mb(r["theoretical_per_worker"]),
         _mb(r["wire_bytes_per_round"])]))
   return "\n".join(lines)
 

@@ -37,6 +37,7 @@ DEFAULTS = {
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None, "devices": None, "worker_dtype": None,
+    "worker_batch": None,
     # The simulated clock (lowbw.network): every run has one.
     "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
     "group_size": None, "regional_bandwidth": "10Gbps",
@@ -218,6 +219,9 @@ def add_scale_flags(p) -> None:
   g.add_argument("--worker-dtype", help="bfloat16: keep every worker's "
                  "parameters and optimizer state in bf16 (half the memory; "
                  "see docs/performance.md); default float32")
+  g.add_argument("--worker-batch", type=int, help="compute the inner steps "
+                 "of this many workers at a time (memory for activations and "
+                 "gradients of one group only; diloco, muloco, fedavg)")
   g.add_argument("--coordinator", help="multi-process: host:port of process "
                  "0 (or JAX_COORDINATOR_ADDRESS)")
   g.add_argument("--num-processes", type=int, help="multi-process: K "
@@ -273,7 +277,8 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
 
 # What ``--resume`` may change: how long the run goes on and how it is logged.
 RESUME_MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
-                     "eval_examples", "progress", "out", "devices")
+                     "eval_examples", "progress", "out", "devices",
+                     "worker_batch")
 
 
 def _check_resume_changes(saved: dict, given: dict) -> None:
@@ -496,7 +501,7 @@ def run(args: argparse.Namespace) -> int:
       checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
       resume_from=args.resume, progress=s["progress"],
       metadata={METADATA_KEY: saved}, devices=s["devices"],
-      worker_dtype=s["worker_dtype"])
+      worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"])
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
   return 0

@@ -138,7 +138,8 @@ def cast_workers(st: StrategyState, dtype) -> StrategyState:
 
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           tail_steps: int, masks: bool = False, mesh=None,
-          specs=None, worker_dtype=None) -> Programs:
+          specs=None, worker_dtype=None,
+          worker_batch: int | None = None) -> Programs:
   """Builds the jitted programs; nothing is traced until first called.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -155,6 +156,12 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   ``worker_dtype`` (e.g. bfloat16): the workers' parameters and inner
   optimizer states are kept in this type between steps; every step and sync
   computes in float32 (cast on entry, rounded back on exit).
+
+  ``worker_batch``: for strategies whose local step does not communicate,
+  compute the workers' steps this many at a time (a loop over groups that
+  updates the state in place), so that activations and gradients exist for
+  one group only; must divide each device's number of workers. None: all at
+  once (one vmap).
   """
 
   def widen(st):
@@ -169,38 +176,88 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return loss, metrics, g
 
   def local_step(sim: SimState, sampler, net, up_W, ready_W):
-    st = widen(sim.strategy)
-    batch_W = sampler.sample(sim.data_key, st.step, worker_offset())
+    stored = sim.strategy
+    batch_W = sampler.sample(sim.data_key, stored.step, worker_offset())
     keys_W = local_workers(jax.random.split(
-        jax.random.fold_in(sim.loss_key, st.step), num_workers))
-    loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
+        jax.random.fold_in(sim.loss_key, stored.step), num_workers))
+    if worker_batch is None:
+      st = widen(stored)
+      loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W,
+                                                   keys_W)
+      step_fn = lambda s: strategy.local(s, grads_W)  # noqa: E731
+    else:  # already in the stored type, groups widened one at a time
+      st = stored
+      new, loss_W, metrics_W = grouped_local(stored, batch_W, keys_W)
+      step_fn = lambda s: (new, {})  # noqa: E731
     clock = None
     if net is None:
-      st, counts = strategy.local(st, grads_W)
+      st, counts = step_fn(st)
     else:
-      st, counts, ready_W, clock = clocked_local(st, grads_W, net, up_W,
+      st, counts, ready_W, clock = clocked_local(st, step_fn, net, up_W,
                                                  ready_W)
     out = StepOut(worker_mean(loss_W), worker_mean(metrics_W),
                   _first_bad(loss_W), counts, clock)
     return sim._replace(strategy=narrow(st)), out, ready_W
 
-  def clocked_local(st: StrategyState, grads_W, net, up_W, ready_W):
-    """``strategy.local`` with the clock (and the masks, when on)."""
+  def grouped_local(st: StrategyState, batch_W, keys_W):
+    """A local step without communication, ``worker_batch`` workers at a
+    time: each group's gradients and inner update are computed and written
+    back into the state in place, so activations and gradients exist for one
+    group only."""
+    local_w = jax.tree.leaves(st.params_W)[0].shape[0]
+    size = worker_batch
+
+    def body(g, carry):
+      params_W, inner_W, loss_W, metrics_W, _ = carry
+
+      def get(x):
+        return jax.lax.dynamic_slice_in_dim(x, g * size, size, axis=0)
+
+      def put(full, part):
+        return jax.lax.dynamic_update_slice_in_dim(
+            full, part.astype(full.dtype), g * size, axis=0)
+
+      sub = widen(st._replace(
+          params_W=jax.tree.map(get, params_W),
+          inner_W=jax.tree.map(get, inner_W),
+          active=None if st.active is None else get(st.active)))
+      loss_g, metrics_g, grads_g = jax.vmap(grads)(
+          sub.params_W, jax.tree.map(get, batch_W), get(keys_W))
+      new, _ = strategy.local(sub, grads_g)
+      new = narrow(new)
+      return (jax.tree.map(put, params_W, new.params_W),
+              jax.tree.map(put, inner_W, new.inner_W), put(loss_W, loss_g),
+              jax.tree.map(put, metrics_W, metrics_g), new.step)
+
+    shapes = jax.eval_shape(
+        lambda p, b, k: jax.vmap(grads)(p, b, k), st.params_W, batch_W,
+        keys_W)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         (shapes[0], shapes[1]))
+    params_W, inner_W, loss_W, metrics_W, step = jax.lax.fori_loop(
+        0, local_w // size, body,
+        (st.params_W, st.inner_W, zeros[0], zeros[1], st.step))
+    return (st._replace(step=step, params_W=params_W, inner_W=inner_W),
+            loss_W, metrics_W)
+
+  def clocked_local(st: StrategyState, step_fn, net, up_W, ready_W):
+    """``step_fn`` (the strategy's local step) with the clock (and the
+    masks, when on)."""
     ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
-    if jax.eval_shape(strategy.local, st, grads_W)[1]:
+    if jax.eval_shape(step_fn, st)[1]:
       # Communication every step: a barrier of the workers waited for.
-      local = strategy.local
+      local = step_fn
       if masks:
         active_W, start = _clock.participants(net, ready_W, up_W, st.step, 0)
         st = st._replace(active=local_workers(active_W))
         local = _unless_nobody(local, active_W, 1)
       else:
         active_W, start = up_W, jnp.max(ready_W)
-      st, counts = local(st, grads_W)
+      st, counts = local(st)
       ready_W = jnp.full_like(ready_W, start + _clock.comm_seconds(net, counts))
       n = jnp.sum(active_W.astype(jnp.int32))
     else:
-      new, counts = strategy.local(st, grads_W)
+      new, counts = step_fn(st)
       if masks:  # a down worker's steps never happened
         new = new._replace(params_W=_where_W(up_W, new.params_W, st.params_W),
                            inner_W=_where_W(up_W, new.inner_W, st.inner_W))

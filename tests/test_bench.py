@@ -1,0 +1,70 @@
+"""``lowbw bench`` and ``lowbw.bench.measure``: the figures are there, the
+bytes and the state's memory are exact, bad flags are one-line errors.
+(Speed itself is never asserted: it is measured, see docs/performance.md.)"""
+
+import json
+
+import optax
+import pytest
+
+from lowbw import bench, cli, data, models, strategies
+
+MLP = models.mlp(hidden=(8,))
+P = 64 * 8 + 8 + 8 * 10 + 10  # digits: 8x8 inputs, 10 classes
+
+
+@pytest.fixture(scope="module")
+def figures():
+  inner = optax.adamw(1e-3)
+  return bench.measure(MLP, data.digits(), strategies.diloco(inner, H=2),
+                       inner, num_workers=2, batch_size=4, rounds=1,
+                       repeats=1, warmup=1)
+
+
+def test_figures_are_measured(figures):
+  f = figures
+  assert f["workers"] == 2 and f["steps"] == 2 and f["num_params"] == P
+  for key in ("worker_steps_per_s", "examples_per_s",
+              "baseline_examples_per_s", "efficiency", "compile_s",
+              "peak_bytes", "sync_s"):
+    assert f[key] > 0, key
+  assert f["examples_per_s"] == pytest.approx(4 * f["worker_steps_per_s"])
+  assert f["tokens_per_s"] is None  # classification data
+  assert 0 < f["sync_share"] < 1
+
+
+def test_bytes_and_state_are_exact(figures):
+  # One DiLoCo sync per round: a ring all-reduce of P float32 values,
+  # 2(W-1)/W x 4P bytes per worker.
+  assert figures["wire_bytes_per_round"] == 2 * (2 - 1) / 2 * 4 * P
+  # Per worker: parameters + AdamW's two moments (float32) + its int32 count.
+  assert figures["theoretical_per_worker"] == 3 * 4 * P + 4
+
+
+def test_cli_table_and_json(tmp_path, capsys):
+  out = tmp_path / "b.json"
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
+                   "2", "--H", "2", "--batch-size", "4", "--repeats", "1",
+                   "--json", str(out)])
+  assert code == 0
+  table = capsys.readouterr().out
+  assert "efficiency" in table and "baseline" in table
+  saved = json.loads(out.read_text())
+  (row,) = saved["configurations"]
+  assert row["workers"] == 2 and row["wire_bytes_per_round"] == 4 * P
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--workers", "0"], "--workers"),
+    (["--workers", "2,x"], "--workers"),
+    (["--repeats", "0"], "--repeats"),
+    (["--strategy", "nope"], "--strategy"),
+    (["--devices", "0"], "--devices"),
+    (["--workers", "4", "--worker-batch", "3"], "--worker-batch"),
+    (["--workers", "2", "--worker-dtype", "fp8"], "--worker-dtype"),
+])
+def test_bad_flags_are_one_line_errors(argv, flag, capsys):
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", *argv])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err.startswith(f"lowbw: error: {flag}=") and err.count("\n") == 1, err
