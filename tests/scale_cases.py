@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import optax
 
-W, STEPS = 8, 12
+W, STEPS = 8, 6  # two rounds of H = 3
 
 
 def cases():
@@ -61,7 +61,7 @@ def main(argv):
     import tempfile
     strategy, net = cases()["diloco"]
     with tempfile.TemporaryDirectory() as tmp:
-      trajectory(strategy, net, 4, steps=6, log_dir=tmp, checkpoint_every=6)
+      trajectory(strategy, net, 4, steps=3, log_dir=tmp, checkpoint_every=3)
       resumed = trajectory(strategy, net, 1, resume_from=tmp)
     out["resume_4_to_1"] = [out["diloco"][0], resumed]
     path = argv[1]

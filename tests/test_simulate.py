@@ -185,7 +185,7 @@ def test_last_row_averages_the_steps_since_the_previous_row():
 
 
 def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
-  kw = dict(checkpoint_every=10, log_dir=str(tmp_path))
+  kw = dict(checkpoint_every=200, log_dir=str(tmp_path))
   run(strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5),
       steps=400, **kw)
   changed = strategies.diloco(optax.inject_hyperparams(optax.adam)(0.5), H=5)
