@@ -164,20 +164,17 @@ def _per_worker_bytes(run) -> int:
                                run.strategy_key, run.masks)
   st = run.state.strategy
   total = 0
-  for spec, sub in zip(jax.tree.leaves(specs, is_leaf=_is_spec),
+  for spec, sub in zip(jax.tree.leaves(specs, is_leaf=_mesh.is_spec),
                        _prefix_subtrees(specs, st)):
     if spec == PartitionSpec(_engine.MESH_AXIS):
       total += _nbytes(sub)
   return total
 
 
-def _is_spec(x):
-  return isinstance(x, PartitionSpec)
-
-
 def _prefix_subtrees(specs, tree):
   out = []
-  jax.tree.map(lambda _, sub: out.append(sub), specs, tree, is_leaf=_is_spec)
+  jax.tree.map(lambda _, sub: out.append(sub), specs, tree,
+               is_leaf=_mesh.is_spec)
   return out
 
 

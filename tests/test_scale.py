@@ -238,6 +238,8 @@ def test_initialize_rejects_bad_values():
     lowbw.initialize("localhost", 2, 0)
   with pytest.raises(ValueError, match="^process_id="):
     lowbw.initialize("127.0.0.1:1234", 2, 2)
+  with pytest.raises(ValueError, match="^num_processes="):
+    lowbw.initialize("127.0.0.1:1234", 0, 0)
 
 
 # ------------------------------------------------------------ worker groups

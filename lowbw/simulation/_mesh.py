@@ -144,7 +144,7 @@ def replicated(tree):
   return jax.tree.map(lambda _: _REPLICATED, tree)
 
 
-def _is_spec(x):
+def is_spec(x):
   return isinstance(x, PartitionSpec)
 
 
@@ -165,7 +165,7 @@ def place(tree, specs, mesh: Mesh):
                                         lambda index: host[index])
 
   return jax.tree.map(lambda spec, sub: jax.tree.map(lambda x: one(x, spec), sub),
-                      specs, tree, is_leaf=_is_spec)
+                      specs, tree, is_leaf=is_spec)
 
 
 def to_host(tree):
