@@ -160,28 +160,19 @@ def _nbytes(tree) -> int:
 def _per_worker_bytes(run) -> int:
   """Bytes of the per-worker leaves of the state (params, optimizer states,
   residuals), all workers."""
-  specs = _mesh.strategy_specs(run.strategy, run.abstract_params, run.num_workers,
-                               run.strategy_key, run.masks)
-  st = run.state.strategy
-  total = 0
-  for spec, sub in zip(jax.tree.leaves(specs, is_leaf=_mesh.is_spec),
-                       _prefix_subtrees(specs, st)):
-    if spec == PartitionSpec(_engine.MESH_AXIS):
-      total += _nbytes(sub)
-  return total
-
-
-def _prefix_subtrees(specs, tree):
-  out = []
-  jax.tree.map(lambda _, sub: out.append(sub), specs, tree,
-               is_leaf=_mesh.is_spec)
-  return out
+  specs = _mesh.strategy_specs(run.strategy, run.abstract_params,
+                               run.num_workers, run.strategy_key, run.masks)
+  per_worker = PartitionSpec(_engine.MESH_AXIS)
+  sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
+                       else 0, specs, run.state.strategy, is_leaf=_mesh.is_spec)
+  return sum(jax.tree.leaves(sizes))
 
 
 def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             rounds: int = 2, repeats: int = 3, warmup: int = 1,
             devices: int | None = None, worker_dtype: str | None = None,
-            worker_batch: int | None = None, sync_cost: bool = True, seed: int = 0) -> dict:
+            worker_batch: int | None = None, sync_cost: bool = True,
+            seed: int = 0) -> dict:
   """Figures for one configuration (see the module docstring).
 
   Args:

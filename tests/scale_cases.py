@@ -17,7 +17,7 @@ W, STEPS = 8, 6  # two rounds of H = 3
 
 
 def cases():
-  from lowbw import network, strategies
+  from lowbw import network, strategies, transforms
   faults = network.network(
       "100Mbps", "10ms", faults=network.Faults(drop_prob=0.2),
       stragglers=network.Stragglers(jitter=0.3, mitigation="threshold",
@@ -30,8 +30,9 @@ def cases():
       "fedavg_islands": (strategies.fedavg(optax.sgd(0.1), H=3,
                                            island_size=2), None),
       "diloco_q4_ef_faults": (strategies.diloco(
-          optax.adamw(1e-3), H=3, codec=__import__("lowbw").transforms
-          .parse_codec("quant:4:stochastic"), error_feedback=0.9), faults),
+          optax.adamw(1e-3), H=3,
+          codec=transforms.parse_codec("quant:4:stochastic"),
+          error_feedback=0.9), faults),
   }
 
 

@@ -115,8 +115,8 @@ def test_bf16_workers_store_bf16_and_round_each_step():
   # The global model and what evaluation sees stay float32.
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(r.params))
   assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(st.comm[0]))
-  # Reference: the float32 run with the workers rounded to bf16 after every
-  # step and sync is what the bf16 run computes.
+  # Rounding moves the run (a different final loss) but only slightly: the
+  # bf16 reference by hand is the DDP test below.
   f32 = _run(strategy=strategy)
   assert r.summary["final_eval_loss"] != f32.summary["final_eval_loss"]
   np.testing.assert_allclose(r.history["train_loss"], f32.history["train_loss"],

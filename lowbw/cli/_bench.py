@@ -52,7 +52,7 @@ def add_parser(subparsers) -> None:
 def _settings(args) -> dict:
   s = dict(_train.DEFAULTS)
   s.update({"model": "gpt", "data": "text"})
-  s.update({k: v for k, v in BENCH_DEFAULTS.items()})
+  s.update(BENCH_DEFAULTS)
   for k, v in vars(args).items():
     if v is not None and (k in s or k in BENCH_DEFAULTS):
       s[k] = v
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
   _train.build_strategy(s)
   _train.build_model(s, _train.build_data(s))
   import jax
-  from lowbw.simulation import _mesh
+  from lowbw.simulation import _mesh, _run
   _validate.optional_positive_int("worker_batch", s["worker_batch"])
   for w in counts:
     devices = _mesh.check_devices(s["devices"], w)
@@ -96,9 +96,7 @@ def run(args: argparse.Namespace) -> int:
       raise _validate.fail("worker_batch", s["worker_batch"],
                            f"must divide the {w // devices} workers of each "
                            f"device at --workers {w}")
-  if s["worker_dtype"] not in (None, "float32", "bfloat16", "bf16", "fp32"):
-    raise _validate.fail("worker_dtype", s["worker_dtype"],
-                         "expected float32 or bfloat16")
+  _run.check_worker_dtype(s["worker_dtype"])
   rows = []
   isolate = jax.process_count() == 1
   for i, w in enumerate(counts):

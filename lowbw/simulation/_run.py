@@ -141,6 +141,14 @@ def simulate(
   return run.execute()
 
 
+def check_worker_dtype(value) -> str:
+  """``worker_dtype`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
+  accepted); anything else is a ValueError naming the field."""
+  value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
+      value, value)
+  return _validate.one_of("worker_dtype", value, WORKER_DTYPES)
+
+
 def _resolve(field, value, registry_get, cls):
   if isinstance(value, str):
     return registry_get(value)
@@ -176,10 +184,7 @@ class _Run:
       raise _validate.fail("seed", seed, "expected an integer")
     self.seed = int(seed)
     self.devices = _mesh.check_devices(devices, self.num_workers)
-    worker_dtype = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
-        worker_dtype, worker_dtype)
-    self.worker_dtype = _validate.one_of("worker_dtype", worker_dtype,
-                                         WORKER_DTYPES)
+    self.worker_dtype = check_worker_dtype(worker_dtype)
     self.processes = jax.process_count()
     self.main_process = jax.process_index() == 0
     if self.processes > 1 and (checkpoint_every or resume_from):
@@ -271,8 +276,10 @@ class _Run:
     strategy_state = self.strategy.init(params, self.num_workers, strategy_key)
     self.abstract_params = jax.eval_shape(lambda: params)
     if self.worker_batch is not None:
-      grads_W = jax.tree.map(lambda x: x, strategy_state.params_W)
-      if jax.eval_shape(self.strategy.local, strategy_state, grads_W)[1]:
+      # Gradients have the parameters' shapes: does the local step report
+      # any communication?
+      if jax.eval_shape(self.strategy.local, strategy_state,
+                        strategy_state.params_W)[1]:
         raise _validate.fail(
             "worker_batch", self.worker_batch,
             f"strategy {self.strategy.name!r} communicates at every inner "
