@@ -20,7 +20,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from lowbw.simulation import _engine, _mesh, _run
+from lowbw.simulation import _engine, _mesh
+from lowbw.simulation._simulator import build
 
 
 def _proc_status(field: str) -> int | None:
@@ -136,19 +137,19 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
   return run
 
 
-def _time_sync(run, repeats: int) -> float | None:
+def _time_sync(strategy, state, repeats: int) -> float | None:
   """Seconds of one sync (the outer step with its codec and reductions),
   compiled on its own; None for strategies that communicate every step."""
-  if run.strategy.sync is None:
+  if strategy.sync is None:
     return None
-  sync = jax.jit(lambda st: run.strategy.sync(
+  sync = jax.jit(lambda st: strategy.sync(
       _engine.cast_workers(st, jnp.float32))[0])
-  sync = sync.lower(run.state.strategy).compile()
-  jax.block_until_ready(sync(run.state.strategy))
+  sync = sync.lower(state.strategy).compile()
+  jax.block_until_ready(sync(state.strategy))
   times = []
   for _ in range(max(repeats, 5)):
     start = time.perf_counter()
-    jax.block_until_ready(sync(run.state.strategy))
+    jax.block_until_ready(sync(state.strategy))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
 
@@ -157,14 +158,15 @@ def _nbytes(tree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
-def _per_worker_bytes(run) -> int:
+def _per_worker_bytes(sim, state) -> int:
   """Bytes of the per-worker leaves of the state (params, optimizer states,
   residuals), all workers."""
-  specs = _mesh.strategy_specs(run.strategy, run.abstract_params,
-                               run.num_workers, run.strategy_key, run.masks)
+  c = sim.config
+  specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
+                               jax.random.PRNGKey(0), c.masks)
   per_worker = PartitionSpec(_engine.MESH_AXIS)
   sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
-                       else 0, specs, run.state.strategy, is_leaf=_mesh.is_spec)
+                       else 0, specs, state.strategy, is_leaf=_mesh.is_spec)
   return sum(jax.tree.leaves(sizes))
 
 
@@ -190,68 +192,59 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     A JSON-able dict of figures.
   """
   memory = _Memory()
-  run = _run._Run(
-      model=model, data=data, strategy=strategy, num_workers=num_workers,
-      batch_size=batch_size, steps=rounds * strategy.period, seed=seed,
-      network=None, eval_every=None, log_every=None, log_dir=None,
-      checkpoint_every=None, resume_from=None, eval_examples=None,
-      rounds_per_chunk=rounds, progress=False, callback=None, metadata=None,
-      devices=devices, worker_dtype=worker_dtype, worker_batch=worker_batch)
+  simulator = build(model, data, strategy, num_workers=num_workers,
+              batch_size=batch_size, steps=rounds * strategy.period,
+              rounds_per_chunk=rounds, devices=devices,
+              worker_dtype=worker_dtype, worker_batch=worker_batch,
+              compile=False)
+  c = simulator.config
+  state, sampler, _, _ = simulator.initial(seed)
   memory.built()
-  steps = rounds * run.strategy.period
-
-  def compiled(strat):
-    programs = _engine.build(run.model, strat, num_workers, rounds, 0,
-                             run.masks, run.mesh, run.specs, run._narrow,
-                             run._grouping())
-    return programs.chunk.lower(run.state, run.sampler, rounds,
-                                None).compile()
-
+  steps = rounds * c.period
   start = time.perf_counter()
-  chunk = compiled(run.strategy)
+  exe, state = simulator.executables(state, sampler, None)
   compile_s = time.perf_counter() - start
-  sync_s = _time_sync(run, repeats) if sync_cost else None
+  sync_s = _time_sync(c.strategy, state, repeats) if sync_cost else None
   memory.after_compile()
-  state = run.state
   for _ in range(max(warmup, 1)):
-    state, out = chunk(state, run.sampler, rounds, None)
+    state, out = exe.chunk(state, sampler, rounds, None)
   jax.block_until_ready(state)
   peak = memory.peak()  # the simulator's own: before the baseline exists
-  base = baseline(run.model, run.sampler, inner, num_workers * batch_size,
+  base = baseline(c.model, sampler, inner, num_workers * batch_size,
                   steps, seed)
   for _ in range(warmup - 1):
     base()
   sim_s, base_s = [], []
   for _ in range(repeats):  # alternate, so that load changes hit both alike
     start = time.perf_counter()
-    state, out = chunk(state, run.sampler, rounds, None)
+    state, out = exe.chunk(state, sampler, rounds, None)
     jax.block_until_ready(out)
     sim_s.append(time.perf_counter() - start)
     base_s.append(base())
-  out = run._fetch(out)
+  out = simulator.fetch(out)
   per_round = {}
-  for name, channel in run.channels.items():
+  for name, channel in simulator.channels.items():
     events = int(np.sum(out.steps.counts.get(name, np.zeros(1))[0]))
     events += int(out.sync_counts.get(name, np.zeros(1))[0])
     per_round[name] = events * channel.wire_bytes
-  tokens = run.data.tokens_per_example or 1
+  tokens = c.data.tokens_per_example or 1
   sim, base_t = statistics.median(sim_s), statistics.median(base_s)
   worker_steps = num_workers * steps
-  state_bytes = _per_worker_bytes(run)
-  analysis = chunk.memory_analysis()
+  state_bytes = _per_worker_bytes(simulator, state)
+  analysis = exe.chunk.memory_analysis()
   return {
       "workers": num_workers, "batch_size": batch_size,
-      "H": run.strategy.period, "rounds": rounds, "steps": steps,
-      "devices": run.devices, "processes": run.processes,
-      "worker_dtype": run.worker_dtype, "worker_batch": run.worker_batch,
-      "num_params": run.num_params,
+      "H": c.period, "rounds": rounds, "steps": steps,
+      "devices": c.devices, "processes": simulator.processes,
+      "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
+      "num_params": simulator.num_params,
       "worker_steps_per_s": worker_steps / sim,
       "examples_per_s": worker_steps * batch_size / sim,
       "tokens_per_s": (worker_steps * batch_size * tokens / sim
-                       if run.data.tokens_per_example else None),
+                       if c.data.tokens_per_example else None),
       "baseline_examples_per_s": worker_steps * batch_size / base_t,
       "baseline_tokens_per_s": (worker_steps * batch_size * tokens / base_t
-                                if run.data.tokens_per_example else None),
+                                if c.data.tokens_per_example else None),
       "efficiency": statistics.median(b / s for s, b in zip(sim_s, base_s)),
       "efficiencies": [b / s for s, b in zip(sim_s, base_s)],
       "round_s": sim / rounds,
@@ -269,6 +262,6 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
       "wire_bytes_per_round": sum(per_round.values()),
       "wire_bytes_per_round_by_channel": per_round,
-      "flops_per_token": 6 * run.num_params,
+      "flops_per_token": 6 * simulator.num_params,
       "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
   }

@@ -324,7 +324,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
   sim = _engine.SimState(state, k2, k3)
   sampler = src.build(W, B, 0)
   channels = strategy.channels(params, W)
-  programs = _engine.build(MLP, strategy, W, 2, 0, masks=True)
+  chunk = jax.jit(_engine.build(MLP, strategy, W, 2, 0, masks=True).chunk)
 
   def params_of(**kw):
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))
@@ -332,7 +332,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
                           stragglers=net_lib.Stragglers(**kw), faults=faults)
     return _clock.net_params(_clock.check_network(net, W), W, 0.0, channels, 0)
 
-  sim, _ = programs.chunk(sim, sampler, 2, params_of())
+  sim, _ = chunk(sim, sampler, 2, params_of())
   compiles = []
   listener = lambda event, *_, **__: compiles.append(event) if (  # noqa: E731
       "backend_compile" in event) else None
@@ -341,7 +341,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
     for kw in ({"drop": 0.5}, {"jitter": 0.7}, {"bw": "10Mbps"},
                {"mitigation": "threshold", "fraction": 0.5},
                {"mitigation": "backup", "backups": 2}):
-      sim, out = programs.chunk(sim, sampler, 2, params_of(**kw))
+      sim, out = chunk(sim, sampler, 2, params_of(**kw))
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles

@@ -191,8 +191,8 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     return _engine.SimState(s.init(fresh, W, k1), k2, k3)
 
   base = strategy(1e-3, 0.7)
-  programs = _engine.build(MLP, base, W, 2, 0)
-  programs.chunk(start(base), sampler, 2)
+  chunk = jax.jit(_engine.build(MLP, base, W, 2, 0).chunk)
+  chunk(start(base), sampler, 2)
   sim = start(base)
   st = sim.strategy
   inner_W = optax.tree_utils.tree_set(
@@ -207,17 +207,17 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
       "backend_compile" in event) else None
   jax.monitoring.register_event_duration_secs_listener(listener)
   try:
-    changed, _ = programs.chunk(new, sampler, 2)
+    changed, _ = chunk(new, sampler, 2)
     jax.block_until_ready(changed)
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles
   other = strategy(3e-3, 0.5)
-  expected, _ = _engine.build(MLP, other, W, 2, 0).chunk(start(other),
+  expected, _ = jax.jit(_engine.build(MLP, other, W, 2, 0).chunk)(start(other),
                                                          sampler, 2)
   chex.assert_trees_all_close(changed.strategy.comm[0],
                               expected.strategy.comm[0], rtol=1e-6)
-  unchanged, _ = programs.chunk(start(base), sampler, 2)
+  unchanged, _ = chunk(start(base), sampler, 2)
   assert not np.allclose(jax.tree.leaves(unchanged.strategy.comm[0])[0],
                          jax.tree.leaves(expected.strategy.comm[0])[0])
 

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
   _train.build_strategy(s)
   _train.build_model(s, _train.build_data(s))
   import jax
-  from lowbw.simulation import _mesh, _run
+  from lowbw.simulation import _config, _mesh
   _validate.optional_positive_int("worker_batch", s["worker_batch"])
   for w in counts:
     devices = _mesh.check_devices(s["devices"], w)
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
       raise _validate.fail("worker_batch", s["worker_batch"],
                            f"must divide the {w // devices} workers of each "
                            f"device at --workers {w}")
-  _run.check_worker_dtype(s["worker_dtype"])
+  _config.check_worker_dtype(s["worker_dtype"])
   rows = []
   isolate = jax.process_count() == 1
   for i, w in enumerate(counts):

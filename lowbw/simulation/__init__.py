@@ -1,9 +1,12 @@
 """The simulation engine: compiled rounds of W workers and the host loop."""
 
+from lowbw.simulation._config import RunConfig
 from lowbw.simulation._engine import RoundOut, SimState, StepOut
 from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._mesh import initialize
-from lowbw.simulation._run import Result, simulate
+from lowbw.simulation._result import Result
+from lowbw.simulation._run import simulate
+from lowbw.simulation._simulator import Simulator, build
 
-__all__ = ["NonFiniteLossError", "Result", "RoundOut", "SimState", "StepOut",
-           "initialize", "simulate"]
+__all__ = ["NonFiniteLossError", "Result", "RoundOut", "RunConfig", "SimState",
+           "Simulator", "StepOut", "build", "initialize", "simulate"]

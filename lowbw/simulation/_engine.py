@@ -92,6 +92,9 @@ def _inner_lr(inner_W: PyTree) -> Array:
 
 
 class Programs(NamedTuple):
+  """The run's functions, not yet jitted (the simulator jits them, or vmaps
+  them over sweep points first)."""
+
   chunk: Any     # (sim, sampler, n_rounds) -> (sim, RoundOut with leading max_rounds)
   tail: Any      # (sim, sampler) -> (sim, StepOut with leading tail_steps) or None
   evaluate: Any  # (sim, eval_batches) -> dict of eval metrics
@@ -140,7 +143,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           tail_steps: int, masks: bool = False, mesh=None,
           specs=None, worker_dtype=None,
           worker_batch: int | None = None) -> Programs:
-  """Builds the jitted programs; nothing is traced until first called.
+  """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
   argument. ``masks``: the run has a fault or straggler model, so the engine
@@ -357,11 +360,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
 
   if mesh is not None:
     chunk, tail = _shard(chunk, tail, mesh, specs, num_workers)
-  return Programs(
-      chunk=jax.jit(chunk, donate_argnums=0),
-      tail=jax.jit(tail, donate_argnums=0) if tail_steps else None,
-      evaluate=jax.jit(evaluate),
-  )
+  return Programs(chunk=chunk, tail=tail if tail_steps else None,
+                  evaluate=evaluate)
 
 
 MESH_AXIS = "workers"

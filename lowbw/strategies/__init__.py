@@ -8,6 +8,7 @@ from lowbw.strategies._demo import demo
 from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
+from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
 
@@ -31,5 +32,6 @@ def get(name: str, **kwargs) -> Strategy:
 __all__ = [
     "CommReport", "REGISTRY", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
-    "hidden_matrices", "muloco", "muon_inner", "sparta", "sparta_diloco",
+    "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
+    "peak_schedule", "sparta", "sparta_diloco",
 ]

@@ -1,0 +1,197 @@
+"""A run's validated, immutable configuration: what sets the compiled programs.
+
+``configure`` checks every argument of ``lowbw.build`` and returns a frozen
+``RunConfig``; nothing is traced or compiled here. What a ``RunConfig`` holds is
+what a compiled ``Simulator`` is specialised to: changing any of it needs a new
+build. What may change between runs of one build (seed, learning rates,
+network numbers, log folders) is an argument of ``Simulator.run``.
+"""
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import numpy as np
+
+from lowbw import _validate
+from lowbw import data as data_lib
+from lowbw import models as models_lib
+from lowbw import strategies as strategies_lib
+from lowbw.network import _clock, _faults
+from lowbw.simulation import _mesh
+
+_TARGET_CHUNKS = 25
+WORKER_DTYPES = ("float32", "bfloat16")
+
+# Build settings, named in the error a run gives when one would need a new
+# build (they fix shapes or the compiled program's structure).
+SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
+                  "num_workers", "batch_size", "steps", "devices",
+                  "worker_dtype", "worker_batch", "rounds_per_chunk",
+                  "network structure (topology, faults or mitigation on/off)")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a compiled simulator is specialised to (see ``lowbw.build``).
+
+  ``log_every`` is None when it was not given (about 200 rows, or a resumed
+  run's own spacing).
+  """
+
+  model: models_lib.Model
+  data: data_lib.DataSource
+  strategy: strategies_lib.Strategy
+  num_workers: int
+  batch_size: int
+  steps: int
+  network: Any
+  eval_every: int | None
+  log_every: int | None
+  eval_examples: int | None
+  rounds_per_chunk: int
+  devices: int
+  worker_dtype: str
+  worker_batch: int | None
+
+  @property
+  def period(self) -> int:
+    return self.strategy.period
+
+  @property
+  def tail_steps(self) -> int:
+    return self.steps % self.period
+
+  @property
+  def masks(self) -> bool:
+    """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
+    net = self.network
+    return net is not None and (net.faults is not None or (
+        net.stragglers is not None and net.stragglers.mitigation != "none"))
+
+  @property
+  def default_log_every(self) -> int:
+    return self.log_every or max(1, self.steps // 200)
+
+  @property
+  def grouping(self) -> int | None:
+    """``worker_batch`` for the engine: None when it is every worker."""
+    if self.worker_batch in (None, self.num_workers // self.devices):
+      return None
+    return self.worker_batch
+
+  @property
+  def is_lm(self) -> bool:
+    return self.data.tokens_per_example is not None
+
+
+def check_worker_dtype(value) -> str:
+  """``worker_dtype`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
+  accepted); anything else is a ValueError naming the field."""
+  value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
+      value, value)
+  return _validate.one_of("worker_dtype", value, WORKER_DTYPES)
+
+
+def check_seed(seed) -> int:
+  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+    raise _validate.fail("seed", seed, "expected an integer")
+  return int(seed)
+
+
+def multiple_of_period(field, value, period):
+  value = _validate.optional_positive_int(field, value)
+  if value is not None and value % period:
+    raise _validate.fail(
+        field, value,
+        f"must be a multiple of the strategy's period H={period} (global "
+        "parameters only change at syncs)")
+  return value
+
+
+def _resolve(field, value, registry_get, cls):
+  if isinstance(value, str):
+    return registry_get(value)
+  if not isinstance(value, cls):
+    raise _validate.fail(field, value,
+                         f"expected a {cls.__module__}.{cls.__name__} or a name")
+  return value
+
+
+def configure(model, data, strategy, num_workers: int = 8,
+              batch_size: int = 32, steps: int = 1000, network=None,
+              eval_every: int | None = None, log_every: int | None = None,
+              eval_examples: int | None = None,
+              rounds_per_chunk: int | None = None, devices: int | None = None,
+              worker_dtype: str | None = None,
+              worker_batch: int | None = None) -> RunConfig:
+  """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``.
+
+  Raises:
+    ValueError: a bad argument, naming it, before anything is compiled.
+  """
+  num_workers = _validate.positive_int("num_workers", num_workers)
+  batch_size = _validate.positive_int("batch_size", batch_size)
+  steps = _validate.positive_int("steps", steps)
+  devices = _mesh.check_devices(devices, num_workers)
+  worker_dtype = check_worker_dtype(worker_dtype)
+  if network is not None:
+    network = _clock.check_network(network, num_workers)
+  model = (models_lib.get(model) if isinstance(model, str)
+           else models_lib.as_model(model))
+  data = _resolve("data", data, data_lib.get, data_lib.DataSource)
+  strategy = _resolve("strategy", strategy, strategies_lib.get,
+                      strategies_lib.Strategy)
+  period = strategy.period
+  if network is not None and network.faults is not None:
+    _faults.check_windows(network.faults, period)
+  eval_every = multiple_of_period("eval_every", eval_every, period)
+  log_every = _validate.optional_positive_int("log_every", log_every)
+  eval_examples = _validate.optional_positive_int("eval_examples",
+                                                  eval_examples)
+  worker_batch = _check_worker_batch(worker_batch, num_workers // devices)
+  default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))
+  rounds_per_chunk = (
+      _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
+      if rounds_per_chunk is not None else default_rpc)
+  _check_model_fits_data(model, data)
+  return RunConfig(model, data, strategy, num_workers, batch_size, steps,
+                   network, eval_every, log_every, eval_examples,
+                   rounds_per_chunk, devices, worker_dtype, worker_batch)
+
+
+def _check_worker_batch(worker_batch, per_device: int) -> int | None:
+  worker_batch = _validate.optional_positive_int("worker_batch", worker_batch)
+  if worker_batch is not None and per_device % worker_batch:
+    raise _validate.fail("worker_batch", worker_batch,
+                         f"must divide the {per_device} workers of each device")
+  return worker_batch
+
+
+def _check_model_fits_data(model, data) -> None:
+  if model.task not in ("custom", data.task):
+    raise _validate.fail(
+        "model", model.name, f"is a model for {model.task} but data "
+        f"{data.name!r} is {data.task} data")
+  model_vocab = model.config.get("vocab")
+  if data.vocab_size and model_vocab and data.vocab_size > model_vocab:
+    raise _validate.fail("vocab", model_vocab,
+                         f"data {data.name!r} has tokens up to "
+                         f"{data.vocab_size - 1}; needs vocab >= "
+                         f"{data.vocab_size}")
+  model_classes = model.config.get("num_classes")
+  data_classes = getattr(data, "num_classes", None)
+  if model_classes and data_classes and data_classes > model_classes:
+    raise _validate.fail("num_classes", model_classes,
+                         f"data {data.name!r} has labels up to "
+                         f"{data_classes - 1}; needs num_classes >= "
+                         f"{data_classes}")
+
+
+def check_processes(checkpoint_every, resume_from) -> None:
+  if jax.process_count() > 1 and (checkpoint_every or resume_from):
+    raise _validate.fail(
+        "checkpoint_every" if checkpoint_every else "resume_from",
+        checkpoint_every or resume_from,
+        "checkpoints are not supported in multi-process runs yet")

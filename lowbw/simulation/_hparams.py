@@ -1,0 +1,185 @@
+"""Traced hyperparameters: the values a compiled simulator may change per run.
+
+Each name says where its value lives:
+
+* optimizer hyperparameters live in the strategy's state, as the values of
+  ``optax.inject_hyperparams`` (lowbw's defaults and CLI wrap every optimizer
+  so), or as the peak of a ``lowbw.strategies.peak_schedule``;
+* network numbers live in the ``NetParams`` argument of the compiled programs
+  and are recomputed on the host from the ``Network`` with the new value.
+
+Neither changes a shape, so ``Simulator.run(hparams=...)`` and ``lowbw.sweep``
+never recompile for them; a sweep stacks S such values on a leading axis.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lowbw import _validate
+from lowbw.network import _faults, _topology, _units
+from lowbw.strategies import PeakScheduleState
+
+
+class Knob(NamedTuple):
+  where: str   # "inner" | "outer" | "network"
+  key: str     # the injected hyperparameter, or the network quantity
+  help: str
+
+
+KNOBS = {
+    "inner_lr": Knob("inner", "learning_rate",
+                     "inner learning rate (a schedule's peak)"),
+    "inner_weight_decay": Knob("inner", "weight_decay",
+                               "inner optimizer's weight decay"),
+    "inner_momentum": Knob("inner", "momentum", "inner SGD momentum"),
+    "outer_lr": Knob("outer", "learning_rate", "outer learning rate"),
+    "outer_momentum": Knob("outer", "momentum", "outer momentum"),
+    "bandwidth": Knob("network", "bandwidth",
+                      "WAN bandwidth per worker (\"100Mbps\" or bit/s)"),
+    "latency": Knob("network", "latency",
+                    "one-way latency per hop (\"50ms\" or seconds)"),
+    "jitter": Knob("network", "jitter", "straggler lognormal sigma"),
+    "drop_prob": Knob("network", "drop_prob",
+                      "probability a worker is down for a round"),
+    "message_loss": Knob("network", "message_loss",
+                         "probability a worker's message is lost"),
+}
+
+
+def check_names(field: str, values: dict) -> dict:
+  """``values`` with every name a known knob; else one line listing them."""
+  if not isinstance(values, dict):
+    raise _validate.fail(field, values, "expected a dict of name -> value")
+  for name in values:
+    if name not in KNOBS:
+      raise _validate.fail(
+          field, name, "not a traced hyperparameter; expected one of " +
+          ", ".join(KNOBS) + " (shapes such as num_workers, H or a codec's "
+          "size need a new lowbw.build)")
+  return dict(values)
+
+
+def split(values: dict) -> tuple[dict, dict]:
+  """(state values, network values)."""
+  state = {k: v for k, v in values.items() if KNOBS[k].where != "network"}
+  net = {k: v for k, v in values.items() if KNOBS[k].where == "network"}
+  return state, net
+
+
+# ----------------------------------------------------------------- the state
+def _is_node(x) -> bool:
+  return isinstance(x, PeakScheduleState) or (
+      hasattr(x, "hyperparams") and hasattr(x, "hyperparams_states"))
+
+
+def _nodes(tree) -> list:
+  return [x for x in jax.tree.leaves(tree, is_leaf=_is_node) if _is_node(x)]
+
+
+def _settable(node, key: str) -> bool:
+  if isinstance(node, PeakScheduleState):
+    return key == "learning_rate" or any(
+        _settable(n, key) for n in _nodes(node.inner_state))
+  return key in node.hyperparams
+
+
+def _scheduled(tree, key: str) -> bool:
+  return any(not isinstance(n, PeakScheduleState) and
+             key in n.hyperparams_states for n in _nodes(tree))
+
+
+def _part(sim_state, where: str):
+  st = sim_state.strategy
+  return st.inner_W if where == "inner" else st.comm
+
+
+def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
+  """Each state knob has a place in ``sim_state`` (abstract is fine)."""
+  for name in values:
+    knob = KNOBS[name]
+    part = _part(sim_state, knob.where)
+    if knob.key == "learning_rate" and _scheduled(part, knob.key):
+      raise _validate.fail(
+          name, values[name], f"the {knob.where} learning rate is an optax "
+          "schedule, whose peak is a constant; build it with "
+          "lowbw.strategies.peak_schedule(...) to sweep its peak")
+    if not any(_settable(n, knob.key) for n in _nodes(part)):
+      raise _validate.fail(
+          name, values[name], f"strategy {strategy_name!r}'s {knob.where} "
+          f"optimizer exposes no {knob.key!r} (wrap it with "
+          "optax.inject_hyperparams; see docs/sweeps.md)")
+
+
+def _set(tree, key: str, value):
+  def one(node):
+    if not _is_node(node):
+      return node
+    if isinstance(node, PeakScheduleState):
+      if key == "learning_rate":
+        return node._replace(peak_lr=_like(node.peak_lr, value))
+      return node._replace(inner_state=_set(node.inner_state, key, value))
+    if key in node.hyperparams:
+      hyper = dict(node.hyperparams)
+      hyper[key] = _like(hyper[key], value)
+      return node._replace(hyperparams=hyper)
+    return node
+  return jax.tree.map(one, tree, is_leaf=_is_node)
+
+
+def _like(old, value):
+  return jnp.broadcast_to(jnp.asarray(value, old.dtype), old.shape)
+
+
+def set_state(sim_state, values: dict):
+  """``sim_state`` with each state knob set (traceable; values may be
+  traced scalars)."""
+  st = sim_state.strategy
+  for name, value in values.items():
+    knob = KNOBS[name]
+    if knob.where == "inner":
+      st = st._replace(inner_W=_set(st.inner_W, knob.key, value))
+    else:
+      st = st._replace(comm=_set(st.comm, knob.key, value))
+  return sim_state._replace(strategy=st)
+
+
+# --------------------------------------------------------------- the network
+def set_network(net, values: dict):
+  """A ``Network`` with the network knobs replaced (validated on the host)."""
+  if not values:
+    return net
+  if net is None:
+    name = next(iter(values))
+    raise _validate.fail(name, values[name],
+                         "needs a network= at build (the run has no clock)")
+  topo = net.topology
+  wan = topo.link if isinstance(topo, _topology.Flat) else topo.wan
+  for name, value in values.items():
+    if name == "bandwidth":
+      wan = wan._replace(bandwidth_bps=_units.bandwidth(value, name))
+    elif name == "latency":
+      wan = wan._replace(latency_s=_units.duration(value, name))
+    elif name == "jitter":
+      stragglers = net.stragglers or _faults.Stragglers()
+      net = net._replace(stragglers=stragglers._replace(jitter=value))
+    else:
+      if net.faults is None:
+        raise _validate.fail(
+            name, value, "needs a network built with faults= (the fault "
+            "masks are compiled in only then; Faults() with zero "
+            "probabilities compiles them)")
+      net = net._replace(faults=net.faults._replace(**{_FAULT[name]: value}))
+  topo = (topo._replace(link=wan) if isinstance(topo, _topology.Flat)
+          else topo._replace(wan=wan))
+  return net._replace(topology=topo)
+
+
+_FAULT = {"drop_prob": "drop_prob", "message_loss": "message_loss"}
+
+
+def jsonable(values: dict) -> dict[str, Any]:
+  return {k: v if isinstance(v, (str, int, float)) else float(v)
+          for k, v in values.items()}
+

@@ -1,0 +1,97 @@
+"""The flat host loop: dispatch chunk n+1, then read chunk n's outputs.
+
+The host never waits on the device inside the loop: a chunk's metrics are
+fetched after the next chunk has been dispatched, and the state buffers are
+donated from chunk to chunk. The same loop drives a single run (one track)
+and a sweep (one track per point, outputs with a leading point axis).
+"""
+
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+
+from lowbw.simulation._history import NonFiniteLossError
+
+
+class Executables(NamedTuple):
+  """Compiled programs of one argument signature."""
+
+  chunk: Any           # (state, sampler, n, net) -> (state, RoundOut)
+  tail: Any            # (state, sampler, net) -> (state, StepOut) or None
+  evaluate: Any        # (state, eval_batches) -> dict
+  global_params: Any   # state -> params
+
+
+def drive(sim, exe: Executables, state, sampler, net, tracks: list,
+          start_step: int, fetch: Callable, *, batched: bool = False,
+          checkpoint_every: int | None = None, save: Callable | None = None,
+          bar=None, wall_offset: float = 0.0):
+  """Runs from ``start_step`` to the configured number of steps.
+
+  Returns:
+    (final state, wall seconds). A single run's ``NonFiniteLossError`` is
+    raised after its rows are written; a sweep point's is kept in its
+    track, and the other points go on.
+  """
+  c = sim.config
+  period, steps, eval_every = c.period, c.steps, c.eval_every
+  start = time.perf_counter() - wall_offset
+  step, pending = start_step, None
+
+  def finish(p):
+    kind, n, out, ev, end_step = p
+    out, ev = fetch(out), None if ev is None else fetch(ev)
+    wall = time.perf_counter() - start
+    for i, track in enumerate(tracks):
+      pick = (lambda t: jax.tree.map(lambda x: x[i], t)) if batched else (
+          lambda t: t)
+      try:
+        track.consume(kind, n, pick(out), None if ev is None else pick(ev),
+                      end_step, wall, steps)
+      except NonFiniteLossError:
+        if not batched:
+          raise
+    if bar is not None:
+      rows = tracks[0].history.rows
+      bar.update(end_step, rows[-1] if rows else {})
+
+  def rounds_to(every):
+    return (every - step % every) // period
+
+  while step + period <= steps:
+    n = min(c.rounds_per_chunk, (steps - step) // period,
+            *(rounds_to(every) for every in (eval_every, checkpoint_every)
+              if every))
+    state, out = exe.chunk(state, sampler, n, net)
+    step += n * period
+    due = bool(eval_every and step % eval_every == 0)
+    ev = exe.evaluate(state, sim.eval_batches) if due else None
+    if pending is not None:
+      finish(pending)
+    pending = ("rounds", n, out, ev, step)
+    if checkpoint_every and step % checkpoint_every == 0:
+      finish(pending)
+      pending = None
+      save(step, state, time.perf_counter() - start)
+  if exe.tail is not None:
+    state, out = exe.tail(state, sampler, net)
+    step += c.tail_steps
+    if pending is not None:
+      finish(pending)
+    pending = ("tail", c.tail_steps, out, None, step)
+  if pending is not None:
+    finish(pending)
+  wall = time.perf_counter() - start
+  final = None
+
+  def final_eval(i):
+    nonlocal final
+    if final is None:
+      final = fetch(exe.evaluate(state, sim.eval_batches))
+    return jax.tree.map(lambda x: x[i], final) if batched else final
+
+  for i, track in enumerate(tracks):
+    track.finalize(steps, wall, lambda i=i: final_eval(i))
+  return state, time.perf_counter() - start

@@ -1,0 +1,79 @@
+"""Checkpoints of a single run: what may change on resume, and restoring."""
+
+import json
+import os
+
+import jax
+
+from lowbw import _validate, telemetry
+
+# What a resumed run may change; everything else must match the checkpoint.
+MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
+              "eval_examples", "metadata", "jax_version", "backend",
+              "devices", "processes", "worker_batch")
+
+
+def check_paths(log_dir, checkpoint_every, resume_from) -> None:
+  if checkpoint_every and log_dir is None:
+    raise _validate.fail("checkpoint_every", checkpoint_every,
+                         "needs log_dir (checkpoints go to log_dir/checkpoints)")
+  if resume_from is not None and not os.path.isdir(resume_from):
+    raise _validate.fail("resume_from", resume_from, "no such directory")
+  if (resume_from is None and log_dir is not None and
+      os.path.isdir(os.path.join(log_dir, "checkpoints"))):
+    raise _validate.fail(
+        "log_dir", log_dir, "already holds another run's checkpoints; resume "
+        "it (resume_from) or choose a new folder")
+
+
+def _checkpoint_dir(root):
+  sub = os.path.join(root, "checkpoints")
+  return sub if os.path.isdir(sub) else root
+
+
+def _check_same(resume_from, saved: dict, current: dict) -> None:
+  current = json.loads(json.dumps(current, default=repr))
+  for key in sorted(set(saved) | set(current)):
+    if key not in MAY_CHANGE and saved.get(key) != current.get(key):
+      raise _validate.fail(
+          "resume_from", resume_from,
+          f"the checkpoint was made with {key}={saved.get(key)!r} but this "
+          f"run has {key}={current.get(key)!r}; only "
+          f"{', '.join(MAY_CHANGE[:4])} may change on resume")
+
+
+def restore(sim, resume_from, track, initial_state, log_every_given: bool):
+  """The checkpointed state (in ``initial_state``'s shardings) and wall
+  seconds so far; ``track``'s history and clock continue from it."""
+  directory = _checkpoint_dir(resume_from)
+  if telemetry.latest_step(directory) is None:
+    raise _validate.fail("resume_from", resume_from, "holds no checkpoint")
+  step, meta = telemetry.read_meta(directory)
+  _check_same(resume_from, meta["config"], track.config)
+  abstract = jax.eval_shape(lambda: initial_state)
+  if sim.mesh is not None:  # restore straight into the devices' slices
+    abstract = jax.tree.map(
+        lambda a, x: jax.ShapeDtypeStruct(a.shape, a.dtype,
+                                          sharding=x.sharding),
+        abstract, initial_state)
+  del initial_state
+  try:
+    step, state, meta = telemetry.restore(directory, abstract, step)
+  except Exception as e:  # same configuration, yet a different structure
+    raise _validate.fail(
+        "resume_from", resume_from,
+        f"its checkpoint does not match this run's state ({e})") from e
+  c = sim.config
+  if step > c.steps:
+    raise _validate.fail("steps", c.steps,
+                         f"the checkpoint is already at step {step}")
+  if step % c.period:
+    raise _validate.fail("resume_from", resume_from,
+                         f"checkpoint step {step} is not a round boundary")
+  track.history.load_state_dict(meta["history"])
+  if "clock" in meta:
+    track.clock.load_state_dict(meta["clock"])
+  if not log_every_given:  # keep the rows' spacing of the first run
+    track.history.log_every = int(meta["history"]["log_every"])
+    track.config["log_every"] = track.history.log_every
+  return state, float(meta.get("wall_time_s", 0.0))

@@ -1,0 +1,372 @@
+"""``lowbw.build``: a validated, compiled simulator that runs many times.
+
+Flow: ``configure`` (validation, no device work) -> ``Simulator`` (static
+facts: abstract parameters, channels and their bytes, evaluation data, the
+engine's functions, compiled executables) -> ``Simulator.run`` (an initial
+state for a seed and traced hyperparameters, the host loop, a ``Result``).
+
+Executables are cached by the shapes of their arguments, so a second run with
+another seed, learning rate or bandwidth reuses them; only a seed that changes
+a shape (Dirichlet shards of another size) compiles again.
+"""
+
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+
+from lowbw import _validate, telemetry
+from lowbw.network import _clock
+from lowbw.simulation import _config, _engine, _hparams, _mesh, _resume
+from lowbw.simulation._loop import Executables, drive
+from lowbw.simulation._result import Result
+from lowbw.simulation._track import Track
+from lowbw.telemetry import names
+
+
+class Simulator:
+  """A compiled simulation: ``run`` it for any seed and traced values.
+
+  Built by ``lowbw.build(...)``. What the build fixes (its ``config``: model,
+  data, strategy, W, batch size, steps, devices, ...) needs a new build to
+  change; what ``run`` takes (seed, ``hparams`` such as ``inner_lr``,
+  ``outer_lr``, ``bandwidth``; see ``hparam_names``) does not recompile.
+
+  Attributes:
+    config: the validated ``RunConfig``.
+    num_params: parameters of the model.
+    channels: name -> ``Channel``: exact bytes of one event of each channel
+      (wire bytes under the network's topology).
+    metric_names: the model's own metrics.
+  """
+
+  hparam_names = tuple(_hparams.KNOBS)
+
+  def __init__(self, config: _config.RunConfig, compile: bool = True):
+    c = self.config = config
+    self.processes = jax.process_count()
+    self.main_process = jax.process_index() == 0
+    self.example = c.data.example_batch(c.batch_size)
+    key = jax.random.PRNGKey(0)
+    self.abstract_params = jax.eval_shape(c.model.init, key, self.example)
+    self.num_params = sum(x.size for x in jax.tree.leaves(
+        self.abstract_params))
+    self.abstract_state = jax.eval_shape(self._initial_state, key)
+    self._check_worker_batch()
+    self.strategy_channels = c.strategy.channels(self.abstract_params,
+                                                 c.num_workers)
+    self.channels = dict(self.strategy_channels)
+    tokens = c.batch_size * (c.data.tokens_per_example or 1)
+    self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
+    if c.network is not None:  # what each worker sends under the topology
+      costs = _clock.channel_costs(c.network, self.strategy_channels,
+                                   c.num_workers)
+      self.channels = {
+          name: ch._replace(wire_bytes=costs[name].wire_bytes,
+                            collective=costs[name].algorithm)
+          for name, ch in self.channels.items()}
+    self.metric_names = sorted(jax.eval_shape(
+        c.model.loss, self.abstract_params, self.example, key)[1])
+    self.eval_batches = jax.tree.map(
+        jnp.asarray, c.data.eval_batches(c.eval_examples))
+    self.mesh = self.specs = None
+    if c.devices > 1 or self.processes > 1:
+      self._make_mesh(key)
+    self.programs = _engine.build(
+        c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
+        c.masks, self.mesh, self.specs, _narrow(c), c.grouping)
+    self._init = jax.jit(self._initial_state)
+    self._set = jax.jit(_hparams.set_state)
+    self._jitted = self._jit_single()
+    self._cache: dict = {}
+    self._samplers: dict = {}
+    self._unreported_compile_s = 0.0
+    if compile and self.mesh is None:
+      self.executables(*self.initial(0)[:3])
+
+  # ------------------------------------------------------------- building
+  def _initial_state(self, key) -> _engine.SimState:
+    c = self.config
+    init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
+    params = c.model.init(init_key, self.example)
+    st = c.strategy.init(params, c.num_workers, strategy_key)
+    if c.masks:
+      st = st._replace(active=jnp.ones(c.num_workers, bool))
+    if _narrow(c) is not None:
+      st = _engine.cast_workers(st, _narrow(c))
+    return _engine.SimState(st, data_key, loss_key)
+
+  def _check_worker_batch(self) -> None:
+    c, st = self.config, self.abstract_state.strategy
+    if c.worker_batch is None:
+      return
+    # Gradients have the parameters' shapes: does the local step report any
+    # communication?
+    if jax.eval_shape(c.strategy.local, st, st.params_W)[1]:
+      raise _validate.fail(
+          "worker_batch", c.worker_batch,
+          f"strategy {c.strategy.name!r} communicates at every inner step; "
+          "worker_batch needs one whose inner steps are local (diloco, "
+          "muloco, fedavg)")
+
+  def _make_mesh(self, key) -> None:
+    c = self.config
+    self.mesh = _mesh.make_mesh(c.devices)
+    strategy_key = jax.random.split(key, 4)[2]
+    sim_specs = _engine.SimState(
+        _mesh.strategy_specs(c.strategy, self.abstract_params, c.num_workers,
+                             strategy_key, c.masks),
+        _mesh.replicated(self.abstract_state.data_key),
+        _mesh.replicated(self.abstract_state.loss_key))
+    sampler = c.data.build(c.num_workers, c.batch_size, 0)
+    self.specs = (sim_specs, _mesh.sampler_specs(sampler))
+    self.eval_batches = _mesh.place(
+        self.eval_batches, _mesh.replicated(self.eval_batches), self.mesh)
+
+  def _jit_single(self) -> Executables:
+    p, strategy = self.programs, self.config.strategy
+    narrow = _narrow(self.config) is not None
+
+    def global_params(s):
+      st = _engine.cast_workers(s.strategy, jnp.float32) if narrow else (
+          s.strategy)
+      return strategy.global_params(st)
+
+    return Executables(
+        jax.jit(p.chunk, donate_argnums=0),
+        None if p.tail is None else jax.jit(p.tail, donate_argnums=0),
+        jax.jit(p.evaluate), jax.jit(global_params))
+
+  def executables(self, state, sampler, net, jitted=None, key="run"):
+    """``(compiled programs, state)`` for these arguments' shapes (cached).
+
+    A new compilation also loads the executables with a chunk of zero rounds
+    (one-off buffer and thread-pool set-up belongs with compiling, not with
+    the run's throughput); it donates and returns ``state`` unchanged.
+    """
+    jitted = jitted or self._jitted
+    sig = (key, _signature((state, sampler, net)))
+    if sig not in self._cache:
+      start = time.perf_counter()
+      exe = Executables(
+          jitted.chunk.lower(state, sampler, 1, net).compile(),
+          None if jitted.tail is None
+          else jitted.tail.lower(state, sampler, net).compile(),
+          jitted.evaluate.lower(state, self.eval_batches).compile(),
+          jitted.global_params.lower(state).compile())
+      state, _ = exe.chunk(state, sampler, 0, net)
+      jax.block_until_ready(exe.evaluate(state, self.eval_batches))
+      self._cache[sig] = exe
+      self._unreported_compile_s += time.perf_counter() - start
+    return self._cache[sig], state
+
+  def _take_compile_s(self) -> float:
+    """Seconds compiled since the last run reported it (the build's
+    compilation is reported by the first run)."""
+    seconds, self._unreported_compile_s = self._unreported_compile_s, 0.0
+    return seconds
+
+  @property
+  def compilations(self) -> int:
+    """How many argument signatures have been compiled (for tests)."""
+    return len(self._cache)
+
+  # ------------------------------------------------------- initial states
+  def check_hparams(self, hparams, field: str = "hparams"):
+    """(state values, network) for ``hparams``; one-line errors."""
+    values = _hparams.check_names(field, hparams or {})
+    state_values, net_values = _hparams.split(values)
+    _hparams.check_state_knobs(self.abstract_state, self.config.strategy.name,
+                               state_values)
+    network = _hparams.set_network(self.config.network, net_values)
+    if net_values:
+      network = _clock.check_network(network, self.config.num_workers)
+    return state_values, network
+
+  def sampler(self, seed: int):
+    """The workers' shards for ``seed`` (the last few are kept)."""
+    if seed not in self._samplers:
+      c = self.config
+      if len(self._samplers) >= 4:
+        self._samplers.pop(next(iter(self._samplers)))
+      self._samplers[seed] = c.data.build(c.num_workers, c.batch_size, seed)
+    return self._samplers[seed]
+
+  def net_params(self, network, seed: int):
+    if network is None:
+      return None
+    return _clock.net_params(network, self.config.num_workers,
+                             self.flops_per_step, self.strategy_channels, seed)
+
+  def initial(self, seed: int = 0, hparams: dict | None = None):
+    """``(state, sampler, net, network)`` of a run from ``seed`` with
+    ``hparams``, placed on the run's devices.
+
+    ``state`` is the ``SimState`` every worker starts from; ``net`` the
+    traced network numbers (None without a network).
+    """
+    seed = _config.check_seed(seed)
+    state_values, network = self.check_hparams(hparams)
+    state = self._init(jax.random.PRNGKey(seed))
+    if state_values:
+      state = self._set(state, {k: jnp.float32(v) for k, v in
+                                state_values.items()})
+    sampler, net = self.sampler(seed), self.net_params(network, seed)
+    if self.mesh is not None:
+      sim_specs, sampler_specs = self.specs
+      state = _mesh.place(state, sim_specs, self.mesh)
+      sampler = _mesh.place(sampler, sampler_specs, self.mesh)
+      if net is not None:
+        net = _mesh.place(net, _mesh.replicated(net), self.mesh)
+    return state, sampler, net, network
+
+  def fetch(self, tree):
+    """Device outputs (replicated) as numpy, whichever process holds them."""
+    return jax.device_get(tree) if self.mesh is None else _mesh.to_host(tree)
+
+  # ------------------------------------------------------------------ runs
+  def run(self, seed: int = 0, hparams: dict | None = None,
+          log_dir: str | None = None, checkpoint_every: int | None = None,
+          resume_from: str | None = None, progress: bool | None = None,
+          callback=None, metadata: dict | None = None) -> Result:
+    """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
+
+    Args:
+      seed: seeds initialisation, sharding, sampling and the strategy's keys.
+      hparams: traced values for this run, e.g. ``{"inner_lr": 3e-3,
+        "bandwidth": "100Mbps"}`` (names: ``Simulator.hparam_names``); they
+        replace the strategy's and the network's values without compiling.
+
+    Raises:
+      ValueError: a bad argument, naming it.
+      NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+    """
+    c = self.config
+    seed = _config.check_seed(seed)
+    checkpoint_every = _config.multiple_of_period(
+        "checkpoint_every", checkpoint_every, c.period)
+    _resume.check_paths(log_dir, checkpoint_every, resume_from)
+    _config.check_processes(checkpoint_every, resume_from)
+    state, sampler, net, network = self.initial(seed, hparams)
+    config = self.describe(seed, network, hparams, metadata)
+    track = Track(self, c.default_log_every, network, log_dir, callback,
+                  config)
+    wall_offset = 0.0
+    if resume_from is not None:
+      state, wall_offset = _resume.restore(self, resume_from, track, state,
+                                           c.log_every is not None)
+    exe, state = self.executables(state, sampler, net)
+    compile_s = self._take_compile_s()
+    show = telemetry.is_terminal() if progress is None else progress
+    bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
+           if show and self.main_process else None)
+    save = None
+    if checkpoint_every:
+      def save(step, st, wall):
+        track_meta = {"history": track.history.state_dict(),
+                      "wall_time_s": wall, "clock": track.clock.state_dict(),
+                      "config": config}
+        telemetry.save(os.path.join(log_dir, "checkpoints"), step, st,
+                       track_meta)
+    track.open_writers(track.history.step if resume_from else None)
+    try:
+      state, elapsed = drive(self, exe, state, sampler, net, [track],
+                             track.history.step, self.fetch,
+                             checkpoint_every=checkpoint_every, save=save,
+                             bar=bar, wall_offset=wall_offset)
+    finally:
+      track.close()
+      if bar:
+        bar.close()
+    summary = track.summary(compile_s, elapsed)
+    track.write_summary(summary)
+    params = exe.global_params(state)
+    if self.processes > 1:  # a copy this process can read
+      params = jax.tree.map(lambda x: x.addressable_data(0), params)
+    return Result(track.history.as_arrays(), params, state, summary, config,
+                  log_dir)
+
+  # ------------------------------------------------------------ description
+  def describe(self, seed: int, network, hparams=None, metadata=None) -> dict:
+    """The run's configuration as written to config.json."""
+    c = self.config
+    return {
+        "model": c.model.config, "data": c.data.config,
+        "strategy": c.strategy.config, "num_workers": c.num_workers,
+        "batch_size": c.batch_size, "steps": c.steps, "seed": seed,
+        "hparams": _hparams.jsonable(hparams or {}),
+        "eval_every": c.eval_every, "log_every": c.default_log_every,
+        "eval_examples": c.eval_examples, "num_params": self.num_params,
+        "channels": {k: ch._asdict() for k, ch in self.channels.items()},
+        "network": None if network is None else {
+            **network.describe(),
+            "compute_s_per_step": None if network.hardware is None
+            else network.hardware.step_seconds(self.flops_per_step),
+            "comm_s_per_event": {
+                name: cost.seconds for name, cost in _clock.channel_costs(
+                    network, self.strategy_channels, c.num_workers).items()}},
+        "jax_version": jax.__version__, "backend": jax.default_backend(),
+        "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
+        "devices": c.devices, "processes": self.processes,
+        "metadata": dict(metadata or {}),
+    }
+
+  def columns(self) -> list[str]:
+    c = self.config
+    lm = c.is_lm
+    cols = [names.STEP, names.EXAMPLES] + ([names.TOKENS] if lm else [])
+    cols += [names.TRAIN_LOSS] + [names.train_metric(m)
+                                  for m in self.metric_names]
+    cols += [names.EVAL_LOSS] + [names.eval_metric(m)
+                                 for m in self.metric_names]
+    cols += [names.EVAL_PERPLEXITY] if lm else []
+    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.WORKER_DIVERGENCE,
+             names.LR]
+    if c.network is not None:
+      cols += [names.SIM_TIME_S, names.SYNC_WORKERS]
+    cols += [names.WALL_TIME_S]
+    return cols
+
+
+def _narrow(c: _config.RunConfig):
+  return None if c.worker_dtype == "float32" else jnp.bfloat16
+
+
+def _signature(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
+          steps: int = 1000, network=None, eval_every: int | None = None,
+          log_every: int | None = None, eval_examples: int | None = None,
+          rounds_per_chunk: int | None = None, devices: int | None = None,
+          worker_dtype: str | None = None, worker_batch: int | None = None,
+          compile: bool = True) -> Simulator:
+  """Validates a run configuration and compiles its programs, once.
+
+  The arguments are ``lowbw.simulate``'s that fix the compiled program
+  (shapes and structure). Run it with ``Simulator.run(seed=...,
+  hparams=...)`` as often as needed, or sweep it with ``lowbw.sweep``.
+
+  Args:
+    compile: compile now (default); False compiles at the first run.
+
+  Raises:
+    ValueError: a bad argument, naming it, before anything is compiled.
+
+  Example:
+    >>> sim = lowbw.build(model=models.mlp(hidden=(64,)), data=data.digits(),
+    ...                   strategy=strategies.diloco(H=20), num_workers=8,
+    ...                   steps=400)
+    >>> a = sim.run(seed=0, hparams={"inner_lr": 1e-3})
+    >>> b = sim.run(seed=1, hparams={"inner_lr": 3e-3})   # no compilation
+  """
+  config = _config.configure(
+      model, data, strategy, num_workers=num_workers, batch_size=batch_size,
+      steps=steps, network=network, eval_every=eval_every,
+      log_every=log_every, eval_examples=eval_examples,
+      rounds_per_chunk=rounds_per_chunk, devices=devices,
+      worker_dtype=worker_dtype, worker_batch=worker_batch)
+  return Simulator(config, compile=compile)

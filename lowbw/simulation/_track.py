@@ -1,0 +1,186 @@
+"""One run's host-side bookkeeping: rows, clock, writers, summary.
+
+A single run has one ``Track``; a sweep has one per point. Tracks only see
+numpy copies of the device outputs (one point's slice of them in a sweep).
+"""
+
+import os
+from typing import Any
+
+import jax
+import numpy as np
+
+from lowbw import telemetry
+from lowbw.network import _clock
+from lowbw.simulation._history import History, NonFiniteLossError
+from lowbw.telemetry import names
+
+
+class Track:
+  """Rows, simulated clock and writers of one run (or one sweep point).
+
+  Attributes:
+    history: the rows logged so far.
+    clock: the host's float64 simulated clock (with a network).
+    error: the ``NonFiniteLossError`` that stopped this point, or None.
+  """
+
+  def __init__(self, sim, log_every: int, network, log_dir: str | None,
+               callback=None, config: dict | None = None):
+    c = sim.config
+    self.sim = sim
+    self.network = network
+    self.history = History(sim.channels, log_every,
+                           c.num_workers * c.batch_size,
+                           c.data.tokens_per_example, sim.metric_names,
+                           clock=network is not None)
+    self.clock = _clock.Clock(bool(network and network.overlap))
+    self.log_dir = log_dir
+    self.callback = callback
+    self.config = config or {}
+    self.writers: list = []
+    self.error: NonFiniteLossError | None = None
+
+  # ----------------------------------------------------------------- rows
+  def emit(self, rows: list[dict]) -> None:
+    for row in rows:
+      for w in self.writers:
+        w.write(row)
+      if self.callback:
+        self.callback(row)
+
+  def consume(self, kind: str, n: int, out, ev, end_step: int, wall: float,
+              last_step: int) -> list[dict]:
+    """Logs a chunk's outputs (numpy); returns its rows (those at
+    ``last_step`` are left to ``finalize``). Records a non-finite loss in
+    ``error`` and re-raises it."""
+    if self.error is not None:
+      return []
+    try:
+      rows = self._rows(kind, n, out, ev, end_step, wall)
+    except NonFiniteLossError as e:
+      self.error = e
+      self.emit(e.new_rows)
+      raise
+    rows = [r for r in rows if r[names.STEP] != last_step]
+    self.emit(rows)
+    return rows
+
+  def _rows(self, kind, n, out, ev, end_step, wall):
+    period = self.sim.config.period
+    if kind == "rounds":
+      per_step = _flatten_rounds(out.steps, n)
+      round_end = np.zeros(n * period, bool)
+      round_end[period - 1::period] = True
+      counts = dict(per_step.counts)
+      for name, c in out.sync_counts.items():
+        full = np.zeros(n * period, np.int64)
+        full[period - 1::period] = c[:n]
+        counts[name] = counts.get(name, 0) + full
+      divergence, lr = out.divergence[:n], out.lr[:n]
+      sim_time = participants = None
+      if out.clock is not None:
+        sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
+                                     out.clock.compute_s[:n],
+                                     out.clock.sync_s[:n])
+        participants = per_step.clock.participants.copy()
+        participants[period - 1::period] = out.clock.participants[:n]
+    else:
+      per_step = out
+      round_end = np.zeros(n, bool)
+      counts = dict(per_step.counts)
+      divergence = lr = np.zeros(0)
+      sim_time = participants = None
+      if per_step.clock is not None:
+        sim_time = self.clock.steps(per_step.clock.time_s)
+        participants = per_step.clock.participants
+    rows = self.history.add(
+        loss=per_step.loss, metrics=per_step.metrics,
+        bad_worker=per_step.first_bad_worker, counts=counts,
+        round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
+        sim_time=sim_time, participants=participants)
+    if ev is not None:
+      row = self.add_eval(end_step, ev, wall)
+      if not rows or rows[-1] is not row:
+        rows.append(row)
+    return rows
+
+  def add_eval(self, step: int, ev: dict, wall: float) -> dict:
+    ev = {k: float(v) for k, v in ev.items()}
+    return self.history.add_eval(step, ev, self.sim.config.is_lm, wall)
+
+  def finalize(self, steps: int, wall: float, final_eval) -> None:
+    """The last row, with a final evaluation (``final_eval()`` -> dict) when
+    the last chunk had none."""
+    if self.error is not None:
+      return
+    row = self.history.finalize(
+        steps, wall, self.clock.elapsed if self.network is not None else None)
+    if names.EVAL_LOSS not in row:
+      self.add_eval(steps, final_eval(), wall)
+    self.emit([row])
+
+  # ---------------------------------------------------------------- files
+  def open_writers(self, resumed_at: int | None = None) -> None:
+    if not self.log_dir or not self.sim.main_process:
+      return
+    os.makedirs(self.log_dir, exist_ok=True)
+    telemetry.write_json(os.path.join(self.log_dir, "config.json"),
+                         self.config)
+    csv_writer = telemetry.CSVWriter(
+        os.path.join(self.log_dir, "metrics.csv"), self.sim.columns())
+    for row in self.history.rows:  # a resumed run rewrites what it logged
+      csv_writer.write(row)
+    self.writers = [csv_writer, telemetry.TensorBoardWriter(
+        os.path.join(self.log_dir, "tensorboard"),
+        purge_step=None if resumed_at is None else resumed_at + 1)]
+
+  def close(self) -> None:
+    for w in self.writers:
+      w.close()
+    self.writers = []
+
+  def summary(self, compile_s: float, elapsed: float) -> dict[str, Any]:
+    c, hist = self.sim.config, self.history.as_arrays()
+
+    def last(name):
+      if name not in hist:
+        return None
+      values = hist[name][~np.isnan(hist[name])]
+      return float(values[-1]) if values.size else None
+
+    examples = c.steps * c.num_workers * c.batch_size
+    rate = (lambda n: n / elapsed if elapsed > 0 else None)  # noqa: E731
+    summary = {
+        "steps": c.steps, "num_workers": c.num_workers,
+        "num_params": self.sim.num_params,
+        "final_train_loss": last(names.TRAIN_LOSS),
+        "final_eval_loss": last(names.EVAL_LOSS),
+        "payload_bytes": self.history.payload_bytes,
+        "wire_bytes": self.history.wire_bytes,
+        "collectives": {name: ch.collective for name, ch in
+                        self.sim.channels.items()},
+        "sim_time_s": (self.clock.elapsed if self.network is not None
+                       else None),
+        "compile_s": compile_s, "wall_time_s": elapsed,
+        "steps_per_s": rate(c.steps), "examples_per_s": rate(examples),
+        "log_dir": self.log_dir,
+    }
+    for m in self.sim.metric_names:
+      summary["final_eval_" + m] = last(names.eval_metric(m))
+    if c.is_lm:
+      summary["final_eval_perplexity"] = last(names.EVAL_PERPLEXITY)
+      summary["tokens_per_s"] = rate(examples * c.data.tokens_per_example)
+    if self.error is not None:
+      summary["error"] = str(self.error)
+    return summary
+
+  def write_summary(self, summary: dict) -> None:
+    if self.log_dir and self.sim.main_process:
+      os.makedirs(self.log_dir, exist_ok=True)
+      telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
+
+
+def _flatten_rounds(steps, n: int):
+  """(rounds, period, ...) per-step outputs of ``n`` rounds -> (n*period, ...)."""
+  return jax.tree.map(lambda x: x[:n].reshape((-1,) + x.shape[2:]), steps)
