@@ -15,9 +15,11 @@ Example:
 """
 
 from lowbw import data, models, network, strategies, telemetry, transforms
-from lowbw.simulation import NonFiniteLossError, Result, initialize, simulate
+from lowbw.simulation import (NonFiniteLossError, Result, Simulator,
+                              SweepResult, build, initialize, simulate, sweep)
 
 __version__ = "0.1.0"
 
-__all__ = ["NonFiniteLossError", "Result", "data", "models", "network",
-           "initialize", "simulate", "strategies", "telemetry", "transforms"]
+__all__ = ["NonFiniteLossError", "Result", "Simulator", "SweepResult", "build",
+           "data", "initialize", "models", "network", "simulate",
+           "strategies", "sweep", "telemetry", "transforms"]

@@ -7,6 +7,8 @@ from lowbw.simulation._mesh import initialize
 from lowbw.simulation._result import Result
 from lowbw.simulation._run import simulate
 from lowbw.simulation._simulator import Simulator, build
+from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
 
 __all__ = ["NonFiniteLossError", "Result", "RoundOut", "RunConfig", "SimState",
-           "Simulator", "StepOut", "build", "initialize", "simulate"]
+           "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
+           "initialize", "simulate", "sweep"]

@@ -78,6 +78,9 @@ class Simulator:
         c.masks, self.mesh, self.specs, _narrow(c), c.grouping)
     self._init = jax.jit(self._initial_state)
     self._set = jax.jit(_hparams.set_state)
+    self._init_points = jax.jit(jax.vmap(self._initial_state))
+    self._set_points = jax.jit(jax.vmap(_hparams.set_state))
+    self._point_programs: dict = {}
     self._jitted = self._jit_single()
     self._cache: dict = {}
     self._samplers: dict = {}
@@ -161,11 +164,36 @@ class Simulator:
       self._unreported_compile_s += time.perf_counter() - start
     return self._cache[sig], state
 
-  def _take_compile_s(self) -> float:
+  def take_compile_s(self) -> float:
     """Seconds compiled since the last run reported it (the build's
     compilation is reported by the first run)."""
     seconds, self._unreported_compile_s = self._unreported_compile_s, 0.0
     return seconds
+
+  def jit_points(self, sampler_axes, net_axes) -> Executables:
+    """The programs vmapped over a leading axis of sweep points (state
+    always; data and network leaves where ``*_axes`` say 0)."""
+    p, single = self.programs, self._jitted
+    key = (str(sampler_axes), str(net_axes))
+    if key not in self._point_programs:
+      tail = None if p.tail is None else jax.jit(jax.vmap(
+          p.tail, in_axes=(0, sampler_axes, net_axes)), donate_argnums=0)
+      self._point_programs[key] = Executables(
+          jax.jit(jax.vmap(p.chunk, in_axes=(0, sampler_axes, None, net_axes)),
+                  donate_argnums=0),
+          tail,
+          jax.jit(jax.vmap(p.evaluate, in_axes=(0, None))),
+          jax.jit(jax.vmap(single.global_params)))
+    return self._point_programs[key]
+
+  def init_points(self, keys):
+    """Initial states of several points (stacked on axis 0), from their
+    seeds' keys."""
+    return self._init_points(keys)
+
+  def set_points(self, state, values: dict):
+    """``state`` (points on axis 0) with each point's traced values."""
+    return self._set_points(state, values)
 
   @property
   def compilations(self) -> int:
@@ -257,7 +285,7 @@ class Simulator:
       state, wall_offset = _resume.restore(self, resume_from, track, state,
                                            c.log_every is not None)
     exe, state = self.executables(state, sampler, net)
-    compile_s = self._take_compile_s()
+    compile_s = self.take_compile_s()
     show = telemetry.is_terminal() if progress is None else progress
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
            if show and self.main_process else None)

@@ -1,0 +1,302 @@
+"""``lowbw.sweep``: a grid of traced values and seeds as one more vmapped axis.
+
+S points (the product of the grid's values, times the seeds) run as a leading
+axis over the whole simulator state: the compiled chunk is ``vmap``-ped over
+points, so S x W workers train in one program. Points differ only in traced
+values (learning rates, momentum, network numbers) and seeds; what sets a
+shape is the ``Simulator``'s. ``points_per_batch`` bounds memory: the points
+run that many at a time (the last batch padded, so one program serves all).
+"""
+
+import dataclasses
+import itertools
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from lowbw import _validate, telemetry
+from lowbw.simulation import _config, _hparams
+from lowbw.simulation._loop import Executables, drive
+from lowbw.simulation._simulator import Simulator, build
+from lowbw.simulation._track import Track
+from lowbw.telemetry import names
+
+
+@dataclasses.dataclass
+class SweepPoint:
+  """One point of a sweep, like a ``Result``.
+
+  Attributes:
+    values: the swept names and this point's values, e.g.
+      ``{"inner_lr": 3e-3}``.
+    seed: this point's seed.
+    history: metric name -> numpy array over logged rows.
+    params: the point's global parameters.
+    summary: final figures (``error`` holds a non-finite loss's message).
+    log_dir: this point's log folder, or None.
+  """
+
+  values: dict[str, Any]
+  seed: int
+  history: dict[str, np.ndarray]
+  params: Any
+  summary: dict[str, Any]
+  log_dir: str | None = None
+
+
+@dataclasses.dataclass
+class SweepResult:
+  """What ``lowbw.sweep`` returns.
+
+  Attributes:
+    points: one ``SweepPoint`` per (values, seed), values-major.
+    names: the swept hyperparameter names.
+    seeds: the seeds.
+    summary: compile and wall seconds of the whole sweep, points per batch.
+  """
+
+  points: list[SweepPoint]
+  names: list[str]
+  seeds: list[int]
+  summary: dict[str, Any]
+
+  def table(self) -> dict[str, np.ndarray]:
+    """The tidy table: one row per point and logged step, with columns
+    ``point``, ``seed``, the swept names, then every logged metric."""
+    keys: list[str] = []
+    for p in self.points:
+      keys += [k for k in p.history if k not in keys]
+    cols: dict[str, list] = {"point": [], "seed": [],
+                             **{n: [] for n in self.names},
+                             **{k: [] for k in keys}}
+    for i, p in enumerate(self.points):
+      rows = len(next(iter(p.history.values()), []))
+      cols["point"] += [i] * rows
+      cols["seed"] += [p.seed] * rows
+      for n in self.names:
+        cols[n] += [p.values[n]] * rows
+      for k in keys:
+        cols[k] += list(p.history.get(k, np.full(rows, np.nan)))
+    return {k: np.asarray(v) for k, v in cols.items()}
+
+  def aggregate(self, metric: str = "final_eval_loss") -> list[dict]:
+    """Mean and standard deviation of a summary figure over seeds, one entry
+    per combination of swept values (std with ddof=0; NaN for failed
+    points, which are counted in ``failed``)."""
+    groups: dict[tuple, list] = {}
+    for p in self.points:
+      key = tuple(p.values[n] for n in self.names)
+      groups.setdefault(key, []).append(p)
+    out = []
+    for key, pts in groups.items():
+      vals = np.asarray([_num(p.summary.get(metric)) for p in pts])
+      ok = vals[np.isfinite(vals)]
+      out.append({**dict(zip(self.names, key)), "metric": metric,
+                  "mean": float(ok.mean()) if ok.size else math.nan,
+                  "std": float(ok.std()) if ok.size else math.nan,
+                  "n": int(ok.size), "failed": int(vals.size - ok.size),
+                  "seeds": [p.seed for p in pts]})
+    return out
+
+
+def _num(v):
+  return math.nan if v is None else float(v)
+
+
+def grid_points(sim: Simulator, grid: dict | None, seeds) -> list[tuple]:
+  """``[(values, seed), ...]``, values-major, each validated."""
+  grid = _hparams.check_names("grid", grid or {})
+  for name, values in grid.items():
+    if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+      raise _validate.fail(name, values, "expected a list of values")
+    if not list(values):
+      raise _validate.fail(name, values, "expected at least one value")
+  if isinstance(seeds, (int, np.integer)):
+    seeds = [seeds]
+  seeds = [_config.check_seed(s) for s in seeds]
+  if not seeds:
+    raise _validate.fail("seeds", seeds, "expected at least one seed")
+  if len(set(seeds)) != len(seeds):
+    raise _validate.fail("seeds", seeds, "has a seed twice")
+  combos = [dict(zip(grid, vals)) for vals in
+            itertools.product(*(list(v) for v in grid.values()))]
+  for values in combos:
+    sim.check_hparams(values, "grid")
+  return [(values, seed) for values in combos for seed in seeds]
+
+
+def _stack(trees: list, what: str):
+  """Stacks equal-structured trees on a new axis 0; leaves identical in
+  every tree are kept once. Returns (stacked, in_axes)."""
+  leaves = [jax.tree.flatten(t) for t in trees]
+  treedef = leaves[0][1]
+  out, axes = [], []
+  for column in zip(*(lv for lv, _ in leaves)):
+    first = column[0]
+    if any(np.shape(x) != np.shape(first) for x in column):
+      raise _validate.fail(
+          "seeds", what, "the points' data shards have different shapes (a "
+          "Dirichlet split differs per seed); sweep seeds with iid or "
+          "contiguous sharding, or run each seed on its own")
+    if all(x is first for x in column) or all(
+        np.array_equal(np.asarray(x), np.asarray(first)) for x in column[1:]):
+      out.append(first)
+      axes.append(None)
+    else:
+      out.append(jnp.stack([jnp.asarray(x) for x in column]))
+      axes.append(0)
+  return treedef.unflatten(out), treedef.unflatten(axes)
+
+
+class _Batch:
+  """The stacked initial states, data and network numbers of some points."""
+
+  def __init__(self, sim: Simulator, points: list[tuple]):
+    c = sim.config
+    self.networks = [sim.check_hparams(v, "grid")[1] for v, _ in points]
+    keys = jnp.stack([jax.random.PRNGKey(s) for _, s in points])
+    self.state = sim.init_points(keys)
+    state_names = [n for n in points[0][0]
+                   if _hparams.KNOBS[n].where != "network"]
+    if state_names:
+      values = {n: jnp.asarray([v[n] for v, _ in points], jnp.float32)
+                for n in state_names}
+      self.state = sim.set_points(self.state, values)
+    self.sampler, self.sampler_axes = _stack(
+        [sim.sampler(s) for _, s in points], "data")
+    self.net = self.net_axes = None
+    if c.network is not None:  # every number per point (they are small)
+      nets = [sim.net_params(n, s) for n, (_, s) in zip(self.networks, points)]
+      self.net = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
+      self.net_axes = jax.tree.map(lambda _: 0, self.net)
+
+
+def sweep(build_args, grid: dict | None = None, seeds=(0,),
+          points_per_batch: int | None = None, log_dir: str | None = None,
+          progress: bool | None = None) -> SweepResult:
+  """Runs every point of ``grid`` x ``seeds`` as one vmapped program.
+
+  Args:
+    build_args: a ``Simulator`` (``lowbw.build``) or a dict of
+      ``lowbw.build`` arguments.
+    grid: swept name -> list of values, e.g. ``{"inner_lr": [1e-3, 3e-3],
+      "bandwidth": ["100Mbps", "1Gbps"]}``; names are the traced
+      hyperparameters (``Simulator.hparam_names``).
+    seeds: the seeds every combination runs with.
+    points_per_batch: points computed at once (default all): a bound on
+      memory, S x W workers' state and activations.
+    log_dir: ``log_dir/point_000/...`` per point (metrics.csv, TensorBoard,
+      config.json, summary.json), plus ``sweep.csv`` (the tidy table) and
+      ``sweep.json`` (points, summaries, mean and std over seeds).
+    progress: a progress bar (default: on a terminal).
+
+  Point i equals ``Simulator.run(seed=..., hparams=points[i].values)`` to
+  float tolerance.
+
+  Raises:
+    ValueError: an unknown name, a bad value or seed, naming it.
+
+  Example:
+    >>> result = lowbw.sweep(dict(model="mlp", data="digits",
+    ...                           strategy=strategies.diloco(H=10), steps=200),
+    ...                      grid={"inner_lr": [1e-3, 3e-3]}, seeds=[0, 1, 2])
+    >>> result.aggregate("final_eval_loss")
+  """
+  sim = build_args if isinstance(build_args, Simulator) else (
+      _build(build_args))
+  c = sim.config
+  if c.devices > 1 or sim.processes > 1:
+    raise _validate.fail("devices", c.devices, "a sweep runs on one device "
+                         "for now (its points are the vmapped axis)")
+  points = grid_points(sim, grid, seeds)
+  size = _validate.optional_positive_int("points_per_batch",
+                                         points_per_batch) or len(points)
+  size = min(size, len(points))
+  show = telemetry.is_terminal() if progress is None else progress
+  compile_before = sim.take_compile_s()
+  start = time.perf_counter()
+  results: list[SweepPoint] = []
+  batches = math.ceil(len(points) / size)
+  for b in range(batches):
+    chunk = points[b * size:(b + 1) * size]
+    padded = chunk + [chunk[-1]] * (size - len(chunk))
+    bar = (telemetry.ProgressBar(c.steps, desc=f"sweep {b + 1}/{batches}")
+           if show else None)
+    try:
+      results += _run_batch(sim, padded, len(chunk), b * size, log_dir, bar)
+    finally:
+      if bar:
+        bar.close()
+  wall = time.perf_counter() - start
+  grid_names = list((grid or {}).keys())
+  result = SweepResult(results, grid_names,
+                       sorted({s for _, s in points}, key=list(
+                           dict.fromkeys(s for _, s in points)).index),
+                       {"points": len(points), "points_per_batch": size,
+                        "compile_s": compile_before + sim.take_compile_s(),
+                        "wall_time_s": wall, "log_dir": log_dir})
+  if log_dir:
+    _write(result, log_dir)
+  return result
+
+
+def _build(args) -> Simulator:
+  if not isinstance(args, dict):
+    raise _validate.fail("build_args", type(args).__name__,
+                         "expected a lowbw.Simulator or a dict of "
+                         "lowbw.build arguments")
+  return build(**args)
+
+
+def _run_batch(sim, points, real: int, first: int, log_dir, bar):
+  batch = _Batch(sim, points)
+  exe, state = sim.executables(
+      batch.state, batch.sampler, batch.net,
+      jitted=sim.jit_points(batch.sampler_axes, batch.net_axes),
+      key=("sweep", str(batch.sampler_axes), str(batch.net_axes)))
+  tracks = []
+  for i, ((values, seed), network) in enumerate(zip(points, batch.networks)):
+    point_dir = (os.path.join(log_dir, f"point_{first + i:03d}")
+                 if log_dir and i < real else None)
+    track = Track(sim, sim.config.default_log_every, network, point_dir,
+                  config=sim.describe(seed, network, values))
+    track.open_writers()
+    tracks.append(track)
+  try:
+    state, elapsed = drive(sim, exe, state, batch.sampler, batch.net, tracks,
+                           0, sim.fetch, batched=True, bar=bar)
+  finally:
+    for t in tracks:
+      t.close()
+  params_S = exe.global_params(state)
+  out = []
+  for i, ((values, seed), track) in enumerate(zip(points[:real], tracks)):
+    summary = track.summary(0.0, elapsed)
+    summary["seed"], summary["values"] = seed, _hparams.jsonable(values)
+    track.write_summary(summary)
+    out.append(SweepPoint(dict(values), seed, track.history.as_arrays(),
+                          jax.tree.map(lambda x: x[i], params_S), summary,
+                          track.log_dir))
+  return out
+
+
+def _write(result: SweepResult, log_dir: str) -> None:
+  os.makedirs(log_dir, exist_ok=True)
+  table = result.table()
+  columns = list(table)
+  writer = telemetry.CSVWriter(os.path.join(log_dir, "sweep.csv"), columns)
+  for r in range(len(table["point"])):
+    writer.write({k: table[k][r].item() for k in columns})
+  writer.close()
+  metric = names.EVAL_LOSS
+  telemetry.write_json(os.path.join(log_dir, "sweep.json"), {
+      "names": result.names, "seeds": result.seeds,
+      "summary": result.summary,
+      "points": [{"values": _hparams.jsonable(p.values), "seed": p.seed,
+                  "summary": p.summary} for p in result.points],
+      "aggregate": result.aggregate("final_" + metric)})
