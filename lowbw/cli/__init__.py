@@ -4,7 +4,7 @@ import argparse
 import re
 import sys
 
-from lowbw.cli import _bench, _plan, _plot, _train
+from lowbw.cli import _bench, _plan, _plot, _sweep, _train
 
 # API field names whose command-line flag has another name.
 _FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
@@ -26,7 +26,8 @@ def _one_line(error: Exception) -> str:
     name = _FLAGS.get(match.group(1), match.group(1))
     if (name in _train.DEFAULTS or name in ("resume", "config", "x", "y", "coordinator",
                                         "num_processes", "process_id",
-                                        "rounds", "repeats", "warmup")
+                                        "rounds", "repeats", "warmup",
+                                        "grid", "seeds", "points_per_batch")
         or name in _plan.FLAG_NAMES):
       text = "--" + name.replace("_", "-") + text[len(match.group(1)):]
   return text
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
   sub = parser.add_subparsers(title="commands", metavar="COMMAND",
                               parser_class=_Parser)
   _train.add_parser(sub)
+  _sweep.add_parser(sub)
   _bench.add_parser(sub)
   _plan.add_parser(sub)
   _plot.add_parser(sub)

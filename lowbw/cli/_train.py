@@ -99,13 +99,20 @@ def add_parser(subparsers) -> None:
       "DiLoCo, 8 workers, a small GPT on the Python standard library's source "
       "bytes (a few minutes on a 2-core CPU).",
   )
+  p.add_argument("--config", metavar="FILE", help="TOML or JSON file of "
+                 "these options (keys as the long option names, '-' or '_'); "
+                 "flags override it")
+  p.add_argument("--resume", metavar="DIR", help="continue the run logged in "
+                 "DIR from its latest checkpoint with its settings; only "
+                 "--steps, --eval-every, --log-every and --checkpoint-every "
+                 "may change")
+  add_run_flags(p)
+  p.set_defaults(run=run)
+
+
+def add_run_flags(p) -> None:
+  """Every setting of a run (train and sweep)."""
   d = DEFAULTS
-  add = p.add_argument
-  add("--config", metavar="FILE", help="TOML or JSON file of these options "
-      "(keys as the long option names, '-' or '_'); flags override it")
-  add("--resume", metavar="DIR", help="continue the run logged in DIR from its "
-      "latest checkpoint with its settings; only --steps, --eval-every, "
-      "--log-every and --checkpoint-every may change")
   g = p.add_argument_group("strategy")
   g.add_argument("--strategy", choices=sorted(strategies_lib.REGISTRY),
                  help=f"default {d['strategy']}")
@@ -207,7 +214,6 @@ def add_parser(subparsers) -> None:
   g.add_argument("--progress", action=argparse.BooleanOptionalAction,
                  help="progress bar (default: on a terminal)")
   add_scale_flags(p)
-  p.set_defaults(run=run)
 
 
 def add_scale_flags(p) -> None:
@@ -367,35 +373,40 @@ def build_model(s: dict, source):
   return models_lib.get(name)  # raises the registry's error
 
 
-def _learning_rate(s: dict):
-  lr = _validate.positive_float("inner_lr", s["inner_lr"])
+def _unit_schedule(s: dict):
+  """The schedule's shape with peak 1 (None: a constant learning rate); the
+  peak is a state leaf (``peak_schedule``), so sweeps of inner_lr work."""
   warmup = _validate.non_negative_int("warmup_steps", s["warmup_steps"])
   schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
   if schedule == "cosine":
     return optax.warmup_cosine_decay_schedule(
-        0.0, lr, warmup, max(warmup + 1, s["steps"]))
+        0.0, 1.0, warmup, max(warmup + 1, s["steps"]))
   if warmup:
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, warmup), optax.constant_schedule(lr)],
+        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)],
         [warmup])
-  return lr
+  return None
 
 
 def build_inner(s: dict) -> optax.GradientTransformation:
   name = _validate.one_of("inner", s["inner"], INNERS)
-  lr = _learning_rate(s)
+  peak = _validate.positive_float("inner_lr", s["inner_lr"])
+  unit = _unit_schedule(s)
+  lr = peak if unit is None else 0.0  # set at every step from the schedule
   if name == "adamw":
-    return optax.inject_hyperparams(optax.adamw)(
+    tx = optax.inject_hyperparams(optax.adamw)(
         learning_rate=lr,
         weight_decay=_validate.non_negative("weight_decay", s["weight_decay"]))
-  if name == "adam":
-    return optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  if name == "muon":
-    return strategies_lib.muon_inner(
+  elif name == "adam":
+    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
+  elif name == "muon":
+    tx = strategies_lib.muon_inner(
         lr, _validate.non_negative("weight_decay", s["weight_decay"]))
-  return optax.inject_hyperparams(optax.sgd)(
-      learning_rate=lr,
-      momentum=_validate.momentum("momentum", s["momentum"]) or None)
+  else:
+    tx = optax.inject_hyperparams(optax.sgd)(
+        learning_rate=lr,
+        momentum=_validate.momentum("momentum", s["momentum"]) or None)
+  return tx if unit is None else strategies_lib.peak_schedule(tx, unit, peak)
 
 
 def build_outer(s: dict) -> optax.GradientTransformation:
@@ -476,32 +487,42 @@ def build_network(s: dict) -> network_lib.Network:
       overlap=overlap)
 
 
-def run(args: argparse.Namespace) -> int:
-  join_processes(args)
-  s, explicit = settings(args)
+def build_args(s: dict, explicit: set[str]) -> dict:
+  """``lowbw.build`` arguments from merged settings (train and sweep)."""
   source = build_data(s)
   model = build_model(s, source)
   check_used(s, explicit, model.name, source)
   strategy = build_strategy(s)
-  network = build_network(s)
   eval_every = s["eval_every"]
   if eval_every is None:  # the first multiple of H at or after 100 steps
     eval_every = strategy.period * -(-100 // strategy.period)
-  out = s["out"] or os.path.join(
-      "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" +
+  return dict(model=model, data=source, strategy=strategy,
+              num_workers=s["workers"], batch_size=s["batch_size"],
+              steps=s["steps"], network=build_network(s),
+              eval_every=eval_every, log_every=s["log_every"],
+              eval_examples=s["eval_examples"], devices=s["devices"],
+              worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"])
+
+
+def default_out(s: dict, kind: str = "") -> str:
+  return s["out"] or os.path.join(
+      "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + kind +
       s["strategy"])
+
+
+def run(args: argparse.Namespace) -> int:
+  join_processes(args)
+  s, explicit = settings(args)
+  run_args = build_args(s, explicit)
+  out = default_out(s)
   saved = {k: s[k] for k in DEFAULTS if k not in ("progress", "out")}
   for key in ("data", "data_root"):  # resumable from another directory
     if saved[key] and os.path.exists(saved[key]):
       saved[key] = os.path.abspath(saved[key])
   result = simulate(
-      model=model, data=source, strategy=strategy, num_workers=s["workers"],
-      batch_size=s["batch_size"], steps=s["steps"], seed=s["seed"],
-      network=network, eval_every=eval_every, log_every=s["log_every"], log_dir=out,
-      checkpoint_every=s["checkpoint_every"], eval_examples=s["eval_examples"],
-      resume_from=args.resume, progress=s["progress"],
-      metadata={METADATA_KEY: saved}, devices=s["devices"],
-      worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"])
+      **run_args, seed=s["seed"], log_dir=out,
+      checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
+      progress=s["progress"], metadata={METADATA_KEY: saved})
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
   return 0

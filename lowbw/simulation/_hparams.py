@@ -12,6 +12,7 @@ Neither changes a shape, so ``Simulator.run(hparams=...)`` and ``lowbw.sweep``
 never recompile for them; a sweep stacks S such values on a leading axis.
 """
 
+import math
 from typing import Any, NamedTuple
 
 import jax
@@ -97,7 +98,10 @@ def _part(sim_state, where: str):
 
 def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
   """Each state knob has a place in ``sim_state`` (abstract is fine)."""
-  for name in values:
+  for name, value in values.items():
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or
+        not math.isfinite(value)):
+      raise _validate.fail(name, value, "expected a finite number")
     knob = KNOBS[name]
     part = _part(sim_state, knob.where)
     if knob.key == "learning_rate" and _scheduled(part, knob.key):

@@ -77,9 +77,6 @@ class Simulator:
         c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
         c.masks, self.mesh, self.specs, _narrow(c), c.grouping)
     self._init = jax.jit(self._initial_state)
-    self._set = jax.jit(_hparams.set_state)
-    self._init_points = jax.jit(jax.vmap(self._initial_state))
-    self._set_points = jax.jit(jax.vmap(_hparams.set_state))
     self._point_programs: dict = {}
     self._jitted = self._jit_single()
     self._cache: dict = {}
@@ -186,15 +183,6 @@ class Simulator:
           jax.jit(jax.vmap(single.global_params)))
     return self._point_programs[key]
 
-  def init_points(self, keys):
-    """Initial states of several points (stacked on axis 0), from their
-    seeds' keys."""
-    return self._init_points(keys)
-
-  def set_points(self, state, values: dict):
-    """``state`` (points on axis 0) with each point's traced values."""
-    return self._set_points(state, values)
-
   @property
   def compilations(self) -> int:
     """How many argument signatures have been compiled (for tests)."""
@@ -237,9 +225,8 @@ class Simulator:
     seed = _config.check_seed(seed)
     state_values, network = self.check_hparams(hparams)
     state = self._init(jax.random.PRNGKey(seed))
-    if state_values:
-      state = self._set(state, {k: jnp.float32(v) for k, v in
-                                state_values.items()})
+    if state_values:  # a few small arrays: not worth compiling a program
+      state = _hparams.set_state(state, state_values)
     sampler, net = self.sampler(seed), self.net_params(network, seed)
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs

@@ -157,22 +157,14 @@ class _Batch:
   """The stacked initial states, data and network numbers of some points."""
 
   def __init__(self, sim: Simulator, points: list[tuple]):
-    c = sim.config
-    self.networks = [sim.check_hparams(v, "grid")[1] for v, _ in points]
-    keys = jnp.stack([jax.random.PRNGKey(s) for _, s in points])
-    self.state = sim.init_points(keys)
-    state_names = [n for n in points[0][0]
-                   if _hparams.KNOBS[n].where != "network"]
-    if state_names:
-      values = {n: jnp.asarray([v[n] for v, _ in points], jnp.float32)
-                for n in state_names}
-      self.state = sim.set_points(self.state, values)
-    self.sampler, self.sampler_axes = _stack(
-        [sim.sampler(s) for _, s in points], "data")
+    runs = [sim.initial(seed, values) for values, seed in points]
+    self.networks = [network for *_, network in runs]
+    self.state = jax.tree.map(lambda *xs: jnp.stack(xs),
+                              *(state for state, *_ in runs))
+    self.sampler, self.sampler_axes = _stack([r[1] for r in runs], "data")
     self.net = self.net_axes = None
-    if c.network is not None:  # every number per point (they are small)
-      nets = [sim.net_params(n, s) for n, (_, s) in zip(self.networks, points)]
-      self.net = jax.tree.map(lambda *xs: jnp.stack(xs), *nets)
+    if sim.config.network is not None:  # every number per point (small)
+      self.net = jax.tree.map(lambda *xs: jnp.stack(xs), *(r[2] for r in runs))
       self.net_axes = jax.tree.map(lambda _: 0, self.net)
 
 
@@ -250,7 +242,9 @@ def _build(args) -> Simulator:
     raise _validate.fail("build_args", type(args).__name__,
                          "expected a lowbw.Simulator or a dict of "
                          "lowbw.build arguments")
-  return build(**args)
+  # The sweep compiles its own (vmapped) programs; the single-run ones are
+  # compiled only if the simulator is also run on its own.
+  return build(**{"compile": False, **args})
 
 
 def _run_batch(sim, points, real: int, first: int, log_dir, bar):
