@@ -4,9 +4,11 @@ What a researcher does today without sweeps is call ``lowbw.simulate`` once
 per learning rate: every call validates, builds, compiles and runs its own
 program. ``lowbw.sweep`` builds and compiles once and runs the 8 points as one
 more vmapped axis (8 x W workers in one program). Both are timed end to end,
-compilation included, in the same process; a third column runs the points one
-after another on one ``lowbw.build`` (compiled once, no vmap), to separate what
-compiling once saves from what batching the points saves. The sweep's final
+compilation included, in the same process and interleaved: 8 ``simulate``
+calls; one ``lowbw.build`` run 8 times; ``lowbw.sweep`` with its default
+points_per_batch (1 on a CPU: the points in turn on one program); and
+``lowbw.sweep`` with all 8 points in one vmapped program. That separates what
+compiling once saves from what batching the points saves. The sweeps' final
 losses are checked against the sequential runs'.
 
 Usage:
@@ -72,10 +74,13 @@ def sequential_runs(w):
   return time.perf_counter() - start, losses
 
 
-def swept(w):
-  """``lowbw.sweep`` of the 8 learning rates: one build, one program."""
+def swept(w, points_per_batch=None):
+  """``lowbw.sweep`` of the 8 learning rates: one build; its default
+  points_per_batch (1 on a CPU: one program, points in turn) or 8 (one
+  vmapped program of 8 x W workers)."""
   start = time.perf_counter()
-  result = lowbw.sweep(build_args(w), grid={"inner_lr": LRS}, progress=False)
+  result = lowbw.sweep(build_args(w), grid={"inner_lr": LRS},
+                       points_per_batch=points_per_batch, progress=False)
   losses = [p.summary["final_eval_loss"] for p in result.points]
   return time.perf_counter() - start, losses, result.summary["compile_s"]
 
@@ -84,18 +89,21 @@ def measure(name: str, repeats: int) -> dict:
   w = WORKLOADS[name]
   # Warm the process (JAX's one-off start-up costs) before any timing.
   lowbw.simulate(**{**build_args(w), "steps": w["H"]}, progress=False)
-  times = {"simulate": [], "build_run": [], "sweep": []}
-  compile_s = []
+  times = {"simulate": [], "build_run": [], "sweep": [], "sweep_vmap": []}
+  compile_s = {"sweep": [], "sweep_vmap": []}
   for r in range(repeats):  # interleaved, order alternating
-    order = ["simulate", "build_run", "sweep"]
+    order = list(times)
     for kind in (order if r % 2 == 0 else order[::-1]):
       if kind == "simulate":
         t, ref = sequential_simulate(w)
       elif kind == "build_run":
         t, runs = sequential_runs(w)
-      else:
+      elif kind == "sweep":
         t, got, c = swept(w)
-        compile_s.append(c)
+        compile_s[kind].append(c)
+      else:
+        t, vgot, c = swept(w, len(LRS))
+        compile_s[kind].append(c)
       times[kind].append(t)
   med = {k: statistics.median(v) for k, v in times.items()}
   return {
@@ -103,10 +111,14 @@ def measure(name: str, repeats: int) -> dict:
       **{k: v for k, v in w.items() if isinstance(v, int)},
       "seconds": times, "median_s": med,
       "speedup_sweep_vs_simulate": med["simulate"] / med["sweep"],
+      "speedup_sweep_vmap_vs_simulate": med["simulate"] / med["sweep_vmap"],
       "speedup_build_run_vs_simulate": med["simulate"] / med["build_run"],
-      "sweep_compile_s": statistics.median(compile_s),
+      "sweep_compile_s": {k: statistics.median(v)
+                          for k, v in compile_s.items()},
       "max_abs_loss_diff_sweep_vs_simulate": float(np.nanmax(np.abs(
           np.asarray(got) - np.asarray(ref)))),
+      "max_abs_loss_diff_sweep_vmap_vs_simulate": float(np.nanmax(np.abs(
+          np.asarray(vgot) - np.asarray(ref)))),
       "max_abs_loss_diff_build_run_vs_simulate": float(np.nanmax(np.abs(
           np.asarray(runs) - np.asarray(ref)))),
       "final_eval_losses": ref,
@@ -131,11 +143,16 @@ def main():
     print(f"  8 x simulate        {m['simulate']:8.1f} s")
     print(f"  build + 8 x run     {m['build_run']:8.1f} s  "
           f"({r['speedup_build_run_vs_simulate']:.2f}x)")
-    print(f"  sweep (vmapped)     {m['sweep']:8.1f} s  "
+    c = r["sweep_compile_s"]
+    print(f"  sweep (default)     {m['sweep']:8.1f} s  "
           f"({r['speedup_sweep_vs_simulate']:.2f}x; compile "
-          f"{r['sweep_compile_s']:.1f} s)")
-    print(f"  max |final loss difference| sweep vs simulate: "
-          f"{r['max_abs_loss_diff_sweep_vs_simulate']:.2e}")
+          f"{c['sweep']:.1f} s)")
+    print(f"  sweep (vmapped x8)  {m['sweep_vmap']:8.1f} s  "
+          f"({r['speedup_sweep_vmap_vs_simulate']:.2f}x; compile "
+          f"{c['sweep_vmap']:.1f} s)")
+    print(f"  max |final loss difference| vs simulate: default "
+          f"{r['max_abs_loss_diff_sweep_vs_simulate']:.2e}, vmapped "
+          f"{r['max_abs_loss_diff_sweep_vmap_vs_simulate']:.2e}")
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"machine": machine, "results": rows}, f, indent=2)

@@ -40,15 +40,15 @@ LINKS = {  # name: (bandwidth, one-way latency per message hop)
 
 def common(args):
   return dict(model=models.gpt(), data=data.text_bytes(),
-              batch_size=args.batch_size, seed=args.seed, progress=False,
-              eval_examples=args.eval_examples)
+              batch_size=args.batch_size, eval_examples=args.eval_examples)
 
 
 def measure_step_time(args) -> float:
   """Seconds per inner step of one worker on this machine (after compile)."""
   result = lowbw.simulate(strategy=strategies.ddp(), num_workers=1,
-                          steps=args.measure_steps,
-                          eval_every=args.measure_steps, **common(args))
+                          steps=args.measure_steps, seed=args.seed,
+                          progress=False, eval_every=args.measure_steps,
+                          **common(args))
   return result.summary["wall_time_s"] / args.measure_steps
 
 
@@ -67,14 +67,22 @@ def run_all(args, cache_path):
   for label, make in (("DDP", strategies.ddp),
                       (f"DiLoCo H={args.H}",
                        lambda: strategies.diloco(H=args.H))):
-    for link, (bw, lat) in LINKS.items():
+    todo = [link for link in LINKS if f"{label} | {link}" not in runs]
+    if not todo:
+      continue
+    # One build per strategy: the links are traced values of its network, so
+    # the three runs share one compilation.
+    first = LINKS[todo[0]]
+    sim = lowbw.build(strategy=make(), num_workers=args.workers,
+                      steps=args.steps, eval_every=args.eval_every,
+                      network=network.network(*first,
+                                              hardware=f"{step_time}s"),
+                      **common(args))
+    for link in todo:
+      bw, lat = LINKS[link]
       name = f"{label} | {link}"
-      if name in runs:
-        continue
-      net = network.network(bw, lat, hardware=f"{step_time}s")
-      r = lowbw.simulate(strategy=make(), num_workers=args.workers,
-                         steps=args.steps, network=net,
-                         eval_every=args.eval_every, **common(args))
+      r = sim.run(seed=args.seed, hparams={"bandwidth": bw, "latency": lat},
+                  progress=False)
       h = r.history
       evals = [(float(t), float(l)) for t, l in
                zip(h["sim_time_s"], h["eval_loss"]) if l == l]

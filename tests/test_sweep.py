@@ -120,7 +120,9 @@ def test_simulate_is_build_then_run(sim):
 # ------------------------------------------------------------------- sweep
 def test_each_sweep_point_equals_its_single_run(sim):
   grid = {"inner_lr": [3e-3, 2e-2], "bandwidth": ["10Mbps", "1Gbps"]}
-  result = lowbw.sweep(sim, grid=grid, seeds=[0, 5], progress=False)
+  result = lowbw.sweep(sim, grid=grid, seeds=[0, 5], points_per_batch=8,
+                       progress=False)
+  assert result.summary["points_per_batch"] == 8  # one vmapped program
   assert [p.values for p in result.points[:2]] == [
       {"inner_lr": 3e-3, "bandwidth": "10Mbps"}] * 2
   assert [p.seed for p in result.points] == [0, 5] * 4
@@ -137,10 +139,13 @@ def test_each_sweep_point_equals_its_single_run(sim):
 
 def test_points_per_batch_pads_and_gives_the_same_points(sim):
   grid = {"outer_lr": [0.3, 0.6, 0.9]}
-  whole = lowbw.sweep(sim, grid=grid, progress=False)
+  whole = lowbw.sweep(sim, grid=grid, points_per_batch=3, progress=False)
   parts = lowbw.sweep(sim, grid=grid, points_per_batch=2, progress=False)
+  ones = lowbw.sweep(sim, grid=grid, points_per_batch=1, progress=False)
   assert parts.summary["points_per_batch"] == 2 and len(parts.points) == 3
-  for a, b in zip(whole.points, parts.points):
+  for a, b, c in zip(whole.points, parts.points, ones.points):
+    np.testing.assert_allclose(a.history["eval_loss"], c.history["eval_loss"],
+                               rtol=1e-6, equal_nan=True)
     np.testing.assert_allclose(a.history["eval_loss"], b.history["eval_loss"],
                                rtol=1e-6, equal_nan=True)
 
@@ -164,16 +169,19 @@ def test_table_and_mean_std_over_seeds(sim):
   assert agg[0]["n"] == 3 and agg[0]["seeds"] == [0, 1, 2]
 
 
-def test_a_diverging_point_does_not_stop_the_others():
+@pytest.mark.parametrize("points_per_batch", [1, 2])
+def test_a_diverging_point_does_not_stop_the_others(points_per_batch):
   sim = lowbw.build(model=MLP, data=SOURCE, num_workers=W, batch_size=B,
                     steps=2 * H, strategy=strategies.ddp(
                         optax.inject_hyperparams(optax.sgd)(
                             learning_rate=0.1)), compile=False)
-  result = lowbw.sweep(sim, grid={"inner_lr": [0.1, 1e30]}, progress=False)
+  result = lowbw.sweep(sim, grid={"inner_lr": [0.1, 1e30]},
+                       points_per_batch=points_per_batch, progress=False)
   ok, bad = result.points
   assert "error" not in ok.summary and np.isfinite(ok.summary["final_eval_loss"])
   assert "non-finite training loss" in bad.summary["error"]
   assert result.aggregate()[1]["failed"] == 1
+  assert all(np.isfinite(x).all() for x in jax.tree.leaves(ok.params))
 
 
 def test_sweep_writes_a_folder_per_point_and_the_tidy_table(tmp_path, sim):

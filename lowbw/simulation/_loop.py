@@ -26,14 +26,18 @@ class Executables(NamedTuple):
 
 def drive(sim, exe: Executables, state, sampler, net, tracks: list,
           start_step: int, fetch: Callable, *, batched: bool = False,
+          raise_errors: bool = True,
           checkpoint_every: int | None = None, save: Callable | None = None,
           bar=None, wall_offset: float = 0.0):
   """Runs from ``start_step`` to the configured number of steps.
 
+  ``batched``: the outputs have a leading axis of points, one per track.
+  ``raise_errors``: a ``NonFiniteLossError`` is raised after the rows before
+  it are written (a single run); else it is kept in its track and the run
+  goes on (sweep points).
+
   Returns:
-    (final state, wall seconds). A single run's ``NonFiniteLossError`` is
-    raised after its rows are written; a sweep point's is kept in its
-    track, and the other points go on.
+    (final state, wall seconds).
   """
   c = sim.config
   period, steps, eval_every = c.period, c.steps, c.eval_every
@@ -51,7 +55,7 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
         track.consume(kind, n, pick(out), None if ev is None else pick(ev),
                       end_step, wall, steps)
       except NonFiniteLossError:
-        if not batched:
+        if raise_errors:
           raise
     if bar is not None:
       rows = tracks[0].history.rows

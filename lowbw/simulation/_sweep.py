@@ -4,8 +4,9 @@ S points (the product of the grid's values, times the seeds) run as a leading
 axis over the whole simulator state: the compiled chunk is ``vmap``-ped over
 points, so S x W workers train in one program. Points differ only in traced
 values (learning rates, momentum, network numbers) and seeds; what sets a
-shape is the ``Simulator``'s. ``points_per_batch`` bounds memory: the points
-run that many at a time (the last batch padded, so one program serves all).
+shape is the ``Simulator``'s. ``points_per_batch`` says how many points one
+program computes (the last batch padded, so one program serves all); with 1,
+points run one after another on the single-run program (the CPU default).
 """
 
 import dataclasses
@@ -180,8 +181,11 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
       "bandwidth": ["100Mbps", "1Gbps"]}``; names are the traced
       hyperparameters (``Simulator.hparam_names``).
     seeds: the seeds every combination runs with.
-    points_per_batch: points computed at once (default all): a bound on
-      memory, S x W workers' state and activations.
+    points_per_batch: points computed at once, as one vmapped program of
+      S x W workers (memory grows with it). Default: all of them on an
+      accelerator, 1 on a CPU, where vmapping points was measured to be no
+      faster than running them one after another on one compiled program
+      (see ``default_points_per_batch``).
     log_dir: ``log_dir/point_000/...`` per point (metrics.csv, TensorBoard,
       config.json, summary.json), plus ``sweep.csv`` (the tidy table) and
       ``sweep.json`` (points, summaries, mean and std over seeds).
@@ -207,7 +211,9 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
                          "for now (its points are the vmapped axis)")
   points = grid_points(sim, grid, seeds)
   size = _validate.optional_positive_int("points_per_batch",
-                                         points_per_batch) or len(points)
+                                         points_per_batch)
+  if size is None:
+    size = default_points_per_batch(len(points))
   size = min(size, len(points))
   show = telemetry.is_terminal() if progress is None else progress
   compile_before = sim.take_compile_s()
@@ -237,6 +243,17 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
   return result
 
 
+def default_points_per_batch(points: int) -> int:
+  """Every point at once on an accelerator; one at a time on a CPU.
+
+  Measured on a 2-core CPU (benchmarks/sweep_throughput.py, docs/
+  performance.md): vmapping 8 points ran no faster than running them one
+  after another (digits MLP: 1.15x; default GPT: slower) and compiled for
+  longer, while one at a time reuses the single-run program.
+  """
+  return 1 if jax.default_backend() == "cpu" else points
+
+
 def _build(args) -> Simulator:
   if not isinstance(args, dict):
     raise _validate.fail("build_args", type(args).__name__,
@@ -248,13 +265,22 @@ def _build(args) -> Simulator:
 
 
 def _run_batch(sim, points, real: int, first: int, log_dir, bar):
-  batch = _Batch(sim, points)
-  exe, state = sim.executables(
-      batch.state, batch.sampler, batch.net,
-      jitted=sim.jit_points(batch.sampler_axes, batch.net_axes),
-      key=("sweep", str(batch.sampler_axes), str(batch.net_axes)))
+  if len(points) == 1:  # the single-run program, shared with Simulator.run
+    (values, seed), = points
+    state, sampler, net, network = sim.initial(seed, values)
+    exe, state = sim.executables(state, sampler, net)
+    networks, batched = [network], False
+  else:
+    batch = _Batch(sim, points)
+    state, sampler, net, networks = (batch.state, batch.sampler, batch.net,
+                                     batch.networks)
+    exe, state = sim.executables(
+        state, sampler, net,
+        jitted=sim.jit_points(batch.sampler_axes, batch.net_axes),
+        key=("sweep", str(batch.sampler_axes), str(batch.net_axes)))
+    batched = True
   tracks = []
-  for i, ((values, seed), network) in enumerate(zip(points, batch.networks)):
+  for i, ((values, seed), network) in enumerate(zip(points, networks)):
     point_dir = (os.path.join(log_dir, f"point_{first + i:03d}")
                  if log_dir and i < real else None)
     track = Track(sim, sim.config.default_log_every, network, point_dir,
@@ -262,12 +288,15 @@ def _run_batch(sim, points, real: int, first: int, log_dir, bar):
     track.open_writers()
     tracks.append(track)
   try:
-    state, elapsed = drive(sim, exe, state, batch.sampler, batch.net, tracks,
-                           0, sim.fetch, batched=True, bar=bar)
+    state, elapsed = drive(sim, exe, state, sampler, net, tracks, 0,
+                           sim.fetch, batched=batched, raise_errors=False,
+                           bar=bar)
   finally:
     for t in tracks:
       t.close()
   params_S = exe.global_params(state)
+  if not batched:
+    params_S = jax.tree.map(lambda x: x[None], params_S)
   out = []
   for i, ((values, seed), track) in enumerate(zip(points[:real], tracks)):
     summary = track.summary(0.0, elapsed)
