@@ -179,3 +179,27 @@ class _noop:
 
   def __exit__(self, *exc):
     return False
+
+
+@pytest.mark.parametrize("text, message", [
+    ('steps = "ten"\n', "--steps='ten' is invalid: expected an integer"),
+    ("inner_lr = true\n", "--inner-lr=True is invalid: expected a number"),
+    ("[strategy]\nname = 'diloco'\n",
+     "--strategy={'name': 'diloco'} is invalid: expected a string"),
+    ("progress = 1\n", "--progress=1 is invalid: expected true or false"),
+])
+def test_config_values_of_the_wrong_type_are_named(tmp_path, capsys, text,
+                                                   message):
+  path = tmp_path / "run.toml"
+  path.write_text(text)
+  assert cli.main(BASE + ["--config", str(path)]) == 2
+  err = capsys.readouterr().err
+  assert message in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
+  def broken(args):
+    raise TypeError("a bug")
+  monkeypatch.setattr(_train, "build_args", lambda *a: broken(a))
+  with pytest.raises(TypeError, match="a bug"):
+    cli.main(TINY)

@@ -61,9 +61,9 @@ def main(argv=None) -> int:
   except NonFiniteLossError as e:
     print(f"lowbw: error: {e}", file=sys.stderr)
     return 3
-  except (ValueError, TypeError, AttributeError, OSError,
-          ModuleNotFoundError) as e:
-    # TypeError/AttributeError: a config-file value of the wrong type.
+  except (ValueError, OSError, ModuleNotFoundError) as e:
+    # Validation errors only: a TypeError or AttributeError is a bug in
+    # lowbw and shows its traceback.
     print(f"lowbw: error: {_one_line(e)}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:

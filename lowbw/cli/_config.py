@@ -28,3 +28,39 @@ def read_config(path: str, allowed: Iterable[str]) -> dict:
     raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
                          f"{', '.join(sorted(allowed))}")
   return values
+
+
+_KINDS = {int: "an integer", float: "a number", str: "a string",
+          bool: "true or false"}
+
+
+def flag_types(add_flags) -> dict[str, type]:
+  """``dest -> type`` of the options ``add_flags(parser)`` defines (str for
+  untyped options, bool for on/off switches)."""
+  import argparse
+  parser = argparse.ArgumentParser(add_help=False)
+  add_flags(parser)
+  types = {}
+  for action in parser._actions:
+    if isinstance(action, argparse.BooleanOptionalAction):
+      types[action.dest] = bool
+    elif action.option_strings:
+      types[action.dest] = action.type or str
+  return types
+
+
+def check_types(values: dict, types: dict[str, type], path: str) -> dict:
+  """Each value of a config file has its option's type (an int is a valid
+  float); anything else is a one-line error naming the key."""
+  for key, value in values.items():
+    want = types.get(key)
+    if want is None or value is None:
+      continue
+    ok = isinstance(value, want) and not (want is not bool and
+                                          isinstance(value, bool))
+    if want is float:
+      ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok:
+      raise _validate.fail(key, value, f"expected {_KINDS.get(want, want)} "
+                           f"(in config file {path})")
+  return values

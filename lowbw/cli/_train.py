@@ -10,7 +10,7 @@ import jax
 import optax
 
 from lowbw import _validate
-from lowbw.cli._config import read_config
+from lowbw.cli._config import check_types, flag_types, read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
@@ -264,7 +264,8 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
     merged["out"] = args.resume
   from_file = {}
   if args.config:
-    from_file = read_config(args.config, DEFAULTS)
+    from_file = check_types(read_config(args.config, DEFAULTS),
+                            flag_types(add_run_flags), args.config)
     merged.update(from_file)
     explicit |= set(from_file)
   flags = {k: v for k, v in vars(args).items()
