@@ -203,3 +203,13 @@ def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
   monkeypatch.setattr(_train, "build_args", lambda *a: broken(a))
   with pytest.raises(TypeError, match="a bug"):
     cli.main(TINY)
+
+
+def test_a_registered_strategy_without_wiring_is_an_error(monkeypatch,
+                                                          capsys):
+  from lowbw import strategies
+  monkeypatch.setitem(strategies.REGISTRY, "new_one", strategies.diloco)
+  settings = dict(_train.DEFAULTS, strategy="new_one")
+  with pytest.raises(ValueError, match="^strategy='new_one' is invalid: is "
+                     "registered but has no command-line wiring"):
+    _train.build_strategy(settings)

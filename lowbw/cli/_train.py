@@ -444,9 +444,12 @@ def build_strategy(s: dict):
     return strategies_lib.diloco(inner, outer, H=s["H"], **compressed)
   if name == "muloco":
     return strategies_lib.muloco(inner, outer, H=s["H"], **compressed)
-  return strategies_lib.sparta_diloco(
-      inner, outer, H=s["H"], p=s["p"], selector=s["selector"],
-      sparse_codec=_codec(s, "sparse_codec"), **compressed)
+  if name == "sparta_diloco":
+    return strategies_lib.sparta_diloco(
+        inner, outer, H=s["H"], p=s["p"], selector=s["selector"],
+        sparse_codec=_codec(s, "sparse_codec"), **compressed)
+  raise _validate.fail("strategy", name, "is registered but has no "
+                       "command-line wiring in lowbw/cli/_train.py")
 
 
 def _pairs(field, text, pattern, size):
