@@ -174,13 +174,10 @@ def set_network(net, values: dict):
             name, value, "needs a network built with faults= (the fault "
             "masks are compiled in only then; Faults() with zero "
             "probabilities compiles them)")
-      net = net._replace(faults=net.faults._replace(**{_FAULT[name]: value}))
+      net = net._replace(faults=net.faults._replace(**{name: value}))
   topo = (topo._replace(link=wan) if isinstance(topo, _topology.Flat)
           else topo._replace(wan=wan))
   return net._replace(topology=topo)
-
-
-_FAULT = {"drop_prob": "drop_prob", "message_loss": "message_loss"}
 
 
 def jsonable(values: dict) -> dict[str, Any]:
