@@ -299,3 +299,9 @@ def test_cli_sweep_errors_are_one_line(argv, message, capsys, tmp_path):
                    str(tmp_path / "x"), *argv])
   err = capsys.readouterr().err
   assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_points_per_batch_must_be_positive(sim):
+  with pytest.raises(ValueError, match=r"^points_per_batch=0 is invalid: "
+                     "expected an integer >= 1"):
+    lowbw.sweep(sim, grid={"inner_lr": [1e-3]}, points_per_batch=0)
