@@ -305,3 +305,13 @@ def test_points_per_batch_must_be_positive(sim):
   with pytest.raises(ValueError, match=r"^points_per_batch=0 is invalid: "
                      "expected an integer >= 1"):
     lowbw.sweep(sim, grid={"inner_lr": [1e-3]}, points_per_batch=0)
+
+
+def test_seeds_with_shards_of_other_sizes_are_an_error_naming_them():
+  dirichlet = data.arrays(*toy_arrays(128), eval=toy_arrays(40, seed=99),
+                          sharding="dirichlet", alpha=0.5)
+  sim = lowbw.build(model=MLP, data=dirichlet, strategy=diloco(),
+                    num_workers=W, batch_size=2, steps=H, compile=False)
+  with pytest.raises(ValueError, match=r"^seeds=\[0, 2\] is invalid: the "
+                     "seeds' data shards have different shapes"):
+    lowbw.sweep(sim, seeds=[0, 2], points_per_batch=2)  # 48 vs 71 rows

@@ -26,6 +26,19 @@ def check_paths(log_dir, checkpoint_every, resume_from) -> None:
         "it (resume_from) or choose a new folder")
 
 
+def saver(log_dir: str, track):
+  """``save(step, state, wall_s)``: a checkpoint of the state and of
+  ``track``'s host bookkeeping (rows, byte counters, clock, config) under
+  ``log_dir/checkpoints``; ``restore`` reads it back."""
+
+  def save(step, state, wall):
+    meta = {"history": track.history.state_dict(), "wall_time_s": wall,
+            "clock": track.clock.state_dict(), "config": track.config}
+    telemetry.save(os.path.join(log_dir, "checkpoints"), step, state, meta)
+
+  return save
+
+
 def _checkpoint_dir(root):
   sub = os.path.join(root, "checkpoints")
   return sub if os.path.isdir(sub) else root
@@ -50,12 +63,12 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
     raise _validate.fail("resume_from", resume_from, "holds no checkpoint")
   step, meta = telemetry.read_meta(directory)
   _check_same(resume_from, meta["config"], track.config)
-  abstract = jax.eval_shape(lambda: initial_state)
-  if sim.mesh is not None:  # restore straight into the devices' slices
-    abstract = jax.tree.map(
-        lambda a, x: jax.ShapeDtypeStruct(a.shape, a.dtype,
-                                          sharding=x.sharding),
-        abstract, initial_state)
+  # Restore straight into the devices' slices (under a mesh).
+  abstract = jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(
+          x.shape, x.dtype,
+          sharding=x.sharding if sim.mesh is not None else None),
+      initial_state)
   del initial_state
   try:
     step, state, meta = telemetry.restore(directory, abstract, step)

@@ -10,7 +10,6 @@ another seed, learning rate or bandwidth reuses them; only a seed that changes
 a shape (Dirichlet shards of another size) compiles again.
 """
 
-import os
 import time
 
 import jax
@@ -279,14 +278,7 @@ class Simulator:
     show = telemetry.is_terminal() if progress is None else progress
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
            if show and self.main_process else None)
-    save = None
-    if checkpoint_every:
-      def save(step, st, wall):
-        track_meta = {"history": track.history.state_dict(),
-                      "wall_time_s": wall, "clock": track.clock.state_dict(),
-                      "config": config}
-        telemetry.save(os.path.join(log_dir, "checkpoints"), step, st,
-                       track_meta)
+    save = _resume.saver(log_dir, track) if checkpoint_every else None
     track.open_writers(track.history.step if resume_from else None)
     try:
       state, elapsed = drive(self, exe, state, sampler, net, [track],

@@ -22,7 +22,7 @@ import numpy as np
 
 from lowbw import _validate, telemetry
 from lowbw.simulation import _config, _hparams
-from lowbw.simulation._loop import Executables, drive
+from lowbw.simulation._loop import drive
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._track import Track
 from lowbw.telemetry import names
@@ -131,19 +131,18 @@ def grid_points(sim: Simulator, grid: dict | None, seeds) -> list[tuple]:
   return [(values, seed) for values in combos for seed in seeds]
 
 
-def _stack(trees: list, what: str):
-  """Stacks equal-structured trees on a new axis 0; leaves identical in
-  every tree are kept once. Returns (stacked, in_axes)."""
-  leaves = [jax.tree.flatten(t) for t in trees]
-  treedef = leaves[0][1]
+def _stack_samplers(samplers: list, seeds: list):
+  """The points' shards stacked on a new axis 0; leaves identical for every
+  point (the dataset itself) are kept once. Returns (stacked, in_axes)."""
+  columns, treedef = zip(*(jax.tree.flatten(t) for t in samplers))
   out, axes = [], []
-  for column in zip(*(lv for lv, _ in leaves)):
+  for column in zip(*columns):
     first = column[0]
     if any(np.shape(x) != np.shape(first) for x in column):
       raise _validate.fail(
-          "seeds", what, "the points' data shards have different shapes (a "
-          "Dirichlet split differs per seed); sweep seeds with iid or "
-          "contiguous sharding, or run each seed on its own")
+          "seeds", sorted(set(seeds)), "the seeds' data shards have "
+          "different shapes (a Dirichlet split differs per seed); sweep "
+          "seeds with iid or contiguous sharding, or run each seed on its own")
     if all(x is first for x in column) or all(
         np.array_equal(np.asarray(x), np.asarray(first)) for x in column[1:]):
       out.append(first)
@@ -151,7 +150,7 @@ def _stack(trees: list, what: str):
     else:
       out.append(jnp.stack([jnp.asarray(x) for x in column]))
       axes.append(0)
-  return treedef.unflatten(out), treedef.unflatten(axes)
+  return treedef[0].unflatten(out), treedef[0].unflatten(axes)
 
 
 class _Batch:
@@ -162,7 +161,8 @@ class _Batch:
     self.networks = [network for *_, network in runs]
     self.state = jax.tree.map(lambda *xs: jnp.stack(xs),
                               *(state for state, *_ in runs))
-    self.sampler, self.sampler_axes = _stack([r[1] for r in runs], "data")
+    self.sampler, self.sampler_axes = _stack_samplers(
+        [r[1] for r in runs], [seed for _, seed in points])
     self.net = self.net_axes = None
     if sim.config.network is not None:  # every number per point (small)
       self.net = jax.tree.map(lambda *xs: jnp.stack(xs), *(r[2] for r in runs))
