@@ -54,11 +54,17 @@ def test_cli_table_and_json(tmp_path, capsys):
   assert row["workers"] == 2 and row["wire_bytes_per_round"] == 4 * P
 
 
+def test_an_unknown_strategy_is_a_usage_error(capsys):
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["bench", "--strategy", "nope"])
+  assert exit_.value.code == 2
+  assert "argument --strategy: invalid choice: 'nope'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--workers", "0"], "--workers"),
     (["--workers", "2,x"], "--workers"),
     (["--repeats", "0"], "--repeats"),
-    (["--strategy", "nope"], "--strategy"),
     (["--devices", "0"], "--devices"),
     (["--workers", "4", "--worker-batch", "3"], "--worker-batch"),
     (["--workers", "2", "--worker-dtype", "fp8"], "--worker-dtype"),

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from lowbw import cli
-from lowbw.cli import _train
+from lowbw.cli import _strategy, _train
 
 BASE = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
         "--batch-size", "4", "--steps", "10", "--no-progress"]
@@ -73,8 +73,8 @@ def test_no_arguments_means_the_documented_default_run():
   assert explicit == set()
   source = _train.build_data(s)
   model = _train.build_model(s, source)
-  strategy = _train.build_strategy(s)
-  assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 50, 8)
+  strategy = _strategy.build(s)
+  assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 100, 8)
   assert model.name == "gpt" and source.task == "lm" and source.seq_len == 128
   assert s["steps"] == 600
 
@@ -203,13 +203,3 @@ def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
   monkeypatch.setattr(_train, "build_args", lambda *a: broken(a))
   with pytest.raises(TypeError, match="a bug"):
     cli.main(TINY)
-
-
-def test_a_registered_strategy_without_wiring_is_an_error(monkeypatch,
-                                                          capsys):
-  from lowbw import strategies
-  monkeypatch.setitem(strategies.REGISTRY, "new_one", strategies.diloco)
-  settings = dict(_train.DEFAULTS, strategy="new_one")
-  with pytest.raises(ValueError, match="^strategy='new_one' is invalid: is "
-                     "registered but has no command-line wiring"):
-    _train.build_strategy(settings)

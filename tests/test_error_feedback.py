@@ -208,8 +208,11 @@ def test_compression_validation():
     compression(top_k(0.1), 1.5)
   with pytest.raises(ValueError, match="error_feedback"):
     compression(top_k(0.1), True)
-  with pytest.raises(ValueError, match="codec"):
-    compression("topk:0.1", None)
+  with pytest.raises(ValueError, match="^codec='topk' is invalid"):
+    compression("topk", None)
+  with pytest.raises(ValueError, match="^codec=0.5 is invalid"):
+    compression(0.5, None)
+  assert compression("topk:0.1", None).codec.name == "topk:0.1"
   assert compression(None, None).config == {"codec": None,
                                             "error_feedback": None}
   assert compression(top_k(0.1), 0).config == {"codec": "topk:0.1",

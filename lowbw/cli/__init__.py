@@ -24,7 +24,7 @@ def _one_line(error: Exception) -> str:
   match = re.match(r"(\w+)=", text)
   if match:
     name = _FLAGS.get(match.group(1), match.group(1))
-    if (name in _train.DEFAULTS or name in ("resume", "config", "x", "y", "coordinator",
+    if (name in _train.setting_names() or name in ("resume", "config", "x", "y", "coordinator",
                                         "num_processes", "process_id",
                                         "rounds", "repeats", "warmup",
                                         "grid", "seeds", "points_per_batch")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from lowbw import _validate
-from lowbw.cli import _train
+from lowbw.cli import _strategy, _train
 
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
@@ -28,14 +28,7 @@ def add_parser(subparsers) -> None:
   add("--seq-len", type=int, help="gpt context (default 128)")
   add("--hidden", help="mlp hidden sizes (default 64)")
   add("--channels", help="cnn channels (default 16,32)")
-  add("--strategy", help="default diloco")
   add("--workers", help="worker counts, comma-separated (default 1,8,32)")
-  add("--H", type=int, help="inner steps per sync (default 50)")
-  add("--p", type=float, help="sparta fraction (default 0.005)")
-  add("--codec", help="codec spec, e.g. quant:2")
-  add("--ef", type=float, help="error-feedback beta")
-  add("--inner", help="adamw | adam | sgd | muon (default adamw; the "
-      "baseline uses the same optimizer)")
   add("--batch-size", type=int, help="examples per worker and step (default 8)")
   add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
   add("--repeats", type=int, help="timed calls per program (default 3)")
@@ -45,6 +38,10 @@ def add_parser(subparsers) -> None:
       "matplotlib)")
   add("--seed", type=int, help="default 0")
   add("--child", help=argparse.SUPPRESS)
+  g = p.add_argument_group("strategy", "as in lowbw train; the baseline "
+                           "uses the same inner optimizer")
+  _strategy.add_flags(g, g)
+  _strategy.add_optimizer_flags(g)
   _train.add_scale_flags(p)
   p.set_defaults(run=run)
 
@@ -53,9 +50,10 @@ def _settings(args) -> dict:
   s = dict(_train.DEFAULTS)
   s.update({"model": "gpt", "data": "text"})
   s.update(BENCH_DEFAULTS)
-  for k, v in vars(args).items():
-    if v is not None and (k in s or k in BENCH_DEFAULTS):
-      s[k] = v
+  names = set(s) | _strategy.flag_names()
+  given = {k: v for k, v in vars(args).items()
+           if v is not None and k in names}
+  s = _strategy.fill({**s, **given}, set(given))
   if s["model"] in ("mlp", "cnn"):
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
@@ -67,9 +65,9 @@ def _measure(s: dict, workers: int) -> dict:
   from lowbw import bench
   source = _train.build_data(s)
   model = _train.build_model(s, source)
-  strategy = _train.build_strategy(s)
+  strategy = _strategy.build(s)
   return bench.measure(
-      model, source, strategy, _train.build_inner(s), workers,
+      model, source, strategy, _strategy.build_inner(s), workers,
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
       warmup=s["warmup"], devices=s["devices"],
       worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
@@ -85,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
   s = _settings(args)
   counts = _train._ints("workers", s["workers"])
   # Validate everything once, here, before any child process starts.
-  _train.build_strategy(s)
+  _strategy.build(s)
   _train.build_model(s, _train.build_data(s))
   import jax
   from lowbw.simulation import _config, _mesh

@@ -7,30 +7,23 @@ import os
 import re
 
 import jax
-import optax
 
 from lowbw import _validate
 from lowbw.cli._config import check_types, flag_types, read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
-from lowbw import strategies as strategies_lib
+from lowbw.cli import _strategy
 from lowbw.simulation import initialize, simulate
-from lowbw.transforms import parse_codec
+from lowbw.strategies import _optim
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 
 # The default run: a small GPT on the standard library's source bytes, 8
 # workers, DiLoCo; a few minutes on a 2-core CPU. Strategy hyperparameters not
-# set here are the papers' defaults (see docs/strategies/).
+# are not here: each strategy's spec gives its papers' (lowbw/cli/_strategy.py).
 DEFAULTS = {
-    "strategy": "diloco", "workers": 8, "H": 50, "p": 0.005,
-    "selector": "random", "island_size": None,
-    "inner": "adamw", "inner_lr": 1e-3, "weight_decay": 0.1,
-    "momentum": 0.9, "warmup_steps": 0, "schedule": "constant",
-    "outer_lr": 0.7, "outer_momentum": 0.9,
-    "codec": None, "ef": None, "compress": "deltas", "sparse_codec": None,
-    "decay": 0.999,
+    "strategy": _strategy.DEFAULT_STRATEGY, "workers": 8,
     "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
     "hidden": "64", "channels": "16,32",
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
@@ -46,36 +39,11 @@ DEFAULTS = {
     "keep_fraction": 0.9, "backups": 1, "drop_prob": None,
     "message_loss": None, "failures": None, "windows": None,
 }
-INNERS = ("adamw", "adam", "sgd", "muon")
-
-# Where a strategy's paper differs from DEFAULTS; applies unless the setting is
-# given (flag, config file) or resumed.
-STRATEGY_DEFAULTS = {
-    # MuLoCo (arXiv 2505.23725, Tables 2 and 4): Muon inner, outer lr 0.8,
-    # H = 30, 2-bit statistical quantization with error feedback 0.9.
-    "muloco": {"inner": "muon", "inner_lr": 2.6827e-3, "weight_decay": 7.2e-5,
-               "H": 30, "outer_lr": 0.8, "codec": "quant:2:statistical",
-               "ef": 0.9},
-    # DeMo (arXiv 2411.19870): plain SGD on the sign update, lr 4e-4.
-    "demo": {"inner": "sgd", "momentum": 0.0, "inner_lr": 4e-4,
-             "codec": "dct:64:32"},
-}
-
 # Settings that only some choices use; giving one that the run ignores is an
 # error rather than a silent no-op.
 _USED_BY = {
-    "strategy": {
-        "ddp": {"codec", "ef"},
-        "fedavg": {"H", "island_size", "codec", "ef", "compress"},
-        "diloco": {"H", "outer_lr", "outer_momentum", "codec", "ef"},
-        "muloco": {"H", "outer_lr", "outer_momentum", "codec", "ef"},
-        "sparta": {"p", "selector", "codec"},
-        "sparta_diloco": {"H", "p", "selector", "outer_lr", "outer_momentum",
-                          "codec", "ef", "sparse_codec"},
-        "demo": {"codec", "decay"},
-    },
-    "inner": {"adamw": {"weight_decay"}, "adam": set(), "sgd": {"momentum"},
-              "muon": {"weight_decay"}},
+    "strategy": _strategy.used_by(),
+    "inner": {kind: set(names) for kind, names in _optim.USES.items()},
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
               "mlp": {"hidden"},
               "cnn": {"channels"}},
@@ -88,7 +56,6 @@ _USED_BY = {
     "mitigation": {"threshold": {"keep_fraction"}, "backup": {"backups"},
                    "none": set()},
 }
-SCHEDULES = ("constant", "cosine")
 
 
 def add_parser(subparsers) -> None:
@@ -113,39 +80,15 @@ def add_parser(subparsers) -> None:
 def add_run_flags(p) -> None:
   """Every setting of a run (train and sweep)."""
   d = DEFAULTS
-  g = p.add_argument_group("strategy")
-  g.add_argument("--strategy", choices=sorted(strategies_lib.REGISTRY),
-                 help=f"default {d['strategy']}")
+  g = p.add_argument_group("strategy", "defaults are each strategy's "
+                           "paper's (see docs/strategies/)")
   g.add_argument("--workers", type=int, help=f"number of simulated workers W (default {d['workers']})")
-  g.add_argument("--H", type=int, help=f"inner steps per sync (default {d['H']})")
-  g.add_argument("--p", type=float, help=f"SPARTA fraction averaged per step (default {d['p']})")
-  g.add_argument("--selector", help="SPARTA index selector: random | shuffled | partitioned")
-  g.add_argument("--island-size", type=int, help="FedAvg: workers per island (default: all)")
-  g.add_argument("--decay", type=float, help=f"DeMo momentum decay (default {d['decay']})")
-  g = p.add_argument_group(
+  c = p.add_argument_group(
       "compression", "codec specs chain stages with commas: topk:F, randk:F, "
       "quant:BITS[:statistical][:stochastic][:chunk=N], sign, cast:DTYPE "
       "(bf16, fp16, fp8, e5m2), dct[:CHUNK[:K]], none; e.g. topk:0.1,quant:4")
-  g.add_argument("--codec", help="codec of the communicated tensor: gradients "
-                 "(ddp), deltas or parameters (fedavg), pseudo-gradients "
-                 "(diloco, muloco, sparta_diloco), selected values (sparta), "
-                 "momentum (demo; default dct:64:32). muloco default "
-                 "quant:2:statistical; others none")
-  g.add_argument("--ef", type=float, help="error-feedback beta in [0, 1] "
-                 "(needs --codec; muloco default 0.9)")
-  g.add_argument("--compress", help="fedavg: what the codec encodes: deltas | "
-                 "parameters (default deltas)")
-  g.add_argument("--sparse-codec", help="sparta_diloco: codec of SPARTA's "
-                 "selected values (default none)")
-  g = p.add_argument_group("optimizers")
-  g.add_argument("--inner", help=f"inner optimizer: {' | '.join(INNERS)} (default {d['inner']})")
-  g.add_argument("--inner-lr", type=float, help=f"default {d['inner_lr']}")
-  g.add_argument("--weight-decay", type=float, help=f"adamw and muon (default {d['weight_decay']}; muloco 7.2e-5)")
-  g.add_argument("--momentum", type=float, help=f"sgd inner momentum (default {d['momentum']})")
-  g.add_argument("--warmup-steps", type=int, help="linear learning-rate warm-up (default 0)")
-  g.add_argument("--schedule", help="after warm-up: constant | cosine (default constant)")
-  g.add_argument("--outer-lr", type=float, help=f"DiLoCo outer SGD lr (default {d['outer_lr']})")
-  g.add_argument("--outer-momentum", type=float, help=f"outer Nesterov momentum, 0 for none (default {d['outer_momentum']})")
+  _strategy.add_flags(g, c)
+  _strategy.add_optimizer_flags(p.add_argument_group("optimizers"))
   g = p.add_argument_group("model and data")
   g.add_argument("--model", help="gpt | mlp | cnn (default: gpt for text, mlp for classification)")
   g.add_argument("--layers", type=int, help=f"gpt (default {d['layers']})")
@@ -236,6 +179,11 @@ def add_scale_flags(p) -> None:
                  "process's index in [0, K) (or JAX_PROCESS_ID)")
 
 
+def setting_names() -> set[str]:
+  """Every setting of a run: config-file keys and resumable values."""
+  return set(DEFAULTS) | _strategy.flag_names()
+
+
 def join_processes(args: argparse.Namespace) -> None:
   """``jax.distributed.initialize`` when flags or environment ask for it."""
   if (args.coordinator or args.num_processes is not None or
@@ -264,21 +212,17 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
     merged["out"] = args.resume
   from_file = {}
   if args.config:
-    from_file = check_types(read_config(args.config, DEFAULTS),
+    from_file = check_types(read_config(args.config, setting_names()),
                             flag_types(add_run_flags), args.config)
     merged.update(from_file)
     explicit |= set(from_file)
   flags = {k: v for k, v in vars(args).items()
-           if k in DEFAULTS and v is not None}
+           if k in setting_names() and v is not None}
   if args.resume:
     _check_resume_changes(saved, {**from_file, **flags})
   merged.update(flags)
   explicit |= set(flags)
-  for name, value in STRATEGY_DEFAULTS.get(merged["strategy"], {}).items():
-    if name not in explicit and name not in (saved or {}):
-      merged[name] = value
-  if str(merged["codec"]).lower() == "none" and "ef" not in explicit:
-    merged["ef"] = None  # a strategy's default feedback needs its codec
+  merged = _strategy.fill(merged, explicit | set(saved or {}))
   return merged, explicit
 
 
@@ -374,84 +318,6 @@ def build_model(s: dict, source):
   return models_lib.get(name)  # raises the registry's error
 
 
-def _unit_schedule(s: dict):
-  """The schedule's shape with peak 1 (None: a constant learning rate); the
-  peak is a state leaf (``peak_schedule``), so sweeps of inner_lr work."""
-  warmup = _validate.non_negative_int("warmup_steps", s["warmup_steps"])
-  schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
-  if schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(
-        0.0, 1.0, warmup, max(warmup + 1, s["steps"]))
-  if warmup:
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)],
-        [warmup])
-  return None
-
-
-def build_inner(s: dict) -> optax.GradientTransformation:
-  name = _validate.one_of("inner", s["inner"], INNERS)
-  peak = _validate.positive_float("inner_lr", s["inner_lr"])
-  unit = _unit_schedule(s)
-  lr = peak if unit is None else 0.0  # set at every step from the schedule
-  if name == "adamw":
-    tx = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=lr,
-        weight_decay=_validate.non_negative("weight_decay", s["weight_decay"]))
-  elif name == "adam":
-    tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
-  elif name == "muon":
-    tx = strategies_lib.muon_inner(
-        lr, _validate.non_negative("weight_decay", s["weight_decay"]))
-  else:
-    tx = optax.inject_hyperparams(optax.sgd)(
-        learning_rate=lr,
-        momentum=_validate.momentum("momentum", s["momentum"]) or None)
-  return tx if unit is None else strategies_lib.peak_schedule(tx, unit, peak)
-
-
-def build_outer(s: dict) -> optax.GradientTransformation:
-  lr = _validate.positive_float("outer_lr", s["outer_lr"])
-  momentum = _validate.momentum("outer_momentum", s["outer_momentum"])
-  return optax.inject_hyperparams(optax.sgd)(
-      learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
-
-
-def _codec(s: dict, field: str = "codec"):
-  return None if s[field] is None else parse_codec(s[field], field)
-
-
-def build_strategy(s: dict):
-  name = _validate.one_of("strategy", s["strategy"], strategies_lib.REGISTRY)
-  inner = build_inner(s)
-  codec = _codec(s)
-  compressed = {"codec": codec, "error_feedback": s["ef"]}
-  if name == "ddp":
-    return strategies_lib.ddp(inner, **compressed)
-  if name == "fedavg":
-    return strategies_lib.fedavg(inner, H=s["H"], island_size=s["island_size"],
-                                 compress=s["compress"], **compressed)
-  if name == "sparta":
-    return strategies_lib.sparta(inner, p=s["p"], selector=s["selector"],
-                                 codec=codec)
-  if name == "demo":
-    if codec is None:
-      raise _validate.fail("codec", s["codec"], "demo needs a codec (its "
-                           "default is dct:64:32)")
-    return strategies_lib.demo(inner, decay=s["decay"], codec=codec)
-  outer = build_outer(s)
-  if name == "diloco":
-    return strategies_lib.diloco(inner, outer, H=s["H"], **compressed)
-  if name == "muloco":
-    return strategies_lib.muloco(inner, outer, H=s["H"], **compressed)
-  if name == "sparta_diloco":
-    return strategies_lib.sparta_diloco(
-        inner, outer, H=s["H"], p=s["p"], selector=s["selector"],
-        sparse_codec=_codec(s, "sparse_codec"), **compressed)
-  raise _validate.fail("strategy", name, "is registered but has no "
-                       "command-line wiring in lowbw/cli/_train.py")
-
-
 def _pairs(field, text, pattern, size):
   """"3@500,5@800" or "1:100-200" -> tuples of ints."""
   out = []
@@ -496,7 +362,7 @@ def build_args(s: dict, explicit: set[str]) -> dict:
   source = build_data(s)
   model = build_model(s, source)
   check_used(s, explicit, model.name, source)
-  strategy = build_strategy(s)
+  strategy = _strategy.build(s)
   eval_every = s["eval_every"]
   if eval_every is None:  # the first multiple of H at or after 100 steps
     eval_every = strategy.period * -(-100 // strategy.period)
@@ -519,7 +385,7 @@ def run(args: argparse.Namespace) -> int:
   s, explicit = settings(args)
   run_args = build_args(s, explicit)
   out = default_out(s)
-  saved = {k: s[k] for k in DEFAULTS if k not in ("progress", "out")}
+  saved = {k: v for k, v in s.items() if k not in ("progress", "out")}
   for key in ("data", "data_root"):  # resumable from another directory
     if saved[key] and os.path.exists(saved[key]):
       saved[key] = os.path.abspath(saved[key])

@@ -1,6 +1,8 @@
 """Distributed training strategies: factories returning pure functions."""
 
 from lowbw import _validate
+from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg, _muloco, _sparta,
+                              _sparta_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
 from lowbw.strategies._ddp import ddp
@@ -8,19 +10,23 @@ from lowbw.strategies._demo import demo
 from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
+from lowbw.strategies._optim import INNER_KINDS, Optimizer
 from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
+from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
 
-REGISTRY = {
-    "ddp": ddp,
-    "fedavg": fedavg,
-    "diloco": diloco,
-    "sparta": sparta,
-    "sparta_diloco": sparta_diloco,
-    "muloco": muloco,
-    "demo": demo,
-}
+# One line per strategy: its module's SPEC (factory, parameters, defaults).
+SPECS: dict[str, Spec] = {spec.name: spec for spec in (
+    _ddp.SPEC,
+    _fedavg.SPEC,
+    _diloco.SPEC,
+    _sparta.SPEC,
+    _sparta_diloco.SPEC,
+    _muloco.SPEC,
+    _demo.SPEC,
+)}
+REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 
 
 def get(name: str, **kwargs) -> Strategy:
@@ -29,8 +35,15 @@ def get(name: str, **kwargs) -> Strategy:
   return REGISTRY[name](**kwargs)
 
 
+def spec(name: str) -> Spec:
+  """The ``Spec`` of a registered strategy (its parameters and defaults)."""
+  _validate.one_of("strategy", name, SPECS)
+  return SPECS[name]
+
+
 __all__ = [
-    "CommReport", "REGISTRY", "Strategy", "StrategyState", "ddp", "demo",
+    "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
+    "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
     "peak_schedule", "sparta", "sparta_diloco",

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
+from lowbw.strategies import _optim
 from lowbw._types import Array, Params, PRNGKey, PyTree
 from lowbw.network import Channel
 from lowbw.transforms import broadcast_to_workers, per_worker, worker_mean
@@ -91,8 +92,7 @@ def default_inner() -> optax.GradientTransformation:
   """AdamW with DiLoCo's inner hyperparameters (arXiv 2311.08105): lr 4e-4,
   weight decay 0.1. Wrapped in ``inject_hyperparams`` so the learning rate is a
   state leaf: logged as ``lr`` and changeable without recompiling."""
-  return optax.inject_hyperparams(optax.adamw)(learning_rate=4e-4,
-                                               weight_decay=0.1)
+  return _optim.inner(_optim.DILOCO_INNER)
 
 
 def optimizer(field: str, tx, default) -> optax.GradientTransformation:

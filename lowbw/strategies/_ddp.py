@@ -2,13 +2,13 @@
 
 import optax
 
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, comm_channel, compression, init_residual,
                               replace_with_mean, transmit)
 
 
 def ddp(inner: optax.GradientTransformation | None = None,
-        codec: Codec | None = None,
+        codec: Codec | str | None = None,
         error_feedback: float | None = None) -> _base.Strategy:
   """Synchronous data parallelism (an all-reduce of gradients every step).
 
@@ -27,7 +27,8 @@ def ddp(inner: optax.GradientTransformation | None = None,
   Args:
     inner: the optimizer each worker applies; default AdamW (lr 4e-4, weight
       decay 0.1).
-    codec: a ``lowbw.transforms`` codec for the gradients, or None.
+    codec: a ``lowbw.transforms`` codec (or spec string) for the gradients,
+      or None.
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
 
   Example:
@@ -53,3 +54,10 @@ def ddp(inner: optax.GradientTransformation | None = None,
   return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
                     channels, {"name": "ddp", "inner": _base.describe(inner),
                                **comp.config})
+
+
+SPEC = _spec.spec(
+    ddp, inner=_optim.DILOCO_INNER, outer=None,
+    paper="Li et al. 2020, arXiv 2006.15704",
+    help={"codec": "codec of the gradients",
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})

@@ -6,16 +6,16 @@ import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              check_codec, comm_channel, dct_top_k,
+                              as_codec, check_codec, comm_channel, dct_top_k,
                               num_workers, transmit, worker_sum)
 
 
 def default_inner() -> optax.GradientTransformation:
   """DeMo's parameter step: SGD on the sign update, lr 4e-4 (the paper's
   OLMo-300M configuration), no weight decay."""
-  return optax.inject_hyperparams(optax.sgd)(learning_rate=4e-4)
+  return _optim.inner(_optim.DEMO_INNER)
 
 
 def demo(
@@ -23,7 +23,7 @@ def demo(
     decay: float = 0.999,
     chunk: int = 64,
     k: int = 32,
-    codec: Codec | None = None,
+    codec: Codec | str | None = None,
 ) -> _base.Strategy:
   """DeMo: every step, each worker shares only the fast components of its
   momentum.
@@ -56,14 +56,19 @@ def demo(
     decay: momentum decay in [0, 1).
     chunk: DCT block side (largest divisor of each axis not above it).
     k: DCT coefficients kept per block.
-    codec: replaces ``dct_top_k(chunk, k)`` by any codec (e.g.
-      ``dct_top_k() | quantize(8)``); leave chunk and k at their defaults then.
+    codec: replaces ``dct_top_k(chunk, k)`` by any codec or spec string
+      (e.g. ``dct_top_k() | quantize(8)`` or ``"dct:64:32,quant:8"``); leave
+      chunk and k at their defaults then. None: ``dct_top_k(chunk, k)``.
 
   Example:
     >>> strategy = lowbw.strategies.demo(optax.sgd(1e-3), k=16)
   """
   inner = _base.optimizer("inner", inner, default_inner)
   decay = _validate.momentum("decay", decay)
+  if isinstance(codec, str) and codec.strip().lower() == "none":
+    raise _validate.fail("codec", codec, "DeMo always sends compressed "
+                         "momentum; leave codec unset for dct_top_k(chunk, k)")
+  codec = as_codec("codec", codec)
   if codec is None:
     codec = dct_top_k(chunk, k)
   else:
@@ -101,3 +106,12 @@ def demo(
       "demo", 1, init, local, None, global_params, channels,
       {"name": "demo", "inner": _base.describe(inner), "decay": decay,
        "codec": codec.name})
+
+
+SPEC = _spec.spec(
+    demo, inner=_optim.DEMO_INNER, outer=None,
+    paper="Peng et al. 2024, arXiv 2411.19870",
+    help={"decay": "momentum decay in [0, 1) (the error-feedback beta)",
+          "chunk": "DCT block side",
+          "k": "DCT coefficients kept per block",
+          "codec": "replaces dct_top_k(chunk, k)"})

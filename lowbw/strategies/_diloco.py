@@ -8,7 +8,7 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Params, PyTree
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               comm_channel, compression, init_residual,
                               num_workers, transmit, worker_mean)
@@ -30,8 +30,7 @@ class DiLoCoComm(NamedTuple):
 
 def default_outer() -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD, lr 0.7, Nesterov momentum 0.9."""
-  return optax.inject_hyperparams(optax.sgd)(learning_rate=0.7, momentum=0.9,
-                                             nesterov=True)
+  return _optim.outer(_optim.DILOCO_OUTER)
 
 
 def diloco_init(inner, outer, comp: Compression):
@@ -95,7 +94,7 @@ def diloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
     H: int = 100,
-    codec: Codec | None = None,
+    codec: Codec | str | None = None,
     error_feedback: float | None = None,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
@@ -117,7 +116,8 @@ def diloco(
     inner: per-worker optimizer, state kept across rounds.
     outer: optimizer of the global parameters, fed the mean pseudo-gradient.
     H: inner steps per round (>= 1).
-    codec: a ``lowbw.transforms`` codec for the pseudo-gradients, or None.
+    codec: a ``lowbw.transforms`` codec (or spec string) for the
+      pseudo-gradients, or None.
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
 
   Example:
@@ -130,3 +130,11 @@ def diloco(
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
   return build("diloco", inner, outer, H, compression(codec, error_feedback))
+
+
+SPEC = _spec.spec(
+    diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+    paper="Douillard et al. 2023, arXiv 2311.08105",
+    help={"H": "inner steps per sync",
+          "codec": "codec of the pseudo-gradients",
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})

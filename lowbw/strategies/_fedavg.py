@@ -5,7 +5,7 @@ import jax
 import optax
 
 from lowbw import _validate
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, broadcast_to_workers, comm_channel,
                               compression, group_mean, init_residual,
                               num_workers, replace_with_mean, total_workers,
@@ -18,7 +18,7 @@ def fedavg(
     inner: optax.GradientTransformation | None = None,
     H: int = 100,
     island_size: int | None = None,
-    codec: Codec | None = None,
+    codec: Codec | str | None = None,
     error_feedback: float | None = None,
     compress: str = "deltas",
 ) -> _base.Strategy:
@@ -51,7 +51,7 @@ def fedavg(
     inner: per-worker optimizer; default AdamW (lr 4e-4, weight decay 0.1).
     H: inner steps between syncs (>= 1).
     island_size: workers per island; must divide W. None averages all workers.
-    codec: a ``lowbw.transforms`` codec, or None.
+    codec: a ``lowbw.transforms`` codec (or spec string), or None.
     error_feedback: residual decay beta in [0, 1] (deltas only), or None.
     compress: "deltas" or "parameters"; what the codec encodes.
 
@@ -63,6 +63,7 @@ def fedavg(
   island_size = _validate.optional_positive_int("island_size", island_size)
   compress = _validate.one_of("compress", compress, PAYLOADS)
   comp = compression(codec, error_feedback)
+  codec = comp.codec
   send_deltas = codec is not None and compress == "deltas"
   if comp.beta is not None and compress == "parameters":
     raise _validate.fail("error_feedback", error_feedback,
@@ -120,3 +121,16 @@ def check_island_size(island_size, num_workers_):
   if island_size is not None and num_workers_ % island_size:
     raise _validate.fail("island_size", island_size,
                          f"must divide num_workers={num_workers_}")
+
+
+SPEC = _spec.spec(
+    fedavg, inner=_optim.DILOCO_INNER, outer=None,
+    paper="McMahan et al. 2017, arXiv 1602.05629",
+    help={"H": "inner steps per sync",
+          "island_size": "workers per island, averaged together (must "
+                         "divide W; none: all workers)",
+          "codec": "codec of the deltas or parameters (see compress)",
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+          "compress": "what the codec encodes (error feedback needs "
+                      "deltas)"},
+    choices={"compress": PAYLOADS})

@@ -8,16 +8,13 @@ from optax.contrib import MuonDimensionNumbers, muon
 
 from lowbw import _validate
 from lowbw._types import Params
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import build
-from lowbw.transforms import Codec, compression, quantize
+from lowbw.transforms import Codec, as_codec, compression
 
 # Path fragments of the tensors Muon must not orthogonalise: embeddings and
 # output layers (Muon's authors and MuLoCo give them to AdamW).
 NOT_HIDDEN = ("embed", "head", "wte", "wpe", "logit", "classifier", "readout")
-
-_DEFAULT = object()
-
 
 def hidden_matrices(params: Params):
   """Muon's labels: ``MuonDimensionNumbers()`` for hidden 2-D weight matrices,
@@ -40,7 +37,8 @@ def hidden_matrices(params: Params):
   return jax.tree_util.tree_map_with_path(label, params)
 
 
-def muon_inner(learning_rate=2.6827e-3, weight_decay: float = 7.2e-5,
+def muon_inner(learning_rate=_optim.MULOCO_INNER.lr,
+               weight_decay: float = _optim.MULOCO_INNER.weight_decay,
                clip_norm: float | None = 1.0, hidden=hidden_matrices
                ) -> optax.GradientTransformation:
   """MuLoCo's inner optimizer (arXiv 2505.23725, section 4 and Table 4).
@@ -68,23 +66,13 @@ def muon_inner(learning_rate=2.6827e-3, weight_decay: float = 7.2e-5,
   return optax.chain(optax.clip_by_global_norm(clip_norm), tx)
 
 
-def default_outer() -> optax.GradientTransformation:
-  """MuLoCo's outer optimizer: SGD, lr 0.8, Nesterov momentum 0.9."""
-  return optax.inject_hyperparams(optax.sgd)(learning_rate=0.8, momentum=0.9,
-                                             nesterov=True)
-
-
-def default_codec() -> Codec:
-  """MuLoCo's headline compression: 2-bit statistical quantization."""
-  return quantize(2, "statistical")
-
 
 def muloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
     H: int = 30,
-    codec: Codec | None = _DEFAULT,
-    error_feedback: float | None = _DEFAULT,
+    codec: Codec | str | None = "quant:2:statistical",
+    error_feedback: float | None = _spec.WithCodec(0.9),
 ) -> _base.Strategy:
   """MuLoCo: DiLoCo whose workers run Muon, with compressed pseudo-gradients.
 
@@ -103,17 +91,25 @@ def muloco(
     inner: per-worker optimizer; default ``muon_inner()``.
     outer: optimizer of the global parameters.
     H: inner steps per round (>= 1).
-    codec: codec of the pseudo-gradients; default ``quantize(2, "statistical")``.
+    codec: codec of the pseudo-gradients (a codec or spec string); default
+      ``quantize(2, "statistical")``.
     error_feedback: residual decay beta; default 0.9 with a codec, None without.
 
   Example:
     >>> strategy = lowbw.strategies.muloco(codec=lowbw.transforms.top_k(0.1))
   """
   inner = _base.optimizer("inner", inner, muon_inner)
-  outer = _base.optimizer("outer", outer, default_outer)
+  outer = _base.optimizer(
+      "outer", outer, lambda: _optim.outer(_optim.MULOCO_OUTER))
   H = _validate.positive_int("H", H)
-  if codec is _DEFAULT:
-    codec = default_codec()
-  if error_feedback is _DEFAULT:
-    error_feedback = None if codec is None else 0.9
+  codec = as_codec("codec", codec)
+  error_feedback = _spec.with_codec(error_feedback, codec)
   return build("muloco", inner, outer, H, compression(codec, error_feedback))
+
+
+SPEC = _spec.spec(
+    muloco, inner=_optim.MULOCO_INNER, outer=_optim.MULOCO_OUTER,
+    paper="Thérien et al. 2025, arXiv 2505.23725",
+    help={"H": "inner steps per sync",
+          "codec": "codec of the pseudo-gradients",
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})

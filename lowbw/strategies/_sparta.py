@@ -6,8 +6,8 @@ import optax
 
 from lowbw import _validate
 from lowbw.network import channel
-from lowbw.strategies import _base
-from lowbw.transforms import (SELECTORS, Codec, Compression, check_codec,
+from lowbw.strategies import _base, _optim, _spec
+from lowbw.transforms import (SELECTORS, Codec, Compression, as_codec,
                               collective, sparse_average, sparse_payload_bytes,
                               transmit)
 
@@ -41,16 +41,17 @@ def sparta_channels(p: float, codec: Codec | None = None):
 
 
 def check_sparta(p, selector, codec=None, field="codec"):
-  check_codec(field, codec)
+  """Validated ``(p, selector, codec)``; ``codec`` may be a spec string."""
   return (_validate.fraction("p", p),
-          _validate.one_of("selector", selector, SELECTORS))
+          _validate.one_of("selector", selector, SELECTORS),
+          as_codec(field, codec))
 
 
 def sparta(
     inner: optax.GradientTransformation | None = None,
     p: float = 0.005,
     selector: str = "random",
-    codec: Codec | None = None,
+    codec: Codec | str | None = None,
 ) -> _base.Strategy:
   """Every step, the same fraction p of each tensor is averaged across workers.
 
@@ -75,13 +76,14 @@ def sparta(
     inner: per-worker optimizer; default AdamW (lr 4e-4, weight decay 0.1).
     p: fraction of each tensor averaged per step, in (0, 1].
     selector: "random" | "shuffled" | "partitioned".
-    codec: a ``lowbw.transforms`` codec for the selected values, or None.
+    codec: a ``lowbw.transforms`` codec (or spec string) for the selected
+      values, or None.
 
   Example:
     >>> strategy = lowbw.strategies.sparta(optax.adamw(1e-3), p=0.01)
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
-  p, selector = check_sparta(p, selector, codec)
+  p, selector, codec = check_sparta(p, selector, codec)
 
   def init(params, num_workers_, key):
     return _base.inner_init(inner, params, num_workers_, key, ())
@@ -92,3 +94,13 @@ def sparta(
       {"name": "sparta", "inner": _base.describe(inner), "p": p,
        "selector": selector,
        "codec": None if codec is None else codec.name})
+
+
+SPARTA_HELP = {"p": "fraction of each tensor averaged per step, in (0, 1]",
+               "selector": "how the averaged indices are drawn"}
+
+SPEC = _spec.spec(
+    sparta, inner=_optim.DILOCO_INNER, outer=None,
+    paper="Beton et al. 2025, ICLR 2025 workshop MCDC",
+    help={**SPARTA_HELP, "codec": "codec of the selected values"},
+    choices={"selector": SELECTORS})

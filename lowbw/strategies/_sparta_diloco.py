@@ -3,11 +3,12 @@
 import optax
 
 from lowbw import _validate
-from lowbw.strategies import _base
+from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import (default_outer, diloco_channels,
                                       diloco_init, diloco_sync, global_of)
-from lowbw.strategies._sparta import check_sparta, sparta_channels, sparta_local
-from lowbw.transforms import Codec, compression
+from lowbw.strategies._sparta import (SPARTA_HELP, check_sparta,
+                                      sparta_channels, sparta_local)
+from lowbw.transforms import SELECTORS, Codec, compression
 
 
 def sparta_diloco(
@@ -16,9 +17,9 @@ def sparta_diloco(
     H: int = 100,
     p: float = 0.005,
     selector: str = "random",
-    codec: Codec | None = None,
+    codec: Codec | str | None = None,
     error_feedback: float | None = None,
-    sparse_codec: Codec | None = None,
+    sparse_codec: Codec | str | None = None,
 ) -> _base.Strategy:
   """SPARTA's sparse averaging every step plus a DiLoCo outer step every H.
 
@@ -43,7 +44,8 @@ def sparta_diloco(
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
-  p, selector = check_sparta(p, selector, sparse_codec, "sparse_codec")
+  p, selector, sparse_codec = check_sparta(p, selector, sparse_codec,
+                                          "sparse_codec")
   comp = compression(codec, error_feedback)
   sparse_channels = sparta_channels(p, sparse_codec)
   outer_channels = diloco_channels(comp)
@@ -60,3 +62,13 @@ def sparta_diloco(
        "outer": _base.describe(outer), "H": H, "p": p, "selector": selector,
        **comp.config,
        "sparse_codec": None if sparse_codec is None else sparse_codec.name})
+
+
+SPEC = _spec.spec(
+    sparta_diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+    paper="Beton et al. 2025 + Douillard et al. 2023",
+    help={"H": "inner steps per sync", **SPARTA_HELP,
+          "codec": "codec of DiLoCo's pseudo-gradients",
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+          "sparse_codec": "codec of SPARTA's selected values"},
+    choices={"selector": SELECTORS})

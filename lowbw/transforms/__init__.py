@@ -6,7 +6,7 @@ from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
                                      check_codec, collective, compress,
                                      decode_tree, encode_tree, payload_nbytes,
                                      roundtrip)
-from lowbw.transforms._codec_spec import parse_codec
+from lowbw.transforms._codec_spec import as_codec, parse_codec
 from lowbw.transforms._compression import (Compression, comm_channel,
                                            compression, init_residual,
                                            message_bytes, transmit)
@@ -32,7 +32,7 @@ __all__ = [
     "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
     "encode_tree", "error_feedback", "feedback_step", "group_mean",
     "index_dtype", "init_residual", "message_bytes", "num_workers",
-    "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
+    "as_codec", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
     "replace_with_mean", "roundtrip", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "worker_divergence", "worker_mean", "all_workers", "any_worker",

@@ -44,6 +44,19 @@ def parse_codec(spec: str, field: str = "codec") -> Codec | None:
   return codec
 
 
+def as_codec(field: str, value) -> Codec | None:
+  """A codec from a ``Codec``, a spec string such as ``"topk:0.1,quant:4"``
+  (``"none"``: None) or None: what a strategy's ``codec=`` accepts. Anything
+  else is an error naming ``field``."""
+  if value is None or isinstance(value, Codec):
+    return value
+  if isinstance(value, str):
+    return parse_codec(value, field)
+  raise _validate.fail(field, value, "expected a lowbw codec (lowbw.transforms"
+                       ".top_k, quantize, ...), a codec spec such as "
+                       "'topk:0.1,quant:4', or None")
+
+
 def _chain(first, second, field, spec):
   try:
     return first | second

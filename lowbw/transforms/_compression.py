@@ -16,8 +16,9 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.network import Channel, channel
-from lowbw.transforms._codec import (Codec, check_codec, collective,
+from lowbw.transforms._codec import (Codec, collective,
                                      payload_nbytes, roundtrip)
+from lowbw.transforms._codec_spec import as_codec
 from lowbw.transforms._error_feedback import check_beta, feedback_step
 from lowbw.transforms._reductions import num_workers, worker_ids
 
@@ -39,10 +40,11 @@ class Compression(NamedTuple):
             "error_feedback": self.beta}
 
 
-def compression(codec: Codec | None, error_feedback: float | None
+def compression(codec: Codec | str | None, error_feedback: float | None
                 ) -> Compression:
-  """Validates a strategy's ``codec=`` and ``error_feedback=`` arguments."""
-  check_codec("codec", codec)
+  """Validates a strategy's ``codec=`` (a codec, a spec string or None) and
+  ``error_feedback=`` arguments."""
+  codec = as_codec("codec", codec)
   if error_feedback is not None:
     error_feedback = check_beta(error_feedback)
     if codec is None:

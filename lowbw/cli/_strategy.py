@@ -1,0 +1,186 @@
+"""The strategy and optimizer flags of ``lowbw train``, ``sweep`` and
+``bench``, made from the strategies' specs (``lowbw.strategies.SPECS``).
+
+Nothing here knows a strategy by name: each flag, its type, its help, its
+per-strategy default, which strategies use it, and how the strategy is built
+from the settings come from the spec its module declares.
+"""
+
+import optax
+
+from lowbw import _validate
+from lowbw import strategies as strategies_lib
+from lowbw.strategies import _optim, _spec
+from lowbw.transforms import Codec, as_codec
+
+DEFAULT_STRATEGY = "diloco"
+SCHEDULES = ("constant", "cosine")
+# Optimizer settings every strategy reads; the strategy's spec gives the
+# inner optimizer's, warm-up and schedule default to none.
+OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
+             "schedule")
+OUTER = ("outer_lr", "outer_momentum")
+_COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
+_TYPES = {int: int, float: float, str: str, Codec: str}
+
+
+def specs() -> dict[str, strategies_lib.Spec]:
+  return strategies_lib.SPECS
+
+
+def _by_flag() -> dict[str, list[tuple[str, _spec.Param]]]:
+  """flag -> [(strategy, param)] over every registered strategy."""
+  out = {}
+  for name, spec in specs().items():
+    for p in spec.params:
+      out.setdefault(p.flag, []).append((name, p))
+  return out
+
+
+def flag_names() -> set[str]:
+  """Every setting the strategy flags define."""
+  return set(_by_flag()) | set(OPTIMIZER) | set(OUTER) | {"strategy"}
+
+
+def defaults(spec: strategies_lib.Spec) -> dict:
+  """The settings ``spec`` fills when they are not given: its parameters'
+  defaults and its paper's optimizers."""
+  out = {p.flag: p.default for p in spec.params}
+  out.update(inner=spec.inner.kind, inner_lr=spec.inner.lr,
+             weight_decay=spec.inner.weight_decay,
+             momentum=spec.inner.momentum, warmup_steps=0,
+             schedule="constant")
+  if spec.outer is not None:
+    out.update(outer_lr=spec.outer.lr, outer_momentum=spec.outer.momentum)
+  return out
+
+
+def fill(s: dict, keep) -> dict:
+  """``s`` with the chosen strategy's defaults for every setting not in
+  ``keep`` (given or resumed); a codec-only default (MuLoCo's error
+  feedback) becomes None without a codec."""
+  spec = strategies_lib.spec(s.get("strategy") or DEFAULT_STRATEGY)
+  s = dict(s, strategy=spec.name)
+  for name, value in defaults(spec).items():
+    if name not in keep:
+      s[name] = value
+  for p in spec.params:
+    if isinstance(s[p.flag], _spec.WithCodec):
+      s[p.flag] = _spec.with_codec(s[p.flag], as_codec("codec", s["codec"]))
+  return s
+
+
+def used_by() -> dict[str, set[str]]:
+  """strategy -> the strategy-specific settings it reads."""
+  return {name: {p.flag for p in spec.params} |
+          (set(OUTER) if spec.outer is not None else set())
+          for name, spec in specs().items()}
+
+
+def _default_text(flag: str, entries) -> str:
+  values = {}
+  for name, p in entries:
+    values.setdefault(p.default, []).append(name)
+  if len(values) == 1 and len(entries) == len(specs()):
+    return f"default {_show(next(iter(values)))}"
+  return "; ".join(f"{', '.join(names)}: {_show(v)}"
+                   for v, names in values.items())
+
+
+def _show(value) -> str:
+  return "none" if value is None else repr(value) if isinstance(
+      value, _spec.WithCodec) else str(value)
+
+
+def _help(entries) -> str:
+  texts = {}
+  for name, p in entries:
+    texts.setdefault(p.help, []).append(name)
+  if len(texts) == 1:
+    text = next(iter(texts))
+  else:
+    text = "; ".join(f"{', '.join(n)}: {t}" for t, n in texts.items())
+  choices = entries[0][1].choices
+  return text + (f" ({' | '.join(choices)})" if choices else "")
+
+
+def add_flags(strategy_group, compression_group) -> None:
+  """``--strategy`` and every strategy parameter's flag."""
+  strategy_group.add_argument(
+      "--strategy", choices=sorted(specs()),
+      help=f"default {DEFAULT_STRATEGY}")
+  for flag, entries in sorted(_by_flag().items(), key=_flag_order):
+    p = entries[0][1]
+    group = (compression_group if p.kind is Codec or flag in _COMPRESSION
+             else strategy_group)
+    help = (f"{_help(entries)} [{_default_text(flag, entries)}]")
+    group.add_argument("--" + flag.replace("_", "-"), type=_TYPES[p.kind],
+                       help=help.replace("%", "%%"))
+
+
+def _flag_order(item):
+  flag, entries = item
+  return (-len(entries), flag.lower())
+
+
+def add_optimizer_flags(group) -> None:
+  def per_strategy(get):
+    values = {}
+    for name, spec in specs().items():
+      value = get(spec)
+      if value is not None:
+        values.setdefault(value, []).append(name)
+    return "; ".join(f"{', '.join(n)}: {v:g}" if isinstance(v, float) else
+                     f"{', '.join(n)}: {v}" for v, n in values.items())
+
+  add = group.add_argument
+  add("--inner", help=" | ".join(_optim.INNER_KINDS) + " [" +
+      per_strategy(lambda s: s.inner.kind) + "]")
+  add("--inner-lr", type=float, help="(peak) inner learning rate [" +
+      per_strategy(lambda s: s.inner.lr) + "]")
+  add("--weight-decay", type=float, help="adamw and muon [default: the "
+      "strategy's paper optimizer's; " + per_strategy(
+          lambda s: s.inner.weight_decay if s.inner.kind in ("adamw", "muon")
+          else None) + "]")
+  add("--momentum", type=float, help="sgd inner momentum, 0 for none "
+      "[default: the strategy's paper optimizer's, 0 unless it is sgd]")
+  add("--warmup-steps", type=int, help="linear learning-rate warm-up "
+      "[default 0]")
+  add("--schedule", help="after warm-up: constant | cosine [default "
+      "constant]")
+  add("--outer-lr", type=float, help="outer SGD learning rate [" +
+      per_strategy(lambda s: s.outer and s.outer.lr) + "]")
+  add("--outer-momentum", type=float, help="outer Nesterov momentum, 0 for "
+      "plain SGD [" + per_strategy(lambda s: s.outer and s.outer.momentum)
+      + "]")
+
+
+def unit_schedule(s: dict):
+  """The schedule's shape with peak 1 (None: a constant learning rate); the
+  peak is a state leaf (``peak_schedule``), so sweeps of inner_lr work."""
+  warmup = _validate.non_negative_int("warmup_steps", s["warmup_steps"])
+  schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
+  if schedule == "cosine":
+    return optax.warmup_cosine_decay_schedule(
+        0.0, 1.0, warmup, max(warmup + 1, s["steps"]))
+  if warmup:
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)],
+        [warmup])
+  return None
+
+
+def build_inner(s: dict) -> optax.GradientTransformation:
+  return _optim.inner(
+      _optim.Optimizer(s["inner"], s["inner_lr"], s["weight_decay"],
+                       s["momentum"]), unit_schedule(s))
+
+
+def build(s: dict) -> strategies_lib.Strategy:
+  """The strategy the settings describe, built by its spec's factory."""
+  spec = strategies_lib.spec(s["strategy"])
+  kwargs = {p.name: s[p.flag] for p in spec.params}
+  if spec.outer is not None:
+    kwargs["outer"] = _optim.outer(_optim.Optimizer(
+        "sgd", s["outer_lr"], momentum=s["outer_momentum"]))
+  return spec.factory(inner=build_inner(s), **kwargs)

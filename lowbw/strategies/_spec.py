@@ -1,0 +1,161 @@
+"""What a strategy takes, read from its factory: the one source of truth.
+
+A strategy module defines its factory (whose signature holds the defaults and
+whose docstring the documentation) and, next to it, a ``Spec`` made by
+``spec(factory, ...)``: the parameters' types and defaults come from the
+signature, the help text and the papers' optimizers from the call. The Python
+API, ``lowbw train``, ``lowbw sweep``, ``lowbw bench`` and the docs' defaults
+table all read it; adding a strategy is one module plus one registry line.
+"""
+
+import inspect
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from lowbw.strategies._optim import Optimizer
+from lowbw.transforms import Codec
+
+# The command line's short names for some parameters.
+FLAGS = {"error_feedback": "ef"}
+
+
+class WithCodec(float):
+  """A default that applies only when the strategy has a codec (MuLoCo's error
+  feedback 0.9): without one it means None."""
+
+  def __repr__(self):
+    return f"{float(self)!r} with a codec"
+
+
+def with_codec(value, codec):
+  """``value``, or None when it is a ``WithCodec`` default and there is no
+  codec."""
+  if isinstance(value, WithCodec):
+    return None if codec is None else float(value)
+  return value
+
+
+class Param(NamedTuple):
+  """One parameter of a strategy factory.
+
+  Attributes:
+    name: the factory's keyword, e.g. ``"H"``.
+    kind: ``int``, ``float``, ``str`` or ``Codec`` (given as a codec spec
+      string on the command line).
+    default: the factory's default.
+    optional: whether None is allowed.
+    help: one line for ``--help`` and the docs.
+    flag: the command line's setting name (``ef`` for ``error_feedback``).
+    choices: the allowed strings, when there is a fixed set.
+  """
+
+  name: str
+  kind: type
+  default: Any
+  optional: bool
+  help: str
+  flag: str
+  choices: tuple[str, ...] = ()
+
+
+class Spec(NamedTuple):
+  """A strategy as data: the factory, its parameters and its papers'
+  optimizers.
+
+  Attributes:
+    name: registry name.
+    factory: the function that builds it (``inner=``, ``outer=`` and the
+      parameters below as keywords).
+    params: the factory's parameters other than ``inner`` and ``outer``.
+    inner: the default inner optimizer.
+    outer: the default outer optimizer, None for strategies without one.
+    paper: the reference its defaults come from.
+    summary: the factory's first docstring line.
+  """
+
+  name: str
+  factory: Callable
+  params: tuple[Param, ...]
+  inner: Optimizer
+  outer: Optimizer | None
+  paper: str
+  summary: str
+
+  def param(self, name: str) -> Param | None:
+    return next((p for p in self.params if p.name == name), None)
+
+  def defaults(self) -> dict[str, Any]:
+    """The factory's defaults by parameter name."""
+    return {p.name: p.default for p in self.params}
+
+
+def _kind(annotation) -> tuple[type, bool]:
+  """(type, optional) from ``int``, ``float | None``, ``Codec | str | None``."""
+  args = (typing.get_args(annotation)
+          if isinstance(annotation, types.UnionType) or
+          typing.get_origin(annotation) is typing.Union else (annotation,))
+  optional = type(None) in args
+  args = tuple(a for a in args if a is not type(None))
+  if Codec in args:
+    return Codec, optional
+  if len(args) != 1 or args[0] not in (int, float, str):
+    raise TypeError(f"unsupported strategy parameter type {annotation!r}")
+  return args[0], optional
+
+
+def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
+         paper: str, help: dict[str, str],
+         choices: dict[str, tuple[str, ...]] | None = None) -> Spec:
+  """The ``Spec`` of ``factory``, read from its signature.
+
+  Every parameter besides ``inner``/``outer`` needs a ``help`` line; a
+  parameter added to a factory without one fails here, at import.
+  """
+  choices = choices or {}
+  params = []
+  signature = inspect.signature(factory)
+  for name, p in signature.parameters.items():
+    if name in ("inner", "outer"):
+      continue
+    if name not in help:
+      raise TypeError(f"{factory.__name__}: parameter {name!r} has no help")
+    kind, optional = _kind(p.annotation)
+    params.append(Param(name, kind, p.default, optional, help[name],
+                        FLAGS.get(name, name), tuple(choices.get(name, ()))))
+  extra = set(help) - {p.name for p in params}
+  if extra:
+    raise TypeError(f"{factory.__name__}: help for unknown {sorted(extra)}")
+  has_outer = "outer" in signature.parameters
+  if has_outer != (outer is not None):
+    raise TypeError(f"{factory.__name__}: outer= and the outer default "
+                    "must come together")
+  summary = (inspect.getdoc(factory) or "").split("\n")[0]
+  return Spec(factory.__name__, factory, tuple(params), inner, outer, paper,
+              summary)
+
+
+def _value(value) -> str:
+  if value is None:
+    return "none"
+  if isinstance(value, WithCodec):
+    return f"{float(value):g} (with a codec)"
+  return f"`{value!r}`" if isinstance(value, str) else f"{value:g}" if \
+      isinstance(value, float) else str(value)
+
+
+def defaults_table(specs: dict[str, Spec]) -> str:
+  """A markdown table of every strategy's defaults, for the docs (a test
+  keeps docs/strategies/README.md equal to it)."""
+  rows = ["| strategy | inner | outer | parameters | paper |",
+          "| --- | --- | --- | --- | --- |"]
+  for name, s in specs.items():
+    params = ", ".join(f"`{p.name}` {_value(p.default)}" for p in s.params)
+    outer = "" if s.outer is None else (
+        f"sgd, lr {s.outer.lr:g}" + (f", Nesterov momentum "
+                                     f"{s.outer.momentum:g}"
+                                     if s.outer.momentum else ""))
+    rows.append(f"| `{name}` | {s.inner.describe()} | {outer} | {params} | "
+                f"{s.paper} |")
+  return "\n".join(rows) + "\n"

@@ -1,0 +1,115 @@
+"""Each strategy's spec is the one source of its parameters and defaults: the
+factories, ``lowbw train`` and ``lowbw bench`` agree, and a new strategy is
+one spec away from the command line."""
+
+import json
+
+import optax
+import pytest
+
+from lowbw import cli, strategies, transforms
+from lowbw.cli import _bench, _strategy, _train
+from lowbw.strategies import _optim, _spec
+
+
+def cli_strategy(*argv):
+  args = cli.build_parser().parse_args(["train", *argv])
+  s, _ = _train.settings(args)
+  return _strategy.build(s), s
+
+
+@pytest.mark.parametrize("name", sorted(strategies.SPECS))
+def test_the_command_line_builds_the_factory_defaults(name):
+  from_api = strategies.get(name)
+  from_cli, _ = cli_strategy("--strategy", name)
+  assert from_cli.period == from_api.period
+  assert json.dumps(from_cli.config, sort_keys=True) == json.dumps(
+      from_api.config, sort_keys=True)
+
+
+def test_the_bench_reads_the_same_defaults():
+  args = cli.build_parser().parse_args(["bench", "--strategy", "muloco"])
+  s = _bench._settings(args)
+  assert _strategy.build(s).config == strategies.muloco().config
+
+
+def test_flags_override_the_spec_and_reach_the_factory():
+  strategy, s = cli_strategy("--strategy", "sparta_diloco", "--H", "7",
+                             "--p", "0.25", "--selector", "partitioned",
+                             "--inner-lr", "0.01", "--outer-lr", "0.5",
+                             "--codec", "quant:4", "--ef", "0.5")
+  want = strategies.sparta_diloco(
+      _optim.inner(_optim.Optimizer("adamw", 0.01, weight_decay=0.1)),
+      _optim.outer(_optim.Optimizer("sgd", 0.5, momentum=0.9)), H=7, p=0.25,
+      selector="partitioned", codec=transforms.quantize(4),
+      error_feedback=0.5)
+  assert strategy.config == want.config
+
+
+def test_codec_specs_are_accepted_by_the_factories():
+  assert (strategies.diloco(codec="topk:0.1,quant:4").config ==
+          strategies.diloco(codec=transforms.top_k(0.1) |
+                            transforms.quantize(4)).config)
+  with pytest.raises(ValueError, match="^codec='topk' is invalid"):
+    strategies.diloco(codec="topk")
+  with pytest.raises(ValueError, match="^codec=3 is invalid: expected a lowbw "
+                     "codec"):
+    strategies.ddp(codec=3)
+
+
+def test_a_codec_only_default_is_dropped_without_a_codec():
+  assert strategies.muloco().config["error_feedback"] == 0.9
+  assert strategies.muloco(codec=None).config["error_feedback"] is None
+  strategy, s = cli_strategy("--strategy", "muloco", "--codec", "none")
+  assert strategy.config["error_feedback"] is None and s["ef"] is None
+  with pytest.raises(ValueError, match="^error_feedback=0.5 is invalid: needs "
+                     "a codec"):
+    cli_strategy("--strategy", "muloco", "--codec", "none", "--ef", "0.5")
+
+
+def test_a_setting_the_strategy_does_not_take_is_an_error(capsys):
+  assert cli.main(["train", "--p", "0.1"]) == 2
+  err = capsys.readouterr().err
+  assert "--p=0.1 is invalid: not used by strategy 'diloco'" in err
+
+
+def toy(inner: optax.GradientTransformation | None = None,
+        outer: optax.GradientTransformation | None = None,
+        H: int = 7, codec: transforms.Codec | str | None = None):
+  """A strategy outside the library: DiLoCo under another name."""
+  return strategies.diloco(inner, outer, H=H, codec=codec)
+
+
+def test_a_new_strategy_is_one_spec_away_from_the_command_line(monkeypatch,
+                                                                capsys):
+  spec = _spec.spec(toy, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+                    paper="none", help={"H": "steps", "codec": "a codec"})
+  monkeypatch.setitem(strategies.SPECS, "toy", spec)
+  strategy, s = cli_strategy("--strategy", "toy")
+  assert strategy.period == 7 and s["outer_lr"] == 0.7
+  strategy, _ = cli_strategy("--strategy", "toy", "--H", "3")
+  assert strategy.period == 3
+  assert cli.main(["train", "--strategy", "toy", "--selector", "random"]) == 2
+  assert "not used by strategy 'toy'" in capsys.readouterr().err
+
+
+def test_a_parameter_without_help_fails_at_import():
+  with pytest.raises(TypeError, match="parameter 'codec' has no help"):
+    _spec.spec(toy, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+               paper="none", help={"H": "steps"})
+  with pytest.raises(TypeError, match="outer= and the outer default"):
+    _spec.spec(toy, inner=_optim.DILOCO_INNER, outer=None, paper="none",
+               help={"H": "steps", "codec": "a codec"})
+
+
+def test_an_unknown_strategy_is_an_error():
+  with pytest.raises(ValueError, match="^strategy='nope' is invalid: expected "
+                     "one of"):
+    strategies.get("nope")
+
+
+def test_the_docs_defaults_table_is_the_specs():
+  import pathlib
+  text = (pathlib.Path(__file__).parent.parent / "docs" / "strategies" /
+          "README.md").read_text()
+  assert _spec.defaults_table(strategies.SPECS) in text
