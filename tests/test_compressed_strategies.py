@@ -91,8 +91,9 @@ def test_ddp_with_codec_and_feedback_matches_reference():
       params_w[w] = optax.apply_updates(params_w[w], upd)
   assert_workers_close(state.params_W, params_w)
   for w in range(W):
-    chex.assert_trees_all_close(jax.tree.map(lambda x: x[w], state.comm),
-                                residual_w[w], atol=1e-5)
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda x: x[w], state.comm.residual), residual_w[w],
+        atol=1e-5)
 
 
 @pytest.mark.parametrize("beta", [None, 0.9])
@@ -202,8 +203,9 @@ def test_demo_matches_reference():
   chex.assert_trees_all_close(strategies.demo().global_params(state), theta,
                               atol=1e-5)
   for w in range(W):
-    chex.assert_trees_all_close(jax.tree.map(lambda x: x[w], state.comm),
-                                momentum_w[w], atol=1e-5)
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda x: x[w], state.comm.residual), momentum_w[w],
+        atol=1e-5)
 
 
 # --- bytes ------------------------------------------------------------------

@@ -221,9 +221,13 @@ def test_compression_validation():
 
 def test_init_residual():
   tree_W = _tree(seed=0, lead=(W,))
-  assert init_residual(compression(top_k(0.1), None), tree_W) == ()
-  zeros = init_residual(compression(top_k(0.1), 0.5), tree_W)
-  chex.assert_trees_all_equal(zeros, jax.tree.map(jnp.zeros_like, tree_W))
+  assert init_residual(compression(None, None), tree_W) == ()
+  counts = init_residual(compression(top_k(0.1), None), tree_W)
+  chex.assert_trees_all_equal(counts.count, jnp.zeros((W,), jnp.int32))
+  state = init_residual(compression(top_k(0.1), 0.5), tree_W)
+  chex.assert_trees_all_equal(state.residual,
+                              jax.tree.map(jnp.zeros_like, tree_W))
+  chex.assert_trees_all_equal(state.beta, jnp.full((W,), 0.5))
 
 
 TRANSMIT = [(top_k(0.25), None), (top_k(0.25), 0.9), (random_k(0.3), 0.5),
@@ -237,16 +241,19 @@ def test_transmit_matches_a_loop_over_workers(codec, beta):
   comp = compression(codec, beta)
   leaves = 1 if codec.needs_key else 2
   x_W = _tree(seed=1, lead=(W,), leaves=leaves)
-  residual_W = (() if beta is None else jax.tree.map(
-      lambda x: 0.5 * x, _tree(seed=2, lead=(W,), leaves=leaves)))
+  state_W = init_residual(comp, x_W)
+  if beta is not None:
+    residual_W = jax.tree.map(lambda x: 0.5 * x,
+                              _tree(seed=2, lead=(W,), leaves=leaves))
+    state_W = state_W._replace(residual=residual_W)
   key = jax.random.key(11)
-  sent_W, new_residual_W = jax.jit(
-      lambda x, e: transmit(comp, x, e, key))(x_W, residual_W)
+  sent_W, new_state_W = jax.jit(
+      lambda x, e: transmit(comp, x, e, key))(x_W, state_W)
   chex.assert_trees_all_equal_shapes_and_dtypes(sent_W, x_W)
   if beta is None:
     one = jax.jit(lambda x, w: roundtrip(codec, x, key, w))
-    assert new_residual_W == ()
   else:
+    new_residual_W = new_state_W.residual
     one_ef = jax.jit(lambda e, x, w: feedback_step(codec, beta, e, x, key, w))
   for w in range(W):
     x = jax.tree.map(lambda a: a[w], x_W)

@@ -265,6 +265,25 @@ def test_values_without_a_place_are_errors_naming_them():
     lowbw.sweep([1, 2])
 
 
+def test_ef_beta_is_traced_and_each_point_equals_its_own_build():
+  sim = build(diloco(codec=transforms.quantize(2), error_feedback=0.9))
+  result = lowbw.sweep(sim, grid={"ef_beta": [0.2, 1.0]}, seeds=[1],
+                       points_per_batch=2, progress=False)
+  for point, beta in zip(result.points, [0.2, 1.0]):
+    want = single(diloco(codec=transforms.quantize(2), error_feedback=beta),
+                  1)
+    assert_same_run(point.history, point.params, want)
+  assert not np.allclose(result.points[0].history["train_loss"],
+                         result.points[1].history["train_loss"])
+  with pytest.raises(ValueError, match=r"^ef_beta=1.5 is invalid: expected a "
+                     r"number in \[0, 1\]"):
+    sim.run(hparams={"ef_beta": 1.5})
+  no_feedback = build(diloco(codec=transforms.quantize(2)), compile=False)
+  with pytest.raises(ValueError, match=r"^ef_beta=0.5 is invalid: strategy "
+                     "'diloco' runs no error feedback"):
+    no_feedback.run(hparams={"ef_beta": 0.5})
+
+
 def test_a_codec_size_is_a_shape_not_a_traced_value():
   sim = build(diloco(codec=transforms.top_k(0.5)), compile=False)
   with pytest.raises(ValueError, match="need a new lowbw.build"):

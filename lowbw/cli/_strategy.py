@@ -28,11 +28,16 @@ def specs() -> dict[str, strategies_lib.Spec]:
   return strategies_lib.SPECS
 
 
+def _cli(spec):
+  """The parameters with a command-line flag."""
+  return [p for p in spec.params if p.flag is not None]
+
+
 def _by_flag() -> dict[str, list[tuple[str, _spec.Param]]]:
   """flag -> [(strategy, param)] over every registered strategy."""
   out = {}
   for name, spec in specs().items():
-    for p in spec.params:
+    for p in _cli(spec):
       out.setdefault(p.flag, []).append((name, p))
   return out
 
@@ -45,7 +50,7 @@ def flag_names() -> set[str]:
 def defaults(spec: strategies_lib.Spec) -> dict:
   """The settings ``spec`` fills when they are not given: its parameters'
   defaults and its paper's optimizers."""
-  out = {p.flag: p.default for p in spec.params}
+  out = {p.flag: p.default for p in _cli(spec)}
   out.update(inner=spec.inner.kind, inner_lr=spec.inner.lr,
              weight_decay=spec.inner.weight_decay,
              momentum=spec.inner.momentum, warmup_steps=0,
@@ -64,7 +69,7 @@ def fill(s: dict, keep) -> dict:
   for name, value in defaults(spec).items():
     if name not in keep:
       s[name] = value
-  for p in spec.params:
+  for p in _cli(spec):
     if isinstance(s[p.flag], _spec.WithCodec):
       s[p.flag] = _spec.with_codec(s[p.flag], as_codec("codec", s["codec"]))
   return s
@@ -72,7 +77,7 @@ def fill(s: dict, keep) -> dict:
 
 def used_by() -> dict[str, set[str]]:
   """strategy -> the strategy-specific settings it reads."""
-  return {name: {p.flag for p in spec.params} |
+  return {name: {p.flag for p in _cli(spec)} |
           (set(OUTER) if spec.outer is not None else set())
           for name, spec in specs().items()}
 
@@ -179,7 +184,7 @@ def build_inner(s: dict) -> optax.GradientTransformation:
 def build(s: dict) -> strategies_lib.Strategy:
   """The strategy the settings describe, built by its spec's factory."""
   spec = strategies_lib.spec(s["strategy"])
-  kwargs = {p.name: s[p.flag] for p in spec.params}
+  kwargs = {p.name: s[p.flag] for p in _cli(spec)}
   if spec.outer is not None:
     kwargs["outer"] = _optim.outer(_optim.Optimizer(
         "sgd", s["outer_lr"], momentum=s["outer_momentum"]))

@@ -5,6 +5,8 @@ Each name says where its value lives:
 * optimizer hyperparameters live in the strategy's state, as the values of
   ``optax.inject_hyperparams`` (lowbw's defaults and CLI wrap every optimizer
   so), or as the peak of a ``lowbw.strategies.peak_schedule``;
+* the error-feedback beta lives in every ``ErrorFeedbackState`` of the
+  strategy's message path (DeMo's momentum decay included);
 * network numbers live in the ``NetParams`` argument of the compiled programs
   and are recomputed on the host from the ``Network`` with the new value.
 
@@ -21,10 +23,11 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw.network import _faults, _topology, _units
 from lowbw.strategies import PeakScheduleState
+from lowbw.transforms import ErrorFeedbackState
 
 
 class Knob(NamedTuple):
-  where: str   # "inner" | "outer" | "network"
+  where: str   # "inner" | "outer" | "message" | "network"
   key: str     # the injected hyperparameter, or the network quantity
   help: str
 
@@ -37,6 +40,8 @@ KNOBS = {
     "inner_momentum": Knob("inner", "momentum", "inner SGD momentum"),
     "outer_lr": Knob("outer", "learning_rate", "outer learning rate"),
     "outer_momentum": Knob("outer", "momentum", "outer momentum"),
+    "ef_beta": Knob("message", "beta",
+                    "error-feedback beta in [0, 1] (DeMo: momentum decay)"),
     "bandwidth": Knob("network", "bandwidth",
                       "WAN bandwidth per worker (\"100Mbps\" or bit/s)"),
     "latency": Knob("network", "latency",
@@ -96,6 +101,11 @@ def _part(sim_state, where: str):
   return st.inner_W if where == "inner" else st.comm
 
 
+def _feedback(tree) -> list:
+  is_ef = lambda x: isinstance(x, ErrorFeedbackState)  # noqa: E731
+  return [x for x in jax.tree.leaves(tree, is_leaf=is_ef) if is_ef(x)]
+
+
 def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
   """Each state knob has a place in ``sim_state`` (abstract is fine)."""
   for name, value in values.items():
@@ -103,6 +113,13 @@ def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
         not math.isfinite(value)):
       raise _validate.fail(name, value, "expected a finite number")
     knob = KNOBS[name]
+    if knob.where == "message":
+      _validate.fraction(name, value, low_open=False)
+      if not _feedback(sim_state.strategy.comm):
+        raise _validate.fail(
+            name, value, f"strategy {strategy_name!r} runs no error feedback "
+            "(give it a codec and error_feedback=)")
+      continue
     part = _part(sim_state, knob.where)
     if knob.key == "learning_rate" and _scheduled(part, knob.key):
       raise _validate.fail(
@@ -132,6 +149,13 @@ def _set(tree, key: str, value):
   return jax.tree.map(one, tree, is_leaf=_is_node)
 
 
+def _set_beta(tree, value):
+  is_ef = lambda x: isinstance(x, ErrorFeedbackState)  # noqa: E731
+  return jax.tree.map(
+      lambda n: n._replace(beta=_like(n.beta, value)) if is_ef(n) else n,
+      tree, is_leaf=is_ef)
+
+
 def _like(old, value):
   return jnp.broadcast_to(jnp.asarray(value, old.dtype), old.shape)
 
@@ -144,6 +168,8 @@ def set_state(sim_state, values: dict):
     knob = KNOBS[name]
     if knob.where == "inner":
       st = st._replace(inner_W=_set(st.inner_W, knob.key, value))
+    elif knob.where == "message":
+      st = st._replace(comm=_set_beta(st.comm, value))
     else:
       st = st._replace(comm=_set(st.comm, knob.key, value))
   return sim_state._replace(strategy=st)

@@ -9,7 +9,8 @@ from lowbw.transforms import (Codec, comm_channel, compression, init_residual,
 
 def ddp(inner: optax.GradientTransformation | None = None,
         codec: Codec | str | None = None,
-        error_feedback: float | None = None) -> _base.Strategy:
+        error_feedback: float | None = None,
+        message: optax.GradientTransformation | None = None) -> _base.Strategy:
   """Synchronous data parallelism (an all-reduce of gradients every step).
 
   Every worker computes gradients on its own batch; their mean is applied by
@@ -30,12 +31,15 @@ def ddp(inner: optax.GradientTransformation | None = None,
     codec: a ``lowbw.transforms`` codec (or spec string) for the gradients,
       or None.
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
+    message: the per-worker message chain replacing codec's default one (an
+      optax transformation ending in ``codec``'s round trip; see
+      docs/codecs/custom.md), or None.
 
   Example:
     >>> strategy = lowbw.strategies.ddp(optax.sgd(0.1))
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
-  comp = compression(codec, error_feedback)
+  comp = compression(codec, error_feedback, message)
 
   def init(params, num_workers, key):
     state = _base.inner_init(inner, params, num_workers, key, ())
@@ -60,4 +64,5 @@ SPEC = _spec.spec(
     ddp, inner=_optim.DILOCO_INNER, outer=None,
     paper="Li et al. 2020, arXiv 2006.15704",
     help={"codec": "codec of the gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+          "message": _spec.MESSAGE_HELP})

@@ -7,9 +7,10 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
+from lowbw.transforms import (Codec, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
-                              num_workers, transmit, worker_sum)
+                              init_residual, num_workers, transmit,
+                              worker_sum)
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -77,11 +78,13 @@ def demo(
         raise _validate.fail(field, value, "set it inside codec= instead "
                              "(codec replaces dct_top_k(chunk, k))")
     check_codec("codec", codec, optional=False)
-  comp = Compression(codec, decay)
+  # The momentum is the error-feedback residual with beta = decay: the same
+  # message path as every strategy's (its state's beta is the ef_beta knob).
+  comp = compression(codec, decay)
 
   def init(params, num_workers_, key):
     state = _base.inner_init(inner, params, num_workers_, key, ())
-    return state._replace(comm=jax.tree.map(jnp.zeros_like, state.params_W))
+    return state._replace(comm=init_residual(comp, state.params_W))
 
   def local(state, grads_W):
     sent_W, momentum_W = transmit(comp, grads_W, state.comm,

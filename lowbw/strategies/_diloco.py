@@ -96,6 +96,7 @@ def diloco(
     H: int = 100,
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
+    message: optax.GradientTransformation | None = None,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -119,6 +120,9 @@ def diloco(
     codec: a ``lowbw.transforms`` codec (or spec string) for the
       pseudo-gradients, or None.
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
+    message: the per-worker message chain replacing codec's default one (an
+      optax transformation ending in ``codec``'s round trip; see
+      docs/codecs/custom.md), or None.
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -129,7 +133,8 @@ def diloco(
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
-  return build("diloco", inner, outer, H, compression(codec, error_feedback))
+  return build("diloco", inner, outer, H,
+               compression(codec, error_feedback, message))
 
 
 SPEC = _spec.spec(
@@ -137,4 +142,5 @@ SPEC = _spec.spec(
     paper="Douillard et al. 2023, arXiv 2311.08105",
     help={"H": "inner steps per sync",
           "codec": "codec of the pseudo-gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+          "message": _spec.MESSAGE_HELP})

@@ -9,7 +9,7 @@ from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, broadcast_to_workers, comm_channel,
                               compression, group_mean, init_residual,
                               num_workers, replace_with_mean, total_workers,
-                              transmit, worker_mean)
+                              roundtrip_workers, transmit, worker_mean)
 
 PAYLOADS = ("deltas", "parameters")
 
@@ -21,6 +21,7 @@ def fedavg(
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
     compress: str = "deltas",
+    message: optax.GradientTransformation | None = None,
 ) -> _base.Strategy:
   """Parameters averaged every H inner steps.
 
@@ -54,6 +55,9 @@ def fedavg(
     codec: a ``lowbw.transforms`` codec (or spec string), or None.
     error_feedback: residual decay beta in [0, 1] (deltas only), or None.
     compress: "deltas" or "parameters"; what the codec encodes.
+    message: the per-worker message chain replacing codec's default one (an
+      optax transformation ending in ``codec``'s round trip; see
+      docs/codecs/custom.md), or None.
 
   Example:
     >>> strategy = lowbw.strategies.fedavg(optax.sgd(0.1), H=10, island_size=2)
@@ -62,9 +66,12 @@ def fedavg(
   H = _validate.positive_int("H", H)
   island_size = _validate.optional_positive_int("island_size", island_size)
   compress = _validate.one_of("compress", compress, PAYLOADS)
-  comp = compression(codec, error_feedback)
+  comp = compression(codec, error_feedback, message)
   codec = comp.codec
   send_deltas = codec is not None and compress == "deltas"
+  if message is not None and compress == "parameters":
+    raise _validate.fail("message", "custom", "needs compress='deltas' (the "
+                         "parameters are sent through the codec alone)")
   if comp.beta is not None and compress == "parameters":
     raise _validate.fail("error_feedback", error_feedback,
                          "needs compress='deltas' (a residual of parameters "
@@ -79,7 +86,8 @@ def fedavg(
           " use compress='parameters' with islands")
     state = _base.inner_init(inner, params, num_workers_, key, ())
     base = params if send_deltas else ()
-    return state._replace(comm=(base, init_residual(comp, state.params_W)))
+    message_W = init_residual(comp, state.params_W) if send_deltas else ()
+    return state._replace(comm=(base, message_W))
 
   def local(state, grads_W):
     return _base.inner_update(inner, state, grads_W), {}
@@ -95,7 +103,7 @@ def fedavg(
       base = optax.apply_updates(base, worker_mean(sent_W, state.active))
       params_W = broadcast_to_workers(base, w)
     else:
-      sent_W, _ = transmit(comp, state.params_W, (), key)
+      sent_W = roundtrip_workers(codec, state.params_W, key)
       if island_size is None or island_size == total_workers(sent_W):
         params_W = replace_with_mean(sent_W, state.active)
       else:
@@ -132,5 +140,6 @@ SPEC = _spec.spec(
           "codec": "codec of the deltas or parameters (see compress)",
           "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
           "compress": "what the codec encodes (error feedback needs "
-                      "deltas)"},
+                      "deltas)",
+          "message": _spec.MESSAGE_HELP},
     choices={"compress": PAYLOADS})

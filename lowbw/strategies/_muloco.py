@@ -73,6 +73,7 @@ def muloco(
     H: int = 30,
     codec: Codec | str | None = "quant:2:statistical",
     error_feedback: float | None = _spec.WithCodec(0.9),
+    message: optax.GradientTransformation | None = None,
 ) -> _base.Strategy:
   """MuLoCo: DiLoCo whose workers run Muon, with compressed pseudo-gradients.
 
@@ -103,8 +104,10 @@ def muloco(
       "outer", outer, lambda: _optim.outer(_optim.MULOCO_OUTER))
   H = _validate.positive_int("H", H)
   codec = as_codec("codec", codec)
-  error_feedback = _spec.with_codec(error_feedback, codec)
-  return build("muloco", inner, outer, H, compression(codec, error_feedback))
+  error_feedback = _spec.with_codec(
+      None if message is not None else error_feedback, codec)
+  return build("muloco", inner, outer, H,
+               compression(codec, error_feedback, message))
 
 
 SPEC = _spec.spec(
@@ -112,4 +115,5 @@ SPEC = _spec.spec(
     paper="Thérien et al. 2025, arXiv 2505.23725",
     help={"H": "inner steps per sync",
           "codec": "codec of the pseudo-gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)"})
+          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+          "message": _spec.MESSAGE_HELP})

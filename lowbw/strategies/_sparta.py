@@ -7,24 +7,22 @@ import optax
 from lowbw import _validate
 from lowbw.network import channel
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (SELECTORS, Codec, Compression, as_codec,
-                              collective, sparse_average, sparse_payload_bytes,
-                              transmit)
+from lowbw.transforms import (SELECTORS, Codec, as_codec,
+                              collective, roundtrip_workers, sparse_average,
+                              sparse_payload_bytes)
 
 
 def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
   """An inner step on every worker, then the shared sparse averaging of the
   (optionally encoded) selected values."""
-  comp = Compression(codec, None)
-
   def local(state, grads_W):
     state = _base.inner_update(inner, state, grads_W)
     key = jax.random.fold_in(state.key, 0x5BA7)
     transform = None
     if codec is not None:
       codec_key = _base.comm_key(state)
-      transform = lambda v_W, i: transmit(  # noqa: E731
-          comp, v_W, (), jax.random.fold_in(codec_key, i))[0]
+      transform = lambda v_W, i: roundtrip_workers(  # noqa: E731
+          codec, v_W, jax.random.fold_in(codec_key, i))
     params_W = sparse_average(key, state.step, state.params_W, p, selector,
                               transform, state.active)
     return state._replace(params_W=params_W), _base.events(sparse_parameters=1)

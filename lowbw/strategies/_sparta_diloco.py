@@ -20,6 +20,7 @@ def sparta_diloco(
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
     sparse_codec: Codec | str | None = None,
+    message: optax.GradientTransformation | None = None,
 ) -> _base.Strategy:
   """SPARTA's sparse averaging every step plus a DiLoCo outer step every H.
 
@@ -40,13 +41,16 @@ def sparta_diloco(
     codec: codec of DiLoCo's pseudo-gradients, or None.
     error_feedback: residual decay beta for the pseudo-gradients, or None.
     sparse_codec: codec of SPARTA's selected values, or None.
+    message: the per-worker message chain replacing codec's default one (an
+      optax transformation ending in ``codec``'s round trip; see
+      docs/codecs/custom.md), or None.
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
   p, selector, sparse_codec = check_sparta(p, selector, sparse_codec,
                                           "sparse_codec")
-  comp = compression(codec, error_feedback)
+  comp = compression(codec, error_feedback, message)
   sparse_channels = sparta_channels(p, sparse_codec)
   outer_channels = diloco_channels(comp)
 
@@ -70,5 +74,6 @@ SPEC = _spec.spec(
     help={"H": "inner steps per sync", **SPARTA_HELP,
           "codec": "codec of DiLoCo's pseudo-gradients",
           "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
-          "sparse_codec": "codec of SPARTA's selected values"},
+          "sparse_codec": "codec of SPARTA's selected values",
+          "message": _spec.MESSAGE_HELP},
     choices={"selector": SELECTORS})

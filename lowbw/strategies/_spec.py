@@ -14,8 +14,13 @@ import typing
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import optax
+
 from lowbw.strategies._optim import Optimizer
 from lowbw.transforms import Codec
+
+MESSAGE_HELP = ("the per-worker message chain (an optax transformation; "
+                "Python only)")
 
 # The command line's short names for some parameters.
 FLAGS = {"error_feedback": "ef"}
@@ -47,7 +52,8 @@ class Param(NamedTuple):
     default: the factory's default.
     optional: whether None is allowed.
     help: one line for ``--help`` and the docs.
-    flag: the command line's setting name (``ef`` for ``error_feedback``).
+    flag: the command line's setting name (``ef`` for ``error_feedback``);
+      None for Python-only parameters (an optax transformation).
     choices: the allowed strings, when there is a fixed set.
   """
 
@@ -56,7 +62,7 @@ class Param(NamedTuple):
   default: Any
   optional: bool
   help: str
-  flag: str
+  flag: str | None
   choices: tuple[str, ...] = ()
 
 
@@ -100,6 +106,8 @@ def _kind(annotation) -> tuple[type, bool]:
   args = tuple(a for a in args if a is not type(None))
   if Codec in args:
     return Codec, optional
+  if len(args) == 1 and args[0] is optax.GradientTransformation:
+    return optax.GradientTransformation, optional
   if len(args) != 1 or args[0] not in (int, float, str):
     raise TypeError(f"unsupported strategy parameter type {annotation!r}")
   return args[0], optional
@@ -122,8 +130,10 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
     if name not in help:
       raise TypeError(f"{factory.__name__}: parameter {name!r} has no help")
     kind, optional = _kind(p.annotation)
-    params.append(Param(name, kind, p.default, optional, help[name],
-                        FLAGS.get(name, name), tuple(choices.get(name, ()))))
+    flag = (None if kind is optax.GradientTransformation
+            else FLAGS.get(name, name))
+    params.append(Param(name, kind, p.default, optional, help[name], flag,
+                        tuple(choices.get(name, ()))))
   extra = set(help) - {p.name for p in params}
   if extra:
     raise TypeError(f"{factory.__name__}: help for unknown {sorted(extra)}")

@@ -4,12 +4,13 @@ worker reductions, sparse averaging."""
 from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
                                      check_codec, collective, compress,
-                                     decode_tree, encode_tree, payload_nbytes,
-                                     roundtrip)
+                                     decode_tree, encode_tree, make_codec,
+                                     payload_nbytes, roundtrip)
 from lowbw.transforms._codec_spec import as_codec, parse_codec
 from lowbw.transforms._compression import (Compression, comm_channel,
                                            compression, init_residual,
-                                           message_bytes, transmit)
+                                           message_bytes,
+                                           roundtrip_workers, transmit)
 from lowbw.transforms._dct import dct_top_k
 from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
@@ -31,9 +32,9 @@ __all__ = [
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
     "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
     "encode_tree", "error_feedback", "feedback_step", "group_mean",
-    "index_dtype", "init_residual", "message_bytes", "num_workers",
+    "index_dtype", "init_residual", "make_codec", "message_bytes", "num_workers",
     "as_codec", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
-    "replace_with_mean", "roundtrip", "sign", "sparse_average", "sparse_count",
+    "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "worker_divergence", "worker_mean", "all_workers", "any_worker",
     "local_workers", "sharded_workers", "total_workers", "worker_ids",

@@ -83,10 +83,27 @@ class Codec(NamedTuple):
     return chain(self, other)
 
 
-def make_codec(name, encode, decode, *, summable, carries_values, needs_key,
-               config) -> Codec:
-  """Wraps per-tensor ``encode(x, key, worker)`` / ``decode(payload, key)``
-  with the key check and the static metadata."""
+def make_codec(name: str, encode, decode, *, summable: bool = False,
+               carries_values: bool = False, needs_key: bool = False,
+               config: dict | None = None) -> Codec:
+  """A codec from per-tensor functions: the way to write your own.
+
+  Args:
+    name: its label (in config.json and summaries).
+    encode: ``(x, key, worker) -> dict`` of the arrays that cross the wire;
+      every leaf counts towards the bytes.
+    decode: ``(data, key) -> x_hat``; ``data`` is a ``Payload`` (its arrays
+      in ``.data``, the tensor's ``.shape`` and ``.dtype``).
+    summable: payloads of different workers may be added undecoded
+      (all-reduce); otherwise they are all-gathered.
+    carries_values: the payload has float ``values`` a chained codec may
+      compress.
+    needs_key: encode/decode use the key shared by all workers.
+    config: JSON-able description (default ``{"name": name}``).
+
+  See docs/codecs/custom.md for a worked example.
+  """
+  config = {"name": name} if config is None else config
 
   def checked_key(key):
     if needs_key and key is None:
@@ -233,12 +250,14 @@ class CompressState(NamedTuple):
 
 
 def compress(codec: Codec, key: PRNGKey | None = None,
-             ) -> optax.GradientTransformation:
+             ) -> optax.GradientTransformationExtraArgs:
   """``decode(encode(updates))`` as an optax transformation.
 
   Put it in an ``optax.chain`` to train with what a compressed channel would
   deliver. The codec's shared key for update t is ``fold_in(key, t)``; under
-  ``per_worker`` the worker index is folded in for per-worker noise.
+  ``per_worker`` the worker index is folded in for per-worker noise. Extra
+  ``update`` arguments ``key=`` and ``worker=`` override both (a strategy's
+  message path passes its shared step key and the worker index).
 
   Example:
     >>> tx = optax.chain(lowbw.transforms.compress(top_k(0.1)), optax.sgd(0.1))
@@ -249,13 +268,22 @@ def compress(codec: Codec, key: PRNGKey | None = None,
     del params
     return CompressState(jnp.zeros((), jnp.int32))
 
-  def update(updates, state, params=None):
-    del params
-    step_key = None if base is None else jax.random.fold_in(base, state.count)
-    out = roundtrip(codec, updates, step_key, current_worker())
+  def update(updates, state, params=None, *, key=None, worker=None, **extra):
+    del params, extra
+    key, worker = step_key_and_worker(base, state.count, key, worker)
+    out = roundtrip(codec, updates, key, worker)
     return out, CompressState(state.count + 1)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
+
+
+def step_key_and_worker(base, count, key=None, worker=None):
+  """The codec key and worker index of one update: the given ones (a
+  strategy's shared step key), else ``fold_in(base, count)`` and the
+  ``per_worker`` axis index."""
+  if key is None and base is not None:
+    key = jax.random.fold_in(base, count)
+  return key, current_worker() if worker is None else worker
 
 
 def _base_key(codec, key):

@@ -1,49 +1,77 @@
-"""A strategy's communication pipeline: codec plus optional error feedback,
-applied to every worker's tensor at once.
+"""A strategy's message path, as an optax-style chain users can replace.
 
-Strategies hold a ``Compression`` built (and validated) in their factory. At a
-communication event each worker's tensor goes through the codec (after adding
-its residual when error feedback is on); every receiver reconstructs the
-decoded tensors, so the strategy then reduces ``decoded_W`` exactly as it would
-the raw tensors.
+Every communication event runs three stages:
+
+1. pre-process, per worker: ``message.update(x, state, key=..., worker=...)``
+   turns the worker's tensor into what every receiver decodes (by default the
+   codec's round trip, with error feedback when asked: ``error_feedback`` or
+   ``compress`` from this package, the same transformations a notebook
+   chains);
+2. aggregate over workers: the strategy's mean (or, for DeMo, sign of sum) of
+   the decoded tensors, over the active workers;
+3. post-process: the strategy's optimizer (DiLoCo's outer step, DDP's inner
+   step) treats the aggregate as it would the raw mean.
+
+``compression(codec, error_feedback)`` builds the common chain;
+``compression(codec, message=tx)`` takes the user's own (an optax
+transformation, chained with ``optax.chain``). The ``codec`` fixes the bytes
+on the wire and the collective, so a custom chain must end in that codec's
+round trip (``compress(codec)`` or ``error_feedback(codec, beta)``).
 """
 
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.network import Channel, channel
-from lowbw.transforms._codec import (Codec, collective,
+from lowbw.transforms._codec import (Codec, collective, compress,
                                      payload_nbytes, roundtrip)
 from lowbw.transforms._codec_spec import as_codec
-from lowbw.transforms._error_feedback import check_beta, feedback_step
+from lowbw.transforms import _error_feedback
+from lowbw.transforms._error_feedback import check_beta
 from lowbw.transforms._reductions import num_workers, worker_ids
 
 
 class Compression(NamedTuple):
-  """What a strategy does to a tensor before it leaves a worker.
+  """A strategy's message path.
 
   Attributes:
-    codec: the codec, or None to send float tensors as they are.
-    beta: error-feedback coefficient, or None for no residual.
+    codec: the wire format, or None to send float tensors as they are.
+    beta: the error-feedback coefficient of the default chain, or None
+      (None too for a custom ``message``).
+    message: the per-worker pre-processing chain (an optax transformation
+      whose ``update`` accepts ``key=`` and ``worker=``), or None to send
+      tensors as they are.
   """
 
   codec: Codec | None
   beta: float | None
+  message: optax.GradientTransformationExtraArgs | None = None
+  custom: bool = False
 
   @property
   def config(self):
-    return {"codec": None if self.codec is None else self.codec.name,
-            "error_feedback": self.beta}
+    out = {"codec": None if self.codec is None else self.codec.name,
+           "error_feedback": self.beta}
+    if self.custom:
+      out["message"] = "custom chain"
+    return out
 
 
-def compression(codec: Codec | str | None, error_feedback: float | None
+def compression(codec: Codec | str | None, error_feedback: float | None,
+                message: optax.GradientTransformation | None = None
                 ) -> Compression:
-  """Validates a strategy's ``codec=`` (a codec, a spec string or None) and
-  ``error_feedback=`` arguments."""
+  """Validates a strategy's ``codec=`` (a codec, a spec string or None),
+  ``error_feedback=`` and ``message=`` arguments into its message path.
+
+  Example:
+    >>> comp = compression("quant:4", None, message=optax.chain(
+    ...     optax.clip_by_global_norm(1.0), error_feedback(quantize(4), 0.9)))
+  """
   codec = as_codec("codec", codec)
   if error_feedback is not None:
     error_feedback = check_beta(error_feedback)
@@ -51,40 +79,70 @@ def compression(codec: Codec | str | None, error_feedback: float | None
       raise _validate.fail("error_feedback", error_feedback,
                            "needs a codec: without compression there is "
                            "nothing to feed back")
-  return Compression(codec, error_feedback)
+  if message is not None:
+    return _custom(codec, error_feedback, message)
+  if codec is None:
+    return Compression(None, None, None)
+  if error_feedback is None:
+    return Compression(codec, None, compress(codec))
+  return Compression(codec, error_feedback,
+                     _error_feedback.error_feedback(codec, error_feedback))
+
+
+def _custom(codec, beta, message) -> Compression:
+  if not isinstance(message, optax.GradientTransformation):
+    raise _validate.fail("message", message, "expected an optax "
+                         "transformation, e.g. optax.chain(..., lowbw."
+                         "transforms.error_feedback(codec, 0.9))")
+  if codec is None:
+    raise _validate.fail("message", "custom", "needs codec=, the wire format "
+                         "the chain ends in (it fixes the bytes)")
+  if beta is not None:
+    raise _validate.fail("error_feedback", beta, "put error_feedback(codec, "
+                         "beta) in your message chain instead")
+  return Compression(codec, None, optax.with_extra_args_support(message),
+                     custom=True)
 
 
 def init_residual(comp: Compression, tree_W: PyTree) -> PyTree:
-  """Zero residuals shaped like ``tree_W``, or ``()`` without feedback."""
-  if comp.beta is None:
+  """Every worker's message state (error-feedback residuals, counters)
+  shaped like ``tree_W``; ``()`` when tensors are sent as they are."""
+  if comp.message is None:
     return ()
-  return jax.tree.map(jnp.zeros_like, tree_W)
+  return jax.vmap(comp.message.init)(tree_W)
 
 
-def transmit(comp: Compression, x_W: PyTree, residual_W: PyTree,
+def transmit(comp: Compression, x_W: PyTree, state_W: PyTree,
              key: PRNGKey, active_W: Array | None = None
              ) -> tuple[PyTree, PyTree]:
-  """Every worker's decoded message and new residual.
+  """Every worker's decoded message and new message state.
 
-  ``key`` is shared by all workers; worker w folds in w for private noise.
-  With ``active_W``, only active workers' residuals change (the others sent
-  nothing this time).
+  ``key`` is shared by all workers; worker w's index is passed to the chain
+  for private noise. With ``active_W``, only active workers' states change
+  (the others sent nothing this time).
   """
-  if comp.codec is None:
-    return x_W, residual_W
+  if comp.message is None:
+    return x_W, state_W
   workers = worker_ids(num_workers(x_W))
-  if comp.beta is None:
-    return jax.vmap(lambda x, w: roundtrip(comp.codec, x, key, w))(
-        x_W, workers), residual_W
   sent_W, new_W = jax.vmap(
-      lambda e, x, w: feedback_step(comp.codec, comp.beta, e, x, key, w))(
-          residual_W, x_W, workers)
+      lambda x, s, w: comp.message.update(x, s, None, key=key, worker=w))(
+          x_W, state_W, workers)
   if active_W is not None:
     new_W = jax.tree.map(
         lambda n, o: jnp.where(
             active_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
-        new_W, residual_W)
+        new_W, state_W)
   return sent_W, new_W
+
+
+def roundtrip_workers(codec: Codec | None, x_W: PyTree,
+                      key: PRNGKey) -> PyTree:
+  """Every worker's tensor through ``codec`` with no state (SPARTA's
+  selected values, FedAvg's parameters): what the receivers decode."""
+  if codec is None:
+    return x_W
+  workers = worker_ids(num_workers(x_W))
+  return jax.vmap(lambda x, w: roundtrip(codec, x, key, w))(x_W, workers)
 
 
 def message_bytes(comp: Compression, tree: PyTree) -> int:

@@ -19,8 +19,8 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey, PyTree
-from lowbw.transforms._codec import (Codec, _base_key, current_worker,
-                                     roundtrip)
+from lowbw.transforms._codec import (Codec, _base_key, roundtrip,
+                                     step_key_and_worker)
 
 
 def check_beta(beta, field: str = "error_feedback") -> float:
@@ -31,25 +31,33 @@ def check_beta(beta, field: str = "error_feedback") -> float:
 def feedback_step(codec: Codec, beta: float, residual: PyTree, delta: PyTree,
                   key: PRNGKey | None = None, worker=0
                   ) -> tuple[PyTree, PyTree]:
-  """One worker's step: returns (decoded message, new residual)."""
-  accumulated = jax.tree.map(lambda e, d: beta * e + d, residual, delta)
+  """One worker's step: returns (decoded message, new residual). ``beta``
+  may be traced (it is a state leaf of ``error_feedback``)."""
+  accumulated = jax.tree.map(
+      lambda e, d: jnp.asarray(beta, e.dtype) * e + d, residual, delta)
   sent = roundtrip(codec, accumulated, key, worker)
   return sent, jax.tree.map(jnp.subtract, accumulated, sent)
 
 
 class ErrorFeedbackState(NamedTuple):
-  """State of ``error_feedback``: the residual and an update counter."""
+  """State of ``error_feedback``: the residual, an update counter and the
+  decay beta (a state leaf, so a compiled run can change it: ``ef_beta``)."""
   residual: PyTree
   count: Array
+  beta: Array
 
 
 def error_feedback(codec: Codec, beta: float = 0.9,
-                   key: PRNGKey | None = None) -> optax.GradientTransformation:
+                   key: PRNGKey | None = None
+                   ) -> optax.GradientTransformationExtraArgs:
   """Compression with error feedback as an optax transformation.
 
   ``update`` returns what the receivers decode; the residual lives in the
   state. Lift it with ``per_worker`` for worker-stacked trees. The codec's
-  shared key for update t is ``fold_in(key, t)``.
+  shared key for update t is ``fold_in(key, t)``, unless ``update`` is given
+  ``key=`` (and ``worker=``) as extra arguments, as a strategy's message path
+  does (``lowbw.transforms.compression``): this is the one error-feedback
+  implementation, in notebooks and in every strategy.
 
   Args:
     codec: the lossy codec C.
@@ -65,13 +73,14 @@ def error_feedback(codec: Codec, beta: float = 0.9,
 
   def init(params):
     return ErrorFeedbackState(jax.tree.map(jnp.zeros_like, params),
-                              jnp.zeros((), jnp.int32))
+                              jnp.zeros((), jnp.int32),
+                              jnp.asarray(beta, jnp.float32))
 
-  def update(updates, state, params=None):
-    del params
-    step_key = None if base is None else jax.random.fold_in(base, state.count)
-    sent, residual = feedback_step(codec, beta, state.residual, updates,
-                                   step_key, current_worker())
-    return sent, ErrorFeedbackState(residual, state.count + 1)
+  def update(updates, state, params=None, *, key=None, worker=None, **extra):
+    del params, extra
+    key, worker = step_key_and_worker(base, state.count, key, worker)
+    sent, residual = feedback_step(codec, state.beta, state.residual, updates,
+                                   key, worker)
+    return sent, state._replace(residual=residual, count=state.count + 1)
 
-  return optax.GradientTransformation(init, update)
+  return optax.GradientTransformationExtraArgs(init, update)
