@@ -113,3 +113,26 @@ def test_the_docs_defaults_table_is_the_specs():
   text = (pathlib.Path(__file__).parent.parent / "docs" / "strategies" /
           "README.md").read_text()
   assert _spec.defaults_table(strategies.SPECS) in text
+
+
+def test_muloco_keeps_an_explicit_feedback_next_to_a_custom_chain():
+  chain = transforms.error_feedback(transforms.quantize(2), 0.5)
+  custom = strategies.muloco(message=chain)  # its default 0.9 steps aside
+  assert custom.config["error_feedback"] is None
+  assert custom.config["message"] == "custom chain"
+  with pytest.raises(ValueError, match="^error_feedback=0.9 is invalid: put "
+                     "error_feedback"):
+    strategies.muloco(error_feedback=0.9, message=chain)
+
+
+@pytest.mark.parametrize("argv, start", [
+    (["--strategy", "demo", "--k", "0"], "lowbw: error: --k=0 is invalid"),
+    (["--strategy", "demo", "--chunk", "0"],
+     "lowbw: error: --chunk=0 is invalid"),
+    (["--strategy", "fedavg", "--compress", "grads"],
+     "lowbw: error: --compress='grads' is invalid"),
+])
+def test_spec_generated_flags_fail_with_one_line(argv, start, capsys):
+  assert cli.main(["train", *argv]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(start) and err.count("\n") == 1, err

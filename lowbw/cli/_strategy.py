@@ -15,10 +15,11 @@ from lowbw.transforms import Codec, as_codec
 
 DEFAULT_STRATEGY = "diloco"
 SCHEDULES = ("constant", "cosine")
-# Optimizer settings every strategy reads; the strategy's spec gives the
-# inner optimizer's, warm-up and schedule default to none.
+# Optimizer settings every strategy reads: the inner optimizer's default to
+# the spec's paper optimizer, the schedule's to SCHEDULE_DEFAULTS.
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
              "schedule")
+SCHEDULE_DEFAULTS = {"warmup_steps": 0, "schedule": "constant"}
 OUTER = ("outer_lr", "outer_momentum")
 _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
 _TYPES = {int: int, float: float, str: str, Codec: str}
@@ -53,8 +54,7 @@ def defaults(spec: strategies_lib.Spec) -> dict:
   out = {p.flag: p.default for p in _cli(spec)}
   out.update(inner=spec.inner.kind, inner_lr=spec.inner.lr,
              weight_decay=spec.inner.weight_decay,
-             momentum=spec.inner.momentum, warmup_steps=0,
-             schedule="constant")
+             momentum=spec.inner.momentum, **SCHEDULE_DEFAULTS)
   if spec.outer is not None:
     out.update(outer_lr=spec.outer.lr, outer_momentum=spec.outer.momentum)
   return out
@@ -82,7 +82,7 @@ def used_by() -> dict[str, set[str]]:
           for name, spec in specs().items()}
 
 
-def _default_text(flag: str, entries) -> str:
+def _default_text(entries) -> str:
   values = {}
   for name, p in entries:
     values.setdefault(p.default, []).append(name)
@@ -118,7 +118,7 @@ def add_flags(strategy_group, compression_group) -> None:
     p = entries[0][1]
     group = (compression_group if p.kind is Codec or flag in _COMPRESSION
              else strategy_group)
-    help = (f"{_help(entries)} [{_default_text(flag, entries)}]")
+    help = f"{_help(entries)} [{_default_text(entries)}]"
     group.add_argument("--" + flag.replace("_", "-"), type=_TYPES[p.kind],
                        help=help.replace("%", "%%"))
 
@@ -150,9 +150,9 @@ def add_optimizer_flags(group) -> None:
   add("--momentum", type=float, help="sgd inner momentum, 0 for none "
       "[default: the strategy's paper optimizer's, 0 unless it is sgd]")
   add("--warmup-steps", type=int, help="linear learning-rate warm-up "
-      "[default 0]")
-  add("--schedule", help="after warm-up: constant | cosine [default "
-      "constant]")
+      f"[default {SCHEDULE_DEFAULTS['warmup_steps']}]")
+  add("--schedule", help=f"after warm-up: {' | '.join(SCHEDULES)} [default "
+      f"{SCHEDULE_DEFAULTS['schedule']}]")
   add("--outer-lr", type=float, help="outer SGD learning rate [" +
       per_strategy(lambda s: s.outer and s.outer.lr) + "]")
   add("--outer-momentum", type=float, help="outer Nesterov momentum, 0 for "

@@ -26,8 +26,8 @@ from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.network import _clock
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, any_worker, broadcast_to_workers,
-                              local_workers, sharded_workers, worker_divergence,
-                              worker_mean, worker_offset)
+                              local_workers, sharded_workers, where_workers,
+                              worker_divergence, worker_mean, worker_offset)
 
 
 class SimState(NamedTuple):
@@ -102,10 +102,7 @@ class Programs(NamedTuple):
 
 def _where_W(mask_W: Array, new: PyTree, old: PyTree) -> PyTree:
   """Per worker, ``new`` where ``mask_W`` (over all W workers) else ``old``."""
-  mask_W = local_workers(mask_W)
-  return jax.tree.map(
-      lambda n, o: jnp.where(mask_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
-      new, old)
+  return where_workers(local_workers(mask_W), new, old)
 
 
 def _unless_nobody(fn, active_W: Array, steps: int):

@@ -101,9 +101,13 @@ def _part(sim_state, where: str):
   return st.inner_W if where == "inner" else st.comm
 
 
+def _is_feedback(x) -> bool:
+  return isinstance(x, ErrorFeedbackState)
+
+
 def _feedback(tree) -> list:
-  is_ef = lambda x: isinstance(x, ErrorFeedbackState)  # noqa: E731
-  return [x for x in jax.tree.leaves(tree, is_leaf=is_ef) if is_ef(x)]
+  return [x for x in jax.tree.leaves(tree, is_leaf=_is_feedback)
+          if _is_feedback(x)]
 
 
 def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
@@ -150,10 +154,9 @@ def _set(tree, key: str, value):
 
 
 def _set_beta(tree, value):
-  is_ef = lambda x: isinstance(x, ErrorFeedbackState)  # noqa: E731
   return jax.tree.map(
-      lambda n: n._replace(beta=_like(n.beta, value)) if is_ef(n) else n,
-      tree, is_leaf=is_ef)
+      lambda n: n._replace(beta=_like(n.beta, value)) if _is_feedback(n)
+      else n, tree, is_leaf=_is_feedback)
 
 
 def _like(old, value):

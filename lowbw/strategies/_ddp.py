@@ -63,6 +63,4 @@ def ddp(inner: optax.GradientTransformation | None = None,
 SPEC = _spec.spec(
     ddp, inner=_optim.DILOCO_INNER, outer=None,
     paper="Li et al. 2020, arXiv 2006.15704",
-    help={"codec": "codec of the gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
-          "message": _spec.MESSAGE_HELP})
+    help={"codec": "codec of the gradients"})

@@ -10,7 +10,7 @@ from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
                               init_residual, num_workers, transmit,
-                              worker_sum)
+                              where_workers, worker_sum)
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -90,9 +90,8 @@ def demo(
     sent_W, momentum_W = transmit(comp, grads_W, state.comm,
                                   _base.comm_key(state), state.active)
     if state.active is not None:  # only the gathered components count
-      sent_W = jax.tree.map(
-          lambda s: jnp.where(
-              state.active.reshape((-1,) + (1,) * (s.ndim - 1)), s, 0), sent_W)
+      sent_W = where_workers(state.active, sent_W,
+                             jax.tree.map(jnp.zeros_like, sent_W))
     update = jax.tree.map(jnp.sign, worker_sum(sent_W))
     state = state._replace(comm=momentum_W)
     state = _base.inner_update(

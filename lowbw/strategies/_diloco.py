@@ -140,7 +140,4 @@ def diloco(
 SPEC = _spec.spec(
     diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Douillard et al. 2023, arXiv 2311.08105",
-    help={"H": "inner steps per sync",
-          "codec": "codec of the pseudo-gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
-          "message": _spec.MESSAGE_HELP})
+    help={"codec": "codec of the pseudo-gradients"})

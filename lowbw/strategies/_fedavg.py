@@ -134,12 +134,9 @@ def check_island_size(island_size, num_workers_):
 SPEC = _spec.spec(
     fedavg, inner=_optim.DILOCO_INNER, outer=None,
     paper="McMahan et al. 2017, arXiv 1602.05629",
-    help={"H": "inner steps per sync",
-          "island_size": "workers per island, averaged together (must "
+    help={"island_size": "workers per island, averaged together (must "
                          "divide W; none: all workers)",
           "codec": "codec of the deltas or parameters (see compress)",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
           "compress": "what the codec encodes (error feedback needs "
-                      "deltas)",
-          "message": _spec.MESSAGE_HELP},
+                      "deltas)"},
     choices={"compress": PAYLOADS})

@@ -104,8 +104,7 @@ def muloco(
       "outer", outer, lambda: _optim.outer(_optim.MULOCO_OUTER))
   H = _validate.positive_int("H", H)
   codec = as_codec("codec", codec)
-  error_feedback = _spec.with_codec(
-      None if message is not None else error_feedback, codec)
+  error_feedback = _spec.with_codec(error_feedback, codec, message)
   return build("muloco", inner, outer, H,
                compression(codec, error_feedback, message))
 
@@ -113,7 +112,4 @@ def muloco(
 SPEC = _spec.spec(
     muloco, inner=_optim.MULOCO_INNER, outer=_optim.MULOCO_OUTER,
     paper="Thérien et al. 2025, arXiv 2505.23725",
-    help={"H": "inner steps per sync",
-          "codec": "codec of the pseudo-gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
-          "message": _spec.MESSAGE_HELP})
+    help={"codec": "codec of the pseudo-gradients"})

@@ -94,11 +94,7 @@ def sparta(
        "codec": None if codec is None else codec.name})
 
 
-SPARTA_HELP = {"p": "fraction of each tensor averaged per step, in (0, 1]",
-               "selector": "how the averaged indices are drawn"}
-
 SPEC = _spec.spec(
     sparta, inner=_optim.DILOCO_INNER, outer=None,
     paper="Beton et al. 2025, ICLR 2025 workshop MCDC",
-    help={**SPARTA_HELP, "codec": "codec of the selected values"},
-    choices={"selector": SELECTORS})
+    help={"codec": "codec of the selected values"})

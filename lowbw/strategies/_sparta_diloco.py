@@ -6,9 +6,9 @@ from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import (default_outer, diloco_channels,
                                       diloco_init, diloco_sync, global_of)
-from lowbw.strategies._sparta import (SPARTA_HELP, check_sparta,
-                                      sparta_channels, sparta_local)
-from lowbw.transforms import SELECTORS, Codec, compression
+from lowbw.strategies._sparta import (check_sparta, sparta_channels,
+                                      sparta_local)
+from lowbw.transforms import Codec, compression
 
 
 def sparta_diloco(
@@ -71,9 +71,5 @@ def sparta_diloco(
 SPEC = _spec.spec(
     sparta_diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Beton et al. 2025 + Douillard et al. 2023",
-    help={"H": "inner steps per sync", **SPARTA_HELP,
-          "codec": "codec of DiLoCo's pseudo-gradients",
-          "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
-          "sparse_codec": "codec of SPARTA's selected values",
-          "message": _spec.MESSAGE_HELP},
-    choices={"selector": SELECTORS})
+    help={"codec": "codec of DiLoCo's pseudo-gradients",
+          "sparse_codec": "codec of SPARTA's selected values"})

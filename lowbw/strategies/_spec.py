@@ -17,10 +17,19 @@ from typing import Any, NamedTuple
 import optax
 
 from lowbw.strategies._optim import Optimizer
-from lowbw.transforms import Codec
+from lowbw.transforms import SELECTORS, Codec
 
-MESSAGE_HELP = ("the per-worker message chain (an optax transformation; "
-                "Python only)")
+# Parameters that mean the same in every strategy that takes them: their help
+# (and allowed values) live here once; a strategy's own help= adds the rest.
+HELP = {
+    "H": "inner steps per sync",
+    "error_feedback": "error-feedback beta in [0, 1] (needs a codec)",
+    "message": "the per-worker message chain (an optax transformation; "
+               "Python only)",
+    "p": "fraction of each tensor averaged per step, in (0, 1]",
+    "selector": "how the averaged indices are drawn",
+}
+CHOICES = {"selector": SELECTORS}
 
 # The command line's short names for some parameters.
 FLAGS = {"error_feedback": "ef"}
@@ -34,11 +43,12 @@ class WithCodec(float):
     return f"{float(self)!r} with a codec"
 
 
-def with_codec(value, codec):
+def with_codec(value, codec, message=None):
   """``value``, or None when it is a ``WithCodec`` default and there is no
-  codec."""
+  codec or a custom message chain replaces the default one. A value given
+  explicitly is kept (and then validated with the codec and chain)."""
   if isinstance(value, WithCodec):
-    return None if codec is None else float(value)
+    return None if codec is None or message is not None else float(value)
   return value
 
 
@@ -89,13 +99,6 @@ class Spec(NamedTuple):
   paper: str
   summary: str
 
-  def param(self, name: str) -> Param | None:
-    return next((p for p in self.params if p.name == name), None)
-
-  def defaults(self) -> dict[str, Any]:
-    """The factory's defaults by parameter name."""
-    return {p.name: p.default for p in self.params}
-
 
 def _kind(annotation) -> tuple[type, bool]:
   """(type, optional) from ``int``, ``float | None``, ``Codec | str | None``."""
@@ -118,10 +121,12 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
          choices: dict[str, tuple[str, ...]] | None = None) -> Spec:
   """The ``Spec`` of ``factory``, read from its signature.
 
-  Every parameter besides ``inner``/``outer`` needs a ``help`` line; a
-  parameter added to a factory without one fails here, at import.
+  Every parameter besides ``inner``/``outer`` needs a help line, in ``help``
+  or the shared ``HELP``; a parameter added to a factory without one fails
+  here, at import.
   """
-  choices = choices or {}
+  choices = {**CHOICES, **(choices or {})}
+  given, help = help, {**HELP, **help}
   params = []
   signature = inspect.signature(factory)
   for name, p in signature.parameters.items():
@@ -134,7 +139,7 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
             else FLAGS.get(name, name))
     params.append(Param(name, kind, p.default, optional, help[name], flag,
                         tuple(choices.get(name, ()))))
-  extra = set(help) - {p.name for p in params}
+  extra = set(given) - {p.name for p in params}
   if extra:
     raise TypeError(f"{factory.__name__}: help for unknown {sorted(extra)}")
   has_outer = "outer" in signature.parameters

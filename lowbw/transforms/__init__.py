@@ -21,7 +21,8 @@ from lowbw.transforms._reductions import (all_workers, any_worker,
                                           local_workers, num_workers,
                                           replace_with_mean, sharded_workers,
                                           total_workers, worker_divergence,
-                                          worker_ids, worker_mean, worker_offset,
+                                          where_workers, worker_ids,
+                                          worker_mean, worker_offset,
                                           worker_sum)
 from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
                                       sparse_indices, sparse_payload_bytes)
@@ -38,5 +39,5 @@ __all__ = [
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "worker_divergence", "worker_mean", "all_workers", "any_worker",
     "local_workers", "sharded_workers", "total_workers", "worker_ids",
-    "worker_offset", "worker_sum",
+    "where_workers", "worker_offset", "worker_sum",
 ]

@@ -22,7 +22,6 @@ round trip (``compress(codec)`` or ``error_feedback(codec, beta)``).
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
@@ -33,7 +32,8 @@ from lowbw.transforms._codec import (Codec, collective, compress,
 from lowbw.transforms._codec_spec import as_codec
 from lowbw.transforms import _error_feedback
 from lowbw.transforms._error_feedback import check_beta
-from lowbw.transforms._reductions import num_workers, worker_ids
+from lowbw.transforms._reductions import (num_workers, where_workers,
+                                          worker_ids)
 
 
 class Compression(NamedTuple):
@@ -128,10 +128,7 @@ def transmit(comp: Compression, x_W: PyTree, state_W: PyTree,
       lambda x, s, w: comp.message.update(x, s, None, key=key, worker=w))(
           x_W, state_W, workers)
   if active_W is not None:
-    new_W = jax.tree.map(
-        lambda n, o: jnp.where(
-            active_W.reshape((-1,) + (1,) * (n.ndim - 1)), n, o),
-        new_W, state_W)
+    new_W = where_workers(active_W, new_W, state_W)
   return sent_W, new_W
 
 

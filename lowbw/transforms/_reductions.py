@@ -97,6 +97,14 @@ def worker_sum(tree_W: PyTree) -> PyTree:
   return jax.tree.map(lambda x: _psum(jnp.sum(x, axis=0)), tree_W)
 
 
+def where_workers(mask_W: Array, new_W: PyTree, old_W: PyTree) -> PyTree:
+  """Per worker, ``new_W`` where ``mask_W`` (bool, one per worker) else
+  ``old_W``."""
+  return jax.tree.map(
+      lambda n, o: jnp.where(mask_W.reshape((-1,) + (1,) * (n.ndim - 1)), n,
+                             o), new_W, old_W)
+
+
 def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   """The mean over workers of every leaf: (W, ...) -> (...).
 
