@@ -163,7 +163,7 @@ def _per_worker_bytes(sim, state) -> int:
   residuals), all workers."""
   c = sim.config
   specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
-                               jax.random.PRNGKey(0), c.masks)
+                               jax.random.PRNGKey(0))
   per_worker = PartitionSpec(_engine.MESH_AXIS)
   sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
                        else 0, specs, state.strategy, is_leaf=_mesh.is_spec)

@@ -320,8 +320,8 @@ def test_changing_probabilities_and_links_does_not_recompile():
   strategy = diloco_strategy(2)
   params = initial_params()
   k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
-  state = strategy.init(params, W, k1)._replace(active=jnp.ones(W, bool))
-  sim = _engine.SimState(state, k2, k3)
+  state = strategy.init(params, W, k1)
+  sim = _engine.SimState(state, k2, k3, jnp.ones(W, bool))
   sampler = src.build(W, B, 0)
   channels = strategy.channels(params, W)
   chunk = jax.jit(_engine.build(MLP, strategy, W, 2, 0, masks=True).chunk)
@@ -330,7 +330,9 @@ def test_changing_probabilities_and_links_does_not_recompile():
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))
     net = net_lib.network(kw.pop("bw", "1Gbps"), "50ms", hardware="0.01s",
                           stragglers=net_lib.Stragglers(**kw), faults=faults)
-    return _clock.net_params(_clock.check_network(net, W), W, 0.0, channels, 0)
+    net = _clock.check_network(net, W)
+    return _clock.net_params(net, W, 0.0,
+                             _clock.channel_costs(net, channels, W), 0)
 
   sim, _ = chunk(sim, sampler, 2, params_of())
   compiles = []

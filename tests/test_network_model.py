@@ -55,7 +55,8 @@ def params(num_workers, *, hw=None, stragglers=None, faults=None, seed=0,
                               faults=faults, **kw), num_workers)
   if channels is None:
     channels = {"sync": ring_allreduce(1_000_000, num_workers)}
-  return net_params(net, num_workers, flops_per_step, channels, seed)
+  return net_params(net, num_workers, flops_per_step,
+                    _clock.channel_costs(net, channels, num_workers), seed)
 
 
 # ------------------------------------------------------------------- units

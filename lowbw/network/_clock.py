@@ -164,9 +164,10 @@ def channel_costs(net: Network, channels: dict[str, Channel],
 
 
 def net_params(net: Network, num_workers: int, flops_per_step: float,
-               channels: dict[str, Channel], seed: int) -> NetParams:
+               costs: dict, seed: int) -> NetParams:
   """The arrays of ``net`` for a run; ``flops_per_step``: one worker's FLOPs
-  per inner step (6 x parameters x tokens)."""
+  per inner step (6 x parameters x tokens); ``costs``: ``channel_costs``
+  under ``net`` (priced once by the caller)."""
   hw = net.hardware
   base = 0.0 if hw is None else hw.step_seconds(flops_per_step)
   speeds = np.ones(num_workers) if hw is None or hw.speeds is None else (
@@ -191,8 +192,7 @@ def net_params(net: Network, num_workers: int, flops_per_step: float,
       window_W=jnp.asarray(windows[:, 0], i32),
       window_start=jnp.asarray(windows[:, 1], i32),
       window_end=jnp.asarray(windows[:, 2], i32),
-      comm_s={name: f32(c.seconds) for name, c in
-              channel_costs(net, channels, num_workers).items()},
+      comm_s={name: f32(c.seconds) for name, c in costs.items()},
   )
 
 

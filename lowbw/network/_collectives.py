@@ -30,8 +30,20 @@ def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:
   Each of the n members sends n-1 chunks of payload/n bytes in each phase.
   A group of one sends nothing.
   """
-  wire = 2.0 * (group_size - 1) / group_size * payload_bytes
-  return Channel(int(payload_bytes), wire, "ring_allreduce", group_size)
+  return Channel(int(payload_bytes),
+                 ring_allreduce_wire(payload_bytes, group_size),
+                 "ring_allreduce", group_size)
+
+
+def ring_allreduce_wire(payload_bytes: float, group_size: int) -> float:
+  """Bytes each member sends in a ring all-reduce (the one formula: the
+  topologies' ring and two-tier algorithms use it too)."""
+  return 2.0 * (group_size - 1) / group_size * payload_bytes
+
+
+def all_gather_wire(payload_bytes: float, group_size: int) -> float:
+  """Bytes each member sends in a ring all-gather."""
+  return float((group_size - 1) * payload_bytes)
 
 
 def all_gather(payload_bytes: int, group_size: int) -> Channel:
@@ -39,8 +51,8 @@ def all_gather(payload_bytes: int, group_size: int) -> Channel:
   scales): every member forwards the n-1 other payloads once, so it sends
   (n-1) x payload, and every member ends with all n payloads to decode.
   """
-  wire = float((group_size - 1) * payload_bytes)
-  return Channel(int(payload_bytes), wire, "all_gather", group_size)
+  return Channel(int(payload_bytes), all_gather_wire(payload_bytes, group_size),
+                 "all_gather", group_size)
 
 
 COLLECTIVES = {"ring_allreduce": ring_allreduce, "all_gather": all_gather}

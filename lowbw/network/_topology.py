@@ -15,7 +15,8 @@ from typing import NamedTuple
 
 from lowbw import _validate
 from lowbw.network import _units
-from lowbw.network._collectives import Channel
+from lowbw.network._collectives import (Channel, all_gather_wire,
+                                        ring_allreduce_wire)
 
 ALGORITHMS = ("ring", "parameter_server")
 _GATHER = "all_gather"
@@ -116,10 +117,10 @@ def ring(link_: Link, channel: Channel) -> Cost:
   if n <= 1:
     return Cost(0.0, 0.0, "none")
   if channel.collective == _GATHER:
-    return Cost((n - 1) * link_.hop(payload), float((n - 1) * payload),
+    return Cost((n - 1) * link_.hop(payload), all_gather_wire(payload, n),
                 "ring_all_gather")
   return Cost(2 * (n - 1) * link_.hop(payload / n),
-              2.0 * (n - 1) / n * payload, "ring_allreduce")
+              ring_allreduce_wire(payload, n), "ring_allreduce")
 
 
 def parameter_server(link_: Link, channel: Channel) -> Cost:
@@ -144,7 +145,7 @@ def two_tier(regional: Link, wan: Link, s: int, channel: Channel) -> Cost:
     if regions > 1:
       t += ((regions - 1) * wan.hop(payload) +
             (s - 1) * regional.hop((regions - 1) * payload))
-    return Cost(t, float((n - 1) * payload), "hierarchical_all_gather")
+    return Cost(t, all_gather_wire(payload, n), "hierarchical_all_gather")
   inside = ring(regional, Channel(payload, 0.0, channel.collective, s))
   across = ring(wan, Channel(payload / s, 0.0, channel.collective, regions))
   return Cost(inside.seconds + across.seconds,

@@ -41,7 +41,7 @@ class History:
   def __init__(self, channels: dict[str, Channel], log_every: int,
                examples_per_step: int,
                tokens_per_example: int | None, metric_names: list[str],
-               clock: bool = False):
+               clock: bool = False, strategy_metrics: list[str] = ()):
     self.channels = channels
     self.log_every = log_every
     self.examples_per_step = examples_per_step
@@ -58,13 +58,16 @@ class History:
     # step, and how many workers the last communication averaged.
     self.sim_time = 0.0 if clock else None
     self.participants = math.nan
+    # The strategy's own metrics: the latest value reported.
+    self.strategy = {m: math.nan for m in strategy_metrics}
 
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
     return {"rows": self.rows, "step": self.step, "events": self.events,
             "log_every": self.log_every, "carry": self.carry,
             "divergence": self.divergence, "lr": self.lr,
-            "sim_time": self.sim_time, "participants": self.participants}
+            "sim_time": self.sim_time, "participants": self.participants,
+            "strategy": self.strategy}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -75,6 +78,8 @@ class History:
     self.lr = float(d["lr"])
     self.sim_time = d.get("sim_time")
     self.participants = float(d.get("participants", math.nan))
+    self.strategy.update({k: float(v) for k, v in
+                          d.get("strategy", {}).items()})
 
   # ------------------------------------------------------------------ bytes
   def _bytes(self, events: dict[str, int]) -> tuple[int, float]:
@@ -101,7 +106,7 @@ class History:
 
   def add(self, *, loss, metrics, bad_worker, counts, round_end,
           divergence, lr, wall_time_s: float, sim_time=None,
-          participants=None) -> list[dict]:
+          participants=None, strategy=None) -> list[dict]:
     """Consumes n consecutive steps; returns the new rows (and keeps them).
 
     Args:
@@ -116,6 +121,8 @@ class History:
       sim_time: (n,) simulated seconds after each step (with a clock).
       participants: (n,) workers averaged by each step's communication, -1
         where it had none (with a clock).
+      strategy: name -> (n,) the strategy's own metrics, nan at the steps
+        that did not report them.
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
@@ -133,6 +140,8 @@ class History:
     if participants is not None:
       part = np.asarray(participants, np.float64)
       communicated = np.flatnonzero(part >= 0)
+    reported = {m: (np.asarray(v, np.float64), np.flatnonzero(~np.isnan(v)))
+                for m, v in (strategy or {}).items()}
 
     def at(j):  # everything cumulative at index j of this span
       k = np.searchsorted(ends, j, side="right") - 1
@@ -143,6 +152,10 @@ class History:
         c = np.searchsorted(communicated, j, side="right") - 1
         if c >= 0:
           self.participants = float(part[communicated[c]])
+      for m, (values, at_steps) in reported.items():
+        i = np.searchsorted(at_steps, j, side="right") - 1
+        if i >= 0:
+          self.strategy[m] = float(values[at_steps[i]])
       return {c: self.events[c] + int(events_cum[c][j]) for c in events_cum}
 
     new_rows, prev = [], -1
@@ -216,6 +229,8 @@ class History:
                 names.WALL_TIME_S: wall_time_s})
     if self.sim_time is not None:
       self._clock_columns(row)
+    for m, value in self.strategy.items():
+      row[names.strategy_metric(m)] = value
     return row
 
   def _clock_columns(self, row):

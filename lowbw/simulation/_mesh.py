@@ -100,7 +100,7 @@ def make_mesh(devices: int) -> Mesh:
   return Mesh(np.asarray(jax.devices()[:devices]), (MESH_AXIS,))
 
 
-def strategy_specs(strategy, params, num_workers: int, key, masks: bool):
+def strategy_specs(strategy, params, num_workers: int, key):
   """Which leaves of the strategy's state are per worker.
 
   A leaf is per worker when its leading axis grows with the number of
@@ -122,8 +122,12 @@ def strategy_specs(strategy, params, num_workers: int, key, masks: bool):
                          shapes)
   else:
     flags = jax.tree.map(lambda a, b: a.shape != b.shape, shapes, more)
-  specs = jax.tree.map(lambda f: _WORKERS if f else _REPLICATED, flags)
-  return specs._replace(active=_WORKERS if masks else None)
+  return jax.tree.map(lambda f: _WORKERS if f else _REPLICATED, flags)
+
+
+def active_specs(masks: bool):
+  """The engine's participation mask is per worker (when there is one)."""
+  return _WORKERS if masks else None
 
 
 def sampler_specs(sampler):

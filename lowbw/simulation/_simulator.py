@@ -38,6 +38,8 @@ class Simulator:
     channels: name -> ``Channel``: exact bytes of one event of each channel
       (wire bytes under the network's topology).
     metric_names: the model's own metrics.
+    strategy_metric_names: the strategy's own metrics (logged as
+      ``strategy_<name>``).
   """
 
   hparam_names = tuple(_hparams.KNOBS)
@@ -52,15 +54,15 @@ class Simulator:
     self.num_params = sum(x.size for x in jax.tree.leaves(
         self.abstract_params))
     self.abstract_state = jax.eval_shape(self._initial_state, key)
-    self._check_worker_batch()
     self.strategy_channels = c.strategy.channels(self.abstract_params,
                                                  c.num_workers)
+    self.strategy_metric_names = self._check_reports()
+    self._check_worker_batch()
     self.channels = dict(self.strategy_channels)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
     if c.network is not None:  # what each worker sends under the topology
-      costs = _clock.channel_costs(c.network, self.strategy_channels,
-                                   c.num_workers)
+      costs = self.prices(c.network)
       self.channels = {
           name: ch._replace(wire_bytes=costs[name].wire_bytes,
                             collective=costs[name].algorithm)
@@ -74,7 +76,8 @@ class Simulator:
       self._make_mesh(key)
     self.programs = _engine.build(
         c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
-        c.masks, self.mesh, self.specs, _narrow(c), c.grouping)
+        c.masks, self.mesh, self.specs, _narrow(c), c.grouping,
+        tuple(self.strategy_channels))
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
     # per build on the digits MLP (measured), more than it saves.
@@ -93,19 +96,45 @@ class Simulator:
     init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
     params = c.model.init(init_key, self.example)
     st = c.strategy.init(params, c.num_workers, strategy_key)
-    if c.masks:
-      st = st._replace(active=jnp.ones(c.num_workers, bool))
     if _narrow(c) is not None:
       st = _engine.cast_workers(st, _narrow(c))
-    return _engine.SimState(st, data_key, loss_key)
+    active = jnp.ones(c.num_workers, bool) if c.masks else None
+    return _engine.SimState(st, data_key, loss_key, active)
+
+  def _reports(self) -> dict:
+    """The shapes of what ``local`` and ``sync`` report (gradients have the
+    parameters' shapes)."""
+    strategy, st = self.config.strategy, self.abstract_state.strategy
+    local = jax.eval_shape(strategy.local, st, st.params_W)[1]
+    sync = {} if strategy.sync is None else jax.eval_shape(strategy.sync,
+                                                           st)[1]
+    return {"local": local, "sync": sync}
+
+  def _check_reports(self) -> list[str]:
+    """The strategy's own metrics: its report entries that are not
+    channels, each a float scalar (an integer one is a channel that
+    ``channels()`` forgot to price)."""
+    c, metrics = self.config, set()
+    for fn, report in self._reports().items():
+      for name, leaf in report.items():
+        if name in self.strategy_channels:
+          continue
+        if not (getattr(leaf, "shape", None) == () and
+                jnp.issubdtype(leaf.dtype, jnp.floating)):
+          raise _validate.fail(
+              "report", name,
+              f"strategy {c.strategy.name!r}'s {fn} step reports it, but it "
+              f"is not one of its channels "
+              f"({', '.join(self.strategy_channels) or 'none'}); other "
+              "entries are its own metrics and must be float scalars")
+        metrics.add(name)
+    return sorted(metrics)
 
   def _check_worker_batch(self) -> None:
-    c, st = self.config, self.abstract_state.strategy
+    c = self.config
     if c.worker_batch is None:
       return
-    # Gradients have the parameters' shapes: does the local step report any
-    # communication?
-    if jax.eval_shape(c.strategy.local, st, st.params_W)[1]:
+    if any(k in self.strategy_channels for k in self._reports()["local"]):
       raise _validate.fail(
           "worker_batch", c.worker_batch,
           f"strategy {c.strategy.name!r} communicates at every inner step; "
@@ -118,27 +147,21 @@ class Simulator:
     strategy_key = jax.random.split(key, 4)[2]
     sim_specs = _engine.SimState(
         _mesh.strategy_specs(c.strategy, self.abstract_params, c.num_workers,
-                             strategy_key, c.masks),
+                             strategy_key),
         _mesh.replicated(self.abstract_state.data_key),
-        _mesh.replicated(self.abstract_state.loss_key))
+        _mesh.replicated(self.abstract_state.loss_key),
+        _mesh.active_specs(c.masks))
     sampler = c.data.build(c.num_workers, c.batch_size, 0)
     self.specs = (sim_specs, _mesh.sampler_specs(sampler))
     self.eval_batches = _mesh.place(
         self.eval_batches, _mesh.replicated(self.eval_batches), self.mesh)
 
   def _jit_single(self) -> Executables:
-    p, strategy = self.programs, self.config.strategy
-    narrow = _narrow(self.config) is not None
-
-    def global_params(s):
-      st = _engine.cast_workers(s.strategy, jnp.float32) if narrow else (
-          s.strategy)
-      return strategy.global_params(st)
-
+    p = self.programs
     return Executables(
         jax.jit(p.chunk, donate_argnums=0),
         None if p.tail is None else jax.jit(p.tail, donate_argnums=0),
-        jax.jit(p.evaluate), jax.jit(global_params))
+        jax.jit(p.evaluate), jax.jit(p.global_params))
 
   def executables(self, state, sampler, net, jitted=None, key="run"):
     """``(compiled programs, state)`` for these arguments' shapes (cached).
@@ -211,11 +234,19 @@ class Simulator:
       self._samplers[seed] = c.data.build(c.num_workers, c.batch_size, seed)
     return self._samplers[seed]
 
+  def prices(self, network) -> dict:
+    """Channel name -> ``Cost`` (seconds, wire bytes, algorithm) of one
+    event under ``network``'s topology and links: the one place a run's
+    messages are priced (the wire bytes logged, the seconds on the clock and
+    in config.json all come from here)."""
+    return _clock.channel_costs(network, self.strategy_channels,
+                                self.config.num_workers)
+
   def net_params(self, network, seed: int):
     if network is None:
       return None
     return _clock.net_params(network, self.config.num_workers,
-                             self.flops_per_step, self.strategy_channels, seed)
+                             self.flops_per_step, self.prices(network), seed)
 
   def initial(self, seed: int = 0, hparams: dict | None = None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with
@@ -314,8 +345,8 @@ class Simulator:
             "compute_s_per_step": None if network.hardware is None
             else network.hardware.step_seconds(self.flops_per_step),
             "comm_s_per_event": {
-                name: cost.seconds for name, cost in _clock.channel_costs(
-                    network, self.strategy_channels, c.num_workers).items()}},
+                name: cost.seconds
+                for name, cost in self.prices(network).items()}},
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
         "devices": c.devices, "processes": self.processes,
@@ -335,6 +366,7 @@ class Simulator:
              names.LR]
     if c.network is not None:
       cols += [names.SIM_TIME_S, names.SYNC_WORKERS]
+    cols += [names.strategy_metric(m) for m in self.strategy_metric_names]
     cols += [names.WALL_TIME_S]
     return cols
 

@@ -33,7 +33,8 @@ class Track:
     self.history = History(sim.channels, log_every,
                            c.num_workers * c.batch_size,
                            c.data.tokens_per_example, sim.metric_names,
-                           clock=network is not None)
+                           clock=network is not None,
+                           strategy_metrics=sim.strategy_metric_names)
     self.clock = _clock.Clock(bool(network and network.overlap))
     self.log_dir = log_dir
     self.callback = callback
@@ -85,6 +86,8 @@ class Track:
                                      out.clock.sync_s[:n])
         participants = per_step.clock.participants.copy()
         participants[period - 1::period] = out.clock.participants[:n]
+      strategy = _strategy_metrics(per_step.strategy, out.sync_metrics, n,
+                                   period)
     else:
       per_step = out
       round_end = np.zeros(n, bool)
@@ -94,11 +97,12 @@ class Track:
       if per_step.clock is not None:
         sim_time = self.clock.steps(per_step.clock.time_s)
         participants = per_step.clock.participants
+      strategy = _strategy_metrics(per_step.strategy, {}, n, 1)
     rows = self.history.add(
         loss=per_step.loss, metrics=per_step.metrics,
         bad_worker=per_step.first_bad_worker, counts=counts,
         round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
-        sim_time=sim_time, participants=participants)
+        sim_time=sim_time, participants=participants, strategy=strategy)
     if ev is not None:
       row = self.add_eval(end_step, ev, wall)
       if not rows or rows[-1] is not row:
@@ -184,3 +188,15 @@ class Track:
 def _flatten_rounds(steps, n: int):
   """(rounds, period, ...) per-step outputs of ``n`` rounds -> (n*period, ...)."""
   return jax.tree.map(lambda x: x[:n].reshape((-1,) + x.shape[2:]), steps)
+
+
+def _strategy_metrics(local: dict, sync: dict, n: int, period: int) -> dict:
+  """The strategy's own metrics over ``n`` rounds of ``period`` steps as
+  (n*period,) float arrays: its local step's at every step, its sync's at
+  the rounds' last steps (nan elsewhere; the sync's value wins there)."""
+  out = {m: np.asarray(v[:n * period], np.float64) for m, v in local.items()}
+  for m, v in sync.items():
+    full = out.get(m, np.full(n * period, np.nan)).copy()
+    full[period - 1::period] = np.asarray(v[:n], np.float64)
+    out[m] = full
+  return out

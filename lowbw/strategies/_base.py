@@ -15,7 +15,9 @@ Two ways to drive it, with identical results:
 
 Communication is reported as event counts (int32 per channel and step); the byte
 cost of one event of each channel is static (``channels``), so cumulative bytes
-are exact Python integers however long the run.
+are exact Python integers however long the run. A report's other entries are
+the strategy's own metrics (float32 scalars, ``metrics``), which reach the
+CSV, TensorBoard and ``result.history`` as ``strategy_<name>``.
 """
 
 from collections.abc import Callable
@@ -44,9 +46,10 @@ class StrategyState(NamedTuple):
     comm: strategy-specific communication state (global parameters, outer
       optimizer state, ...); ``()`` when there is none.
     key: a PRNG key shared by all workers (SPARTA indices, island draws).
-    active: bool (W,): the workers whose messages the next communication
-      averages (set by the engine under a fault or straggler model); None:
-      every worker. Inactive workers still receive what is broadcast.
+
+  Which workers take part in a communication is not part of the state: the
+  engine traces ``local``/``sync`` inside ``transforms.participating(mask)``
+  under a fault or straggler model, and the worker reductions honour it.
   """
 
   step: Array
@@ -54,7 +57,6 @@ class StrategyState(NamedTuple):
   inner_W: PyTree
   comm: PyTree
   key: PRNGKey
-  active: Array | None = None
 
 
 class Strategy(NamedTuple):
@@ -109,6 +111,12 @@ def events(**counts) -> CommReport:
   return {name: jnp.asarray(c, jnp.int32) for name, c in counts.items()}
 
 
+def metrics(**values) -> CommReport:
+  """Report entries that are the strategy's own metrics (float32 scalars,
+  not channels): the engine logs them as ``strategy_<name>`` columns."""
+  return {name: jnp.asarray(v, jnp.float32) for name, v in values.items()}
+
+
 def inner_init(inner: optax.GradientTransformation, params: Params,
                num_workers: int, key: PRNGKey, comm: PyTree) -> StrategyState:
   """A state where every worker holds ``params`` and a fresh inner state."""
@@ -136,8 +144,8 @@ def inner_update(inner: optax.GradientTransformation, state: StrategyState,
 
 def mean_of_workers(state: StrategyState) -> Params:
   """Global parameters of strategies without a server model: the mean of the
-  (active) workers."""
-  return worker_mean(state.params_W, state.active)
+  (participating) workers."""
+  return worker_mean(state.params_W)
 
 
 def comm_key(state: StrategyState) -> PRNGKey:
@@ -151,6 +159,14 @@ def payload_bytes(tree: PyTree) -> int:
   return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
+def nothing_reported(shape) -> Array:
+  """A report entry when the communication did not happen: no events, and
+  nan for a metric (the log keeps the last value reported)."""
+  if jnp.issubdtype(shape.dtype, jnp.floating):
+    return jnp.full(shape.shape, jnp.nan, shape.dtype)
+  return jnp.zeros(shape.shape, shape.dtype)
+
+
 def compose_step(local, sync, period: int):
   """``local`` then, when the counter hits a multiple of ``period``, ``sync``."""
   if sync is None:
@@ -158,10 +174,14 @@ def compose_step(local, sync, period: int):
 
   def step(state, grads_W):
     state, report = local(state, grads_W)
-    sync_shape = jax.eval_shape(sync, state)[1]
-    no_sync = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), sync_shape)
+
+    def due(state):  # fresh per trace: ``sync`` may read the trace's
+      return sync(state)  # participation mask, which JAX must not cache
+
+    sync_shape = jax.eval_shape(due, state)[1]
+    no_sync = jax.tree.map(nothing_reported, sync_shape)
     state, sync_report = jax.lax.cond(
-        state.step % period == 0, sync, lambda s: (s, no_sync), state)
+        state.step % period == 0, due, lambda s: (s, no_sync), state)
     return state, {**report, **sync_report}
 
   return step

@@ -47,9 +47,9 @@ def ddp(inner: optax.GradientTransformation | None = None,
 
   def local(state, grads_W):
     sent_W, residual_W = transmit(comp, grads_W, state.comm,
-                                  _base.comm_key(state), state.active)
+                                  _base.comm_key(state))
     state = _base.inner_update(inner, state._replace(comm=residual_W),
-                               replace_with_mean(sent_W, state.active))
+                               replace_with_mean(sent_W))
     return state, _base.events(gradients=1)
 
   def channels(params, num_workers):

@@ -10,7 +10,7 @@ from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
                               init_residual, num_workers, transmit,
-                              where_workers, worker_sum)
+                              worker_sum)
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -88,10 +88,8 @@ def demo(
 
   def local(state, grads_W):
     sent_W, momentum_W = transmit(comp, grads_W, state.comm,
-                                  _base.comm_key(state), state.active)
-    if state.active is not None:  # only the gathered components count
-      sent_W = where_workers(state.active, sent_W,
-                             jax.tree.map(jnp.zeros_like, sent_W))
+                                  _base.comm_key(state))
+    # Only the participating workers' components are gathered and summed.
     update = jax.tree.map(jnp.sign, worker_sum(sent_W))
     state = state._replace(comm=momentum_W)
     state = _base.inner_update(

@@ -48,6 +48,7 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
   codec (after its error-feedback residual is added); the mean of what the
   receivers decode is fed to the outer optimizer as a gradient of the global
   parameters, and every worker restarts from the new global parameters.
+  Reports the norm of that mean, ``pseudo_grad_norm``, as its own metric.
   """
 
   def sync(state):
@@ -56,14 +57,16 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
     delta_W = optax.tree.sub(broadcast_to_workers(global_params, w),
                              state.params_W)
     sent_W, residual_W = transmit(comp, delta_W, residual_W,
-                                  _base.comm_key(state), state.active)
-    updates, outer_state = outer.update(worker_mean(sent_W, state.active),
-                                        outer_state, global_params)
+                                  _base.comm_key(state))
+    pseudo_grad = worker_mean(sent_W)
+    updates, outer_state = outer.update(pseudo_grad, outer_state,
+                                        global_params)
     global_params = optax.apply_updates(global_params, updates)
     return state._replace(
         params_W=broadcast_to_workers(global_params, w),
         comm=DiLoCoComm(global_params, outer_state, residual_W),
-    ), _base.events(pseudo_gradients=1)
+    ), {**_base.events(pseudo_gradients=1),
+        **_base.metrics(pseudo_grad_norm=optax.tree.norm(pseudo_grad))}
 
   return sync
 

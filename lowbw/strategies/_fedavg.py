@@ -98,19 +98,18 @@ def fedavg(
     key = _base.comm_key(state)
     if send_deltas:
       delta_W = optax.tree.sub(state.params_W, broadcast_to_workers(base, w))
-      sent_W, residual_W = transmit(comp, delta_W, residual_W, key,
-                                    state.active)
-      base = optax.apply_updates(base, worker_mean(sent_W, state.active))
+      sent_W, residual_W = transmit(comp, delta_W, residual_W, key)
+      base = optax.apply_updates(base, worker_mean(sent_W))
       params_W = broadcast_to_workers(base, w)
     else:
       sent_W = roundtrip_workers(codec, state.params_W, key)
       if island_size is None or island_size == total_workers(sent_W):
-        params_W = replace_with_mean(sent_W, state.active)
+        params_W = replace_with_mean(sent_W)
       else:
         round_key = jax.random.fold_in(state.key, state.step // H)
         perm = jax.random.permutation(round_key,
                                       total_workers(state.params_W))
-        params_W = group_mean(sent_W, perm, island_size, state.active)
+        params_W = group_mean(sent_W, perm, island_size)
     return (state._replace(params_W=params_W, comm=(base, residual_W)),
             _base.events(parameters=1))
 

@@ -24,7 +24,7 @@ def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
       transform = lambda v_W, i: roundtrip_workers(  # noqa: E731
           codec, v_W, jax.random.fold_in(codec_key, i))
     params_W = sparse_average(key, state.step, state.params_W, p, selector,
-                              transform, state.active)
+                              transform)
     return state._replace(params_W=params_W), _base.events(sparse_parameters=1)
 
   return local

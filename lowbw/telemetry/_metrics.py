@@ -26,3 +26,10 @@ def train_metric(name: str) -> str:
 
 def eval_metric(name: str) -> str:
   return "eval_" + name
+
+
+def strategy_metric(name: str) -> str:
+  """Column of a strategy's own metric (a non-channel entry of its report),
+  e.g. strategy_pseudo_grad_norm: the latest value reported at or before
+  the row's step."""
+  return "strategy_" + name

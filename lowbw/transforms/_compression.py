@@ -32,7 +32,8 @@ from lowbw.transforms._codec import (Codec, collective, compress,
 from lowbw.transforms._codec_spec import as_codec
 from lowbw.transforms import _error_feedback
 from lowbw.transforms._error_feedback import check_beta
-from lowbw.transforms._reductions import (num_workers, where_workers,
+from lowbw.transforms._reductions import (num_workers, participants,
+                                          where_workers,
                                           worker_ids)
 
 
@@ -118,9 +119,11 @@ def transmit(comp: Compression, x_W: PyTree, state_W: PyTree,
   """Every worker's decoded message and new message state.
 
   ``key`` is shared by all workers; worker w's index is passed to the chain
-  for private noise. With ``active_W``, only active workers' states change
-  (the others sent nothing this time).
+  for private noise. Only the participating workers' states change (the
+  others sent nothing this time): ``active_W``, else the engine's
+  ``participating`` mask, else all.
   """
+  active_W = participants() if active_W is None else active_W
   if comp.message is None:
     return x_W, state_W
   workers = worker_ids(num_workers(x_W))

@@ -6,6 +6,13 @@ worker axis over devices needs to change them alone. Inside the engine's
 the workers: a reduction is the local reduction over the device's slice
 followed by a ``psum`` over the mesh axis, and the functions that need a
 worker's global index (``worker_ids``) add the device's offset.
+
+Under a fault or straggler model the engine traces each communication inside
+``participating(active_W)``: the reductions that combine workers' messages
+(``worker_mean``, ``worker_sum``, ``replace_with_mean``, ``group_mean``, and
+through them ``sparse_average`` and ``transmit``) then count only the
+participating workers unless given a mask of their own. A strategy honours
+faults by using them; it never sees the mask otherwise.
 """
 
 import contextlib
@@ -41,6 +48,36 @@ def sharded_workers(axis: str, shards: int, num_workers_: int):
 
 def _sharded() -> _Sharded | None:
   return _SHARDED[-1] if _SHARDED else None
+
+
+_PARTICIPANTS: list = []
+
+
+@contextlib.contextmanager
+def participating(active_W: Array | None):
+  """While tracing a communication, the workers whose messages it combines:
+  bool (W,) over this device's workers, or None for all of them.
+
+  Every reduction of this module that averages or sums messages uses it when
+  it is not given a mask; ``participants()`` reads it. The engine sets it
+  around a strategy's ``local``/``sync``/``global_params`` under a fault or
+  straggler model; a notebook can set it around ``Strategy.step``.
+  """
+  _PARTICIPANTS.append(active_W)
+  try:
+    yield
+  finally:
+    _PARTICIPANTS.pop()
+
+
+def participants() -> Array | None:
+  """The workers taking part in the communication being traced (bool (W,)
+  of this device's workers), or None: all."""
+  return _PARTICIPANTS[-1] if _PARTICIPANTS else None
+
+
+def _mask(active_W: Array | None) -> Array | None:
+  return participants() if active_W is None else active_W
 
 
 def num_workers(tree_W: PyTree) -> int:
@@ -92,9 +129,14 @@ def _psum(x):
   return x if s is None else jax.lax.psum(x, s.axis)
 
 
-def worker_sum(tree_W: PyTree) -> PyTree:
-  """The sum over all workers of every leaf: (W, ...) -> (...)."""
-  return jax.tree.map(lambda x: _psum(jnp.sum(x, axis=0)), tree_W)
+def worker_sum(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
+  """The sum over workers of every leaf: (W, ...) -> (...); over the
+  participating (or ``active_W``) workers only when there is a mask."""
+  active_W = _mask(active_W)
+  if active_W is None:
+    return jax.tree.map(lambda x: _psum(jnp.sum(x, axis=0)), tree_W)
+  return jax.tree.map(lambda x: _psum(jnp.sum(jnp.where(
+      active_W.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0), axis=0)), tree_W)
 
 
 def where_workers(mask_W: Array, new_W: PyTree, old_W: PyTree) -> PyTree:
@@ -108,10 +150,11 @@ def where_workers(mask_W: Array, new_W: PyTree, old_W: PyTree) -> PyTree:
 def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   """The mean over workers of every leaf: (W, ...) -> (...).
 
-  With ``active_W`` (bool (W,)), the mean over the active workers only (zeros
-  when none is): what an average computes when the others' messages are
-  missing.
+  With ``active_W`` (bool (W,)) or inside ``participating``, the mean over
+  those workers only (zeros when none is): what an average computes when the
+  others' messages are missing.
   """
+  active_W = _mask(active_W)
   if active_W is None:
     if _sharded() is None:
       return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
@@ -155,11 +198,13 @@ def group_mean(tree_W: PyTree, perm: Array, group_size: int,
     perm: int (W,) permutation of the workers.
     group_size: static group size s; must divide W.
     active_W: bool (W,): average only the active members of each group (a
-      group without any keeps its values); None: all.
+      group without any keeps its values); None: the participating workers
+      (``participating``), or all.
 
   Sharded, groups span devices: every device gathers all W rows, averages
   and keeps its own (W x the tree per device for the moment of the sync).
   """
+  active_W = _mask(active_W)
   if _sharded() is not None:
     return local_workers(_group_mean(
         all_workers(tree_W), perm, group_size,

@@ -63,7 +63,8 @@ def sparse_average(
       values (shape (W, k)) before they are averaged: what the receivers
       decode when the values are compressed. None sends them as they are.
     active_W: bool (W,): average only these workers' values (every worker
-      still receives the mean); None: all.
+      still receives the mean); None: the participating workers
+      (``participating``), or all.
   """
   leaves, treedef = jax.tree.flatten(params_W)
   out = []

@@ -1,0 +1,86 @@
+"""The workers' gradients and inner update: all workers in one ``vmap``, or
+``worker_batch`` workers at a time.
+
+Both return what the round's timing needs: the state to step from, every
+worker's loss and metrics, and ``step_fn(state) -> (state, report)``, the
+strategy's local step (already applied, in groups, when grouped).
+"""
+
+import jax
+import jax.numpy as jnp
+
+from lowbw.simulation._precision import Precision
+from lowbw.strategies import Strategy, StrategyState
+
+
+def loss_and_grads(model):
+  """``(params, batch, key) -> (loss, metrics, grads)`` of one worker."""
+  def grads(params, batch, key):
+    (loss, metrics), g = jax.value_and_grad(model.loss, has_aux=True)(
+        params, batch, key)
+    return loss, metrics, g
+  return grads
+
+
+def all_at_once(model, strategy: Strategy, precision: Precision):
+  """Every worker's gradients in one ``vmap``; the strategy's local step
+  (with any per-step communication) is left to the caller."""
+  grads = loss_and_grads(model)
+
+  def compute(stored: StrategyState, batch_W, keys_W):
+    st = precision.widen(stored)
+    loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
+    return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_W)
+
+  return compute
+
+
+def in_groups(model, strategy: Strategy, precision: Precision, size: int):
+  """A local step without communication, ``size`` workers at a time: each
+  group's gradients and inner update are computed and written back into the
+  state in place, so activations and gradients exist for one group only.
+  ``size`` divides each device's number of workers (checked at build)."""
+  grads = loss_and_grads(model)
+
+  def compute(stored: StrategyState, batch_W, keys_W):
+    local_w = jax.tree.leaves(stored.params_W)[0].shape[0]
+
+    def body(g, carry):
+      params_W, inner_W, loss_W, metrics_W, _ = carry
+
+      def get(x):
+        return jax.lax.dynamic_slice_in_dim(x, g * size, size, axis=0)
+
+      def put(full, part):
+        return jax.lax.dynamic_update_slice_in_dim(
+            full, part.astype(full.dtype), g * size, axis=0)
+
+      sub = precision.widen(stored._replace(
+          params_W=jax.tree.map(get, params_W),
+          inner_W=jax.tree.map(get, inner_W)))
+      loss_g, metrics_g, grads_g = jax.vmap(grads)(
+          sub.params_W, jax.tree.map(get, batch_W), get(keys_W))
+      new = precision.narrow(strategy.local(sub, grads_g)[0])
+      return (jax.tree.map(put, params_W, new.params_W),
+              jax.tree.map(put, inner_W, new.inner_W), put(loss_W, loss_g),
+              jax.tree.map(put, metrics_W, metrics_g), new.step)
+
+    shapes = jax.eval_shape(lambda p, b, k: jax.vmap(grads)(p, b, k),
+                            stored.params_W, batch_W, keys_W)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                         (shapes[0], shapes[1]))
+    params_W, inner_W, loss_W, metrics_W, step = jax.lax.fori_loop(
+        0, local_w // size, body,
+        (stored.params_W, stored.inner_W, zeros[0], zeros[1], stored.step))
+    new = stored._replace(step=step, params_W=params_W, inner_W=inner_W)
+    return stored, loss_W, metrics_W, lambda s: (new, {})
+
+  return compute
+
+
+def local_compute(model, strategy: Strategy, precision: Precision,
+                  worker_batch: int | None):
+  """``all_at_once``, or ``in_groups`` of ``worker_batch`` workers."""
+  if worker_batch is None:
+    return all_at_once(model, strategy, precision)
+  return in_groups(model, strategy, precision, worker_batch)

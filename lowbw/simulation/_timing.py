@@ -1,0 +1,207 @@
+"""The round's simulated clock and participation masks, as three variants the
+engine composes with the strategy's steps:
+
+* ``Untimed`` (no network): the steps and the sync as they are.
+* ``Clocked`` (a network): every worker's compute seconds per step, barriers
+  at each communication, the seconds of the messages sent.
+* ``Masked`` (a fault or straggler model): also who is up this round and who
+  takes part in each communication. Down workers' steps never happen; the
+  communication is traced inside ``transforms.participating`` so the worker
+  reductions count only its participants (skipped when there are none); at
+  the end of the round down workers pull the global parameters.
+
+Each step function takes and returns ``active``: the engine-owned mask (bool,
+this device's workers) of the workers the last communication counted, kept in
+``SimState.active``; None when there are no masks. The semantics are in
+docs/network.md; the pure clock functions in ``network/_clock.py``.
+"""
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lowbw._types import Array
+from lowbw.network import _clock
+from lowbw.strategies._base import nothing_reported
+from lowbw.transforms import (any_worker, broadcast_to_workers, local_workers,
+                              participating, where_workers)
+
+
+class StepClock(NamedTuple):
+  time_s: Array            # float32: the workers waited for done (from round start)
+  participants: Array      # int32: workers averaged at this step, or -1
+
+
+class RoundClock(NamedTuple):
+  compute_s: Array         # float32: when the sync starts, from round start
+  sync_s: Array            # float32: seconds of the sync's communication
+  participants: Array      # int32: workers averaged by the sync, or -1
+
+
+class Carry(NamedTuple):
+  """What the clock carries through a round's steps."""
+
+  up_W: Array              # bool (W,): up this round
+  ready_W: Array           # float32 (W,): when each worker is done, from round start
+
+
+def priced(net, report: dict) -> dict:
+  """The entries of ``report`` that are priced channels (not metrics)."""
+  return {k: v for k, v in report.items() if k in net.comm_s}
+
+
+def is_channel(name: str, channels) -> bool:
+  """Whether a report entry counts events (``channels`` None: all do)."""
+  return channels is None or name in channels
+
+
+class Untimed:
+  """No network: nothing is timed or masked."""
+
+  def begin(self, step):
+    del step
+    return None
+
+  def local(self, st, step_fn, carry, active):
+    st, report = step_fn(st)
+    return st, report, carry, None, active
+
+  def sync(self, st, sync_fn, carry, steps_clock, active):
+    del carry, steps_clock
+    if sync_fn is None:
+      return st, {}, None, active
+    st, report = sync_fn(st)
+    return st, report, None, active
+
+  def rejoin(self, st, carry, active, global_params):
+    del carry, global_params
+    return st, active
+
+
+class Clocked(Untimed):
+  """The clock without masks: every worker is up and takes part."""
+
+  def __init__(self, net, num_workers: int, channels):
+    self.net, self.num_workers, self.channels = net, num_workers, channels
+
+  def begin(self, step):
+    return Carry(self.up(step), jnp.zeros(self.num_workers, jnp.float32))
+
+  def up(self, step):
+    del step
+    return jnp.ones(self.num_workers, bool)
+
+  def take_part(self, fn, carry, step, salt, active):
+    """(``fn`` as it runs, its start time, how many take part, the new
+    ``active``) for a communication once ``carry``'s workers are ready.
+    ``salt``: 0 for a step's communication, 1 for the sync's."""
+    del step, salt
+    return fn, jnp.max(carry.ready_W), jnp.int32(self.num_workers), active
+
+  def communicates(self, report_shape) -> bool:
+    return any(is_channel(k, self.channels) for k in report_shape)
+
+  def local(self, st, step_fn, carry, active):
+    net = self.net
+    up_W, ready_W = carry
+    ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
+    if self.communicates(jax.eval_shape(step_fn, st)[1]):
+      # Communication every step: a barrier of the workers waited for.
+      fn, start, n, active = self.take_part(step_fn, Carry(up_W, ready_W),
+                                            st.step, 0, active)
+      st, report = fn(st)
+      ready_W = jnp.full_like(ready_W, start + _clock.comm_seconds(
+          net, priced(net, report)))
+    else:
+      st, report = self.freeze_down(step_fn, st, up_W)
+      n = jnp.int32(-1)
+    clock = StepClock(_clock.waited_for(net, ready_W, up_W), n)
+    return st, report, Carry(up_W, ready_W), clock, active
+
+  def freeze_down(self, step_fn, st, up_W):
+    del up_W
+    return step_fn(st)
+
+  def sync(self, st, sync_fn, carry, steps_clock, active):
+    net = self.net
+    start = _clock.waited_for(net, carry.ready_W, carry.up_W)
+    sync_s, n, report = jnp.float32(0), steps_clock.participants[-1], {}
+    if sync_fn is not None:
+      fn, start, n, active = self.take_part(sync_fn, carry, st.step, 1, active)
+      st, report = fn(st)
+      sync_s = _clock.comm_seconds(net, priced(net, report))
+    return st, report, RoundClock(start, sync_s, n), active
+
+
+class Masked(Clocked):
+  """The clock with faults and stragglers."""
+
+  def up(self, step):
+    return _clock.up_mask(self.net, step)
+
+  def take_part(self, fn, carry, step, salt, active):
+    active_W, start = _clock.participants(self.net, carry.ready_W, carry.up_W,
+                                          step, salt)
+    active = local_workers(active_W)
+
+    def run(st):
+      with participating(active):
+        # A skipped step still counts as a step; a skipped sync does not.
+        return _unless_nobody(fn, active_W, 1 if salt == 0 else 0)(st)
+
+    return run, start, jnp.sum(active_W.astype(jnp.int32)), active
+
+  def freeze_down(self, step_fn, st, up_W):
+    """A down worker's steps never happened."""
+    new, report = step_fn(st)
+    up = local_workers(up_W)
+    return new._replace(params_W=where_workers(up, new.params_W, st.params_W),
+                        inner_W=where_workers(up, new.inner_W,
+                                              st.inner_W)), report
+
+  def rejoin(self, st, carry, active, global_params):
+    """Down workers pull the global parameters; the up ones are active again.
+
+    Strategies without a server model define the global parameters as the
+    mean of the participants; when the last communication had nobody, the
+    mean of the up workers stands in, and with nobody up, of all of them (a
+    mean over nobody would be zeros).
+    """
+    up_W = carry.up_W
+    fallback = local_workers(jnp.where(jnp.any(up_W), up_W, True))
+    counted = jnp.where(any_worker(active), active, fallback)
+    with participating(counted):
+      global_W = broadcast_to_workers(global_params(st), fallback.shape[0])
+    return st._replace(params_W=where_workers(local_workers(up_W),
+                                              st.params_W, global_W)), fallback
+
+
+def _unless_nobody(fn, active_W: Array, steps: int):
+  """``fn(state)``, skipped when no worker takes part (the counter still
+  advances by ``steps``; no events): the global model is never lost."""
+
+  def run(state):
+    # A fresh function per trace: JAX caches what it traces for ``cond`` and
+    # ``eval_shape`` by the function, and ``fn`` (a strategy's ``sync``) reads
+    # this trace's participation mask, which must not outlive the trace.
+    def take(state):
+      return fn(state)
+
+    report_shape = jax.eval_shape(take, state)[1]
+
+    def skip(state):
+      return state._replace(step=state.step + steps), jax.tree.map(
+          nothing_reported, report_shape)
+
+    return jax.lax.cond(jnp.any(active_W), take, skip, state)
+
+  return run
+
+
+def timing(net, masks: bool, num_workers: int, channels) -> Any:
+  """The variant for a run: ``net`` (NetParams or None, known when the
+  programs are traced), ``masks`` (a fault or straggler model, static)."""
+  if net is None:
+    return Untimed()
+  return (Masked if masks else Clocked)(net, num_workers, channels)
