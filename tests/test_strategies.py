@@ -217,6 +217,8 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   params, batches = make_problem()
   # syncs run in the scan
   kwargs = {} if name in ("ddp", "sparta", "demo") else {"H": 3}
+  if name == "streaming_diloco":  # H a multiple of P; a merge delay
+    kwargs = {"H": 4, "fragments": 2, "delay": 1}
   strategy = strategies.get(name, **kwargs)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   chex.assert_tree_shape_prefix(state.params_W, (W,))
@@ -244,6 +246,10 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   for channel, counts in reports.items():
     expected = (STEPS // strategy.period if channel in
                 ("parameters", "pseudo_gradients") else STEPS)
+    if channel.startswith("fragment_"):  # syncs k = 1.. take (k-1) mod P
+      p, P = int(channel.split("_")[1]), kwargs["fragments"]
+      expected = sum((k - 1) % P == p
+                     for k in range(1, STEPS // strategy.period + 1))
     assert int(jnp.sum(counts)) == expected, channel
 
 

@@ -2,7 +2,7 @@
 
 from lowbw import _validate
 from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg, _muloco, _sparta,
-                              _sparta_diloco)
+                              _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
 from lowbw.strategies._ddp import ddp
@@ -15,6 +15,7 @@ from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
+from lowbw.strategies._streaming_diloco import streaming_diloco
 
 # One line per strategy: its module's SPEC (factory, parameters, defaults).
 SPECS: dict[str, Spec] = {spec.name: spec for spec in (
@@ -25,6 +26,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _sparta_diloco.SPEC,
     _muloco.SPEC,
     _demo.SPEC,
+    _streaming_diloco.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 
@@ -46,5 +48,5 @@ __all__ = [
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
-    "peak_schedule", "sparta", "sparta_diloco",
+    "peak_schedule", "sparta", "sparta_diloco", "streaming_diloco",
 ]

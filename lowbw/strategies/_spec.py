@@ -32,7 +32,7 @@ HELP = {
 CHOICES = {"selector": SELECTORS}
 
 # The command line's short names for some parameters.
-FLAGS = {"error_feedback": "ef"}
+FLAGS = {"error_feedback": "ef", "alpha": "merge_alpha"}
 
 
 class WithCodec(float):

@@ -1,0 +1,257 @@
+"""Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512): DiLoCo whose
+model is split into P fragments synchronised in turn, each every H steps at
+its own offset, with the outer update merged tau inner steps after it was
+taken (the communication overlaps those steps).
+
+Blocks and fragments. A *block* is an entry of the parameter tree at its
+first level with more than one entry (single-entry levels such as flax's
+``{"params": ...}`` are looked through), in natural key order (``block_2``
+before ``block_10``): the default GPT has six (``block_0``, ``block_1``,
+``head``, ``ln_final``, ``pos_embed``, ``tok_embed``), the MLP one per dense
+layer. ``pattern="strided"`` puts block i in fragment i mod P;
+``"sequential"`` puts contiguous runs of blocks together (block i of n in
+fragment floor(i·P/n)). Every leaf belongs
+to exactly one fragment.
+
+Schedule (torchft's ``local_sgd`` offsets): a round is H/P inner steps; the
+round ending at step k·H/P syncs fragment (k-1) mod P, so fragment p is synced
+at steps (p+1)·H/P, H + (p+1)·H/P, ... Its pseudo-gradient (the fragment's
+global parameters minus each worker's) goes through the codec and the outer
+optimizer (one state per fragment) at once; ``delay`` steps later every worker
+merges: local <- alpha·local + (1 - alpha)·global, for that fragment's leaves.
+Which fragment and when are counters in the state: one compiled round.
+"""
+
+import re
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw import _validate
+from lowbw._types import Array, Params, PyTree
+from lowbw.strategies import _base, _optim, _spec
+from lowbw.transforms import (Codec, comm_channel, compression,
+                              init_residual, transmit, worker_mean)
+
+PATTERNS = ("strided", "sequential")
+
+
+class StreamingComm(NamedTuple):
+  """Streaming DiLoCo's communication state.
+
+  Attributes:
+    global_params: the shared model.
+    outer_states: one outer optimizer state per fragment.
+    residual_W: one per-worker message state per fragment.
+    merge_at: int32, the step after which the pending merge happens (-1:
+      none pending).
+    merge_fragment: int32, the fragment it merges.
+  """
+
+  global_params: Params
+  outer_states: tuple
+  residual_W: tuple
+  merge_at: Array
+  merge_fragment: Array
+
+
+def _natural(key: str):
+  return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", key)]
+
+
+def blocks(params: Params) -> list[str]:
+  """The names of ``params``' blocks (see the module docstring)."""
+  node = params
+  while isinstance(node, dict) and len(node) == 1:
+    node = next(iter(node.values()))
+  if not isinstance(node, dict):
+    return ["<all>"]
+  return sorted(node, key=lambda k: _natural(str(k)))
+
+
+def fragment_of_leaves(params: Params, fragments: int,
+                       pattern: str) -> list[int]:
+  """Each leaf's fragment, in ``jax.tree.leaves`` order."""
+  names = blocks(params)
+  if len(names) < fragments:
+    raise _validate.fail(
+        "fragments", fragments, f"the model has {len(names)} blocks "
+        f"({', '.join(names)}); at most that many fragments")
+  n = len(names)
+  of_block = {b: (i % fragments if pattern == "strided" else i * fragments // n)
+              for i, b in enumerate(names)}
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  if names == ["<all>"]:
+    return [0] * len(leaves)
+  depth = 0
+  node = params
+  while isinstance(node, dict) and len(node) == 1:
+    node, depth = next(iter(node.values())), depth + 1
+  return [of_block[path[depth].key] for path, _ in leaves]
+
+
+def _split(tree: PyTree, ids: list[int], p: int) -> list:
+  """The leaves of ``tree`` in fragment ``p``."""
+  return [x for x, f in zip(jax.tree.leaves(tree), ids) if f == p]
+
+
+def _join(tree: PyTree, ids: list[int], p: int, part: list) -> PyTree:
+  """``tree`` with fragment ``p``'s leaves replaced by ``part``."""
+  leaves, treedef = jax.tree.flatten(tree)
+  it = iter(part)
+  return jax.tree.unflatten(
+      treedef, [next(it) if f == p else x for x, f in zip(leaves, ids)])
+
+
+def _mix(alpha: float, local_W: list, global_: list) -> list:
+  return [alpha * x + (1.0 - alpha) * g[None] for x, g in zip(local_W, global_)]
+
+
+def streaming_diloco(
+    inner: optax.GradientTransformation | None = None,
+    outer: optax.GradientTransformation | None = None,
+    H: int = 100,
+    fragments: int = 2,
+    pattern: str = "strided",
+    delay: int = 0,
+    alpha: float = 0.5,
+    codec: Codec | str | None = None,
+    error_feedback: float | None = None,
+) -> _base.Strategy:
+  """Streaming DiLoCo: P fragments synced in turn, merged tau steps later.
+
+  Defaults follow arXiv 2501.18512 where the paper fixes them: inner AdamW
+  (lr 4e-4, weight decay 0.1), outer SGD with Nesterov momentum (lr 0.7,
+  momentum 0.9), strided fragments, merge weight alpha 0.5. H = 100 as
+  lowbw's DiLoCo; P = 2 and tau = 0 here (the paper's overlap runs use
+  tau = 1 to 5). P = 1, tau = 0, alpha = 0 is DiLoCo exactly.
+
+  Bytes per worker: fragment p's sync sends its pseudo-gradient (4 bytes per
+  parameter of the fragment in float32, or the codec's payload), so the most
+  one sync moves is about 1/P of DiLoCo's; in total, the same as DiLoCo.
+
+  Args:
+    inner: per-worker optimizer, state kept across rounds.
+    outer: optimizer of the global parameters, one state per fragment.
+    H: inner steps between two syncs of the same fragment; a multiple of P.
+    fragments: P, how many fragments the blocks are split into.
+    pattern: "strided" (block i in fragment i mod P) or "sequential"
+      (block i of n in fragment floor(i·P/n)).
+    delay: tau, inner steps between a fragment's outer update and the
+      workers' merge of it (0 <= tau < H/P).
+    alpha: weight of the worker's own parameters in the merge, in [0, 1]
+      (0: every worker takes the new global fragment, as DiLoCo does).
+    codec: codec of the fragments' pseudo-gradients, or None (float32).
+    error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
+  """
+  inner = _base.optimizer("inner", inner, _base.default_inner)
+  outer = _base.optimizer("outer", outer,
+                          lambda: _optim.outer(_optim.DILOCO_OUTER))
+  H = _validate.positive_int("H", H)
+  P = _validate.positive_int("fragments", fragments)
+  _validate.one_of("pattern", pattern, PATTERNS)
+  if H % P:
+    raise _validate.fail("H", H, f"a multiple of fragments={P} (each round "
+                         "is H/fragments steps)")
+  period = H // P
+  if (isinstance(delay, bool) or not isinstance(delay, int) or
+      not 0 <= delay < period):
+    raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
+                         f"[0, {period})")
+  alpha = _validate.fraction("alpha", alpha, low_open=False)
+  comp = compression(codec, error_feedback)
+
+  def ids_of(params):
+    return fragment_of_leaves(params, P, pattern)
+
+  def init(params, num_workers_, key):
+    state = _base.inner_init(inner, params, num_workers_, key, ())
+    ids = ids_of(params)
+    return state._replace(comm=StreamingComm(
+        params,
+        tuple(outer.init(_split(params, ids, p)) for p in range(P)),
+        tuple(init_residual(comp, _split(state.params_W, ids, p))
+              for p in range(P)),
+        jnp.int32(-1), jnp.int32(0)))
+
+  def merge(state, p: int, ids):
+    c = state.comm
+    mixed = _mix(alpha, _split(state.params_W, ids, p),
+                 _split(c.global_params, ids, p))
+    return state._replace(params_W=_join(state.params_W, ids, p, mixed))
+
+  def local(state, grads_W):
+    state = _base.inner_update(inner, state, grads_W)
+    if delay == 0:
+      return state, {}
+    ids = ids_of(state.comm.global_params)
+    branches = [lambda s, p=p: merge(s, p, ids) for p in range(P)]
+    due = state.step == state.comm.merge_at
+    state = jax.lax.cond(
+        due, lambda s: jax.lax.switch(s.comm.merge_fragment, branches, s),
+        lambda s: s, state)
+    return state, {}
+
+  def sync_fragment(state, p: int):
+    c = state.comm
+    ids = ids_of(c.global_params)
+    global_p = _split(c.global_params, ids, p)
+    delta_W = [g[None] - x for g, x in
+               zip(global_p, _split(state.params_W, ids, p))]
+    sent_W, res_p = transmit(comp, delta_W, c.residual_W[p],
+                             _base.comm_key(state))
+    pseudo_grad = worker_mean(sent_W)
+    updates, outer_p = outer.update(pseudo_grad, c.outer_states[p], global_p)
+    global_p = optax.apply_updates(global_p, updates)
+    c = c._replace(
+        global_params=_join(c.global_params, ids, p, global_p),
+        outer_states=_replace_at(c.outer_states, p, outer_p),
+        residual_W=_replace_at(c.residual_W, p, res_p),
+        merge_at=state.step + delay, merge_fragment=jnp.int32(p))
+    state = state._replace(comm=c)
+    if delay == 0:
+      state = merge(state, p, ids)
+    return state, {**_base.events(**{_channel(q): int(q == p)
+                                     for q in range(P)}),
+                   **_base.metrics(pseudo_grad_norm=optax.tree.norm(
+                       pseudo_grad))}
+
+  def sync(state):
+    fragment = (state.step // period - 1) % P
+    branches = [lambda s, p=p: sync_fragment(s, p) for p in range(P)]
+    return jax.lax.switch(fragment, branches, state)
+
+  def channels(params, num_workers_):
+    ids = ids_of(params)
+    return {_channel(p): comm_channel(comp, _split(params, ids, p),
+                                      num_workers_) for p in range(P)}
+
+  return _base.make(
+      "streaming_diloco", period, init, local, sync,
+      lambda s: s.comm.global_params, channels,
+      {"name": "streaming_diloco", "inner": _base.describe(inner),
+       "outer": _base.describe(outer), "H": H, "fragments": P,
+       "pattern": pattern, "delay": delay, "alpha": alpha, **comp.config})
+
+
+def _channel(p: int) -> str:
+  return f"fragment_{p}"
+
+
+def _replace_at(items: tuple, i: int, value) -> tuple:
+  return items[:i] + (value,) + items[i + 1:]
+
+
+SPEC = _spec.spec(
+    streaming_diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+    paper="Douillard et al. 2025, arXiv 2501.18512",
+    help={"fragments": "P: fragments synced in turn (H must be a multiple)",
+          "pattern": "which blocks form a fragment: strided (block i in "
+                     "fragment i mod P) or sequential",
+          "delay": "tau: inner steps between a fragment's outer update and "
+                   "its merge (overlapped communication), < H/P",
+          "alpha": "merge weight of the worker's own parameters, in [0, 1]",
+          "codec": "codec of the fragments' pseudo-gradients"},
+    choices={"pattern": PATTERNS})
