@@ -161,3 +161,25 @@ def test_more_fragments_than_blocks_is_an_error_at_build():
     lowbw.build(model=models.mlp(hidden=(16,), num_classes=10),
                 data=data.digits(), num_workers=2, batch_size=4, steps=6,
                 strategy=strategies.streaming_diloco(H=6, fragments=3))
+
+
+def test_peak_step_bytes_is_the_largest_sync():
+  """The most wire bytes one step sends, per worker: DiLoCo's whole
+  pseudo-gradient at once; Streaming DiLoCo's largest fragment; DDP's
+  gradients every step."""
+  model = models.mlp(hidden=(16,), num_classes=10)
+  kw = dict(model=model, data=data.digits(), num_workers=4, batch_size=8,
+            steps=16, log_every=2, progress=False)
+  dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)
+  ring = 2 * (4 - 1) / 4
+  runs = {"diloco": (strategies.diloco(H=4), ring * (dense + head)),
+          "streaming": (strategies.streaming_diloco(H=4, fragments=2),
+                        ring * dense),
+          "ddp": (strategies.ddp(), ring * (dense + head))}
+  for name, (strategy, peak) in runs.items():
+    r = lowbw.simulate(strategy=strategy, **kw)
+    assert r.summary["peak_step_bytes"] == pytest.approx(peak), name
+    # A running maximum: 0 before the first sync, then the peak.
+    first = r.history["peak_step_bytes"][0]
+    assert first == (pytest.approx(peak) if name != "diloco" else 0.0), name
+    assert r.history["peak_step_bytes"][-1] == pytest.approx(peak), name

@@ -58,6 +58,8 @@ class History:
     # step, and how many workers the last communication averaged.
     self.sim_time = 0.0 if clock else None
     self.participants = math.nan
+    # The most wire bytes one step has put on the wire so far (per worker).
+    self.peak = 0.0
     # The strategy's own metrics: the latest value reported.
     self.strategy = {m: math.nan for m in strategy_metrics}
 
@@ -67,7 +69,7 @@ class History:
             "log_every": self.log_every, "carry": self.carry,
             "divergence": self.divergence, "lr": self.lr,
             "sim_time": self.sim_time, "participants": self.participants,
-            "strategy": self.strategy}
+            "strategy": self.strategy, "peak": self.peak}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -80,6 +82,7 @@ class History:
     self.participants = float(d.get("participants", math.nan))
     self.strategy.update({k: float(v) for k, v in
                           d.get("strategy", {}).items()})
+    self.peak = float(d.get("peak", 0.0))
 
   # ------------------------------------------------------------------ bytes
   def _bytes(self, events: dict[str, int]) -> tuple[int, float]:
@@ -96,6 +99,13 @@ class History:
   @property
   def wire_bytes(self) -> float:
     return self._bytes(self.events)[1]
+
+  def _step_wire(self, counts: dict, n: int) -> np.ndarray:
+    """(n,) wire bytes each step sent, per worker (syncs at their step)."""
+    wire = np.zeros(n, np.float64)
+    for c, k in counts.items():
+      wire += np.asarray(k, np.float64) * float(self.channels[c].wire_bytes)
+    return wire
 
   # ------------------------------------------------------------------ rows
   def as_arrays(self) -> dict[str, np.ndarray]:
@@ -142,6 +152,7 @@ class History:
       communicated = np.flatnonzero(part >= 0)
     reported = {m: (np.asarray(v, np.float64), np.flatnonzero(~np.isnan(v)))
                 for m, v in (strategy or {}).items()}
+    peak_cum = np.maximum.accumulate(self._step_wire(counts, n)) if n else None
 
     def at(j):  # everything cumulative at index j of this span
       k = np.searchsorted(ends, j, side="right") - 1
@@ -152,6 +163,7 @@ class History:
         c = np.searchsorted(communicated, j, side="right") - 1
         if c >= 0:
           self.participants = float(part[communicated[c]])
+      self.peak = max(self.peak, float(peak_cum[j]))
       for m, (values, at_steps) in reported.items():
         i = np.searchsorted(at_steps, j, side="right") - 1
         if i >= 0:
@@ -225,6 +237,7 @@ class History:
     if self.tokens_per_example:
       row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
     row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
+                names.PEAK_STEP_BYTES: self.peak,
                 names.WORKER_DIVERGENCE: self.divergence,
                 names.WALL_TIME_S: wall_time_s})
     if self.sim_time is not None:

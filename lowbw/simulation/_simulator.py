@@ -362,7 +362,8 @@ class Simulator:
     cols += [names.EVAL_LOSS] + [names.eval_metric(m)
                                  for m in self.metric_names]
     cols += [names.EVAL_PERPLEXITY] if lm else []
-    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.WORKER_DIVERGENCE,
+    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.PEAK_STEP_BYTES,
+             names.WORKER_DIVERGENCE,
              names.LR]
     if c.network is not None:
       cols += [names.SIM_TIME_S, names.SYNC_WORKERS]

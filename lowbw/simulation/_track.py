@@ -162,6 +162,7 @@ class Track:
         "final_eval_loss": last(names.EVAL_LOSS),
         "payload_bytes": self.history.payload_bytes,
         "wire_bytes": self.history.wire_bytes,
+        "peak_step_bytes": self.history.peak,
         "collectives": {name: ch.collective for name, ch in
                         self.sim.channels.items()},
         "sim_time_s": (self.clock.elapsed if self.network is not None

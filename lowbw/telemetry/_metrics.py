@@ -12,6 +12,7 @@ EVAL_ACCURACY = "eval_accuracy"
 EVAL_PERPLEXITY = "eval_perplexity"
 PAYLOAD_BYTES = "payload_bytes"
 WIRE_BYTES = "wire_bytes"
+PEAK_STEP_BYTES = "peak_step_bytes"  # most wire bytes one step sent, per worker
 SIM_TIME_S = "sim_time_s"
 SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
 WALL_TIME_S = "wall_time_s"
