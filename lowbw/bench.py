@@ -20,7 +20,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from lowbw.simulation import _engine, _mesh
+from lowbw.simulation import _engine, _mesh, _precision
 from lowbw.simulation._simulator import build
 
 
@@ -143,7 +143,7 @@ def _time_sync(strategy, state, repeats: int) -> float | None:
   if strategy.sync is None:
     return None
   sync = jax.jit(lambda st: strategy.sync(
-      _engine.cast_workers(st, jnp.float32))[0])
+      _precision.cast_workers(st, jnp.float32))[0])
   sync = sync.lower(state.strategy).compile()
   jax.block_until_ready(sync(state.strategy))
   times = []

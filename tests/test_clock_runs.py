@@ -324,7 +324,9 @@ def test_changing_probabilities_and_links_does_not_recompile():
   sim = _engine.SimState(state, k2, k3, jnp.ones(W, bool))
   sampler = src.build(W, B, 0)
   channels = strategy.channels(params, W)
-  chunk = jax.jit(_engine.build(MLP, strategy, W, 2, 0, masks=True).chunk)
+  chunk = jax.jit(_engine.build(MLP, strategy, W, 2, 0,
+                                tuple(strategy.channels(params, W)),
+                                masks=True).chunk)
 
   def params_of(**kw):
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))

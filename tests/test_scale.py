@@ -191,7 +191,8 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     return _engine.SimState(s.init(fresh, W, k1), k2, k3)
 
   base = strategy(1e-3, 0.7)
-  chunk = jax.jit(_engine.build(MLP, base, W, 2, 0).chunk)
+  channels = tuple(base.channels(params, W))
+  chunk = jax.jit(_engine.build(MLP, base, W, 2, 0, channels).chunk)
   chunk(start(base), sampler, 2)
   sim = start(base)
   st = sim.strategy
@@ -213,8 +214,8 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles
   other = strategy(3e-3, 0.5)
-  expected, _ = jax.jit(_engine.build(MLP, other, W, 2, 0).chunk)(start(other),
-                                                         sampler, 2)
+  expected, _ = jax.jit(_engine.build(MLP, other, W, 2, 0, channels).chunk)(
+      start(other), sampler, 2)
   chex.assert_trees_all_close(changed.strategy.comm[0],
                               expected.strategy.comm[0], rtol=1e-6)
   unchanged, _ = chunk(start(base), sampler, 2)

@@ -31,8 +31,7 @@ import optax
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
 from lowbw.simulation._grouping import local_compute
-from lowbw.simulation._precision import Precision, cast_workers  # noqa: F401
-from lowbw.simulation._timing import RoundClock, StepClock  # noqa: F401
+from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
                               sharded_workers, worker_divergence, worker_mean,
@@ -95,13 +94,6 @@ def _inner_lr(inner_W: PyTree) -> Array:
   return worker_mean(jnp.asarray(lr, jnp.float32).reshape(-1))
 
 
-def split_report(report: dict, channels) -> tuple[dict, dict]:
-  """(event counts, the strategy's own metrics) of a report."""
-  counts = {k: v for k, v in report.items()
-            if _timing.is_channel(k, channels)}
-  return counts, {k: v for k, v in report.items() if k not in counts}
-
-
 class Programs(NamedTuple):
   """The run's functions, not yet jitted (the simulator jits them, or vmaps
   them over sweep points first)."""
@@ -113,9 +105,9 @@ class Programs(NamedTuple):
 
 
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
-          tail_steps: int, masks: bool = False, mesh=None,
+          tail_steps: int, channels, masks: bool = False, mesh=None,
           specs=None, worker_dtype=None,
-          worker_batch: int | None = None, channels=None) -> Programs:
+          worker_batch: int | None = None) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -131,7 +123,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   type (``_precision``). ``worker_batch``: compute local steps that do not
   communicate this many workers at a time (``_grouping``); None: all at once.
   ``channels``: the names of the strategy's channels (report entries not
-  among them are its metrics); None: every entry is a channel.
+  among them are its metrics).
   """
   precision = Precision(worker_dtype)
   compute = local_compute(model, strategy, precision, worker_batch)
@@ -148,11 +140,11 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     st, loss_W, metrics_W, step_fn = compute(stored, batch_W, keys_W)
     st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                     sim.active)
-    counts, own = split_report(report, channels)
+    counts, own = _timing.split_report(report, channels)
     out = StepOut(worker_mean(loss_W), worker_mean(metrics_W),
                   _first_bad(loss_W), counts, clock, own)
-    return sim._replace(strategy=precision.narrow(st), active=active), out, (
-        carry)
+    sim = sim._replace(strategy=precision.narrow(st), active=active)
+    return sim, out, carry
 
   def local_steps(sim: SimState, sampler, timing, length: int):
     carry = timing.begin(sim.strategy.step)
@@ -174,7 +166,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     st, report, clock, active = timing.sync(st, strategy.sync, carry,
                                             steps.clock, sim.active)
     st, active = timing.rejoin(st, carry, active, strategy.global_params)
-    counts, own = split_report(report, channels)
+    counts, own = _timing.split_report(report, channels)
     return sim._replace(strategy=precision.narrow(st), active=active), (
         RoundOut(steps, counts, divergence, lr, clock, own))
 

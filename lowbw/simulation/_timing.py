@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from lowbw._types import Array
 from lowbw.network import _clock
 from lowbw.strategies._base import nothing_reported
-from lowbw.transforms import (any_worker, broadcast_to_workers, local_workers,
+from lowbw.transforms import (any_worker, broadcast_to_workers,
+                              call_participating, local_workers,
                               participating, where_workers)
 
 
@@ -46,14 +47,11 @@ class Carry(NamedTuple):
   ready_W: Array           # float32 (W,): when each worker is done, from round start
 
 
-def priced(net, report: dict) -> dict:
-  """The entries of ``report`` that are priced channels (not metrics)."""
-  return {k: v for k, v in report.items() if k in net.comm_s}
-
-
-def is_channel(name: str, channels) -> bool:
-  """Whether a report entry counts events (``channels`` None: all do)."""
-  return channels is None or name in channels
+def split_report(report: dict, channels) -> tuple[dict, dict]:
+  """(event counts, the strategy's own metrics) of a report: entries named
+  after the strategy's ``channels`` count events."""
+  counts = {k: v for k, v in report.items() if k in channels}
+  return counts, {k: v for k, v in report.items() if k not in counts}
 
 
 class Untimed:
@@ -100,7 +98,7 @@ class Clocked(Untimed):
     return fn, jnp.max(carry.ready_W), jnp.int32(self.num_workers), active
 
   def communicates(self, report_shape) -> bool:
-    return any(is_channel(k, self.channels) for k in report_shape)
+    return bool(split_report(report_shape, self.channels)[0])
 
   def local(self, st, step_fn, carry, active):
     net = self.net
@@ -112,7 +110,7 @@ class Clocked(Untimed):
                                             st.step, 0, active)
       st, report = fn(st)
       ready_W = jnp.full_like(ready_W, start + _clock.comm_seconds(
-          net, priced(net, report)))
+          net, split_report(report, self.channels)[0]))
     else:
       st, report = self.freeze_down(step_fn, st, up_W)
       n = jnp.int32(-1)
@@ -130,7 +128,8 @@ class Clocked(Untimed):
     if sync_fn is not None:
       fn, start, n, active = self.take_part(sync_fn, carry, st.step, 1, active)
       st, report = fn(st)
-      sync_s = _clock.comm_seconds(net, priced(net, report))
+      sync_s = _clock.comm_seconds(net, split_report(report,
+                                                     self.channels)[0])
     return st, report, RoundClock(start, sync_s, n), active
 
 
@@ -145,11 +144,8 @@ class Masked(Clocked):
                                           step, salt)
     active = local_workers(active_W)
 
-    def run(st):
-      with participating(active):
-        # A skipped step still counts as a step; a skipped sync does not.
-        return _unless_nobody(fn, active_W, 1 if salt == 0 else 0)(st)
-
+    # A skipped step still counts as a step; a skipped sync does not.
+    run = _unless_nobody(fn, active_W, active, 1 if salt == 0 else 0)
     return run, start, jnp.sum(active_W.astype(jnp.int32)), active
 
   def freeze_down(self, step_fn, st, up_W):
@@ -177,24 +173,24 @@ class Masked(Clocked):
                                               st.params_W, global_W)), fallback
 
 
-def _unless_nobody(fn, active_W: Array, steps: int):
-  """``fn(state)``, skipped when no worker takes part (the counter still
-  advances by ``steps``; no events): the global model is never lost."""
+def _unless_nobody(fn, active_W: Array, active: Array, steps: int):
+  """``fn(state)`` traced inside ``participating(active)`` (this device's
+  slice of ``active_W``), skipped when no worker takes part (the counter
+  still advances by ``steps``; no events): the global model is never lost.
+  The mask is an operand of the ``cond``, set inside the branch."""
 
   def run(state):
-    # A fresh function per trace: JAX caches what it traces for ``cond`` and
-    # ``eval_shape`` by the function, and ``fn`` (a strategy's ``sync``) reads
-    # this trace's participation mask, which must not outlive the trace.
-    def take(state):
-      return fn(state)
+    def take(state, active):
+      return call_participating(active, fn, state)
 
-    report_shape = jax.eval_shape(take, state)[1]
+    report_shape = jax.eval_shape(take, state, active)[1]
 
-    def skip(state):
+    def skip(state, active):
+      del active
       return state._replace(step=state.step + steps), jax.tree.map(
           nothing_reported, report_shape)
 
-    return jax.lax.cond(jnp.any(active_W), take, skip, state)
+    return jax.lax.cond(jnp.any(active_W), take, skip, state, active)
 
   return run
 

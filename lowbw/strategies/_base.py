@@ -31,7 +31,8 @@ from lowbw import _validate
 from lowbw.strategies import _optim
 from lowbw._types import Array, Params, PRNGKey, PyTree
 from lowbw.network import Channel
-from lowbw.transforms import broadcast_to_workers, per_worker, worker_mean
+from lowbw.transforms import (broadcast_to_workers, call_participating,
+                              participants, per_worker, worker_mean)
 
 CommReport = dict[str, Array]
 
@@ -174,14 +175,17 @@ def compose_step(local, sync, period: int):
 
   def step(state, grads_W):
     state, report = local(state, grads_W)
+    # A notebook's participation mask (if any) goes into the cond as an
+    # operand and is set again inside the branch.
+    mask = participants()
 
-    def due(state):  # fresh per trace: ``sync`` may read the trace's
-      return sync(state)  # participation mask, which JAX must not cache
+    def due(state, mask):
+      return call_participating(mask, sync, state)
 
-    sync_shape = jax.eval_shape(due, state)[1]
+    sync_shape = jax.eval_shape(due, state, mask)[1]
     no_sync = jax.tree.map(nothing_reported, sync_shape)
     state, sync_report = jax.lax.cond(
-        state.step % period == 0, due, lambda s: (s, no_sync), state)
+        state.step % period == 0, due, lambda s, m: (s, no_sync), state, mask)
     return state, {**report, **sync_report}
 
   return step

@@ -41,29 +41,45 @@ def diloco_init(inner, outer, comp: Compression):
   return init
 
 
-def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
-  """The DiLoCo outer step on a state whose ``comm`` is a ``DiLoCoComm``.
+def outer_step(outer: optax.GradientTransformation, comp: Compression,
+               global_params: PyTree, params_W: PyTree, outer_state: PyTree,
+               message_W: PyTree, key) -> tuple:
+  """The outer step of the DiLoCo family, on any tree of tensors (the whole
+  model, or one of Streaming DiLoCo's fragments).
 
   Each worker's pseudo-gradient is global - theta_w. Each goes through the
-  codec (after its error-feedback residual is added); the mean of what the
-  receivers decode is fed to the outer optimizer as a gradient of the global
-  parameters, and every worker restarts from the new global parameters.
-  Reports the norm of that mean, ``pseudo_grad_norm``, as its own metric.
+  message chain (the codec, after its error-feedback residual is added); the
+  participants' mean of what the receivers decode is fed to the outer
+  optimizer as a gradient of the global parameters.
+
+  Returns:
+    (new global parameters, outer state, message states, the mean
+    pseudo-gradient).
+  """
+  delta_W = optax.tree.sub(
+      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
+  sent_W, message_W = transmit(comp, delta_W, message_W, key)
+  pseudo_grad = worker_mean(sent_W)
+  updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
+  return (optax.apply_updates(global_params, updates), outer_state, message_W,
+          pseudo_grad)
+
+
+def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
+  """The DiLoCo outer step (``outer_step``) on a state whose ``comm`` is a
+  ``DiLoCoComm``; every worker restarts from the new global parameters.
+  Reports the norm of the mean pseudo-gradient, ``pseudo_grad_norm``, as
+  its own metric.
   """
 
   def sync(state):
-    global_params, outer_state, residual_W = state.comm
-    w = num_workers(state.params_W)
-    delta_W = optax.tree.sub(broadcast_to_workers(global_params, w),
-                             state.params_W)
-    sent_W, residual_W = transmit(comp, delta_W, residual_W,
-                                  _base.comm_key(state))
-    pseudo_grad = worker_mean(sent_W)
-    updates, outer_state = outer.update(pseudo_grad, outer_state,
-                                        global_params)
-    global_params = optax.apply_updates(global_params, updates)
+    c = state.comm
+    global_params, outer_state, residual_W, pseudo_grad = outer_step(
+        outer, comp, c.global_params, state.params_W, c.outer_state,
+        c.residual_W, _base.comm_key(state))
     return state._replace(
-        params_W=broadcast_to_workers(global_params, w),
+        params_W=broadcast_to_workers(global_params,
+                                      num_workers(state.params_W)),
         comm=DiLoCoComm(global_params, outer_state, residual_W),
     ), {**_base.events(pseudo_gradients=1),
         **_base.metrics(pseudo_grad_norm=optax.tree.norm(pseudo_grad))}

@@ -19,21 +19,22 @@ at steps (p+1)·H/P, H + (p+1)·H/P, ... Its pseudo-gradient (the fragment's
 global parameters minus each worker's) goes through the codec and the outer
 optimizer (one state per fragment) at once; ``delay`` steps later every worker
 merges: local <- alpha·local + (1 - alpha)·global, for that fragment's leaves.
-Which fragment and when are counters in the state: one compiled round.
+Which fragment and when follow from the step counter: one compiled round. A
+sync skipped because no worker took part (faults) leaves the fragment's global
+parameters as they were, and its merge mixes with those.
 """
 
 import re
 from typing import NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
-from lowbw._types import Array, Params, PyTree
+from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, comm_channel, compression,
-                              init_residual, transmit, worker_mean)
+from lowbw.strategies._diloco import default_outer, outer_step
+from lowbw.transforms import Codec, comm_channel, compression, init_residual
 
 PATTERNS = ("strided", "sequential")
 
@@ -45,16 +46,14 @@ class StreamingComm(NamedTuple):
     global_params: the shared model.
     outer_states: one outer optimizer state per fragment.
     residual_W: one per-worker message state per fragment.
-    merge_at: int32, the step after which the pending merge happens (-1:
-      none pending).
-    merge_fragment: int32, the fragment it merges.
+
+  Which fragment syncs and when its merge lands follow from the step
+  counter alone (``_fragment_at``): no schedule state.
   """
 
   global_params: Params
   outer_states: tuple
   residual_W: tuple
-  merge_at: Array
-  merge_fragment: Array
 
 
 def _natural(key: str):
@@ -147,8 +146,7 @@ def streaming_diloco(
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
-  outer = _base.optimizer("outer", outer,
-                          lambda: _optim.outer(_optim.DILOCO_OUTER))
+  outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
   P = _validate.positive_int("fragments", fragments)
   _validate.one_of("pattern", pattern, PATTERNS)
@@ -156,8 +154,7 @@ def streaming_diloco(
     raise _validate.fail("H", H, f"a multiple of fragments={P} (each round "
                          "is H/fragments steps)")
   period = H // P
-  if (isinstance(delay, bool) or not isinstance(delay, int) or
-      not 0 <= delay < period):
+  if _validate.non_negative_int("delay", delay) >= period:
     raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
                          f"[0, {period})")
   alpha = _validate.fraction("alpha", alpha, low_open=False)
@@ -173,8 +170,12 @@ def streaming_diloco(
         params,
         tuple(outer.init(_split(params, ids, p)) for p in range(P)),
         tuple(init_residual(comp, _split(state.params_W, ids, p))
-              for p in range(P)),
-        jnp.int32(-1), jnp.int32(0)))
+              for p in range(P))))
+
+  def fragment_at(sync_step):
+    """The fragment the sync at ``sync_step`` (a multiple of the period)
+    moves."""
+    return (sync_step // period - 1) % P
 
   def merge(state, p: int, ids):
     c = state.comm
@@ -188,29 +189,24 @@ def streaming_diloco(
       return state, {}
     ids = ids_of(state.comm.global_params)
     branches = [lambda s, p=p: merge(s, p, ids) for p in range(P)]
-    due = state.step == state.comm.merge_at
+    synced = state.step - delay  # the sync whose merge lands now, if any
+    due = (synced >= period) & (synced % period == 0)
     state = jax.lax.cond(
-        due, lambda s: jax.lax.switch(s.comm.merge_fragment, branches, s),
+        due, lambda s: jax.lax.switch(fragment_at(synced), branches, s),
         lambda s: s, state)
     return state, {}
 
   def sync_fragment(state, p: int):
     c = state.comm
     ids = ids_of(c.global_params)
-    global_p = _split(c.global_params, ids, p)
-    delta_W = [g[None] - x for g, x in
-               zip(global_p, _split(state.params_W, ids, p))]
-    sent_W, res_p = transmit(comp, delta_W, c.residual_W[p],
-                             _base.comm_key(state))
-    pseudo_grad = worker_mean(sent_W)
-    updates, outer_p = outer.update(pseudo_grad, c.outer_states[p], global_p)
-    global_p = optax.apply_updates(global_p, updates)
-    c = c._replace(
+    global_p, outer_p, res_p, pseudo_grad = outer_step(
+        outer, comp, _split(c.global_params, ids, p),
+        _split(state.params_W, ids, p), c.outer_states[p], c.residual_W[p],
+        _base.comm_key(state))
+    state = state._replace(comm=c._replace(
         global_params=_join(c.global_params, ids, p, global_p),
         outer_states=_replace_at(c.outer_states, p, outer_p),
-        residual_W=_replace_at(c.residual_W, p, res_p),
-        merge_at=state.step + delay, merge_fragment=jnp.int32(p))
-    state = state._replace(comm=c)
+        residual_W=_replace_at(c.residual_W, p, res_p)))
     if delay == 0:
       state = merge(state, p, ids)
     return state, {**_base.events(**{_channel(q): int(q == p)
@@ -219,9 +215,8 @@ def streaming_diloco(
                        pseudo_grad))}
 
   def sync(state):
-    fragment = (state.step // period - 1) % P
     branches = [lambda s, p=p: sync_fragment(s, p) for p in range(P)]
-    return jax.lax.switch(fragment, branches, state)
+    return jax.lax.switch(fragment_at(state.step), branches, state)
 
   def channels(params, num_workers_):
     ids = ids_of(params)

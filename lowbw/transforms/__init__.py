@@ -17,7 +17,8 @@ from lowbw.transforms._error_feedback import (ErrorFeedbackState,
 from lowbw.transforms._per_worker import per_worker
 from lowbw.transforms._quantize import quantize, sign
 from lowbw.transforms._reductions import (all_workers, any_worker,
-                                          broadcast_to_workers, group_mean,
+                                          broadcast_to_workers,
+                                          call_participating, group_mean,
                                           local_workers, num_workers,
                                           participants, participating,
                                           replace_with_mean, sharded_workers,
@@ -39,6 +40,6 @@ __all__ = [
     "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "worker_divergence", "worker_mean", "all_workers", "any_worker",
-    "local_workers", "participants", "participating", "sharded_workers", "total_workers", "worker_ids",
+    "local_workers", "call_participating", "participants", "participating", "sharded_workers", "total_workers", "worker_ids",
     "where_workers", "worker_offset", "worker_sum",
 ]

@@ -70,6 +70,18 @@ def participating(active_W: Array | None):
     _PARTICIPANTS.pop()
 
 
+def call_participating(active_W: Array | None, fn, *args):
+  """``fn(*args)`` traced inside ``participating(active_W)``.
+
+  Under ``lax.cond``/``switch``/``scan`` pass the mask as an operand and call
+  this inside the branch: the mask is then this trace's own value, never one
+  closed over from an enclosing trace (JAX caches what it traces by the
+  function, so a closed-over mask could outlive its trace).
+  """
+  with participating(active_W):
+    return fn(*args)
+
+
 def participants() -> Array | None:
   """The workers taking part in the communication being traced (bool (W,)
   of this device's workers), or None: all."""
