@@ -757,3 +757,30 @@ def test_bandwidth_in_bytes_per_second_needs_a_capital_b():
 def test_a_bare_small_number_is_not_taken_for_flops():
   with pytest.raises(ValueError, match="^hardware=0.5 .*'0.5s'"):
     hardware(0.5)
+
+
+def test_clock_overlap_of_k_steps_waits_only_for_what_does_not_fit():
+  """A sync's result needed after k = 2 steps of the next round (Streaming
+  DiLoCo's tau): round r >= 1 waits s - 2c/h after its 2nd step, by hand."""
+  c, s, h = 2.0, 3.0, 4
+  clock = Clock(2)
+  out = clock.rounds(*uniform_rounds(3, h, c, s)).reshape(3, h)
+  np.testing.assert_allclose(out[0], [0.5, 1.0, 1.5, 2.0])
+  np.testing.assert_allclose(out[1], [2.5, 5.0, 5.5, 6.0])   # waited 2 s
+  np.testing.assert_allclose(out[2], [6.5, 9.0, 9.5, 10.0])
+  assert clock.now == 10.0 and clock.elapsed == 13.0  # the last sync arrives
+  # The tail needs the last result after its 2nd step too.
+  np.testing.assert_allclose(clock.steps([0.5, 1.0, 1.5]), [10.5, 13.0, 13.5])
+  # Compute-bound (s < 2c/h): nothing to wait for, a round costs c.
+  fast = Clock(2)
+  out = fast.rounds(*uniform_rounds(3, h, c, 0.5)).reshape(3, h)
+  np.testing.assert_allclose(out[:, -1], [2.0, 4.0, 6.0])
+
+
+def test_clock_overlap_steps_at_the_extremes():
+  """0 steps is no overlap; a round's worth or more is the whole next round."""
+  rounds = uniform_rounds(4, 3, 1.5, 2.5)
+  for k, same_as in ((0, False), (3, True), (7, True)):
+    a, b = Clock(k), Clock(same_as)
+    np.testing.assert_allclose(a.rounds(*rounds), b.rounds(*rounds))
+    assert a.elapsed == pytest.approx(b.elapsed)

@@ -183,3 +183,36 @@ def test_peak_step_bytes_is_the_largest_sync():
     first = r.history["peak_step_bytes"][0]
     assert first == (pytest.approx(peak) if name != "diloco" else 0.0), name
     assert r.history["peak_step_bytes"][-1] == pytest.approx(peak), name
+
+
+def test_clock_overlaps_a_fragments_sync_with_tau_steps():
+  """On a slow link the workers wait, tau steps after each fragment's sync,
+  only for what those steps did not hide: a step-by-step timeline by hand."""
+  model = models.mlp(hidden=(16,), num_classes=10)
+  dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)
+  bw, lat, c, w = 1e6, 0.01, 0.01, 4     # 1 Mbit/s, 10 ms, 10 ms a step
+  ring = lambda b: 2 * (w - 1) * (lat + 8 * b / w / bw)  # noqa: E731
+  net = lowbw.network.network("1Mbps", "10ms", hardware="0.01s")
+
+  def by_hand(tau, frags, period, steps):
+    t, arrives = 0.0, 0.0
+    for s in range(1, steps + 1):
+      t += c
+      if s > period and (s - tau) % period == 0 and tau:
+        t = max(t, arrives)          # the delayed merge needs the result
+      if s % period == 0:            # a fragment's sync: a barrier
+        start = max(t, arrives)
+        arrives = start + ring(frags[(s // period - 1) % len(frags)])
+        t = start if tau else arrives
+    return max(t, arrives)
+
+  times = {}
+  for tau in (0, 1):
+    r = lowbw.simulate(
+        model=model, data=data.digits(), num_workers=w, batch_size=8,
+        steps=16, network=net, progress=False,
+        strategy=strategies.streaming_diloco(H=4, fragments=2, delay=tau))
+    times[tau] = r.summary["sim_time_s"]
+    assert times[tau] == pytest.approx(by_hand(tau, (dense, head), 2, 16),
+                                       rel=1e-6), tau
+  assert times[1] < times[0]

@@ -18,9 +18,12 @@ or the fastest ones under a straggler mitigation) and lasts the topology's
 time for its channel. Steps without communication do not wait for anyone.
 With ``overlap`` the sync's communication runs during the next round's compute
 (Streaming DiLoCo's schedule), so a round costs max(compute, communication)
-once the pipeline is full.
+once the pipeline is full; a strategy whose result is needed after k steps
+(Streaming DiLoCo's delay tau) overlaps only those k steps, and the workers
+wait there for what did not fit.
 """
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -272,10 +275,17 @@ class Clock:
 
   ``now`` is when the workers start their next step; ``comm_end`` is when the
   last sync's communication finishes (later than ``now`` only with overlap).
+
+  ``overlap`` says how long a sync's result may take to arrive: ``False`` (or
+  0): the workers wait for it at the sync; ``k`` steps: they go on computing
+  and need it after the k-th step of the next round (Streaming DiLoCo's
+  delayed merge, tau = k), waiting there only for what did not fit; ``True``:
+  they need it at the next sync (the whole next round overlaps).
   """
 
-  def __init__(self, overlap: bool):
-    self.overlap = overlap
+  def __init__(self, overlap: bool | int):
+    self.overlap = (math.inf if overlap is True else
+                    0 if overlap is False else int(overlap))
     self.now = 0.0
     self.comm_end = 0.0
 
@@ -290,6 +300,16 @@ class Clock:
     """The run's simulated time: every step done, every message arrived."""
     return max(self.now, self.comm_end)
 
+  def _wait_at(self, start: float, rel: np.ndarray) -> float:
+    """Seconds the workers wait, after ``self.overlap`` steps of a span
+    starting at ``start`` (``rel``: relative times after its steps), for a
+    communication still in flight; 0 when it arrives in time or is needed
+    only after the span."""
+    k = self.overlap
+    if not 0 < k <= rel.shape[0] or self.comm_end <= start:
+      return 0.0
+    return max(0.0, self.comm_end - (start + float(rel[k - 1])))
+
   def rounds(self, step_s, compute_s, sync_s) -> np.ndarray:
     """Absolute times after each step of ``n`` rounds.
 
@@ -298,12 +318,17 @@ class Clock:
       compute_s: (n,) relative time the sync starts.
       sync_s: (n,) seconds of the sync's communication.
     """
-    step_s = np.asarray(step_s, np.float64)
+    step_s = np.array(step_s, np.float64)
+    h = step_s.shape[1] if step_s.ndim == 2 else 0
     out = np.empty(step_s.shape, np.float64)
     for r in range(step_s.shape[0]):
-      start = self.now
-      out[r] = start + step_s[r]
+      start, rel = self.now, step_s[r]
       ready = start + float(compute_s[r])
+      if 0 < self.overlap < h:  # the last sync's result is needed inside this round
+        wait = self._wait_at(start, rel)
+        rel[self.overlap - 1:] += wait
+        ready += wait
+      out[r] = start + rel
       if self.overlap:
         comm_start = max(ready, self.comm_end)
         self.comm_end = comm_start + float(sync_s[r])
@@ -315,7 +340,11 @@ class Clock:
 
   def steps(self, step_s) -> np.ndarray:
     """Absolute times after each of a tail's steps (no sync)."""
-    out = self.now + np.asarray(step_s, np.float64)
+    rel = np.array(step_s, np.float64).reshape(-1)
+    wait = self._wait_at(self.now, rel)
+    if wait:
+      rel[self.overlap - 1:] += wait
+    out = self.now + rel
     if out.size:
       self.now = float(out[-1])
     return out

@@ -35,7 +35,7 @@ class Track:
                            c.data.tokens_per_example, sim.metric_names,
                            clock=network is not None,
                            strategy_metrics=sim.strategy_metric_names)
-    self.clock = _clock.Clock(bool(network and network.overlap))
+    self.clock = _clock.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
     self.config = config or {}
@@ -184,6 +184,17 @@ class Track:
     if self.log_dir and self.sim.main_process:
       os.makedirs(self.log_dir, exist_ok=True)
       telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
+
+
+def clock_overlap(strategy, network) -> bool | int:
+  """How the clock overlaps a sync's communication: the strategy's own
+  ``overlap_steps`` when it declares one (its result is needed then), else
+  the network's ``overlap`` (the whole next round, or none)."""
+  if network is None:
+    return False
+  if strategy.overlap_steps is not None:
+    return strategy.overlap_steps
+  return network.overlap
 
 
 def _flatten_rounds(steps, n: int):

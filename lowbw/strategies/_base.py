@@ -78,6 +78,10 @@ class Strategy(NamedTuple):
     channels: ``(params, num_workers) -> {name: Channel}``: static byte cost of
       one event of each channel that ``local``/``sync`` report.
     config: JSON-able description (name and hyperparameters).
+    overlap_steps: how many inner steps after a sync its result is first
+      needed (Streaming DiLoCo's delay tau): the simulated clock overlaps the
+      sync's communication with that many steps. None: the strategy needs it
+      at once, and the network's ``overlap`` decides.
   """
 
   name: str
@@ -89,6 +93,7 @@ class Strategy(NamedTuple):
   global_params: Callable[[StrategyState], Params]
   channels: Callable[[Params, int], dict[str, Channel]]
   config: dict[str, Any]
+  overlap_steps: int | None = None
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -192,10 +197,10 @@ def compose_step(local, sync, period: int):
 
 
 def make(name: str, period: int, init, local, sync, global_params, channels,
-         config: dict[str, Any]) -> Strategy:
+         config: dict[str, Any], overlap_steps: int | None = None) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
-                  config)
+                  config, overlap_steps)
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

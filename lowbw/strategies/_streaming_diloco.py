@@ -228,7 +228,8 @@ def streaming_diloco(
       lambda s: s.comm.global_params, channels,
       {"name": "streaming_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "fragments": P,
-       "pattern": pattern, "delay": delay, "alpha": alpha, **comp.config})
+       "pattern": pattern, "delay": delay, "alpha": alpha, **comp.config},
+      overlap_steps=delay)
 
 
 def _channel(p: int) -> str:
