@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowbw.transforms import quantize, roundtrip, sign
+from lowbw.transforms import parse_codec, payload_nbytes, quantize, roundtrip, sign
 from lowbw.transforms._quantize import pack, unpack
 
 BITS = (1, 2, 4, 8)
@@ -273,3 +273,25 @@ def test_stochastic_needs_a_key():
   codec = quantize(4, stochastic=True)
   with pytest.raises(ValueError, match="key"):
     codec.encode(jnp.ones(4))
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_e3m0_rounds_to_the_nearest_of_its_sixteen_values(chunk):
+  """Against a brute-force nearest value among 0 and +-scale*2**-k, k=0..6,
+  per tensor or chunk (scale: the largest magnitude)."""
+  from lowbw.transforms import e3m0
+  x = np.random.default_rng(0).standard_normal(23).astype(np.float32)
+  x[3], x[7] = 0.0, 1e-4
+  codec = e3m0(chunk)
+  got = np.asarray(roundtrip(codec, jnp.asarray(x)))
+  size = chunk or x.size
+  for start in range(0, x.size, size):
+    part = x[start:start + size]
+    scale = np.abs(part).max()
+    grid = np.concatenate([[0.0], scale * 2.0 ** -np.arange(7)])
+    grid = np.concatenate([-grid[1:], grid])
+    want = grid[np.argmin(np.abs(part[:, None] - grid[None]), axis=1)]
+    np.testing.assert_allclose(got[start:start + size], want, rtol=1e-6)
+  chunks = -(-x.size // size)
+  assert payload_nbytes(codec, jnp.asarray(x)) == -(-x.size // 2) + 4 * chunks
+  assert parse_codec(codec.name).name == codec.name

@@ -219,6 +219,8 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   kwargs = {} if name in ("ddp", "sparta", "demo") else {"H": 3}
   if name == "streaming_diloco":  # H a multiple of P; a merge delay
     kwargs = {"H": 4, "fragments": 2, "delay": 1}
+  if name == "hierarchical_diloco":  # regional every 3 steps, global every 6
+    kwargs = {"H": 3, "global_every": 2}
   strategy = strategies.get(name, **kwargs)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   chex.assert_tree_shape_prefix(state.params_W, (W,))
@@ -245,7 +247,9 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   # Events: per-step channels fire every step, sync channels every H steps.
   for channel, counts in reports.items():
     expected = (STEPS // strategy.period if channel in
-                ("parameters", "pseudo_gradients") else STEPS)
+                ("parameters", "pseudo_gradients", "regional") else STEPS)
+    if channel == "global":
+      expected = STEPS // (strategy.period * kwargs["global_every"])
     if channel.startswith("fragment_"):  # syncs k = 1.. take (k-1) mod P
       p, P = int(channel.split("_")[1]), kwargs["fragments"]
       expected = sum((k - 1) % P == p

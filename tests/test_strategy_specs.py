@@ -20,7 +20,9 @@ def cli_strategy(*argv):
 
 @pytest.mark.parametrize("name", sorted(strategies.SPECS))
 def test_the_command_line_builds_the_factory_defaults(name):
-  from_api = strategies.get(name)
+  spec = strategies.spec(name)
+  from_api = strategies.get(name, **{p.name: p.cli_default for p in spec.params
+                                     if p.cli_default != p.default})
   from_cli, _ = cli_strategy("--strategy", name)
   assert from_cli.period == from_api.period
   assert json.dumps(from_cli.config, sort_keys=True) == json.dumps(
@@ -44,6 +46,34 @@ def test_flags_override_the_spec_and_reach_the_factory():
       selector="partitioned", codec=transforms.quantize(4),
       error_feedback=0.5)
   assert strategy.config == want.config
+
+
+def test_streaming_sends_the_papers_4_bit_floats_from_the_command_line():
+  """Python's default sends float32; the command line's is E3M0 (the paper's
+  outer-gradient format), and --codec none turns it off."""
+  assert strategies.streaming_diloco().config["codec"] is None
+  strategy, _ = cli_strategy("--strategy", "streaming_diloco")
+  assert strategy.config["codec"] == "e3m0"
+  strategy, _ = cli_strategy("--strategy", "streaming_diloco", "--codec",
+                             "none")
+  assert strategy.config["codec"] is None
+
+
+def test_hierarchical_flags_reach_both_outer_optimizers(capsys):
+  strategy, s = cli_strategy(
+      "--strategy", "hierarchical_diloco", "--group-size", "4",
+      "--global-every", "3", "--outer-lr", "0.5", "--global-outer-lr", "0.9",
+      "--global-outer-momentum", "0.5")
+  want = strategies.hierarchical_diloco(
+      _optim.inner(_optim.DILOCO_INNER),
+      _optim.outer(_optim.Optimizer("sgd", 0.5, momentum=0.9)),
+      _optim.outer(_optim.Optimizer("sgd", 0.9, momentum=0.5)),
+      group_size=4, global_every=3)
+  assert strategy.config == want.config
+  assert want.config["global_outer"]["hyperparams"]["learning_rate"] == 0.9
+  assert cli.main(["train", "--global-outer-lr", "0.9"]) == 2
+  assert ("--global-outer-lr=0.9 is invalid: not used by strategy 'diloco'"
+          in capsys.readouterr().err)
 
 
 def test_codec_specs_are_accepted_by_the_factories():

@@ -216,3 +216,28 @@ def test_clock_overlaps_a_fragments_sync_with_tau_steps():
     assert times[tau] == pytest.approx(by_hand(tau, (dense, head), 2, 16),
                                        rel=1e-6), tau
   assert times[1] < times[0]
+
+
+def test_a_users_partition_sets_the_fragments():
+  """A prefix tree of ids: block a and c in fragment 1, b in 0; equals the
+  loop by hand with those fragments."""
+  partition = {"a": 1, "b": 0, "c": 1}
+  strategy = strategies.streaming_diloco(
+      optax.sgd(LR), OUTER, H=4, fragments=2, delay=1, alpha=0.5,
+      partition=partition)
+  state = run_strategy(strategy, 9)
+  workers, glob = reference(9, 4, [["b"], ["a", "c"]], 1, 0.5)
+  chex.assert_trees_all_close(state.comm.global_params, glob, atol=1e-6)
+  assert strategy.config["pattern"] == "user"
+
+
+@pytest.mark.parametrize("partition, message", [
+    ({"a": 0, "b": 0, "c": 0}, "fragment 1 has no parameters"),
+    ({"a": 0, "b": 2, "c": 1}, r"integers in \[0, fragments=2\); got 2"),
+    ({"a": 0, "b": 1}, "expected the parameters' tree or a prefix"),
+])
+def test_a_bad_partition_is_a_one_line_error(partition, message):
+  strategy = strategies.streaming_diloco(H=4, fragments=2,
+                                         partition=partition)
+  with pytest.raises(ValueError, match="^partition=.*" + message):
+    strategy.init(PARAMS, W, jax.random.PRNGKey(0))

@@ -43,20 +43,36 @@ def _by_flag() -> dict[str, list[tuple[str, _spec.Param]]]:
   return out
 
 
+def _extra_outer(spec) -> dict[str, _optim.Optimizer]:
+  """The settings of ``spec``'s further outer optimizers: name_lr,
+  name_momentum -> (name, its default)."""
+  out = {}
+  for name, o in spec.optimizers.items():
+    out[name + "_lr"] = (name, o.lr)
+    out[name + "_momentum"] = (name, o.momentum)
+  return out
+
+
+def _extra_outer_names() -> list[str]:
+  return sorted({n for spec in specs().values() for n in spec.optimizers})
+
+
 def flag_names() -> set[str]:
   """Every setting the strategy flags define."""
-  return set(_by_flag()) | set(OPTIMIZER) | set(OUTER) | {"strategy"}
+  return (set(_by_flag()) | set(OPTIMIZER) | set(OUTER) | {"strategy"} |
+          {k for spec in specs().values() for k in _extra_outer(spec)})
 
 
 def defaults(spec: strategies_lib.Spec) -> dict:
   """The settings ``spec`` fills when they are not given: its parameters'
   defaults and its paper's optimizers."""
-  out = {p.flag: p.default for p in _cli(spec)}
+  out = {p.flag: p.cli_default for p in _cli(spec)}
   out.update(inner=spec.inner.kind, inner_lr=spec.inner.lr,
              weight_decay=spec.inner.weight_decay,
              momentum=spec.inner.momentum, **SCHEDULE_DEFAULTS)
   if spec.outer is not None:
     out.update(outer_lr=spec.outer.lr, outer_momentum=spec.outer.momentum)
+  out.update({k: v for k, (_, v) in _extra_outer(spec).items()})
   return out
 
 
@@ -78,14 +94,15 @@ def fill(s: dict, keep) -> dict:
 def used_by() -> dict[str, set[str]]:
   """strategy -> the strategy-specific settings it reads."""
   return {name: {p.flag for p in _cli(spec)} |
-          (set(OUTER) if spec.outer is not None else set())
+          (set(OUTER) if spec.outer is not None else set()) |
+          set(_extra_outer(spec))
           for name, spec in specs().items()}
 
 
 def _default_text(entries) -> str:
   values = {}
   for name, p in entries:
-    values.setdefault(p.default, []).append(name)
+    values.setdefault(p.cli_default, []).append(name)
   if len(values) == 1 and len(entries) == len(specs()):
     return f"default {_show(next(iter(values)))}"
   return "; ".join(f"{', '.join(names)}: {_show(v)}"
@@ -158,6 +175,15 @@ def add_optimizer_flags(group) -> None:
   add("--outer-momentum", type=float, help="outer Nesterov momentum, 0 for "
       "plain SGD [" + per_strategy(lambda s: s.outer and s.outer.momentum)
       + "]")
+  for name in _extra_outer_names():
+    flag = "--" + name.replace("_", "-")
+    add(flag + "-lr", type=float, help=f"{name} SGD learning rate [" +
+        per_strategy(lambda s: name in s.optimizers and
+                     s.optimizers[name].lr) + "]")
+    add(flag + "-momentum", type=float, help=f"{name} Nesterov momentum, 0 "
+        "for plain SGD [" + per_strategy(
+            lambda s: name in s.optimizers and
+            s.optimizers[name].momentum) + "]")
 
 
 def unit_schedule(s: dict):
@@ -188,4 +214,7 @@ def build(s: dict) -> strategies_lib.Strategy:
   if spec.outer is not None:
     kwargs["outer"] = _optim.outer(_optim.Optimizer(
         "sgd", s["outer_lr"], momentum=s["outer_momentum"]))
+  for name in spec.optimizers:
+    kwargs[name] = _optim.outer(_optim.Optimizer(
+        "sgd", s[name + "_lr"], momentum=s[name + "_momentum"]), name)
   return spec.factory(inner=build_inner(s), **kwargs)

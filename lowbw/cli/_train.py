@@ -113,8 +113,9 @@ def add_run_flags(p) -> None:
                  f"50ms (default {d['latency']})")
   g.add_argument("--topology", help="ring | parameter_server | hierarchical "
                  "(default ring)")
-  g.add_argument("--group-size", type=int, help="hierarchical: workers per "
-                 "region (on --regional-* links)")
+  if "group_size" not in _strategy.flag_names():  # else a strategy flag too
+    g.add_argument("--group-size", type=int, help="hierarchical: workers per "
+                   "region (on --regional-* links)")
   g.add_argument("--regional-bandwidth", help=f"hierarchical (default "
                  f"{d['regional_bandwidth']})")
   g.add_argument("--regional-latency", help=f"hierarchical (default "
@@ -351,7 +352,8 @@ def build_network(s: dict) -> network_lib.Network:
     raise _validate.fail("overlap", overlap, "expected true or false")
   return network_lib.network(
       s["bandwidth"], s["latency"], topology=s["topology"],
-      group_size=s["group_size"], regional_bandwidth=s["regional_bandwidth"],
+      group_size=s["group_size"] if s["topology"] == "hierarchical" else None,
+      regional_bandwidth=s["regional_bandwidth"],
       regional_latency=s["regional_latency"], hardware=s["hardware"],
       mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
       overlap=overlap)

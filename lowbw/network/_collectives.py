@@ -15,13 +15,22 @@ class Channel(NamedTuple):
     payload_bytes: bytes one worker encodes for the event (exact, from shapes).
     wire_bytes: bytes one worker sends under ``collective``.
     collective: the algorithm, e.g. ``"ring_allreduce"``.
-    group_size: how many workers take part in one collective.
+    group_size: how many members take part in one collective.
+    tier: where the members are, for a topology with regions: "regional"
+      (one region, its fast links), "global" (one member per region, across
+      the wide-area network), or None (the topology decides from the group).
+    shards: how many workers send each member's payload together, each a
+      1/shards part over its own link (1: the member sends it alone). The
+      workers of a region all hold the region's model, so hierarchical
+      DiLoCo's global tier splits each region's message over its workers.
   """
 
   payload_bytes: int
   wire_bytes: float
   collective: str
   group_size: int
+  tier: str | None = None
+  shards: int = 1
 
 
 def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:
@@ -58,6 +67,20 @@ def all_gather(payload_bytes: int, group_size: int) -> Channel:
 COLLECTIVES = {"ring_allreduce": ring_allreduce, "all_gather": all_gather}
 
 
-def channel(collective: str, payload_bytes: int, group_size: int) -> Channel:
-  """The ``Channel`` of ``collective`` ("ring_allreduce" or "all_gather")."""
-  return COLLECTIVES[collective](payload_bytes, group_size)
+TIERS = ("regional", "global")
+
+
+def channel(collective: str, payload_bytes: int, group_size: int,
+            tier: str | None = None, shards: int = 1) -> Channel:
+  """The ``Channel`` of ``collective`` ("ring_allreduce" or "all_gather");
+  with ``shards``, each worker sends 1/shards of what a member sends."""
+  c = COLLECTIVES[collective](payload_bytes, group_size)
+  return c._replace(wire_bytes=c.wire_bytes / shards, tier=tier,
+                    shards=shards)
+
+
+def tiers_of(channels: dict[str, Channel]) -> list[str]:
+  """The tiers ``channels`` use, in ``TIERS`` order (none for a strategy
+  without tiers)."""
+  used = {c.tier for c in channels.values()}
+  return [t for t in TIERS if t in used]

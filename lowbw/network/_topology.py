@@ -83,7 +83,10 @@ class Hierarchical(NamedTuple):
   in two tiers (the 2-D algorithm of hierarchical all-reduce): a reduce-scatter
   inside each region, a ring all-reduce of each worker's 1/s shard across
   regions (every worker uses its own WAN link), an all-gather inside each
-  region. All-gathers do the same with whole payloads. Collectives over fewer
+  region. All-gathers do the same with whole payloads. A channel of tier
+  "regional" whose groups fit in a region (hierarchical DiLoCo's regional
+  sync) runs as a ring on the regional links; one of tier "global" (one
+  member per region) as a ring over the WAN. Other collectives over fewer
   workers than all (FedAvg islands, drawn at random) are timed as a ring over
   the WAN, since their members are in any region.
   """
@@ -94,7 +97,10 @@ class Hierarchical(NamedTuple):
 
   def cost(self, channel: Channel, num_workers: int) -> Cost:
     n = channel.group_size
-    if n != num_workers or n % self.group_size:
+    if channel.tier == "regional" and self.group_size % n == 0:
+      inside = ring(self.regional, channel)
+      return inside._replace(algorithm="regional_" + inside.algorithm)
+    if channel.tier == "global" or n != num_workers or n % self.group_size:
       wan_ring = ring(self.wan, channel)
       return wan_ring._replace(algorithm="wan_" + wan_ring.algorithm)
     return two_tier(self.regional, self.wan, self.group_size, channel)
@@ -110,10 +116,16 @@ class Hierarchical(NamedTuple):
 Topology = Flat | Hierarchical
 
 
+def _sent(channel: Channel) -> tuple[int, float]:
+  """Members, and the bytes each worker sends of a member's payload."""
+  return channel.group_size, channel.payload_bytes / channel.shards
+
+
 def ring(link_: Link, channel: Channel) -> Cost:
   """Ring all-reduce: 2(n-1) sequential hops of payload/n bytes; ring
-  all-gather: n-1 hops of a whole payload."""
-  n, payload = channel.group_size, channel.payload_bytes
+  all-gather: n-1 hops of a whole payload (of 1/shards of it, per worker,
+  when several workers send each member's payload)."""
+  n, payload = _sent(channel)
   if n <= 1:
     return Cost(0.0, 0.0, "none")
   if channel.collective == _GATHER:
@@ -126,7 +138,7 @@ def ring(link_: Link, channel: Channel) -> Cost:
 def parameter_server(link_: Link, channel: Channel) -> Cost:
   """Upload one payload, then download the result: the mean (one payload) or,
   for an all-gather, the n-1 other payloads."""
-  n, payload = channel.group_size, channel.payload_bytes
+  n, payload = _sent(channel)
   if n <= 1:
     return Cost(0.0, 0.0, "none")
   down = (n - 1) * payload if channel.collective == _GATHER else payload

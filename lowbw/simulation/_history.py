@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from lowbw.network import Channel
+from lowbw.network._collectives import tiers_of
 from lowbw.telemetry import names
 
 
@@ -43,6 +44,7 @@ class History:
                tokens_per_example: int | None, metric_names: list[str],
                clock: bool = False, strategy_metrics: list[str] = ()):
     self.channels = channels
+    self.tiers = tiers_of(channels)
     self.log_every = log_every
     self.examples_per_step = examples_per_step
     self.tokens_per_example = tokens_per_example
@@ -91,6 +93,17 @@ class History:
     wire = sum((n * Fraction(self.channels[c].wire_bytes)
                 for c, n in events.items()), Fraction(0))
     return payload, float(wire)
+
+  def _tier_bytes(self, events: dict[str, int]) -> dict[str, float]:
+    """Wire bytes of each tier (two-tier strategies only)."""
+    return {t: float(sum((n * Fraction(self.channels[c].wire_bytes)
+                          for c, n in events.items()
+                          if self.channels[c].tier == t), Fraction(0)))
+            for t in self.tiers}
+
+  @property
+  def tier_wire_bytes(self) -> dict[str, float]:
+    return self._tier_bytes(self.events)
 
   @property
   def payload_bytes(self) -> int:
@@ -174,7 +187,7 @@ class History:
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])
       count = self.carry["n"] + j - prev
-      row = self._bare_row(s, wall_time_s, self._bytes({**self.events, **at(j)}))
+      row = self._bare_row(s, wall_time_s, {**self.events, **at(j)})
       row[names.TRAIN_LOSS] = (self.carry["loss"] + _span(loss_cum, prev, j)) / count
       for m in self.metric_names:
         row[names.train_metric(m)] = (
@@ -231,12 +244,15 @@ class History:
     self._reset_carry()
     return row
 
-  def _bare_row(self, step, wall_time_s, nbytes=None):
-    payload, wire = nbytes or self._bytes(self.events)
+  def _bare_row(self, step, wall_time_s, events=None):
+    events = self.events if events is None else events
+    payload, wire = self._bytes(events)
     row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step}
     if self.tokens_per_example:
       row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
     row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
+                **{names.tier_wire_bytes(t): b
+                   for t, b in self._tier_bytes(events).items()},
                 names.PEAK_STEP_BYTES: self.peak,
                 names.WORKER_DIVERGENCE: self.divergence,
                 names.WALL_TIME_S: wall_time_s})

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
 from lowbw.network import _clock
+from lowbw.network._collectives import tiers_of
 from lowbw.simulation import (_config, _engine, _hparams, _mesh, _precision,
                               _resume)
 from lowbw.simulation._loop import Executables, drive
@@ -364,7 +365,9 @@ class Simulator:
     cols += [names.EVAL_LOSS] + [names.eval_metric(m)
                                  for m in self.metric_names]
     cols += [names.EVAL_PERPLEXITY] if lm else []
-    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.PEAK_STEP_BYTES,
+    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES]
+    cols += [names.tier_wire_bytes(t) for t in tiers_of(self.channels)]
+    cols += [names.PEAK_STEP_BYTES,
              names.WORKER_DIVERGENCE,
              names.LR]
     if c.network is not None:

@@ -162,6 +162,8 @@ class Track:
         "final_eval_loss": last(names.EVAL_LOSS),
         "payload_bytes": self.history.payload_bytes,
         "wire_bytes": self.history.wire_bytes,
+        **{names.tier_wire_bytes(t): b
+           for t, b in self.history.tier_wire_bytes.items()},
         "peak_step_bytes": self.history.peak,
         "collectives": {name: ch.collective for name, ch in
                         self.sim.channels.items()},

@@ -1,7 +1,8 @@
 """Distributed training strategies: factories returning pure functions."""
 
 from lowbw import _validate
-from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg, _muloco, _sparta,
+from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg,
+                              _hierarchical_diloco, _muloco, _sparta,
                               _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
@@ -9,6 +10,7 @@ from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
 from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedavg import fedavg
+from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
 from lowbw.strategies._optim import INNER_KINDS, Optimizer
 from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
@@ -27,6 +29,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _muloco.SPEC,
     _demo.SPEC,
     _streaming_diloco.SPEC,
+    _hierarchical_diloco.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 
@@ -47,6 +50,7 @@ __all__ = [
     "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
+    "hierarchical_diloco",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
     "peak_schedule", "sparta", "sparta_diloco", "streaming_diloco",
 ]

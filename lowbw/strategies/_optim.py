@@ -80,11 +80,13 @@ def inner(spec: Optimizer,
                                                         peak)
 
 
-def outer(spec: Optimizer) -> optax.GradientTransformation:
-  """Outer SGD: Nesterov momentum when ``spec.momentum`` > 0 (DiLoCo)."""
-  _validate.one_of("outer", spec.kind, ("sgd",))
-  lr = _validate.positive_float("outer_lr", spec.lr)
-  momentum = _validate.momentum("outer_momentum", spec.momentum)
+def outer(spec: Optimizer, field: str = "outer"
+          ) -> optax.GradientTransformation:
+  """Outer SGD: Nesterov momentum when ``spec.momentum`` > 0 (DiLoCo);
+  errors name ``field``_lr and ``field``_momentum."""
+  _validate.one_of(field, spec.kind, ("sgd",))
+  lr = _validate.positive_float(field + "_lr", spec.lr)
+  momentum = _validate.momentum(field + "_momentum", spec.momentum)
   return optax.inject_hyperparams(optax.sgd)(
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 
@@ -94,4 +96,5 @@ DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
 DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
 MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5)  # 2505.23725
 MULOCO_OUTER = Optimizer("sgd", 0.8, momentum=0.9)
+AVERAGING = Optimizer("sgd", 1.0)   # outer SGD lr 1: the new model is the mean
 DEMO_INNER = Optimizer("sgd", 4e-4)                           # arXiv 2411.19870

@@ -65,6 +65,9 @@ class Param(NamedTuple):
     flag: the command line's setting name (``ef`` for ``error_feedback``);
       None for Python-only parameters (an optax transformation).
     choices: the allowed strings, when there is a fixed set.
+    cli_default: the command line's default, where it differs from the
+      factory's (Streaming DiLoCo sends float32 from Python, the paper's
+      4-bit floats from the command line).
   """
 
   name: str
@@ -74,6 +77,7 @@ class Param(NamedTuple):
   help: str
   flag: str | None
   choices: tuple[str, ...] = ()
+  cli_default: Any = None
 
 
 class Spec(NamedTuple):
@@ -89,6 +93,9 @@ class Spec(NamedTuple):
     outer: the default outer optimizer, None for strategies without one.
     paper: the reference its defaults come from.
     summary: the factory's first docstring line.
+    optimizers: further outer optimizers the factory takes as keywords
+      (hierarchical DiLoCo's ``global_outer``) and their defaults; the
+      command line sets each with ``--<name>-lr`` and ``--<name>-momentum``.
   """
 
   name: str
@@ -98,6 +105,7 @@ class Spec(NamedTuple):
   outer: Optimizer | None
   paper: str
   summary: str
+  optimizers: dict[str, Optimizer] = {}
 
 
 def _kind(annotation) -> tuple[type, bool]:
@@ -109,8 +117,8 @@ def _kind(annotation) -> tuple[type, bool]:
   args = tuple(a for a in args if a is not type(None))
   if Codec in args:
     return Codec, optional
-  if len(args) == 1 and args[0] is optax.GradientTransformation:
-    return optax.GradientTransformation, optional
+  if len(args) == 1 and args[0] in (optax.GradientTransformation, dict):
+    return args[0], optional  # Python only
   if len(args) != 1 or args[0] not in (int, float, str):
     raise TypeError(f"unsupported strategy parameter type {annotation!r}")
   return args[0], optional
@@ -118,7 +126,9 @@ def _kind(annotation) -> tuple[type, bool]:
 
 def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
          paper: str, help: dict[str, str],
-         choices: dict[str, tuple[str, ...]] | None = None) -> Spec:
+         choices: dict[str, tuple[str, ...]] | None = None,
+         optimizers: dict[str, Optimizer] | None = None,
+         cli: dict[str, Any] | None = None) -> Spec:
   """The ``Spec`` of ``factory``, read from its signature.
 
   Every parameter besides ``inner``/``outer`` needs a help line, in ``help``
@@ -132,13 +142,20 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
   for name, p in signature.parameters.items():
     if name in ("inner", "outer"):
       continue
+    if name in (optimizers or {}):
+      continue
     if name not in help:
       raise TypeError(f"{factory.__name__}: parameter {name!r} has no help")
     kind, optional = _kind(p.annotation)
-    flag = (None if kind is optax.GradientTransformation
+    flag = (None if kind in (optax.GradientTransformation, dict)
             else FLAGS.get(name, name))
     params.append(Param(name, kind, p.default, optional, help[name], flag,
-                        tuple(choices.get(name, ()))))
+                        tuple(choices.get(name, ())),
+                        (cli or {}).get(name, p.default)))
+  unknown = set(cli or {}) - {p.name for p in params}
+  if unknown:
+    raise TypeError(f"{factory.__name__}: cli default for unknown "
+                    f"{sorted(unknown)}")
   extra = set(given) - {p.name for p in params}
   if extra:
     raise TypeError(f"{factory.__name__}: help for unknown {sorted(extra)}")
@@ -146,9 +163,12 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
   if has_outer != (outer is not None):
     raise TypeError(f"{factory.__name__}: outer= and the outer default "
                     "must come together")
+  missing = set(optimizers or {}) - set(signature.parameters)
+  if missing:
+    raise TypeError(f"{factory.__name__}: no parameter {sorted(missing)}")
   summary = (inspect.getdoc(factory) or "").split("\n")[0]
   return Spec(factory.__name__, factory, tuple(params), inner, outer, paper,
-              summary)
+              summary, dict(optimizers or {}))
 
 
 def _value(value) -> str:
@@ -160,17 +180,23 @@ def _value(value) -> str:
       isinstance(value, float) else str(value)
 
 
+def _outer(o: Optimizer) -> str:
+  return f"sgd, lr {o.lr:g}" + (f", Nesterov momentum {o.momentum:g}"
+                                if o.momentum else "")
+
+
 def defaults_table(specs: dict[str, Spec]) -> str:
   """A markdown table of every strategy's defaults, for the docs (a test
   keeps docs/strategies/README.md equal to it)."""
   rows = ["| strategy | inner | outer | parameters | paper |",
           "| --- | --- | --- | --- | --- |"]
   for name, s in specs.items():
-    params = ", ".join(f"`{p.name}` {_value(p.default)}" for p in s.params)
-    outer = "" if s.outer is None else (
-        f"sgd, lr {s.outer.lr:g}" + (f", Nesterov momentum "
-                                     f"{s.outer.momentum:g}"
-                                     if s.outer.momentum else ""))
+    params = ", ".join(
+        [f"`{name}` {_outer(o)}" for name, o in s.optimizers.items()] +
+        [f"`{p.name}` {_value(p.default)}" + (
+            f" (command line: {_value(p.cli_default)})"
+            if p.cli_default != p.default else "") for p in s.params])
+    outer = "" if s.outer is None else _outer(s.outer)
     rows.append(f"| `{name}` | {s.inner.describe()} | {outer} | {params} | "
                 f"{s.paper} |")
   return "\n".join(rows) + "\n"

@@ -28,6 +28,7 @@ import re
 from typing import NamedTuple
 
 import jax
+import numpy as np
 import optax
 
 from lowbw import _validate
@@ -91,6 +92,31 @@ def fragment_of_leaves(params: Params, fragments: int,
   return [of_block[path[depth].key] for path, _ in leaves]
 
 
+def user_fragments(params: Params, partition: dict, fragments: int
+                   ) -> list[int]:
+  """Each leaf's fragment from ``partition``: the parameters' tree (or a
+  prefix of it, e.g. one id per block) with an int in [0, P) at each leaf;
+  every fragment must get a leaf."""
+  try:
+    per_leaf = jax.tree.map(
+        lambda i, sub: [i] * len(jax.tree.leaves(sub)), partition, params)
+  except (ValueError, TypeError) as e:
+    raise _validate.fail("partition", partition, "expected the parameters' "
+                         f"tree or a prefix of it ({e})") from None
+  ids = jax.tree.leaves(per_leaf)
+  bad = [i for i in ids if isinstance(i, bool) or
+         not isinstance(i, (int, np.integer)) or not 0 <= i < fragments]
+  if bad:
+    raise _validate.fail("partition", partition, f"fragment ids must be "
+                         f"integers in [0, fragments={fragments}); got "
+                         f"{bad[0]!r}")
+  empty = sorted(set(range(fragments)) - set(ids))
+  if empty:
+    raise _validate.fail("partition", partition, f"fragment {empty[0]} has "
+                         "no parameters")
+  return [int(i) for i in ids]
+
+
 def _split(tree: PyTree, ids: list[int], p: int) -> list:
   """The leaves of ``tree`` in fragment ``p``."""
   return [x for x, f in zip(jax.tree.leaves(tree), ids) if f == p]
@@ -118,6 +144,7 @@ def streaming_diloco(
     alpha: float = 0.5,
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
+    partition: dict | None = None,
 ) -> _base.Strategy:
   """Streaming DiLoCo: P fragments synced in turn, merged tau steps later.
 
@@ -144,6 +171,9 @@ def streaming_diloco(
       (0: every worker takes the new global fragment, as DiLoCo does).
     codec: codec of the fragments' pseudo-gradients, or None (float32).
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
+    partition: your own fragments instead of ``pattern``'s: the parameters'
+      tree, or a prefix of it such as ``{"block_0": 0, "head": 1, ...}``,
+      with a fragment id in [0, P) at each leaf; or None.
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
@@ -160,7 +190,13 @@ def streaming_diloco(
   alpha = _validate.fraction("alpha", alpha, low_open=False)
   comp = compression(codec, error_feedback)
 
+  if partition is not None and not isinstance(partition, dict):
+    raise _validate.fail("partition", partition, "expected a dict tree of "
+                         "fragment ids (the parameters' tree or a prefix)")
+
   def ids_of(params):
+    if partition is not None:
+      return user_fragments(params, partition, P)
     return fragment_of_leaves(params, P, pattern)
 
   def init(params, num_workers_, key):
@@ -228,7 +264,8 @@ def streaming_diloco(
       lambda s: s.comm.global_params, channels,
       {"name": "streaming_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "fragments": P,
-       "pattern": pattern, "delay": delay, "alpha": alpha, **comp.config},
+       "pattern": "user" if partition is not None else pattern,
+       "delay": delay, "alpha": alpha, **comp.config},
       overlap_steps=delay)
 
 
@@ -249,5 +286,7 @@ SPEC = _spec.spec(
           "delay": "tau: inner steps between a fragment's outer update and "
                    "its merge (overlapped communication), < H/P",
           "alpha": "merge weight of the worker's own parameters, in [0, 1]",
-          "codec": "codec of the fragments' pseudo-gradients"},
-    choices={"pattern": PATTERNS})
+          "codec": "codec of the fragments' pseudo-gradients",
+          "partition": "your own fragment id per leaf (Python only)"},
+    choices={"pattern": PATTERNS},
+    cli={"codec": "e3m0"})  # the paper's outer-gradient format

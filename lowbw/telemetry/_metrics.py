@@ -29,6 +29,12 @@ def eval_metric(name: str) -> str:
   return "eval_" + name
 
 
+def tier_wire_bytes(tier: str) -> str:
+  """Column of the wire bytes of one tier of a two-tier strategy (per worker,
+  cumulative), e.g. wire_bytes_regional, wire_bytes_global."""
+  return "wire_bytes_" + tier
+
+
 def strategy_metric(name: str) -> str:
   """Column of a strategy's own metric (a non-channel entry of its report),
   e.g. strategy_pseudo_grad_norm: the latest value reported at or before

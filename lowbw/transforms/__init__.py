@@ -15,7 +15,7 @@ from lowbw.transforms._dct import dct_top_k
 from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
 from lowbw.transforms._per_worker import per_worker
-from lowbw.transforms._quantize import quantize, sign
+from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._reductions import (all_workers, any_worker,
                                           broadcast_to_workers,
                                           call_participating, group_mean,
@@ -36,7 +36,7 @@ __all__ = [
     "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
     "encode_tree", "error_feedback", "feedback_step", "group_mean",
     "index_dtype", "init_residual", "make_codec", "message_bytes", "num_workers",
-    "as_codec", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
+    "as_codec", "e3m0", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
     "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "worker_divergence", "worker_mean", "all_workers", "any_worker",

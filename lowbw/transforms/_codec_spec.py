@@ -8,6 +8,7 @@ A spec is a comma-separated chain of stages (``"topk:0.1,quant:4"`` is
   quant:B[:OPT...]   quantize(B); OPT: linear | statistical | stochastic |
                      chunk=N
   sign               sign()
+  e3m0[:chunk=N]     e3m0(N): 4-bit floats, Streaming DiLoCo's format
   cast:T             cast(T); T: float32, bf16, fp16, fp8 (e4m3), e5m2
   dct[:CHUNK[:K]]    dct_top_k(CHUNK, K); defaults 64, 32
   none               no codec
@@ -19,11 +20,11 @@ from lowbw import _validate
 from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import Codec
 from lowbw.transforms._dct import dct_top_k
-from lowbw.transforms._quantize import quantize, sign
+from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._topk import random_k, top_k
 
 FORMS = ("topk:F", "randk:F", "quant:BITS[:statistical][:stochastic]"
-         "[:chunk=N]", "sign", "cast:DTYPE", "dct[:CHUNK[:K]]", "none")
+         "[:chunk=N]", "sign", "e3m0[:chunk=N]", "cast:DTYPE", "dct[:CHUNK[:K]]", "none")
 
 
 def parse_codec(spec: str, field: str = "codec") -> Codec | None:
@@ -73,6 +74,10 @@ def _stage(stage: str) -> Codec:
     return random_k(_number(args[0]))
   if name == "sign" and not args:
     return sign()
+  if name == "e3m0" and len(args) <= 1:
+    if args and not args[0].startswith("chunk="):
+      raise ValueError(f"unknown e3m0 option {args[0]!r}")
+    return e3m0(_integer(args[0][len("chunk="):]) if args else None)
   if name == "cast" and len(args) == 1:
     return cast(args[0])
   if name == "dct" and len(args) <= 2:

@@ -114,22 +114,24 @@ def init_residual(comp: Compression, tree_W: PyTree) -> PyTree:
 
 
 def transmit(comp: Compression, x_W: PyTree, state_W: PyTree,
-             key: PRNGKey, active_W: Array | None = None
-             ) -> tuple[PyTree, PyTree]:
+             key: PRNGKey, active_W: Array | None = None,
+             senders_W: Array | None = None) -> tuple[PyTree, PyTree]:
   """Every worker's decoded message and new message state.
 
   ``key`` is shared by all workers; worker w's index is passed to the chain
-  for private noise. Only the participating workers' states change (the
-  others sent nothing this time): ``active_W``, else the engine's
-  ``participating`` mask, else all.
+  for private noise (``senders_W``: the index each worker encodes as
+  instead, e.g. its region's, when several workers send one message). Only
+  the participating workers' states change (the others sent nothing this
+  time): ``active_W``, else the engine's ``participating`` mask, else all.
   """
   active_W = participants() if active_W is None else active_W
   if comp.message is None:
     return x_W, state_W
-  workers = worker_ids(num_workers(x_W))
+  if senders_W is None:
+    senders_W = worker_ids(num_workers(x_W))
   sent_W, new_W = jax.vmap(
       lambda x, s, w: comp.message.update(x, s, None, key=key, worker=w))(
-          x_W, state_W, workers)
+          x_W, state_W, senders_W)
   if active_W is not None:
     new_W = where_workers(active_W, new_W, state_W)
   return sent_W, new_W
@@ -150,7 +152,10 @@ def message_bytes(comp: Compression, tree: PyTree) -> int:
   return payload_nbytes(comp.codec, tree)
 
 
-def comm_channel(comp: Compression, tree: PyTree, group_size: int) -> Channel:
+def comm_channel(comp: Compression, tree: PyTree, group_size: int,
+                 tier: str | None = None, shards: int = 1) -> Channel:
   """The channel of one message of ``tree`` under ``comp``: payload bytes and
-  the collective the codec implies (all-reduce or all-gather)."""
-  return channel(collective(comp.codec), message_bytes(comp, tree), group_size)
+  the collective the codec implies (all-reduce or all-gather); ``tier`` and
+  ``shards`` as in ``Channel``."""
+  return channel(collective(comp.codec), message_bytes(comp, tree), group_size,
+                 tier, shards)

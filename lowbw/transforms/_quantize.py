@@ -191,3 +191,65 @@ def sign() -> Codec:
   return make_codec("sign", encode, decode, summable=False,
                     carries_values=False, needs_key=False,
                     config={"codec": "sign"})
+
+
+E3M0_SMALLEST = -6  # the smallest non-zero magnitude is scale * 2**-6
+
+
+def _e3m0_encode(values, valid):
+  """(codes, scales): sign in bit 3, exponent field f in bits 0-2 (f = 0 is
+  zero, f >= 1 is scale * 2**(f - 7)), nearest value by linear distance."""
+  scale = jnp.max(jnp.where(valid, jnp.abs(values), 0.0), axis=1,
+                  keepdims=True)
+  m = jnp.abs(values) / jnp.where(scale > 0, scale, 1.0)
+  k = jnp.floor(jnp.log2(jnp.maximum(m, 2.0 ** -30)))
+  e = k + (m >= 1.5 * jnp.exp2(k))          # round to the nearer power of two
+  f = jnp.where(m < 2.0 ** (E3M0_SMALLEST - 1), 0,
+                jnp.clip(e - E3M0_SMALLEST + 1, 1, 7))
+  codes = f.astype(jnp.int32) + 8 * (values < 0)
+  return codes, scale[:, 0]
+
+
+def _e3m0_decode(codes, scale):
+  f = codes % 8
+  magnitude = jnp.where(f > 0, jnp.exp2((f - 7).astype(jnp.float32)), 0.0)
+  return jnp.where(codes >= 8, -1.0, 1.0) * magnitude * scale[:, None]
+
+
+def e3m0(chunk: int | None = None) -> Codec:
+  """4-bit floats with a sign, 3 exponent bits and no mantissa (E3M0), the
+  format Streaming DiLoCo sends its outer gradients in (arXiv 2501.18512).
+
+  Each tensor (or each ``chunk`` of its flattened entries) is scaled by its
+  largest magnitude; an entry becomes the nearest (by linear distance) of
+  0 and ±scale x 2**-k for k = 0..6 (exponent field 0 is zero). The relative
+  error of an entry of magnitude at least scale x 2**-6 is at most 1/3.
+
+  Bytes per tensor of n entries: ceil(n / 2) + 4 per chunk (a float32
+  scale). Workers have their own scales, so payloads are all-gathered.
+
+  Args:
+    chunk: entries per scale; None = one scale per tensor.
+  """
+  chunk = _validate.optional_positive_int("chunk", chunk)
+
+  def encode(x, key, worker):
+    del key, worker
+    flat = x.reshape(-1).astype(jnp.float32)
+    values, valid = _chunks(flat, chunk)
+    codes, scale = _e3m0_encode(values, valid)
+    return {"codes": pack(codes.reshape(-1)[:flat.size], 4), "scale": scale}
+
+  def decode(payload, key):
+    del key
+    n = math.prod(payload.shape)
+    size = max(n, 1) if chunk is None else chunk
+    count = max(1, math.ceil(n / size))
+    codes = jnp.pad(unpack(payload.data["codes"], 4, n),
+                    (0, count * size - n)).reshape(count, size)
+    values = _e3m0_decode(codes, payload.data["scale"])
+    return values.reshape(-1)[:n].reshape(payload.shape)
+
+  return make_codec("e3m0" + (f":chunk={chunk}" if chunk else ""), encode,
+                    decode, summable=False, carries_values=False,
+                    needs_key=False, config={"codec": "e3m0", "chunk": chunk})
