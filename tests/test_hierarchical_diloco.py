@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import lowbw
+import toy_workers
 from lowbw import data, models, strategies
 
 W, LR = 4, 0.1
@@ -16,25 +17,12 @@ REGIONAL = optax.sgd(0.7, momentum=0.9, nesterov=True)
 GLOBAL = optax.sgd(0.5, momentum=0.8, nesterov=True)
 PARAMS = {"a": jnp.linspace(-1.0, 1.0, 6).reshape(3, 2),
           "b": jnp.array([0.5, -0.25])}
-TARGETS = [jax.tree.map(lambda x, w=w: x * 0 + (w + 1) * 0.3 - 0.2, PARAMS)
-           for w in range(W)]
-
-
-def loss(params, target):
-  return sum(jnp.sum(jnp.square(p - t) + 0.2 * jnp.square(jnp.square(p)))
-             for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+TARGETS = toy_workers.targets(PARAMS, W)
+loss = toy_workers.loss
 
 
 def run_strategy(strategy, steps):
-  state = strategy.init(PARAMS, W, jax.random.PRNGKey(0))
-  targets_W = jax.tree.map(lambda *t: jnp.stack(t), *TARGETS)
-  step = jax.jit(lambda s: strategy.step(
-      s, jax.vmap(jax.grad(loss))(s.params_W, targets_W)))
-  reports = []
-  for _ in range(steps):
-    state, report = step(state)
-    reports.append(report)
-  return state, reports
+  return toy_workers.run(strategy, PARAMS, TARGETS, steps)
 
 
 def mean(trees):

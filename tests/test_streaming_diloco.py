@@ -9,6 +9,7 @@ import optax
 import pytest
 
 import lowbw
+import toy_workers
 from lowbw import data, models, strategies
 from lowbw.strategies._streaming_diloco import blocks, fragment_of_leaves
 
@@ -17,25 +18,12 @@ OUTER = optax.sgd(0.7, momentum=0.9, nesterov=True)
 PARAMS = {"a": {"w": jnp.linspace(-1.0, 1.0, 6).reshape(3, 2)},
           "b": {"w": jnp.array([0.5, -0.25])},
           "c": jnp.arange(4.0) / 4}
-TARGETS = [jax.tree.map(lambda x, w=w: x * 0 + (w + 1) * 0.3 - 0.2, PARAMS)
-           for w in range(W)]
-
-
-def loss(params, target):
-  # Convex and nonlinear (quartic): workers drift apart, nothing diverges.
-  return sum(jnp.sum(jnp.square(p - t) + 0.2 * jnp.square(jnp.square(p)))
-             for p, t in zip(jax.tree.leaves(params), jax.tree.leaves(target)))
+TARGETS = toy_workers.targets(PARAMS, W)
+loss = toy_workers.loss
 
 
 def run_strategy(strategy, steps):
-  state = strategy.init(PARAMS, W, jax.random.PRNGKey(0))
-  targets_W = jax.tree.map(lambda *t: jnp.stack(t), *TARGETS)
-  step = jax.jit(lambda s: strategy.step(
-      s, jax.vmap(jax.grad(loss))(s.params_W, targets_W)))
-  for _ in range(steps):
-    state, _ = step(state)
-  assert step._cache_size() == 1  # every fragment offset, one program
-  return state
+  return toy_workers.run(strategy, PARAMS, TARGETS, steps)[0]
 
 
 def reference(steps, H, frags, delay, alpha):
