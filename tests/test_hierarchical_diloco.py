@@ -169,3 +169,18 @@ def test_groups_must_divide_the_workers_at_build(kw, message):
   with pytest.raises(ValueError, match=message):
     lowbw.build(strategy=strategies.hierarchical_diloco(H=2, **kw),
                 **{k: v for k, v in KW.items() if k != "progress"})
+
+
+def test_the_global_outer_optimizer_is_checked_at_build():
+  with pytest.raises(ValueError, match="^global_outer=.*expected an "
+                     "optax.GradientTransformation"):
+    strategies.hierarchical_diloco(global_outer="sgd")
+  with pytest.raises(ValueError, match="^groups=0 is invalid"):
+    strategies.hierarchical_diloco(groups=0)
+
+
+def test_a_bad_global_outer_flag_names_itself(capsys):
+  from lowbw import cli
+  assert cli.main(["train", "--strategy", "hierarchical_diloco",
+                   "--global-outer-lr", "-1"]) == 2
+  assert "--global-outer-lr=-1.0 is invalid" in capsys.readouterr().err

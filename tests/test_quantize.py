@@ -295,3 +295,12 @@ def test_e3m0_rounds_to_the_nearest_of_its_sixteen_values(chunk):
   chunks = -(-x.size // size)
   assert payload_nbytes(codec, jnp.asarray(x)) == -(-x.size // 2) + 4 * chunks
   assert parse_codec(codec.name).name == codec.name
+
+
+def test_e3m0_bad_settings_are_one_line_errors():
+  from lowbw.transforms import e3m0
+  with pytest.raises(ValueError, match="^chunk=0 is invalid"):
+    e3m0(0)
+  with pytest.raises(ValueError, match="^codec='e3m0:fast' is invalid: stage "
+                     "'e3m0:fast': unknown e3m0 option 'fast'"):
+    parse_codec("e3m0:fast")

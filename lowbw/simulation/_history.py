@@ -87,19 +87,22 @@ class History:
     self.peak = float(d.get("peak", 0.0))
 
   # ------------------------------------------------------------------ bytes
+  def _wire(self, events: dict[str, int], tier: str | None = None) -> float:
+    """Wire bytes of ``events`` (of one ``tier``'s channels only, if given),
+    summed exactly and rounded once."""
+    return float(sum((n * Fraction(self.channels[c].wire_bytes)
+                      for c, n in events.items()
+                      if tier is None or self.channels[c].tier == tier),
+                     Fraction(0)))
+
   def _bytes(self, events: dict[str, int]) -> tuple[int, float]:
-    """Payload (exact int) and wire bytes (exactly summed, rounded once)."""
+    """Payload (exact int) and wire bytes."""
     payload = sum(n * self.channels[c].payload_bytes for c, n in events.items())
-    wire = sum((n * Fraction(self.channels[c].wire_bytes)
-                for c, n in events.items()), Fraction(0))
-    return payload, float(wire)
+    return payload, self._wire(events)
 
   def _tier_bytes(self, events: dict[str, int]) -> dict[str, float]:
     """Wire bytes of each tier (two-tier strategies only)."""
-    return {t: float(sum((n * Fraction(self.channels[c].wire_bytes)
-                          for c, n in events.items()
-                          if self.channels[c].tier == t), Fraction(0)))
-            for t in self.tiers}
+    return {t: self._wire(events, t) for t in self.tiers}
 
   @property
   def tier_wire_bytes(self) -> dict[str, float]:

@@ -43,14 +43,18 @@ def diloco_init(inner, outer, comp: Compression):
 
 def outer_step(outer: optax.GradientTransformation, comp: Compression,
                global_params: PyTree, params_W: PyTree, outer_state: PyTree,
-               message_W: PyTree, key) -> tuple:
+               message_W: PyTree, key, active_W=None,
+               senders_W=None) -> tuple:
   """The outer step of the DiLoCo family, on any tree of tensors (the whole
-  model, or one of Streaming DiLoCo's fragments).
+  model, one of Streaming DiLoCo's fragments, or hierarchical DiLoCo's group
+  models).
 
   Each worker's pseudo-gradient is global - theta_w. Each goes through the
   message chain (the codec, after its error-feedback residual is added); the
   participants' mean of what the receivers decode is fed to the outer
-  optimizer as a gradient of the global parameters.
+  optimizer as a gradient of the global parameters. ``active_W`` and
+  ``senders_W`` are ``transmit``'s (who takes part, whose noise a worker
+  encodes with); None: the engine's participants, each worker its own.
 
   Returns:
     (new global parameters, outer state, message states, the mean
@@ -58,8 +62,9 @@ def outer_step(outer: optax.GradientTransformation, comp: Compression,
   """
   delta_W = optax.tree.sub(
       broadcast_to_workers(global_params, num_workers(params_W)), params_W)
-  sent_W, message_W = transmit(comp, delta_W, message_W, key)
-  pseudo_grad = worker_mean(sent_W)
+  sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
+                               senders_W)
+  pseudo_grad = worker_mean(sent_W, active_W)
   updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
   return (optax.apply_updates(global_params, updates), outer_state, message_W,
           pseudo_grad)

@@ -35,7 +35,7 @@ from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.network import Channel
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.strategies._diloco import default_outer
+from lowbw.strategies._diloco import default_outer, outer_step
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               call_participating, comm_channel, compression,
                               group_mean, init_residual, num_workers,
@@ -209,22 +209,18 @@ def hierarchical_diloco(
         regional_message_W=message_W)), _rms_norm(mean_W)
 
   def global_(state, s: int, g: int):
+    """DiLoCo's outer step with the groups' models as the workers' (each
+    group's s identical rows, sent together under its group's index)."""
     c = state.comm
     local = num_workers(state.params_W)
-    perm = jnp.arange(total_workers(state.params_W))
-    delta_W = optax.tree.sub(broadcast_to_workers(c.global_params, local),
-                             c.group_params_W)
     key = _base.comm_key(state)
     if s > 1:  # both tiers encode: their noise is independent
       key = jax.random.fold_in(key, 1)
-    live_W = _live_groups(perm, s)
-    sent_W, message_W = transmit(_tier(comp, g), delta_W, c.global_message_W,
-                                 key, active_W=live_W,
-                                 senders_W=worker_ids(local) // s)
-    pseudo_grad = worker_mean(sent_W, active_W=live_W)  # s rows per group
-    updates, outer_state = global_outer.update(pseudo_grad, c.global_outer,
-                                               c.global_params)
-    new_global = optax.apply_updates(c.global_params, updates)
+    new_global, outer_state, message_W, pseudo_grad = outer_step(
+        global_outer, _tier(comp, g), c.global_params, c.group_params_W,
+        c.global_outer, c.global_message_W, key,
+        active_W=_live_groups(jnp.arange(total_workers(state.params_W)), s),
+        senders_W=worker_ids(local) // s)
     new_W = broadcast_to_workers(new_global, local)
     return state._replace(params_W=new_W, comm=c._replace(
         global_params=new_global, global_outer=outer_state,

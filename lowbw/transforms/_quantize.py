@@ -51,6 +51,17 @@ def _chunks(flat: Array, chunk: int | None):
   return values, valid
 
 
+def _chunked_codes(packed: Array, bits: int, n: int, chunk: int | None):
+  """The ``bits``-bit codes of an n-entry tensor as (chunks, chunk), padded
+  to whole chunks as ``_chunks`` padded the values (padding to a multiple of
+  the chunk count would misalign every chunk after the first: n=9,
+  chunk=4)."""
+  size = max(n, 1) if chunk is None else chunk
+  count = max(1, math.ceil(n / size))
+  codes = jnp.pad(unpack(packed, bits, n), (0, count * size - n))
+  return codes.reshape(count, size)
+
+
 def _linear_encode(values, valid, bits, noise):
   levels = (1 << bits) - 1
   lo = jnp.min(jnp.where(valid, values, jnp.inf), axis=1, keepdims=True)
@@ -145,12 +156,7 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
     del key
     n = math.prod(payload.shape)
     data = payload.data
-    size = max(n, 1) if chunk is None else chunk
-    count = max(1, math.ceil(n / size))
-    # Pad to whole chunks as _chunks did: padding to a multiple of ``count``
-    # would misalign every chunk after the first (n=9, chunk=4).
-    codes = jnp.pad(unpack(data["codes"], bits, n), (0, count * size - n))
-    codes = codes.reshape(count, size)
+    codes = _chunked_codes(data["codes"], bits, n, chunk)
     if scheme == "linear":
       values = _linear_decode(codes.astype(jnp.float32), data["min"],
                               data["max"], bits)
@@ -243,10 +249,7 @@ def e3m0(chunk: int | None = None) -> Codec:
   def decode(payload, key):
     del key
     n = math.prod(payload.shape)
-    size = max(n, 1) if chunk is None else chunk
-    count = max(1, math.ceil(n / size))
-    codes = jnp.pad(unpack(payload.data["codes"], 4, n),
-                    (0, count * size - n)).reshape(count, size)
+    codes = _chunked_codes(payload.data["codes"], 4, n, chunk)
     values = _e3m0_decode(codes, payload.data["scale"])
     return values.reshape(-1)[:n].reshape(payload.shape)
 
