@@ -14,6 +14,7 @@ from lowbw.models._contract import Model
 from lowbw.models._contract import param_count
 from lowbw.models._gpt import gpt
 from lowbw.models._mlp import mlp
+from lowbw.models._moe_gpt import moe_gpt
 from lowbw.models._registry import get
 
 __all__ = (
@@ -24,5 +25,6 @@ __all__ = (
     "get",
     "gpt",
     "mlp",
+    "moe_gpt",
     "param_count",
 )

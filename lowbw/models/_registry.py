@@ -4,16 +4,17 @@ import inspect
 from typing import Any
 
 from lowbw import _validate
-from lowbw.models import _cnn, _contract, _gpt, _mlp
+from lowbw.models import _cnn, _contract, _gpt, _mlp, _moe_gpt
 
-_FACTORIES = {"mlp": _mlp.mlp, "cnn": _cnn.cnn, "gpt": _gpt.gpt}
+_FACTORIES = {"mlp": _mlp.mlp, "cnn": _cnn.cnn, "gpt": _gpt.gpt,
+              "moe_gpt": _moe_gpt.moe_gpt}
 
 
 def get(name: str, **kwargs: Any) -> _contract.Model:
   """Builds a built-in model by name.
 
   Args:
-    name: ``"mlp"``, ``"cnn"`` or ``"gpt"``.
+    name: ``"mlp"``, ``"cnn"``, ``"gpt"`` or ``"moe_gpt"``.
     **kwargs: arguments of that factory (:func:`mlp`, :func:`cnn`,
       :func:`gpt`).
 

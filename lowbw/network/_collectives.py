@@ -23,6 +23,10 @@ class Channel(NamedTuple):
       1/shards part over its own link (1: the member sends it alone). The
       workers of a region all hold the region's model, so hierarchical
       DiLoCo's global tier splits each region's message over its workers.
+    down_bytes: what one worker downloads from a parameter server for the
+      event, when it is not the collective's usual result (one payload for
+      a reduction, the n-1 others for an all-gather): SPES's workers upload
+      their own experts and download every expert. None: the usual.
   """
 
   payload_bytes: int
@@ -31,6 +35,7 @@ class Channel(NamedTuple):
   group_size: int
   tier: str | None = None
   shards: int = 1
+  down_bytes: int | None = None
 
 
 def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:

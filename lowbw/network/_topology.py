@@ -136,12 +136,15 @@ def ring(link_: Link, channel: Channel) -> Cost:
 
 
 def parameter_server(link_: Link, channel: Channel) -> Cost:
-  """Upload one payload, then download the result: the mean (one payload) or,
-  for an all-gather, the n-1 other payloads."""
+  """Upload one payload, then download the result: the mean (one payload),
+  for an all-gather the n-1 other payloads, or the channel's
+  ``down_bytes``."""
   n, payload = _sent(channel)
   if n <= 1:
     return Cost(0.0, 0.0, "none")
   down = (n - 1) * payload if channel.collective == _GATHER else payload
+  if channel.down_bytes is not None:
+    down = channel.down_bytes
   return Cost(link_.hop(payload) + link_.hop(down), float(payload),
               "parameter_server")
 

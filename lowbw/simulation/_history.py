@@ -280,7 +280,10 @@ class History:
     for name, value in results.items():
       row[names.EVAL_LOSS if name == "loss" else names.eval_metric(name)] = float(value)
     if perplexity:
-      row[names.EVAL_PERPLEXITY] = float(np.exp(results["loss"]))
+      # A model whose loss adds regularisers (moe_gpt's router terms)
+      # reports the language-modelling part as its cross_entropy metric.
+      nll = results.get("cross_entropy", results["loss"])
+      row[names.EVAL_PERPLEXITY] = float(np.exp(nll))
     return row
 
 

@@ -3,7 +3,7 @@
 from lowbw import _validate
 from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg,
                               _hierarchical_diloco, _muloco, _sparta,
-                              _sparta_diloco, _streaming_diloco)
+                              _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
 from lowbw.strategies._ddp import ddp
@@ -15,6 +15,7 @@ from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
 from lowbw.strategies._optim import INNER_KINDS, Optimizer
 from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
 from lowbw.strategies._spec import Param, Spec
+from lowbw.strategies._spes import spes
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
 from lowbw.strategies._streaming_diloco import streaming_diloco
@@ -30,6 +31,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _demo.SPEC,
     _streaming_diloco.SPEC,
     _hierarchical_diloco.SPEC,
+    _spes.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 
@@ -52,5 +54,5 @@ __all__ = [
     "default_inner", "default_outer", "diloco", "fedavg", "get",
     "hierarchical_diloco",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
-    "peak_schedule", "sparta", "sparta_diloco", "streaming_diloco",
+    "peak_schedule", "spes", "sparta", "sparta_diloco", "streaming_diloco",
 ]

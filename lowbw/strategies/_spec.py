@@ -35,6 +35,10 @@ CHOICES = {"selector": SELECTORS}
 FLAGS = {"error_feedback": "ef", "alpha": "merge_alpha"}
 
 
+# Parameter types with no command-line flag (set from Python only).
+_PYTHON_ONLY = (optax.GradientTransformation, dict, tuple)
+
+
 class WithCodec(float):
   """A default that applies only when the strategy has a codec (MuLoCo's error
   feedback 0.9): without one it means None."""
@@ -117,7 +121,7 @@ def _kind(annotation) -> tuple[type, bool]:
   args = tuple(a for a in args if a is not type(None))
   if Codec in args:
     return Codec, optional
-  if len(args) == 1 and args[0] in (optax.GradientTransformation, dict):
+  if len(args) == 1 and args[0] in _PYTHON_ONLY:
     return args[0], optional  # Python only
   if len(args) != 1 or args[0] not in (int, float, str):
     raise TypeError(f"unsupported strategy parameter type {annotation!r}")
@@ -147,8 +151,7 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
     if name not in help:
       raise TypeError(f"{factory.__name__}: parameter {name!r} has no help")
     kind, optional = _kind(p.annotation)
-    flag = (None if kind in (optax.GradientTransformation, dict)
-            else FLAGS.get(name, name))
+    flag = None if kind in _PYTHON_ONLY else FLAGS.get(name, name)
     params.append(Param(name, kind, p.default, optional, help[name], flag,
                         tuple(choices.get(name, ())),
                         (cli or {}).get(name, p.default)))
