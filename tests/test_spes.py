@@ -1,0 +1,269 @@
+"""SPES against a per-worker Python reference (owner-masked inner steps,
+shared mean, experts from their owners, the merge as a loop over experts),
+its frozen experts, its bytes and memory, faults, and its errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from lowbw import network, strategies
+from lowbw.network import _topology
+from lowbw.strategies import _spes
+from lowbw.transforms import call_participating
+
+import toy_workers
+
+E, W = 6, 3
+
+
+def _params(E=E):
+  k = jax.random.split(jax.random.key(7), 3)
+  return {"emb": jax.random.normal(k[0], (4,)),
+          "layer": {"experts": {"w_gate": jax.random.normal(k[1], (E, 2, 3)),
+                                "w_down": jax.random.normal(k[2], (E, 3))},
+                    "router": jnp.linspace(-1.0, 1.0, 5)}}
+
+
+def _inner():
+  return optax.adamw(0.05, weight_decay=0.1)
+
+
+# ------------------------------------------------------------- reference
+def _view(p, mine):
+  ex = p["layer"]["experts"]
+  return {"emb": p["emb"], "router": p["layer"]["router"],
+          "w_gate": ex["w_gate"][mine], "w_down": ex["w_down"][mine]}
+
+
+def _put(p, v, mine):
+  ex = p["layer"]["experts"]
+  return {"emb": v["emb"], "layer": {"router": v["router"], "experts": {
+      "w_gate": ex["w_gate"].at[mine].set(v["w_gate"]),
+      "w_down": ex["w_down"].at[mine].set(v["w_down"])}}}
+
+
+def _merge_reference(p, alpha, top_k):
+  ex = {n: np.asarray(x, np.float64) for n, x in p["layer"]["experts"].items()}
+  flat = ex["w_gate"].reshape(E, -1)
+  new = {n: x.copy() for n, x in ex.items()}
+  for i in range(E):
+    sims = [np.dot(flat[i], flat[j]) / np.linalg.norm(flat[i]) /
+            np.linalg.norm(flat[j]) if j != i else -np.inf for j in range(E)]
+    peers = np.argsort(sims)[::-1][:top_k]
+    for n in ex:
+      new[n][i] = ex[n][i] + alpha * np.mean(ex[n][peers] - ex[n][i], axis=0)
+  return {"emb": p["emb"], "layer": {"router": p["layer"]["router"],
+                                     "experts": {n: jnp.asarray(x, jnp.float32)
+                                                 for n, x in new.items()}}}
+
+
+def reference(params, targets, owned, H, rounds, merge=None):
+  """SPES written as a loop over workers and rounds."""
+  inner = _inner()
+  glob = params
+  opt = [inner.init(_view(params, mine)) for mine in owned]
+  for r in range(rounds):
+    trained = []
+    for w, mine in enumerate(owned):
+      p = glob
+      for _ in range(H):
+        g = jax.grad(toy_workers.loss)(p, targets[w])
+        v = _view(p, mine)
+        upd, opt[w] = inner.update(_view(g, mine), opt[w], v)
+        p = _put(p, optax.apply_updates(v, upd), mine)
+      trained.append(p)
+    owner = {int(e): w for w, mine in enumerate(owned) for e in mine}
+    experts = {n: jnp.stack([trained[owner[e]]["layer"]["experts"][n][e]
+                             for e in range(E)])
+               for n in ("w_gate", "w_down")}
+    mean = jax.tree.map(lambda *x: sum(x) / len(x), *trained)
+    glob = {"emb": mean["emb"], "layer": {"router": mean["layer"]["router"],
+                                          "experts": experts}}
+    if merge is not None:
+      alpha, warmup, every, top_k = merge
+      step = (r + 1) * H
+      a = alpha * (1 - min(step / warmup, 1)) if step % every == 0 else 0
+      if a > 0:
+        glob = _merge_reference(glob, a, top_k)
+  return glob
+
+
+def _close(a, b, **kw):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), **kw)
+
+
+@pytest.mark.parametrize("owners,merge", [
+    (None, None),                                  # E/W consecutive each
+    ((2, 0, 1, 0, 2, 1), None),                    # an explicit map
+    (None, (0.3, 12, 4, 2)),                       # merging, then none
+])
+def test_rounds_match_the_per_worker_reference(owners, merge):
+  params = _params()
+  H, rounds = 2, 4
+  kw = dict(merge_warmup_steps=0) if merge is None else dict(
+      merge_alpha=merge[0], merge_warmup_steps=merge[1],
+      merge_every=merge[2], merge_top_k=merge[3])
+  strategy = strategies.spes(_inner(), H=H, assignment=owners, **kw)
+  targets = toy_workers.targets(params, W)
+  # toy_workers.run also asserts one program served every step, across the
+  # merge warm-up's end.
+  state, reports = toy_workers.run(strategy, params, targets, H * rounds)
+  owned = state.inner_W.owned_W
+  if owners is not None:
+    assert [sorted(np.flatnonzero(np.asarray(owners) == w)) for w in range(W)
+            ] == np.asarray(owned).tolist()
+  want = reference(params, targets, np.asarray(owned), H, rounds, merge)
+  _close(state.comm.global_params, want, rtol=2e-5, atol=2e-6)
+  alphas = [float(r["merge_alpha"]) for r in reports[H - 1::H]]
+  if merge is not None:  # 0.3 (1 - t/12) at t = 4, 8; none at 12 (alpha 0)
+    np.testing.assert_allclose(alphas, [0, 0.2, 0, 0.1], rtol=1e-6)
+
+
+def test_frozen_experts_are_bit_unchanged_over_a_round():
+  params = _params()
+  strategy = strategies.spes(_inner(), H=5, merge_warmup_steps=0)
+  state, _ = toy_workers.run(strategy, params, toy_workers.targets(params, W),
+                             4)
+  owned = np.asarray(state.inner_W.owned_W)
+  for name, x0 in params["layer"]["experts"].items():
+    x_W = np.asarray(state.params_W["layer"]["experts"][name])
+    for w in range(W):
+      frozen = [e for e in range(E) if e not in owned[w]]
+      assert np.array_equal(x_W[w, frozen], np.asarray(x0)[frozen])
+      assert not np.allclose(x_W[w, owned[w]], np.asarray(x0)[owned[w]])
+
+
+@pytest.mark.parametrize("codec,ef", [(None, None), ("quant:4", 0.5)])
+def test_one_worker_owning_everything_is_diloco(codec, ef):
+  params = _params()
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  spes = strategies.spes(_inner(), outer, H=3, merge_warmup_steps=0,
+                         codec=codec, error_feedback=ef)
+  diloco = strategies.diloco(_inner(), outer, H=3, codec=codec,
+                             error_feedback=ef)
+  targets = toy_workers.targets(params, 1)
+  a, _ = toy_workers.run(spes, params, targets, 9)
+  b, _ = toy_workers.run(diloco, params, targets, 9)
+  _close(a.comm.global_params, b.comm.global_params, rtol=1e-6, atol=1e-7)
+  _close(a.params_W, b.params_W, rtol=1e-6, atol=1e-7)
+
+
+def _sizes(params, k):
+  shared = params["emb"].size + params["layer"]["router"].size
+  expert = sum(x[0].size for x in params["layer"]["experts"].values())
+  return shared, expert
+
+
+def test_optimizer_state_and_residuals_hold_owned_experts_only():
+  params = _params()
+  k = E // W
+  spes = strategies.spes(_inner(), H=2, codec="quant:8", error_feedback=0.9)
+  st = spes.init(params, W, jax.random.key(0))
+  assert st.inner_W.opt[0].mu["layer"]["experts"][
+      "w_gate"].shape == (W, k, 2, 3)
+  residuals = [x.shape for x in jax.tree.leaves(st.comm.residual_W)]
+  assert (W, k, 3) in residuals and (W, E, 3) not in residuals
+  diloco = strategies.diloco(_inner(), H=2)
+  st_d = diloco.init(params, W, jax.random.key(0))
+
+  def nbytes(tree):
+    return sum(x.nbytes for x in jax.tree.leaves(tree)
+               if jnp.issubdtype(x.dtype, jnp.floating))
+
+  shared, expert = _sizes(params, k)
+  ratio = nbytes(st.inner_W.opt) / nbytes(st_d.inner_W)
+  assert ratio == pytest.approx((shared + k * expert) / (shared + E * expert))
+  assert nbytes(st.params_W) == nbytes(st_d.params_W)  # whole model held
+
+
+def test_channels_and_round_bytes_follow_the_payload_shapes():
+  params = _params()
+  k = E // W
+  shared, expert = _sizes(params, k)
+  ch = strategies.spes(H=2).channels(params, W)
+  assert ch["shared"].payload_bytes == 4 * shared
+  assert ch["shared"].wire_bytes == pytest.approx(2 * (W - 1) / W * 4 * shared)
+  assert ch["experts"].payload_bytes == 4 * k * expert
+  assert ch["experts"].wire_bytes == (W - 1) * 4 * k * expert
+  assert ch["experts"].down_bytes == 4 * E * expert
+  rb = _spes.round_bytes(params, W)
+  assert rb == {"spes_uplink": 4 * (shared + k * expert),
+                "spes_downlink": 4 * (shared + E * expert),
+                "diloco_uplink": 4 * (shared + E * expert),
+                "diloco_downlink": 4 * (shared + E * expert)}
+  # A parameter server: upload the message, download the whole experts.
+  link = network.link("8Mbps", "10ms")
+  cost = _topology.parameter_server(link, ch["experts"])
+  assert cost.seconds == pytest.approx(
+      0.02 + (4 * k * expert + 4 * E * expert) / 1e6)
+  q = strategies.spes(H=2, codec="quant:8").channels(params, W)
+  assert q["experts"].down_bytes < ch["experts"].down_bytes
+
+
+def test_a_down_owner_keeps_its_experts_at_the_global_value():
+  params = _params()
+  strategy = strategies.spes(_inner(), H=2, merge_warmup_steps=0)
+  state = strategy.init(params, W, jax.random.key(0))
+  targets_W = jax.tree.map(lambda *t: jnp.stack(t),
+                           *toy_workers.targets(params, W))
+  for _ in range(2):
+    state, _ = strategy.local(state, jax.vmap(jax.grad(toy_workers.loss))(
+        state.params_W, targets_W))
+  active = jnp.array([True, False, True])
+  new, _ = call_participating(active, strategy.sync, state)
+  g = new.comm.global_params
+  owned = np.asarray(state.inner_W.owned_W)
+  for name, x in g["layer"]["experts"].items():
+    np.testing.assert_array_equal(np.asarray(x)[owned[1]],
+                                  np.asarray(params["layer"]["experts"][name])
+                                  [owned[1]])
+    np.testing.assert_allclose(
+        np.asarray(x)[owned[2]],
+        np.asarray(state.params_W["layer"]["experts"][name])[2, owned[2]],
+        rtol=1e-6)
+  np.testing.assert_allclose(
+      g["emb"], (state.params_W["emb"][0] + state.params_W["emb"][2]) / 2,
+      rtol=1e-6)
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"experts_per_worker": 4}, "experts_per_worker"),       # 4 * 3 != 6
+    ({"assignment": (0, 1, 2)}, "assignment"),               # not E ids
+    ({"assignment": (0, 0, 0, 1, 1, 2)}, "assignment"),      # uneven
+    ({"assignment": (0, 1, 2, 3, 0, 1)}, "assignment"),      # no worker 3
+    ({"merge_top_k": 6}, "merge_top_k"),                     # > E - 1
+])
+def test_assignment_errors_at_init(kw, field):
+  strategy = strategies.spes(H=2, **kw)
+  with pytest.raises(ValueError, match=field):
+    strategy.init(_params(), W, jax.random.key(0))
+
+
+@pytest.mark.parametrize("kw,field", [
+    ({"merge_every": 3, "H": 2}, "merge_every"),
+    ({"merge_alpha": 1.5}, "merge_alpha"),
+    ({"merge_warmup_steps": -1}, "merge_warmup_steps"),
+    ({"merge_top_k": 0}, "merge_top_k"),
+    ({"experts_per_worker": 1, "assignment": (0, 1)}, "assignment"),
+    ({"assignment": "0,1"}, "assignment"),
+    ({"assignment": (0.0, 1.0)}, "assignment"),
+    ({"H": 0}, "H"),
+])
+def test_setting_errors_at_build(kw, field):
+  with pytest.raises(ValueError, match=field):
+    strategies.spes(**kw)
+
+
+def test_a_model_without_experts_is_refused():
+  with pytest.raises(ValueError, match="mixture-of-experts"):
+    strategies.spes(H=2).init({"w": jnp.ones(3)}, 2, jax.random.key(0))
+
+
+def test_no_merging_unless_asked_with_warmup_zero():
+  a = _spes.merge_alpha_at(jnp.int32(500), 0.1, 0, 500)
+  b = _spes.merge_alpha_at(jnp.int32(500), 0.1, 12500, 500)
+  c = _spes.merge_alpha_at(jnp.int32(12500), 0.1, 12500, 500)
+  assert float(a) == 0 and float(b) == pytest.approx(0.096) and float(c) == 0
