@@ -161,13 +161,31 @@ def _nbytes(tree) -> int:
 def _per_worker_bytes(sim, state) -> int:
   """Bytes of the per-worker leaves of the state (params, optimizer states,
   residuals), all workers."""
+  return sum(state_bytes(sim, state.strategy).values()) * sim.config.num_workers
+
+
+def state_bytes(sim, strategy_state=None) -> dict[str, float]:
+  """What one worker keeps between steps, in bytes: ``params`` (its copy of
+  the model), ``optimizer`` (its inner optimizer state) and ``messages``
+  (its error-feedback residuals and other per-worker communication state).
+  From the simulator's abstract state when ``strategy_state`` is None:
+  nothing is computed. Gradients are not state: they exist within a step
+  (see the chunk's XLA temp bytes)."""
   c = sim.config
+  st = (sim.abstract_state.strategy if strategy_state is None
+        else strategy_state)
   specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
                                jax.random.PRNGKey(0))
   per_worker = PartitionSpec(_engine.MESH_AXIS)
-  sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
-                       else 0, specs, state.strategy, is_leaf=_mesh.is_spec)
-  return sum(jax.tree.leaves(sizes))
+
+  def part(spec_tree, tree):
+    sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
+                         else 0, spec_tree, tree, is_leaf=_mesh.is_spec)
+    return sum(jax.tree.leaves(sizes)) / c.num_workers
+
+  return {"params": part(specs.params_W, st.params_W),
+          "optimizer": part(specs.inner_W, st.inner_W),
+          "messages": part(specs.comm, st.comm)}
 
 
 def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
@@ -230,7 +248,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   tokens = c.data.tokens_per_example or 1
   sim, base_t = statistics.median(sim_s), statistics.median(base_s)
   worker_steps = num_workers * steps
-  state_bytes = _per_worker_bytes(simulator, state)
+  total_state = _per_worker_bytes(simulator, state)
   analysis = exe.chunk.memory_analysis()
   return {
       "workers": num_workers, "batch_size": batch_size,
@@ -256,8 +274,9 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       "base_bytes": memory.base,
       "run_bytes": memory.used(peak),
       "memory_per_worker": memory.used(peak) / num_workers,
-      "theoretical_per_worker": state_bytes / num_workers,
-      "memory_ratio": memory.used(peak) / state_bytes,
+      "theoretical_per_worker": total_state / num_workers,
+      "state_per_worker": state_bytes(simulator, state.strategy),
+      "memory_ratio": memory.used(peak) / total_state,
       "xla_argument_bytes": getattr(analysis, "argument_size_in_bytes", None),
       "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
       "wire_bytes_per_round": sum(per_round.values()),

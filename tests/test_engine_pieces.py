@@ -142,9 +142,15 @@ def test_masked_programs_leak_no_tracer(name):
   """Strategies read the mask of the trace they run in; JAX must not cache a
   trace's mask into another (a leak fails here, or in the program's call)."""
   kwargs = {} if name in ("ddp", "sparta", "demo") else {"H": 2}
+  model, data_ = MLP, source()
+  if name == "spes":  # a mixture of W experts; merging in the first round
+    kwargs.update(merge_warmup_steps=4, merge_every=2, merge_top_k=1)
+    model = models.moe_gpt(layers=1, d_model=8, heads=2, seq_len=8,
+                           num_experts=W, top_k=1, expert_hidden=8)
+    data_ = data.text_bytes(seq_len=8)
   net = net_lib.network("1Gbps", "10ms", hardware="0.01s",
                         faults=net_lib.Faults(drop_prob=0.3))
-  sim = lowbw.build(model=MLP, data=source(),
+  sim = lowbw.build(model=model, data=data_,
                     strategy=strategies.get(name, **kwargs), num_workers=W,
                     batch_size=B, steps=4, network=net, compile=False)
   state, sampler, net_params = sim.initial(0)[:3]

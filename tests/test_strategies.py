@@ -221,6 +221,11 @@ def test_every_strategy_runs_under_jit_and_scan(name):
     kwargs = {"H": 4, "fragments": 2, "delay": 1}
   if name == "hierarchical_diloco":  # regional every 3 steps, global every 6
     kwargs = {"H": 3, "global_every": 2}
+  if name == "spes":  # an expert axis of W experts; a merge at step 3
+    kwargs = {"H": 3, "merge_warmup_steps": 6, "merge_every": 3,
+              "merge_top_k": 1}
+    params = dict(params, experts={"w": jnp.stack(
+        [params["w"] * (1 + e) for e in range(W)])})
   strategy = strategies.get(name, **kwargs)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   chex.assert_tree_shape_prefix(state.params_W, (W,))
@@ -247,7 +252,8 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   # Events: per-step channels fire every step, sync channels every H steps.
   for channel, counts in reports.items():
     expected = (STEPS // strategy.period if channel in
-                ("parameters", "pseudo_gradients", "regional") else STEPS)
+                ("parameters", "pseudo_gradients", "regional", "shared",
+                 "experts") else STEPS)
     if channel == "global":
       expected = STEPS // (strategy.period * kwargs["global_every"])
     if channel.startswith("fragment_"):  # syncs k = 1.. take (k-1) mod P

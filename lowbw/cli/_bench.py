@@ -21,11 +21,15 @@ def add_parser(subparsers) -> None:
       "own process (clean peak memory); figures are medians over --repeats "
       "timed calls after --warmup calls. See docs/performance.md.")
   add = p.add_argument
-  add("--model", help="gpt | mlp | cnn (default gpt)")
+  add("--model", help="gpt | moe_gpt | mlp | cnn (default gpt; moe_gpt for "
+      "--strategy spes)")
   add("--layers", type=int, help="gpt layers (default 2)")
   add("--d-model", type=int, help="gpt width (default 128)")
   add("--heads", type=int, help="gpt heads (default 4)")
   add("--seq-len", type=int, help="gpt context (default 128)")
+  add("--experts", type=int, help="moe_gpt experts (default 8)")
+  add("--top-k", type=int, help="moe_gpt experts per token (default 2)")
+  add("--expert-hidden", type=int, help="moe_gpt expert width (default 256)")
   add("--hidden", help="mlp hidden sizes (default 64)")
   add("--channels", help="cnn channels (default 16,32)")
   add("--workers", help="worker counts, comma-separated (default 1,8,32)")
@@ -48,7 +52,7 @@ def add_parser(subparsers) -> None:
 
 def _settings(args) -> dict:
   s = dict(_train.DEFAULTS)
-  s.update({"model": "gpt", "data": "text"})
+  s.update({"data": "text"})
   s.update(BENCH_DEFAULTS)
   names = set(s) | _strategy.flag_names()
   given = {k: v for k, v in vars(args).items()

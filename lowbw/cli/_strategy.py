@@ -207,6 +207,11 @@ def build_inner(s: dict) -> optax.GradientTransformation:
                        s["momentum"]), unit_schedule(s))
 
 
+def spec_of(s: dict) -> strategies_lib.Spec:
+  """The spec of the settings' strategy (the default one if unset)."""
+  return strategies_lib.spec(s.get("strategy") or DEFAULT_STRATEGY)
+
+
 def build(s: dict) -> strategies_lib.Strategy:
   """The strategy the settings describe, built by its spec's factory."""
   spec = strategies_lib.spec(s["strategy"])

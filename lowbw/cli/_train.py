@@ -25,6 +25,7 @@ METADATA_KEY = "train_args"  # where config.json keeps these settings
 DEFAULTS = {
     "strategy": _strategy.DEFAULT_STRATEGY, "workers": 8,
     "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
+    "experts": 8, "top_k": 2, "expert_hidden": 256,
     "hidden": "64", "channels": "16,32",
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
@@ -45,6 +46,8 @@ _USED_BY = {
     "strategy": _strategy.used_by(),
     "inner": {kind: set(names) for kind, names in _optim.USES.items()},
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
+              "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
+                          "top_k", "expert_hidden"},
               "mlp": {"hidden"},
               "cnn": {"channels"}},
     "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
@@ -90,10 +93,15 @@ def add_run_flags(p) -> None:
   _strategy.add_flags(g, c)
   _strategy.add_optimizer_flags(p.add_argument_group("optimizers"))
   g = p.add_argument_group("model and data")
-  g.add_argument("--model", help="gpt | mlp | cnn (default: gpt for text, mlp for classification)")
-  g.add_argument("--layers", type=int, help=f"gpt (default {d['layers']})")
-  g.add_argument("--d-model", type=int, help=f"gpt (default {d['d_model']})")
-  g.add_argument("--heads", type=int, help=f"gpt (default {d['heads']})")
+  g.add_argument("--model", help="gpt | moe_gpt | mlp | cnn (default: gpt for text, "
+                 "moe_gpt for --strategy spes, mlp for classification)")
+  g.add_argument("--layers", type=int, help=f"gpt, moe_gpt (default {d['layers']})")
+  g.add_argument("--d-model", type=int, help=f"gpt, moe_gpt (default {d['d_model']})")
+  g.add_argument("--heads", type=int, help=f"gpt, moe_gpt (default {d['heads']})")
+  g.add_argument("--experts", type=int, help=f"moe_gpt experts E (default {d['experts']})")
+  g.add_argument("--top-k", type=int, help=f"moe_gpt experts per token (default {d['top_k']})")
+  g.add_argument("--expert-hidden", type=int,
+                 help=f"moe_gpt SwiGLU width of each expert (default {d['expert_hidden']})")
   g.add_argument("--seq-len", type=int, help=f"gpt context and text window (default {d['seq_len']})")
   g.add_argument("--hidden", help=f"mlp hidden sizes, comma-separated (default {d['hidden']})")
   g.add_argument("--channels", help=f"cnn channels, comma-separated (default {d['channels']})")
@@ -304,11 +312,16 @@ def build_data(s: dict):
 
 
 def build_model(s: dict, source):
-  name = s["model"] or ("gpt" if source.task == "lm" else "mlp")
-  if name == "gpt":
-    return models_lib.gpt(layers=s["layers"], d_model=s["d_model"],
-                          heads=s["heads"], seq_len=s["seq_len"],
-                          vocab=max(256, source.vocab_size or 0))
+  lm = _strategy.spec_of(s).model or "gpt"
+  name = s["model"] or (lm if source.task == "lm" else "mlp")
+  if name in ("gpt", "moe_gpt"):
+    shape = dict(layers=s["layers"], d_model=s["d_model"], heads=s["heads"],
+                 seq_len=s["seq_len"], vocab=max(256, source.vocab_size or 0))
+    if name == "gpt":
+      return models_lib.gpt(**shape)
+    return models_lib.moe_gpt(**shape, num_experts=s["experts"],
+                              top_k=s["top_k"],
+                              expert_hidden=s["expert_hidden"])
   num_classes = getattr(source, "num_classes", None) or 10
   if name == "mlp":
     return models_lib.mlp(hidden=_ints("hidden", s["hidden"]),

@@ -103,20 +103,25 @@ def make_mesh(devices: int) -> Mesh:
 def strategy_specs(strategy, params, num_workers: int, key):
   """Which leaves of the strategy's state are per worker.
 
-  A leaf is per worker when its leading axis grows with the number of
-  workers: the state's shapes are compared for W and a multiple of W, so a
-  global tensor that happens to have W rows is not mistaken for one.
+  A leaf is per worker when its leading axis changes with the number of
+  workers: the state's shapes are compared for W and another worker count
+  the strategy accepts (a multiple of W, else a divisor: SPES needs W to
+  divide its experts), so a global tensor that happens to have W rows is
+  not mistaken for one.
   """
   def shapes_for(w):
     return jax.eval_shape(lambda p, k: strategy.init(p, w, k), params, key)
 
   shapes = shapes_for(num_workers)
-  for k in (2, 3, 5):
+  others = [k * num_workers for k in (2, 3, 5)] + [
+      num_workers // d for d in (2, 3, 5) if num_workers % d == 0]
+  more = None
+  for w in others:
     try:
-      more = shapes_for(k * num_workers)
+      more = shapes_for(w)
       break
     except ValueError:  # e.g. a group size that must equal W
-      more = None
+      continue
   if more is None:  # the strategy only accepts this W: leading axis W
     flags = jax.tree.map(lambda s: bool(s.shape) and s.shape[0] == num_workers,
                          shapes)

@@ -100,6 +100,8 @@ class Spec(NamedTuple):
     optimizers: further outer optimizers the factory takes as keywords
       (hierarchical DiLoCo's ``global_outer``) and their defaults; the
       command line sets each with ``--<name>-lr`` and ``--<name>-momentum``.
+    model: the built-in language model the command line trains when none
+      is named (SPES needs ``moe_gpt``); None: ``gpt``.
   """
 
   name: str
@@ -110,6 +112,7 @@ class Spec(NamedTuple):
   paper: str
   summary: str
   optimizers: dict[str, Optimizer] = {}
+  model: str | None = None
 
 
 def _kind(annotation) -> tuple[type, bool]:
@@ -132,7 +135,8 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
          paper: str, help: dict[str, str],
          choices: dict[str, tuple[str, ...]] | None = None,
          optimizers: dict[str, Optimizer] | None = None,
-         cli: dict[str, Any] | None = None) -> Spec:
+         cli: dict[str, Any] | None = None,
+         model: str | None = None) -> Spec:
   """The ``Spec`` of ``factory``, read from its signature.
 
   Every parameter besides ``inner``/``outer`` needs a help line, in ``help``
@@ -171,7 +175,7 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
     raise TypeError(f"{factory.__name__}: no parameter {sorted(missing)}")
   summary = (inspect.getdoc(factory) or "").split("\n")[0]
   return Spec(factory.__name__, factory, tuple(params), inner, outer, paper,
-              summary, dict(optimizers or {}))
+              summary, dict(optimizers or {}), model)
 
 
 def _value(value) -> str:

@@ -353,4 +353,33 @@ SPEC = _spec.spec(
                          "linearly to 0 over the warm-up",
           "merge_top_k": "peers each expert merges with",
           "codec": "codec of the pseudo-gradients"},
-    cli={"H": 50, "merge_warmup_steps": 250, "merge_every": 50})
+    cli={"H": 50, "merge_warmup_steps": 250, "merge_every": 50},
+    model="moe_gpt")
+
+
+def moe_param_counts(layers: int, d_model: int, expert_hidden: int,
+                     num_experts: int, vocab: int) -> tuple[int, int]:
+  """(shared parameters, parameters of one expert over all layers) of a
+  decoder-only MoE like SPES's Table 2 (untied embeddings, attention
+  4 d^2 per layer, SwiGLU experts 3 d f, a router d E; norms ignored)."""
+  expert = layers * 3 * d_model * expert_hidden
+  shared = 2 * vocab * d_model + layers * (4 * d_model ** 2 +
+                                           d_model * num_experts)
+  return shared, expert
+
+
+def node_bytes(shared: int, expert: int, num_experts: int,
+               nodes: int) -> dict[str, float]:
+  """Per node, DiLoCo against SPES, in the paper's accounting (Section 3.3,
+  Efficiency Analysis): memory 16 bytes per parameter for DiLoCo (bf16
+  weights and gradients, fp32 master weights and AdamW moments), 2 per
+  parameter plus 14 per trained one for SPES; float32 messages, DiLoCo
+  uploading and downloading the whole model, SPES uploading what it trains."""
+  total = shared + num_experts * expert
+  trained = shared + num_experts // nodes * expert
+  return {"params": total, "trained": trained,
+          "memory_diloco": 16.0 * total,
+          "memory_spes": 2.0 * total + 14.0 * trained,
+          "uplink_diloco": 4.0 * total, "uplink_spes": 4.0 * trained,
+          "downlink": 4.0 * total,
+          "comm_saving": 1 - (total + trained) / (2 * total)}
