@@ -173,6 +173,18 @@ def bytes_lines(args):
   return out
 
 
+def _trained_share(W):
+  """Phi_t / Phi of the experiment's model at W workers (the uplink ratio
+  in float32: both count each trained parameter once)."""
+  import jax
+  model = models.moe_gpt(**MODEL)
+  params = jax.eval_shape(
+      model.init, jax.random.key(0),
+      {"tokens": np.zeros((1, MODEL["seq_len"] + 1), np.int32)})
+  b = _spes.round_bytes(params, W)
+  return b["spes_uplink"] / b["diloco_uplink"]
+
+
 def findings(by, args):
   out = ["## What the runs show", ""]
   for W in args.workers:
@@ -183,13 +195,16 @@ def findings(by, args):
       out.append(f"- W={W}: run {missing} not done yet.")
       continue
     fp = (s["params"] + s["optimizer"]) / (d["params"] + d["optimizer"])
+    share = _trained_share(W)
     out.append(
         f"- W={W}: final eval CE DDP {ddp['ce']:.4f}, DiLoCo {d['ce']:.4f}, "
         f"SPES {s['ce']:.4f} ({s['ce'] - d['ce']:+.4f}), SPES+merge "
         f"{m['ce']:.4f} ({m['ce'] - s['ce']:+.4f} vs SPES); at the first "
         f"eval SPES {s['first'] - d['first']:+.4f} vs DiLoCo. Wire bytes "
         f"SPES/DiLoCo {s['wire'] / d['wire']:.3f}; optimizer state "
-        f"{s['optimizer'] / d['optimizer']:.3f}x, state with params {fp:.3f}x.")
+        f"{s['optimizer'] / d['optimizer']:.3f}x, state with params {fp:.3f}x "
+        f"(the formulas: optimizer Phi_t/Phi = {share:.3f}, state "
+        f"(4 Phi + 8 Phi_t)/(12 Phi) = {(1 + 2 * share) / 3:.3f}).")
   return out
 
 

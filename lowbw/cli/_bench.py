@@ -58,6 +58,7 @@ def _settings(args) -> dict:
   given = {k: v for k, v in vars(args).items()
            if v is not None and k in names}
   s = _strategy.fill({**s, **given}, set(given))
+  s["model"] = s["model"] or _strategy.spec_of(s).model or "gpt"
   if s["model"] in ("mlp", "cnn"):
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
