@@ -23,12 +23,11 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Array, Params, PyTree
-from lowbw.network import Channel, channel
+from lowbw.network import channel
 from lowbw.strategies import _base, _experts, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               collective, compression, init_residual,
-                              message_bytes, num_workers, participants,
-                              per_worker, total_workers, transmit,
+                              message_bytes, num_workers, per_worker, transmit,
                               worker_mean, worker_sum)
 
 
