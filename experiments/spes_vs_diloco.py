@@ -21,10 +21,8 @@ Usage:
 """
 
 import argparse
-import json
 import os
 import statistics
-import time
 
 import numpy as np
 import optax
@@ -83,21 +81,9 @@ def run_config(W, factory, args):
 
 
 def run_all(args, cache_path):
-  results = {}
-  if os.path.exists(cache_path):
-    with open(cache_path) as f:
-      results = json.load(f)
-  todo = [c for c in configs(args) if c[0] not in results]
-  for i, (label, W, factory) in enumerate(todo):
-    start = time.time()
-    results[label] = run_config(W, factory, args)
-    losses = [r["eval_ce"] for r in results[label]["runs"]]
-    print(f"[{i + 1}/{len(todo)}] {label:20s} eval CE "
-          f"{statistics.mean(losses):.4f}  {time.time() - start:5.0f} s",
-          flush=True)
-    with open(cache_path, "w") as f:
-      json.dump(results, f, indent=1)
-  return results
+  return _report.run_resumable(
+      cache_path, configs(args),
+      lambda W, factory: run_config(W, factory, args), "eval_ce")
 
 
 # The paper's configurations (Table 2; the Qwen tokenizer's 151,936-entry
@@ -151,15 +137,16 @@ def table(rows, first_step):
   return lines
 
 
-def bytes_lines(args):
+def _abstract_params():
+  """The experiment model's parameter shapes (nothing computed)."""
   import jax
-  model = models.moe_gpt(**MODEL)
-  params = jax.eval_shape(
-      model.init, jax.random.key(0),
+  return jax.eval_shape(
+      models.moe_gpt(**MODEL).init, jax.random.key(0),
       {"tokens": np.zeros((1, MODEL["seq_len"] + 1), np.int32)})
-  shared, expert = _spes.moe_param_counts(
-      MODEL["layers"], MODEL["d_model"], MODEL["expert_hidden"],
-      MODEL["num_experts"], 256)
+
+
+def bytes_lines(args):
+  params = _abstract_params()
   out = []
   for W in args.workers:
     b = _spes.round_bytes(params, W)
@@ -176,12 +163,7 @@ def bytes_lines(args):
 def _trained_share(W):
   """Phi_t / Phi of the experiment's model at W workers (the uplink ratio
   in float32: both count each trained parameter once)."""
-  import jax
-  model = models.moe_gpt(**MODEL)
-  params = jax.eval_shape(
-      model.init, jax.random.key(0),
-      {"tokens": np.zeros((1, MODEL["seq_len"] + 1), np.int32)})
-  b = _spes.round_bytes(params, W)
+  b = _spes.round_bytes(_abstract_params(), W)
   return b["spes_uplink"] / b["diloco_uplink"]
 
 
@@ -270,13 +252,7 @@ def main():
   parser.add_argument("--report-only", action="store_true",
                       help="write the report from the runs done so far")
   args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
-  cache = os.path.join(args.out, "spes_vs_diloco_results.json")
-  if args.report_only:
-    with open(cache) as f:
-      results = json.load(f)
-  else:
-    results = run_all(args, cache)
+  results = _report.results_for(args, "spes_vs_diloco_results.json", run_all)
   write_report(results, args, args.out)
 
 

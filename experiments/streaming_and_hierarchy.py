@@ -21,10 +21,8 @@ Usage:
 """
 
 import argparse
-import json
 import os
 import statistics
-import time
 
 import numpy as np
 import optax
@@ -94,21 +92,9 @@ def run_config(factory, kwargs, args):
 
 
 def run_all(args, cache_path):
-  results = {}
-  if os.path.exists(cache_path):
-    with open(cache_path) as f:
-      results = json.load(f)
-  todo = [c for c in configs(args.H) if c[0] not in results]
-  for i, (label, factory, kwargs) in enumerate(todo):
-    start = time.time()
-    results[label] = run_config(factory, kwargs, args)
-    losses = [r["eval_loss"] for r in results[label]["runs"]]
-    print(f"[{i + 1}/{len(todo)}] {label:32s} eval loss "
-          f"{statistics.mean(losses):.4f}  {time.time() - start:5.0f} s",
-          flush=True)
-    with open(cache_path, "w") as f:
-      json.dump(results, f, indent=1)
-  return results
+  return _report.run_resumable(
+      cache_path, configs(args.H),
+      lambda factory, kwargs: run_config(factory, kwargs, args), "eval_loss")
 
 
 def summarise(results, target):
@@ -329,13 +315,8 @@ def main():
   parser.add_argument("--report-only", action="store_true",
                       help="write the report from the runs done so far")
   args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
-  cache = os.path.join(args.out, "streaming_hierarchy_results.json")
-  if args.report_only:
-    with open(cache) as f:
-      results = json.load(f)
-  else:
-    results = run_all(args, cache)
+  results = _report.results_for(args, "streaming_hierarchy_results.json",
+                                run_all)
   write_report(results, args, args.out)
 
 

@@ -250,6 +250,7 @@ def test_assignment_errors_at_init(kw, field):
     ({"experts_per_worker": 1, "assignment": (0, 1)}, "assignment"),
     ({"assignment": "0,1"}, "assignment"),
     ({"assignment": (0.0, 1.0)}, "assignment"),
+    ({"assignment": (True, False)}, "assignment"),
     ({"H": 0}, "H"),
 ])
 def test_setting_errors_at_build(kw, field):

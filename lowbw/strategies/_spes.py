@@ -26,7 +26,8 @@ from lowbw._types import Array, Params, PyTree
 from lowbw.network import channel
 from lowbw.strategies import _base, _experts, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              collective, compression, init_residual,
+                              collective, comm_channel, compression,
+                              init_residual,
                               message_bytes, num_workers, per_worker, transmit,
                               worker_mean, worker_sum)
 
@@ -58,19 +59,18 @@ class Layout(NamedTuple):
   """What a model's parameters split into, for W workers."""
 
   flags: PyTree          # True for expert leaves
-  E: int                 # experts per experts module
   owned: np.ndarray      # int32 (W, k)
 
-  def view(self, params: Params) -> tuple[PyTree, PyTree]:
-    """(shared leaves, one worker's owned experts) as shape trees."""
+  def view(self, params: Params) -> tuple[list, list, list]:
+    """Shape lists: the shared leaves, one worker's owned experts, and
+    every expert (what a worker sends, and the experts it receives)."""
     k = self.owned.shape[1]
-    shapes = jax.eval_shape(lambda p: p, params)
-    shared = [s for s, f in zip(jax.tree.leaves(shapes),
-                                jax.tree.leaves(self.flags)) if not f]
+    pairs = list(zip(jax.tree.leaves(jax.eval_shape(lambda p: p, params)),
+                     jax.tree.leaves(self.flags)))
+    experts = [s for s, f in pairs if f]
     mine = [jax.ShapeDtypeStruct((k,) + s.shape[1:], s.dtype)
-            for s, f in zip(jax.tree.leaves(shapes),
-                            jax.tree.leaves(self.flags)) if f]
-    return shared, mine
+            for s in experts]
+    return [s for s, f in pairs if not f], mine, experts
 
 
 def merge_alpha_at(step: Array, alpha: float, warmup: int,
@@ -92,20 +92,21 @@ def round_bytes(params: Params, num_workers_: int, codec: Codec | str | None
   model, with a parameter server: SPES uploads the shared parameters and
   its own experts and downloads the whole model; DiLoCo both ways the whole
   model. The one byte formula the strategy's channels, the docs and the
-  experiment read."""
+  experiment read: it is read off the strategies' channels."""
   comp = compression(codec, None)
-  lay = layout(params, num_workers_, experts_per_worker, assignment)
-  shared, mine = lay.view(params)
-  everything = jax.eval_shape(lambda p: p, params)
-  full = message_bytes(comp, everything)
-  up = message_bytes(comp, shared) + message_bytes(comp, mine)
-  return {"spes_uplink": up, "spes_downlink": full,
+  ch = _channels(comp, experts_per_worker, assignment)(params, num_workers_)
+  full = comm_channel(comp, params, num_workers_).payload_bytes  # DiLoCo's
+  return {"spes_uplink": ch["shared"].payload_bytes +
+          ch["experts"].payload_bytes,
+          # the shared mean, and every expert
+          "spes_downlink": ch["shared"].payload_bytes +
+          ch["experts"].down_bytes,
           "diloco_uplink": full, "diloco_downlink": full}
 
 
 def layout(params: Params, W: int, experts_per_worker, owners) -> Layout:
   E = _experts.num_experts(params)
-  return Layout(_experts.expert_flags(params), E,
+  return Layout(_experts.expert_flags(params),
                 _experts.assignment(E, W, experts_per_worker, owners))
 
 
@@ -115,11 +116,8 @@ def _channels(comp: Compression, experts_per_worker, owners):
   and the owned experts' (all-gathered: each expert comes from one worker;
   with a parameter server, uploaded, and every expert downloaded)."""
   def channels(params, num_workers_):
-    lay = layout(params, num_workers_, experts_per_worker, owners)
-    shared, mine = lay.view(params)
-    every = [s for s, f in zip(
-        jax.tree.leaves(jax.eval_shape(lambda p: p, params)),
-        jax.tree.leaves(lay.flags)) if f]
+    shared, mine, every = layout(params, num_workers_, experts_per_worker,
+                                 owners).view(params)
     return {"shared": channel(collective(comp.codec),
                               message_bytes(comp, shared), num_workers_),
             "experts": channel("all_gather", message_bytes(comp, mine),
@@ -330,7 +328,7 @@ def _owners(assignment) -> tuple[int, ...]:
     raise _validate.fail("assignment", assignment, "expected a sequence of "
                          "worker ids, one per expert")
   values = list(np.asarray(assignment).reshape(-1).tolist())
-  if not all(isinstance(v, int) for v in values):
+  if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
     raise _validate.fail("assignment", assignment, "expected integer worker "
                          "ids, one per expert")
   return tuple(values)
