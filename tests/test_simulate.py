@@ -53,6 +53,28 @@ def test_ddp_equals_one_model_with_the_whole_batch():
                              one.history["train_loss"], rtol=1e-5)
 
 
+def test_ddp_one_replica_equals_per_worker_gradients():
+  # DDP without a codec keeps one replica and differentiates the mean loss
+  # over all W*b examples; the per-worker path (W copies, W gradients, their
+  # mean) is the reference. Same samples, same keys: same trajectory.
+  adamw = optax.adamw(3e-3, weight_decay=0.1)
+  one = strategies.ddp(adamw)
+  assert one.replicated
+  per_worker = one._replace(replicated=False)
+  sim_one = lowbw.build(MLP, data.arrays(*toy_arrays(128), eval=EVAL), one,
+                        num_workers=W, batch_size=B, steps=20,
+                        compile=False)
+  leaves = jax.tree.leaves(sim_one.abstract_state.strategy.params_W)
+  assert all(x.shape[0] == 1 for x in leaves)   # one replica, not W
+  a, b = run(one, eval_every=10), run(per_worker, eval_every=10)
+  assert_params_close(a.params, b.params)
+  np.testing.assert_allclose(a.history["train_loss"], b.history["train_loss"],
+                             rtol=1e-5)
+  assert a.summary["wire_bytes"] == b.summary["wire_bytes"] > 0
+  # A codec needs the workers' own gradients: no replica then.
+  assert not strategies.ddp(adamw, codec="quant:8").replicated
+
+
 def test_fedavg_h1_equals_ddp_with_sgd():
   sgd = optax.sgd(0.1, momentum=0.9)
   assert_params_close(run(strategies.fedavg(sgd, H=1)).params,

@@ -71,6 +71,14 @@ class RunConfig:
         net.stragglers is not None and net.stragglers.mitigation != "none"))
 
   @property
+  def one_replica(self) -> bool:
+    """The engine keeps one replica of a ``replicated`` strategy's workers
+    (DDP without a codec): nothing needs them apart (no masks, one device,
+    one process)."""
+    return (self.strategy.replicated and not self.masks and
+            self.devices == 1 and jax.process_count() == 1)
+
+  @property
   def default_log_every(self) -> int:
     return self.log_every or max(1, self.steps // 200)
 

@@ -107,7 +107,8 @@ class Programs(NamedTuple):
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           tail_steps: int, channels, masks: bool = False, mesh=None,
           specs=None, worker_dtype=None,
-          worker_batch: int | None = None) -> Programs:
+          worker_batch: int | None = None,
+          one_replica: bool = False) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -123,10 +124,12 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   type (``_precision``). ``worker_batch``: compute local steps that do not
   communicate this many workers at a time (``_grouping``); None: all at once.
   ``channels``: the names of the strategy's channels (report entries not
-  among them are its metrics).
+  among them are its metrics). ``one_replica``: the state holds one replica
+  of a ``replicated`` strategy's identical workers (``_grouping``).
   """
   precision = Precision(worker_dtype)
-  compute = local_compute(model, strategy, precision, worker_batch)
+  compute = local_compute(model, strategy, precision, worker_batch,
+                          one_replica)
 
   def global_params(sim: SimState):
     with participating(sim.active):

@@ -35,6 +35,30 @@ def all_at_once(model, strategy: Strategy, precision: Precision):
   return compute
 
 
+def one_replica(model, strategy: Strategy, precision: Precision):
+  """A ``replicated`` strategy (DDP without a codec) on one replica: the
+  state holds a single copy of the workers' identical parameters and
+  optimizer state (leading axis 1), and the gradient is that of the mean
+  loss over every worker's batch, which equals the mean of the workers'
+  gradients. The model runs with unbatched parameters over the W batches,
+  so its matmuls are the W*b-row GEMMs of one replica at batch W*b rather
+  than W small batched ones, and no reduction over workers is left."""
+  def mean_loss(params, batch_W, keys_W):
+    loss_W, metrics_W = jax.vmap(model.loss, in_axes=(None, 0, 0))(
+        params, batch_W, keys_W)
+    return jnp.mean(loss_W), (loss_W, metrics_W)
+
+  def compute(stored: StrategyState, batch_W, keys_W):
+    st = precision.widen(stored)
+    params = jax.tree.map(lambda x: x[0], st.params_W)
+    (_, (loss_W, metrics_W)), grads = jax.value_and_grad(
+        mean_loss, has_aux=True)(params, batch_W, keys_W)
+    grads_1 = jax.tree.map(lambda g: g[None], grads)
+    return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_1)
+
+  return compute
+
+
 def in_groups(model, strategy: Strategy, precision: Precision, size: int):
   """A local step without communication, ``size`` workers at a time: each
   group's gradients and inner update are computed and written back into the
@@ -79,8 +103,11 @@ def in_groups(model, strategy: Strategy, precision: Precision, size: int):
 
 
 def local_compute(model, strategy: Strategy, precision: Precision,
-                  worker_batch: int | None):
-  """``all_at_once``, or ``in_groups`` of ``worker_batch`` workers."""
+                  worker_batch: int | None, replica: bool = False):
+  """``one_replica`` when ``replica``, else ``all_at_once``, or
+  ``in_groups`` of ``worker_batch`` workers."""
+  if replica:
+    return one_replica(model, strategy, precision)
   if worker_batch is None:
     return all_at_once(model, strategy, precision)
   return in_groups(model, strategy, precision, worker_batch)

@@ -82,6 +82,13 @@ class Strategy(NamedTuple):
       needed (Streaming DiLoCo's delay tau): the simulated clock overlaps the
       sync's communication with that many steps. None: the strategy needs it
       at once, and the network's ``overlap`` decides.
+    replicated: every worker applies the plain mean of the workers' raw
+      gradients every step (DDP without a codec), so all workers hold the
+      same parameters and optimizer state. The engine may then keep one
+      replica and compute the gradient of the mean loss over all W*b
+      examples directly (``init`` called with ``num_workers=1``, ``local``
+      given that gradient with a leading axis of 1); it does so unless a
+      fault or straggler mask or a device mesh needs the workers apart.
   """
 
   name: str
@@ -94,6 +101,7 @@ class Strategy(NamedTuple):
   channels: Callable[[Params, int], dict[str, Channel]]
   config: dict[str, Any]
   overlap_steps: int | None = None
+  replicated: bool = False
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -197,10 +205,11 @@ def compose_step(local, sync, period: int):
 
 
 def make(name: str, period: int, init, local, sync, global_params, channels,
-         config: dict[str, Any], overlap_steps: int | None = None) -> Strategy:
+         config: dict[str, Any], overlap_steps: int | None = None,
+         replicated: bool = False) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
-                  config, overlap_steps)
+                  config, overlap_steps, replicated)
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

@@ -15,7 +15,11 @@ def ddp(inner: optax.GradientTransformation | None = None,
 
   Every worker computes gradients on its own batch; their mean is applied by
   every worker's inner optimizer, so all workers stay identical. With W workers
-  of batch b this equals one model trained with batch W*b.
+  of batch b this equals one model trained with batch W*b, and that is how
+  the engine runs it when nothing needs the workers apart (no codec, no
+  fault or straggler mask, one device): one replica of the parameters and
+  optimizer state, and the gradient of the mean loss over the W*b examples
+  computed directly (``Strategy.replicated``).
 
   With a ``codec`` each worker sends its encoded gradients (plus its residual
   when ``error_feedback`` is set) and every worker applies the mean of the
@@ -57,7 +61,8 @@ def ddp(inner: optax.GradientTransformation | None = None,
 
   return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
                     channels, {"name": "ddp", "inner": _base.describe(inner),
-                               **comp.config})
+                               **comp.config},
+                    replicated=comp.codec is None and comp.message is None)
 
 
 SPEC = _spec.spec(

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw._types import Array, PyTree
+from lowbw.transforms._leading_sum import leading_sum
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +146,8 @@ def worker_sum(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   """The sum over workers of every leaf: (W, ...) -> (...); over the
   participating (or ``active_W``) workers only when there is a mask."""
   active_W = _mask(active_W)
-  if active_W is None:
-    return jax.tree.map(lambda x: _psum(jnp.sum(x, axis=0)), tree_W)
-  return jax.tree.map(lambda x: _psum(jnp.sum(jnp.where(
-      active_W.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0), axis=0)), tree_W)
+  return jax.tree.map(
+      lambda x: _psum(leading_sum(x, active_W)).astype(x.dtype), tree_W)
 
 
 def where_workers(mask_W: Array, new_W: PyTree, old_W: PyTree) -> PyTree:
@@ -168,17 +167,15 @@ def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   """
   active_W = _mask(active_W)
   if active_W is None:
-    if _sharded() is None:
-      return jax.tree.map(lambda x: jnp.mean(x, axis=0), tree_W)
-    w = total_workers(tree_W)
-    return jax.tree.map(lambda s: s / jnp.asarray(w, s.dtype),
-                        worker_sum(tree_W))
-  weight = active_W.astype(jnp.float32)
-  count = jnp.maximum(_psum(jnp.sum(weight)), 1.0)
+    count = jnp.asarray(total_workers(tree_W), jnp.float32)
+  else:
+    count = jnp.maximum(_psum(jnp.sum(active_W.astype(jnp.float32))), 1.0)
 
   def one(x):
-    total = _psum(jnp.tensordot(weight.astype(x.dtype), x, axes=1))
-    return (total / count.astype(x.dtype)).astype(x.dtype)
+    total = _psum(leading_sum(x, active_W))
+    if not jnp.issubdtype(total.dtype, jnp.floating):
+      return total / count
+    return (total / count.astype(total.dtype)).astype(x.dtype)
 
   return jax.tree.map(one, tree_W)
 
