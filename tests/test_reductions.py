@@ -10,7 +10,7 @@ import pytest
 from lowbw import transforms
 from lowbw.transforms import _leading_sum
 
-SHAPES = [(1, 5), (3, 7), (8, 33), (16, 4, 9), (24, 2, 3, 5)]
+SHAPES = [(1, 5), (3, 7), (8, 33), (12, 4), (16, 4, 9), (24, 2, 3, 5)]
 
 
 def _x(shape, dtype, seed=0):
@@ -35,9 +35,10 @@ def test_forms_match_plain_sum(form, shape, dtype, masked):
 
 
 def test_chosen_form_per_backend():
-  f32, bf16, i32 = (jnp.zeros((4, 2), d) for d in
+  f32, bf16, i32 = (jnp.zeros((16, 2), d) for d in
                     (jnp.float32, jnp.bfloat16, jnp.int32))
   assert _leading_sum.chosen_form(f32, "cpu") == "dot"
+  assert _leading_sum.chosen_form(f32[:8], "cpu") == "fold_dot"
   assert _leading_sum.chosen_form(bf16, "cpu") == "fold_dot"
   assert _leading_sum.chosen_form(i32, "cpu") == "native"
   assert _leading_sum.chosen_form(f32, "gpu") == "native"

@@ -6,7 +6,8 @@ sum written as a contraction with a vector of ones runs as a GEMV at memory
 bandwidth: 20-50x faster on the machines we measured (benchmarks/reductions.py,
 docs/performance.md). Half-precision GEMVs on CPU are slow again, so 16-bit
 leaves are first folded into float32 by eight (one fused elementwise pass)
-and then contracted. Other backends keep XLA's own reduction, which is
+and then contracted; up to eight rows (any dtype) are simply added in one
+fused pass. Other backends keep XLA's own reduction, which is
 already bandwidth-bound there (and where a default-precision dot could use
 TF32).
 
@@ -54,18 +55,19 @@ def dot_sum(x: Array, weight_W: Array | None = None) -> Array:
 
 
 def fold_dot_sum(x: Array, weight_W: Array | None = None) -> Array:
-  """16-bit leaves: rows w, w + W/8, ... added in float32 in one fused pass
-  (W/8 rows left), then ``dot_sum``; W not divisible by 8 goes straight to
-  ``dot_sum``."""
+  """Rows added in float32 in one fused elementwise pass: all of them when
+  W <= 8; else rows w, w + W/8, ..., leaving W/8 rows for ``dot_sum`` (W
+  not divisible by 8 goes straight to ``dot_sum``)."""
   w_count = x.shape[0]
-  if w_count % _FOLD or w_count == _FOLD:
+  if w_count > _FOLD and w_count % _FOLD:
     return dot_sum(x, weight_W)
   acc = _acc_dtype(x)
-  xs = _weighted(x, weight_W).reshape((_FOLD, w_count // _FOLD) + x.shape[1:])
+  fold = min(w_count, _FOLD)
+  xs = _weighted(x, weight_W).reshape((fold, w_count // fold) + x.shape[1:])
   folded = xs[0].astype(acc)
-  for i in range(1, _FOLD):
+  for i in range(1, fold):
     folded = folded + xs[i].astype(acc)
-  return dot_sum(folded)
+  return folded[0] if w_count <= _FOLD else dot_sum(folded)
 
 
 FORMS = {"native": native_sum, "dot": dot_sum, "fold_dot": fold_dot_sum}
@@ -94,7 +96,9 @@ def chosen_form(x: Array, backend: str | None = None) -> str:
   backend = backend or jax.default_backend()
   if backend != "cpu" or not jnp.issubdtype(x.dtype, jnp.floating):
     return "native"
-  return "fold_dot" if jnp.finfo(x.dtype).bits < 32 else "dot"
+  if jnp.finfo(x.dtype).bits < 32 or x.shape[0] <= _FOLD:
+    return "fold_dot"
+  return "dot"
 
 
 def leading_sum(x: Array, weight_W: Array | None = None) -> Array:
