@@ -87,13 +87,10 @@ class _Memory:
     return peak
 
 
-def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
-  """A plain single-replica loop: ``inner`` on one model with batch ``batch``.
-
-  Data are drawn inside jit from the same arrays the simulator samples
-  (uniform random examples or windows). Returns ``run() -> seconds`` for
-  ``steps`` steps (one compiled ``lax.scan``), already compiled and warm.
-  """
+def uniform_sample(sampler, batch: int):
+  """``sample(key) -> batch`` of ``batch`` examples (or windows) drawn
+  uniformly inside jit from the arrays ``sampler`` samples: the data of the
+  plain loops that the simulator is measured against."""
   arrays = sampler.arrays
   if sampler.task == "lm":
     tokens = arrays["tokens"]
@@ -104,13 +101,23 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
       rows = jax.vmap(lambda s: jax.lax.dynamic_slice(
           tokens, (s,), (sampler.seq_len + 1,)))(starts)
       return {"tokens": rows.astype(jnp.int32)}
-  else:
-    n = arrays["y"].shape[0]
+    return sample
+  n = arrays["y"].shape[0]
 
-    def sample(key):
-      idx = jax.random.randint(key, (batch,), 0, n)
-      return {"x": arrays["x"][idx], "y": arrays["y"][idx]}
+  def sample(key):
+    idx = jax.random.randint(key, (batch,), 0, n)
+    return {"x": arrays["x"][idx], "y": arrays["y"][idx]}
+  return sample
 
+
+def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
+  """A plain single-replica loop: ``inner`` on one model with batch ``batch``.
+
+  Data are drawn inside jit from the same arrays the simulator samples
+  (``uniform_sample``). Returns ``run() -> seconds`` for ``steps`` steps
+  (one compiled ``lax.scan``), already compiled and warm.
+  """
+  sample = uniform_sample(sampler, batch)
   key = jax.random.PRNGKey(seed)
   params = model.init(key, jax.tree.map(lambda x: x[:1], sample(key)))
 
@@ -139,17 +146,23 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
 
 def _time_sync(strategy, state, repeats: int) -> float | None:
   """Seconds of one sync (the outer step with its codec and reductions),
-  compiled on its own; None for strategies that communicate every step."""
+  compiled on its own; None for strategies that communicate every step.
+
+  The sync is applied to its own output, its input donated, as it runs
+  inside a round: state it leaves alone (the inner optimizer states) is not
+  copied, which an undonated call would add to its time."""
   if strategy.sync is None:
     return None
   sync = jax.jit(lambda st: strategy.sync(
-      _precision.cast_workers(st, jnp.float32))[0])
-  sync = sync.lower(state.strategy).compile()
-  jax.block_until_ready(sync(state.strategy))
+      _precision.cast_workers(st, jnp.float32))[0], donate_argnums=0)
+  st = jax.tree.map(jnp.copy, _precision.cast_workers(state.strategy,
+                                                      jnp.float32))
+  sync = sync.lower(st).compile()
+  st = jax.block_until_ready(sync(st))
   times = []
   for _ in range(max(repeats, 5)):
     start = time.perf_counter()
-    jax.block_until_ready(sync(state.strategy))
+    st = jax.block_until_ready(sync(st))
     times.append(time.perf_counter() - start)
   return statistics.median(times)
 

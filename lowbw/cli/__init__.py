@@ -1,6 +1,7 @@
 """The ``lowbw`` command line: the only layer that prints."""
 
 import argparse
+import os
 import re
 import sys
 
@@ -44,6 +45,11 @@ def build_parser() -> argparse.ArgumentParser:
   _bench.add_parser(sub)
   _plan.add_parser(sub)
   _plot.add_parser(sub)
+  for name in ("train", "sweep", "bench"):
+    sub.choices[name].add_argument(
+        "--no-compile-cache", action="store_true",
+        help="do not use the persistent compilation cache (default: on, in "
+        "$LOWBW_COMPILE_CACHE or ~/.cache/lowbw/xla)")
   return parser
 
 
@@ -56,6 +62,8 @@ def main(argv=None) -> int:
   if not hasattr(args, "run"):
     parser.print_help()
     return 2
+  if getattr(args, "no_compile_cache", False):
+    os.environ["LOWBW_COMPILE_CACHE"] = "0"   # bench's children inherit it
   try:
     return args.run(args)
   except NonFiniteLossError as e:

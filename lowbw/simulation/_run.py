@@ -31,6 +31,7 @@ def simulate(
     worker_dtype: str | None = None,
     worker_batch: int | None = None,
     hparams: dict | None = None,
+    compile_cache: bool | str = True,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -89,6 +90,11 @@ def simulate(
     hparams: traced values replacing the strategy's or network's, e.g.
       ``{"inner_lr": 3e-3}`` (see ``lowbw.build`` to run many without
       recompiling, ``lowbw.sweep`` to run a grid at once).
+    compile_cache: JAX's persistent compilation cache: True (default) in
+      ``$LOWBW_COMPILE_CACHE`` or ``~/.cache/lowbw/xla``, a folder, or False
+      to leave JAX's settings alone (``LOWBW_COMPILE_CACHE=0`` turns it off
+      everywhere). A configuration compiled before, in any process, loads
+      instead of compiling.
 
   This is ``lowbw.build(...).run(...)`` in one call.
 
@@ -104,7 +110,8 @@ def simulate(
               eval_every=eval_every, log_every=log_every,
               eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
               devices=devices, worker_dtype=worker_dtype,
-              worker_batch=worker_batch, compile=False)
+              worker_batch=worker_batch, compile=False,
+              compile_cache=compile_cache)
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
                  checkpoint_every=checkpoint_every, resume_from=resume_from,
                  progress=progress, callback=callback, metadata=metadata)

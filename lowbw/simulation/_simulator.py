@@ -18,8 +18,8 @@ import jax.numpy as jnp
 from lowbw import _validate, telemetry
 from lowbw.network import _clock
 from lowbw.network._collectives import tiers_of
-from lowbw.simulation import (_config, _engine, _hparams, _mesh, _precision,
-                              _resume)
+from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
+                              _mesh, _precision, _resume)
 from lowbw.simulation._loop import Executables, drive
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import Track
@@ -392,7 +392,8 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
           log_every: int | None = None, eval_examples: int | None = None,
           rounds_per_chunk: int | None = None, devices: int | None = None,
           worker_dtype: str | None = None, worker_batch: int | None = None,
-          compile: bool = True) -> Simulator:
+          compile: bool = True, compile_cache: bool | str = True
+          ) -> Simulator:
   """Validates a run configuration and compiles its programs, once.
 
   The arguments are ``lowbw.simulate``'s that fix the compiled program
@@ -401,6 +402,11 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
 
   Args:
     compile: compile now (default); False compiles at the first run.
+    compile_cache: JAX's persistent compilation cache (``_compile_cache``):
+      True (default) in ``$LOWBW_COMPILE_CACHE`` or ``~/.cache/lowbw/xla``,
+      a folder, or False to leave JAX's settings alone. An identical
+      configuration built again, in any process, then loads its programs
+      instead of compiling them.
 
   Raises:
     ValueError: a bad argument, naming it, before anything is compiled.
@@ -418,4 +424,5 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
       log_every=log_every, eval_examples=eval_examples,
       rounds_per_chunk=rounds_per_chunk, devices=devices,
       worker_dtype=worker_dtype, worker_batch=worker_batch)
+  _compile_cache.enable(_compile_cache.check(compile_cache))
   return Simulator(config, compile=compile)
