@@ -60,6 +60,10 @@ def main():
   parser.add_argument("--H", default="10,50")
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
+  bad = sorted(set(args.model.split(",")) - set(MODELS))
+  if bad:
+    parser.error(f"--model={','.join(bad)}: expected one of "
+                 f"{', '.join(MODELS)}")
   rows = []
   print("| model | W | H | cold compile s | warm (cache) s | cold build s | "
         "warm build s |")

@@ -63,6 +63,7 @@ WORKLOADS = {
                 batch_size=8, workers=(8, 32), steps=10),
 }
 H = 10
+STRATEGIES = ("ddp", "diloco")
 
 
 def _inner():
@@ -211,13 +212,21 @@ def _row(r: dict) -> str:
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--strategy", default="ddp,diloco")
-  parser.add_argument("--workload", default="mlp,gpt")
+  parser.add_argument("--strategy", default="ddp,diloco",
+                      help="ddp and/or diloco, comma-separated")
+  parser.add_argument("--workload", default="mlp,gpt",
+                      help=f"{' and/or '.join(WORKLOADS)}, comma-separated")
   parser.add_argument("--workers", default=None,
                       help="worker counts (default: the workload's)")
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--json", default=None)
   args = parser.parse_args()
+  for flag, given, allowed in (("--strategy", args.strategy, STRATEGIES),
+                               ("--workload", args.workload, WORKLOADS)):
+    bad = sorted(set(given.split(",")) - set(allowed))
+    if bad:
+      parser.error(f"{flag}={','.join(bad)}: expected one of "
+                   f"{', '.join(allowed)}")
   print("| strategy | model | W | lowbw ex/s | minimal ex/s | replica ex/s | "
         "lowbw / minimal | lowbw / replica | minimal / replica | "
         "per-worker / minimal |")

@@ -1,7 +1,7 @@
 """GB/s of every form of the worker reduction vs a plain memory copy.
 
-Every reduction over the worker axis in lowbw (means, masked means under
-faults, sums, island means, divergence norms) ends in
+Every mean or sum over the whole worker axis in lowbw (means, masked means
+under faults, sums, divergence norms; not yet ``group_mean``) ends in
 ``lowbw.transforms._leading_sum.leading_sum``, which picks a form per backend
 and dtype. This measures each form on a (W, P) array next to two copies of the
 same bytes, in one process, interleaved (each repeat times every form once):

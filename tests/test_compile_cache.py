@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import lowbw
+from lowbw import data, models, strategies
 from lowbw.simulation import _compile_cache
 
 _SCRIPT = """
@@ -56,3 +58,8 @@ def test_default_folder_and_errors(monkeypatch, tmp_path):
   assert _compile_cache.check(tmp_path) == str(tmp_path)
   with pytest.raises(ValueError, match="compile_cache=3.*True, False or a"):
     _compile_cache.check(3)
+  # Through the API, at build time, before anything compiles.
+  with pytest.raises(ValueError, match="compile_cache=''.*True, False or a"):
+    lowbw.build(models.mlp(hidden=(4,), num_classes=10), data.digits(),
+                strategies.ddp(), num_workers=2, batch_size=2, steps=2,
+                compile=False, compile_cache="")
