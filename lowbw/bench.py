@@ -204,7 +204,8 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
 def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             rounds: int = 2, repeats: int = 3, warmup: int = 1,
             devices: int | None = None, worker_dtype: str | None = None,
-            worker_batch: int | None = None, sync_cost: bool = True,
+            worker_batch: int | str | None = "auto", memory_budget=None,
+            sync_cost: bool = True,
             seed: int = 0) -> dict:
   """Figures for one configuration (see the module docstring).
 
@@ -215,7 +216,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     rounds: rounds (of H steps) per timed call.
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
-    devices, worker_dtype, worker_batch: as for ``lowbw.simulate``.
+    devices, worker_dtype, worker_batch, memory_budget: as for
+      ``lowbw.simulate``.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
 
@@ -227,7 +229,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
               batch_size=batch_size, steps=rounds * strategy.period,
               rounds_per_chunk=rounds, devices=devices,
               worker_dtype=worker_dtype, worker_batch=worker_batch,
-              compile=False)
+              memory_budget=memory_budget, compile=False)
   c = simulator.config
   state, sampler, _, _ = simulator.initial(seed)
   memory.built()
@@ -290,6 +292,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       "theoretical_per_worker": total_state / num_workers,
       "state_per_worker": state_bytes(simulator, state.strategy),
       "memory_ratio": memory.used(peak) / total_state,
+      "memory_estimate_bytes": simulator.memory.estimate_bytes,
       "xla_argument_bytes": getattr(analysis, "argument_size_in_bytes", None),
       "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
       "wire_bytes_per_round": sum(per_round.values()),

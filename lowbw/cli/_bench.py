@@ -76,7 +76,7 @@ def _measure(s: dict, workers: int) -> dict:
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
       warmup=s["warmup"], devices=s["devices"],
       worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
-      seed=s["seed"])
+      memory_budget=s["memory_budget"], seed=s["seed"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -92,13 +92,14 @@ def run(args: argparse.Namespace) -> int:
   _train.build_model(s, _train.build_data(s))
   import jax
   from lowbw.simulation import _config, _mesh
-  _validate.optional_positive_int("worker_batch", s["worker_batch"])
+  from lowbw.simulation import _memory
+  _memory.check_budget(s["memory_budget"])
   for w in counts:
     devices = _mesh.check_devices(s["devices"], w)
-    if s["worker_batch"] and (w // devices) % s["worker_batch"]:
-      raise _validate.fail("worker_batch", s["worker_batch"],
-                           f"must divide the {w // devices} workers of each "
-                           f"device at --workers {w}")
+    try:
+      _config.check_worker_batch(s["worker_batch"], w // devices)
+    except ValueError as e:
+      raise ValueError(f"{e} at --workers {w}") from None
   _config.check_worker_dtype(s["worker_dtype"])
   rows = []
   isolate = jax.process_count() == 1
@@ -172,7 +173,7 @@ def format_table(s: dict, rows: list[dict]) -> str:
       f"{s['strategy']} on {s['model']}, b={s['batch_size']}, H={s['H']}, "
       f"{rows[0]['device']}, devices={rows[0]['devices']}, "
       f"{rows[0]['worker_dtype']} workers, worker batch "
-      f"{s['worker_batch'] or 'all'}; baseline: one replica, batch W*b; "
+      f"{_groups(s, rows)}; baseline: one replica, batch W*b; "
       f"medians of {s['repeats']} timed calls; memory: "
       f"{rows[0]['memory_source']}",
       " | ".join(head)]
@@ -188,6 +189,13 @@ def format_table(s: dict, rows: list[dict]) -> str:
         _mb(r["theoretical_per_worker"]),
         _mb(r["wire_bytes_per_round"])]))
   return "\n".join(lines)
+
+
+def _groups(s: dict, rows: list[dict]) -> str:
+  chosen = sorted({r["worker_batch"] or r["workers"] for r in rows})
+  given = s["worker_batch"]
+  return (f"{given} ({', '.join(map(str, chosen))})" if given == "auto"
+          else str(given or "all"))
 
 
 def plot(rows: list[dict], path: str, s: dict) -> None:

@@ -31,7 +31,7 @@ DEFAULTS = {
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None, "devices": None, "worker_dtype": None,
-    "worker_batch": None,
+    "worker_batch": "auto", "memory_budget": None,
     # The simulated clock (lowbw.network): every run has one.
     "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
     "group_size": None, "regional_bandwidth": "10Gbps",
@@ -177,9 +177,15 @@ def add_scale_flags(p) -> None:
   g.add_argument("--worker-dtype", help="bfloat16: keep every worker's "
                  "parameters and optimizer state in bf16 (half the memory; "
                  "see docs/performance.md); default float32")
-  g.add_argument("--worker-batch", type=int, help="compute the inner steps "
-                 "of this many workers at a time (memory for activations and "
-                 "gradients of one group only; diloco, muloco, fedavg)")
+  g.add_argument("--worker-batch", help="compute the inner steps of this "
+                 "many workers at a time (memory for activations and "
+                 "gradients of one group only; diloco, muloco, fedavg); "
+                 "'all': every worker at once; default 'auto': all at once "
+                 "while their activations fit 512 MiB and the memory budget")
+  g.add_argument("--memory-budget", help="memory the run may use: '8GB', "
+                 "'512MiB' or a share of free memory, '60%%' (default 80%% "
+                 "of free memory); a run estimated to need more is refused "
+                 "before compiling")
   g.add_argument("--coordinator", help="multi-process: host:port of process "
                  "0 (or JAX_COORDINATOR_ADDRESS)")
   g.add_argument("--num-processes", type=int, help="multi-process: K "
@@ -238,7 +244,7 @@ def settings(args: argparse.Namespace) -> tuple[dict, set[str]]:
 # What ``--resume`` may change: how long the run goes on and how it is logged.
 RESUME_MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
                      "eval_examples", "progress", "out", "devices",
-                     "worker_batch")
+                     "worker_batch", "memory_budget")
 
 
 def _check_resume_changes(saved: dict, given: dict) -> None:
@@ -386,7 +392,8 @@ def build_args(s: dict, explicit: set[str]) -> dict:
               steps=s["steps"], network=build_network(s),
               eval_every=eval_every, log_every=s["log_every"],
               eval_examples=s["eval_examples"], devices=s["devices"],
-              worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"])
+              worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
+              memory_budget=s["memory_budget"])
 
 
 def default_out(s: dict, kind: str = "") -> str:

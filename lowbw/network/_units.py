@@ -18,6 +18,9 @@ _BANDWIDTH = {"bps": 1.0, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9, "tbps": 1e12,
 _TIME = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9,
          "min": 60.0, "h": 3600.0}
 _FLOPS = {"flops": 1.0, "gflops": 1e9, "tflops": 1e12, "pflops": 1e15}
+_BYTES = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+          "kib": 2.0 ** 10, "mib": 2.0 ** 20, "gib": 2.0 ** 30,
+          "tib": 2.0 ** 40}
 
 
 def _parse(field, value, units, allowed, *, allow_zero):
@@ -65,6 +68,23 @@ def flops(value, field: str = "flops") -> float:
   return _parse(field, value, _FLOPS,
                 "expected a peak throughput > 0 such as '989TFLOPS' or a "
                 "number of FLOP/s", allow_zero=False)
+
+
+def memory(value, field: str = "memory_budget") -> float:
+  """Bytes from ``"8GB"``, ``"512MiB"``, ``"2.5GiB"`` or a number of bytes
+  (> 0). A string needs its unit: ``"8"`` could be bytes or gigabytes."""
+  allowed = ("expected a memory size > 0 such as '8GB', '512MiB' or a "
+             "number of bytes")
+  if isinstance(value, str) and re.fullmatch(_NUMBER, value):
+    raise _validate.fail(field, value, allowed + " (a string needs its unit)")
+  return _parse(field, value, _BYTES, allowed, allow_zero=False)
+
+
+def format_bytes(n: float) -> str:
+  for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if abs(n) >= scale:
+      return f"{n / scale:.3g} {unit}"
+  return f"{n:.0f} B"
 
 
 def format_bandwidth(bps: float) -> str:

@@ -19,7 +19,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw.network import _clock, _faults
-from lowbw.simulation import _mesh
+from lowbw.simulation import _memory, _mesh
 
 _TARGET_CHUNKS = 25
 WORKER_DTYPES = ("float32", "bfloat16")
@@ -28,7 +28,8 @@ WORKER_DTYPES = ("float32", "bfloat16")
 # build (they fix shapes or the compiled program's structure).
 SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
                   "num_workers", "batch_size", "steps", "devices",
-                  "worker_dtype", "worker_batch", "rounds_per_chunk",
+                  "worker_dtype", "worker_batch", "memory_budget",
+                  "rounds_per_chunk",
                   "network structure (topology, faults or mitigation on/off)")
 
 
@@ -53,7 +54,8 @@ class RunConfig:
   rounds_per_chunk: int
   devices: int
   worker_dtype: str
-  worker_batch: int | None
+  worker_batch: int | str | None   # "auto" until the Simulator chooses
+  memory_budget: _memory.Budget | None
 
   @property
   def period(self) -> int:
@@ -85,7 +87,7 @@ class RunConfig:
   @property
   def grouping(self) -> int | None:
     """``worker_batch`` for the engine: None when it is every worker."""
-    if self.worker_batch in (None, self.num_workers // self.devices):
+    if self.worker_batch in (None, "auto", self.num_workers // self.devices):
       return None
     return self.worker_batch
 
@@ -133,7 +135,8 @@ def configure(model, data, strategy, num_workers: int = 8,
               eval_examples: int | None = None,
               rounds_per_chunk: int | None = None, devices: int | None = None,
               worker_dtype: str | None = None,
-              worker_batch: int | None = None) -> RunConfig:
+              worker_batch: int | str | None = "auto",
+              memory_budget=None) -> RunConfig:
   """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``.
 
   Raises:
@@ -158,7 +161,8 @@ def configure(model, data, strategy, num_workers: int = 8,
   log_every = _validate.optional_positive_int("log_every", log_every)
   eval_examples = _validate.optional_positive_int("eval_examples",
                                                   eval_examples)
-  worker_batch = _check_worker_batch(worker_batch, num_workers // devices)
+  worker_batch = check_worker_batch(worker_batch, num_workers // devices)
+  memory_budget = _memory.check_budget(memory_budget)
   default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))
   rounds_per_chunk = (
       _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
@@ -166,10 +170,21 @@ def configure(model, data, strategy, num_workers: int = 8,
   _check_model_fits_data(model, data)
   return RunConfig(model, data, strategy, num_workers, batch_size, steps,
                    network, eval_every, log_every, eval_examples,
-                   rounds_per_chunk, devices, worker_dtype, worker_batch)
+                   rounds_per_chunk, devices, worker_dtype, worker_batch,
+                   memory_budget)
 
 
-def _check_worker_batch(worker_batch, per_device: int) -> int | None:
+def check_worker_batch(worker_batch, per_device: int) -> int | str | None:
+  """"auto" (chosen from the memory budget, ``_memory``), None or "all"
+  (every worker at once), or a group size dividing the workers per device
+  (an int, or its digits from a flag)."""
+  if isinstance(worker_batch, str) and worker_batch.strip().isdigit():
+    worker_batch = int(worker_batch)
+  if worker_batch in ("auto", "all"):
+    return None if worker_batch == "all" else worker_batch
+  if isinstance(worker_batch, str):
+    raise _validate.fail("worker_batch", worker_batch,
+                         "expected 'auto', 'all' or an integer >= 1")
   worker_batch = _validate.optional_positive_int("worker_batch", worker_batch)
   if worker_batch is not None and per_device % worker_batch:
     raise _validate.fail("worker_batch", worker_batch,

@@ -59,6 +59,24 @@ def one_replica(model, strategy: Strategy, precision: Precision):
   return compute
 
 
+def _materialized(pred, fn, same):
+  """``fn()``, its result held in buffers of its own: the branch of a
+  ``cond`` whose (always true) predicate the compiler cannot evaluate;
+  ``same()`` is the other branch, of the same structure.
+
+  A group's new state must exist before it is written back. Left to
+  itself, XLA recomputes the new optimizer moments inside the fusion that
+  updates the parameters, reading the old moments from the carried arrays
+  that the same iteration overwrites in place, and copy insertion then
+  copies every carried array, twice, in each group's iteration: the state's
+  bytes times 2·W/size per step, and two more copies of the state in
+  memory. ``jax.lax.optimization_barrier`` does not prevent it (XLA's CPU
+  pipeline removes the barrier before fusion); a conditional's outputs are
+  materialized on every backend.
+  """
+  return jax.lax.cond(pred, fn, same)
+
+
 def in_groups(model, strategy: Strategy, precision: Precision, size: int):
   """A local step without communication, ``size`` workers at a time: each
   group's gradients and inner update are computed and written back into the
@@ -84,7 +102,10 @@ def in_groups(model, strategy: Strategy, precision: Precision, size: int):
           inner_W=jax.tree.map(get, inner_W)))
       loss_g, metrics_g, grads_g = jax.vmap(grads)(
           sub.params_W, jax.tree.map(get, batch_W), get(keys_W))
-      new = precision.narrow(strategy.local(sub, grads_g)[0])
+      new = _materialized(
+          sub.step >= 0,  # always true, but not known to the compiler
+          lambda: precision.narrow(strategy.local(sub, grads_g)[0]),
+          lambda: precision.narrow(sub))
       return (jax.tree.map(put, params_W, new.params_W),
               jax.tree.map(put, inner_W, new.inner_W), put(loss_W, loss_g),
               jax.tree.map(put, metrics_W, metrics_g), new.step)

@@ -10,7 +10,7 @@ from lowbw import _validate, telemetry
 # What a resumed run may change; everything else must match the checkpoint.
 MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
               "eval_examples", "metadata", "jax_version", "backend",
-              "devices", "processes", "worker_batch")
+              "devices", "processes", "worker_batch", "memory")
 
 
 def check_paths(log_dir, checkpoint_every, resume_from) -> None:

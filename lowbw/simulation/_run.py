@@ -29,7 +29,8 @@ def simulate(
     metadata: dict | None = None,
     devices: int | None = None,
     worker_dtype: str | None = None,
-    worker_batch: int | None = None,
+    worker_batch: int | str | None = "auto",
+    memory_budget=None,
     hparams: dict | None = None,
     compile_cache: bool | str = True,
 ) -> Result:
@@ -86,6 +87,14 @@ def simulate(
       memory then grows by little more than the workers' state per worker.
       Same results. Needs a strategy whose inner steps do not communicate
       (DiLoCo, MuLoCo, FedAvg) and must divide the workers per device.
+      "auto" (default): all at once while their activations, gradients and
+      updates fit 512 MiB and the memory budget, else the largest group that
+      does (the choice is in config.json); "all" or None: all at once.
+    memory_budget: the bytes the run may use: a number of bytes, "8GB",
+      "512MiB", or a percentage of free memory, "60%". Default 80% of the
+      memory free at build (the device's; the host's on a CPU). A run
+      estimated (before compiling) to need more is refused, naming the
+      estimate and the budget.
 
     hparams: traced values replacing the strategy's or network's, e.g.
       ``{"inner_lr": 3e-3}`` (see ``lowbw.build`` to run many without
@@ -110,7 +119,8 @@ def simulate(
               eval_every=eval_every, log_every=log_every,
               eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
               devices=devices, worker_dtype=worker_dtype,
-              worker_batch=worker_batch, compile=False,
+              worker_batch=worker_batch, memory_budget=memory_budget,
+              compile=False,
               compile_cache=compile_cache)
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
                  checkpoint_every=checkpoint_every, resume_from=resume_from,

@@ -10,6 +10,8 @@ another seed, learning rate or bandwidth reuses them; only a seed that changes
 a shape (Dirichlet shards of another size) compiles again.
 """
 
+import dataclasses
+import math
 import time
 
 import jax
@@ -19,7 +21,7 @@ from lowbw import _validate, telemetry
 from lowbw.network import _clock
 from lowbw.network._collectives import tiers_of
 from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
-                              _mesh, _precision, _resume)
+                              _memory, _mesh, _precision, _resume)
 from lowbw.simulation._loop import Executables, drive
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import Track
@@ -61,6 +63,11 @@ class Simulator:
     reports = self._reports()
     self.strategy_metric_names = self._check_reports(reports)
     self._check_worker_batch(reports["local"])
+    self.eval_batches = jax.tree.map(
+        jnp.asarray, c.data.eval_batches(c.eval_examples))
+    self.memory = self._plan_memory(reports["local"])
+    c = self.config = dataclasses.replace(
+        c, worker_batch=self.memory.worker_batch)
     self.channels = dict(self.strategy_channels)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
@@ -72,8 +79,6 @@ class Simulator:
           for name, ch in self.channels.items()}
     self.metric_names = sorted(jax.eval_shape(
         c.model.loss, self.abstract_params, self.example, key)[1])
-    self.eval_batches = jax.tree.map(
-        jnp.asarray, c.data.eval_batches(c.eval_examples))
     self.mesh = self.specs = None
     if c.devices > 1 or self.processes > 1:
       self._make_mesh(key)
@@ -134,9 +139,19 @@ class Simulator:
         metrics.add(name)
     return sorted(metrics)
 
+  def _plan_memory(self, local_report: dict) -> _memory.Plan:
+    """The run's memory estimate and ``worker_batch`` (``_memory``)."""
+    c = self.config
+    can_group = not c.one_replica and not any(
+        k in self.strategy_channels for k in local_report)
+    data_bytes = _memory.nbytes(self.eval_batches) + sum(
+        4.0 * math.prod(x.shape) for x in c.data.train.values())
+    return _memory.plan(c, self.abstract_state, self.abstract_params,
+                        self.example, can_group, data_bytes)
+
   def _check_worker_batch(self, local_report: dict) -> None:
     c = self.config
-    if c.worker_batch is None:
+    if c.worker_batch in (None, "auto"):
       return
     if any(k in self.strategy_channels for k in local_report):
       raise _validate.fail(
@@ -353,6 +368,7 @@ class Simulator:
                 for name, cost in self.prices(network).items()}},
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
+        "memory": self.memory.describe(),
         "devices": c.devices, "processes": self.processes,
         "metadata": dict(metadata or {}),
     }
@@ -391,7 +407,8 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
           steps: int = 1000, network=None, eval_every: int | None = None,
           log_every: int | None = None, eval_examples: int | None = None,
           rounds_per_chunk: int | None = None, devices: int | None = None,
-          worker_dtype: str | None = None, worker_batch: int | None = None,
+          worker_dtype: str | None = None,
+          worker_batch: int | str | None = "auto", memory_budget=None,
           compile: bool = True, compile_cache: bool | str = True
           ) -> Simulator:
   """Validates a run configuration and compiles its programs, once.
@@ -423,6 +440,7 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
       steps=steps, network=network, eval_every=eval_every,
       log_every=log_every, eval_examples=eval_examples,
       rounds_per_chunk=rounds_per_chunk, devices=devices,
-      worker_dtype=worker_dtype, worker_batch=worker_batch)
+      worker_dtype=worker_dtype, worker_batch=worker_batch,
+      memory_budget=memory_budget)
   _compile_cache.enable(_compile_cache.check(compile_cache))
   return Simulator(config, compile=compile)

@@ -182,8 +182,8 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
       hyperparameters (``Simulator.hparam_names``).
     seeds: the seeds every combination runs with.
     points_per_batch: points computed at once, as one vmapped program of
-      S x W workers (memory grows with it). Default: all of them on an
-      accelerator, 1 on a CPU, where vmapping points was measured to be no
+      S x W workers (memory grows with it). Default: all of them that fit
+      the build's memory budget on an accelerator, 1 on a CPU, where vmapping points was measured to be no
       faster than running them one after another on one compiled program
       (see ``default_points_per_batch``).
     log_dir: ``log_dir/point_000/...`` per point (metrics.csv, TensorBoard,
@@ -213,7 +213,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
   size = _validate.optional_positive_int("points_per_batch",
                                          points_per_batch)
   if size is None:
-    size = default_points_per_batch(len(points))
+    size = default_points_per_batch(len(points), sim.memory)
   size = min(size, len(points))
   show = telemetry.is_terminal() if progress is None else progress
   compile_before = sim.take_compile_s()
@@ -243,15 +243,24 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
   return result
 
 
-def default_points_per_batch(points: int) -> int:
-  """Every point at once on an accelerator; one at a time on a CPU.
+def default_points_per_batch(points: int, memory=None) -> int:
+  """Every point at once on an accelerator, as many as fit the run's memory
+  budget (``memory``: the simulator's ``_memory.Plan``; each point holds a
+  state, in-flight workers and the evaluation of its own); one at a time
+  on a CPU.
 
   Measured on a 2-core CPU (benchmarks/sweep_throughput.py, docs/
   performance.md): vmapping 8 points ran no faster than running them one
   after another (digits MLP: 1.15x; default GPT: slower) and compiled for
   longer, while one at a time reuses the single-run program.
   """
-  return 1 if jax.default_backend() == "cpu" else points
+  if jax.default_backend() == "cpu":
+    return 1
+  if memory is None or memory.budget is None:
+    return points
+  per_point = memory.estimate_bytes - memory.data_bytes
+  room = memory.budget.bytes - memory.data_bytes
+  return max(1, min(points, int(room // max(per_point, 1.0))))
 
 
 def _build(args) -> Simulator:

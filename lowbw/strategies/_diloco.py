@@ -4,6 +4,8 @@ MuLoCo's Algorithm 1 (Thérien et al., 2025, arXiv 2505.23725)."""
 
 from typing import NamedTuple
 
+import jax
+import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
@@ -60,14 +62,26 @@ def outer_step(outer: optax.GradientTransformation, comp: Compression,
     (new global parameters, outer state, message states, the mean
     pseudo-gradient).
   """
-  delta_W = optax.tree.sub(
-      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
-  sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
-                               senders_W)
-  pseudo_grad = worker_mean(sent_W, active_W)
+  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
+    pseudo_grad = _mean_delta(global_params, params_W, active_W)
+  else:
+    delta_W = optax.tree.sub(
+        broadcast_to_workers(global_params, num_workers(params_W)), params_W)
+    sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
+                                 senders_W)
+    pseudo_grad = worker_mean(sent_W, active_W)
   updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
   return (optax.apply_updates(global_params, updates), outer_state, message_W,
           pseudo_grad)
+
+
+def _mean_delta(global_params, params_W, active_W) -> PyTree:
+  """The participants' mean of global - theta_w, as global - their mean of
+  theta_w (zeros when none takes part): one pass over the workers'
+  parameters, without materializing every worker's delta."""
+  some = worker_mean(jnp.ones(num_workers(params_W)), active_W)
+  return jax.tree.map(lambda g, m: (g * some.astype(g.dtype) - m),
+                      global_params, worker_mean(params_W, active_W))
 
 
 def diloco_sync(outer: optax.GradientTransformation, comp: Compression):

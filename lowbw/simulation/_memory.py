@@ -1,0 +1,234 @@
+"""How much memory a run needs, and how many workers compute a step at once.
+
+Before anything is compiled, ``plan`` estimates a run's bytes from shapes
+alone:
+
+- its state: every leaf of the abstract simulator state (exact);
+- the data it holds: the training arrays and the evaluation batches;
+- per worker that computes a step at the same time ("in flight"): the
+  activations its backward pass keeps (the residuals of ``jax.vjp`` of the
+  model's loss, found by tracing, not compiling), its gradients and its
+  updated parameters and optimizer state.
+
+``worker_batch="auto"`` (the default) computes every worker at once when
+their in-flight bytes fit both ``ACTIVATION_CAP`` and what the budget leaves
+after the state and data; otherwise the largest group of workers (a divisor
+of the workers per device) that does. Activation memory is then bounded and
+each added worker costs its state. The budget (``memory_budget``) defaults to
+``DEFAULT_FRACTION`` of the memory free when the run is built (the device's,
+or the host's on a CPU); a run whose estimate exceeds it even one worker at a
+time is refused, before compiling, with the estimate and the limit.
+
+The choice depends on free memory only when memory is short (the cap binds
+first otherwise), so the same configuration computes in the same groups, and
+gives the same bits, on an idle and on a busy machine alike. The chosen
+``worker_batch`` is in the run's config.json, to pin it.
+"""
+
+import math
+import os
+import re
+from typing import NamedTuple
+
+import jax
+import numpy as np
+from jax.extend import core as jex_core
+
+from lowbw import _validate
+from lowbw.network import _units
+
+DEFAULT_FRACTION = 0.8
+# In-flight bytes above which the workers compute in groups: enough rows per
+# group to keep the machine's matmuls at full speed (measured: docs/
+# performance.md, "Memory that follows the state"), and a bound on
+# activation memory that stays small next to a machine's memory.
+ACTIVATION_CAP = 512 * 2 ** 20
+
+
+class Budget(NamedTuple):
+  bytes: float
+  source: str      # how it was set, for messages
+
+
+class Plan(NamedTuple):
+  """A run's memory estimate (bytes, per device on accelerators, per process
+  on a CPU) and the ``worker_batch`` it chose (None: all workers at once)."""
+  worker_batch: int | None
+  state_bytes: float
+  data_bytes: float
+  in_flight_per_worker: float
+  estimate_bytes: float
+  budget: Budget
+
+  def describe(self) -> dict:
+    return {"estimate_bytes": self.estimate_bytes,
+            "state_bytes": self.state_bytes, "data_bytes": self.data_bytes,
+            "in_flight_bytes_per_worker": self.in_flight_per_worker,
+            "budget_bytes": self.budget.bytes,
+            "budget_source": self.budget.source}
+
+
+def free_bytes() -> tuple[float | None, str]:
+  """Memory free now: the first device's (bytes_limit - bytes_in_use) where
+  its allocator says, else the host's MemAvailable; None where neither is
+  known."""
+  stats = jax.local_devices()[0].memory_stats() or {}
+  if "bytes_limit" in stats:
+    return (float(stats["bytes_limit"] - stats.get("bytes_in_use", 0)),
+            f"{jax.local_devices()[0].device_kind} memory")
+  try:
+    with open("/proc/meminfo") as f:
+      for line in f:
+        if line.startswith("MemAvailable:"):
+          return float(line.split()[1]) * 1024, "host memory"
+  except OSError:
+    pass
+  try:
+    return (float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")),
+            "host memory")
+  except (ValueError, OSError, AttributeError):
+    return None, "unknown"
+
+
+def check_budget(value) -> Budget | None:
+  """``memory_budget``: None (``DEFAULT_FRACTION`` of free memory), bytes
+  (a number, or a string with its unit: "8GB", "512MiB"), or a percentage
+  of free memory ("60%"). None when free memory is unknown and no size was
+  given (no limit then)."""
+  field = "memory_budget"
+  if isinstance(value, str) and value.strip().endswith("%"):
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
+    share = float(match.group(1)) / 100 if match else 0.0
+    if not 0 < share <= 1:
+      raise _validate.fail(field, value,
+                           "expected a percentage of free memory in (0, 100]")
+    return _share_of_free(share)
+  if value is None:
+    return _share_of_free(DEFAULT_FRACTION)
+  size = _units.memory(value, field)
+  return Budget(size, f"memory_budget={_units.format_bytes(size)}")
+
+
+def _share_of_free(share: float) -> Budget | None:
+  free, where = free_bytes()
+  if free is None:
+    return None
+  return Budget(share * free, f"{share:.0%} of the {_units.format_bytes(free)}"
+                f" of {where} free at build")
+
+
+def nbytes(tree) -> float:
+  return float(sum(math.prod(x.shape) * np.dtype(x.dtype).itemsize
+                   for x in jax.tree.leaves(tree)))
+
+
+def residual_bytes(loss, params, batch, key) -> float:
+  """Bytes of what the backward pass of ``loss(params, batch, key)`` keeps
+  from the forward pass: the outputs of the traced ``jax.vjp`` that are not
+  its inputs (the parameters it holds on to are not new memory)."""
+  def pullback(p, b, k):
+    return jax.vjp(lambda q: loss(q, b, k)[0], p)[1]
+
+  jaxpr = jax.make_jaxpr(pullback)(params, batch, key).jaxpr
+  given = {id(v) for v in list(jaxpr.invars) + list(jaxpr.constvars)}
+  seen, total = set(), 0.0
+  for v in jaxpr.outvars:
+    if (isinstance(v, jex_core.Literal) or id(v) in given or
+        id(v) in seen):
+      continue
+    seen.add(id(v))
+    total += math.prod(v.aval.shape) * np.dtype(v.aval.dtype).itemsize
+  return total
+
+
+def _per_worker(tree, num_workers: int) -> tuple[float, float]:
+  """(bytes of the leaves with a leading worker axis, bytes of the rest)."""
+  mine = shared = 0.0
+  for x in jax.tree.leaves(tree):
+    size = math.prod(x.shape) * np.dtype(x.dtype).itemsize
+    if x.shape[:1] == (num_workers,):
+      mine += size
+    else:
+      shared += size
+  return mine, shared
+
+
+def _wide(tree, drop_leading: bool = False) -> float:
+  """Bytes of ``tree`` (of one worker's slice of it with ``drop_leading``)
+  with floating leaves in float32, as they are computed."""
+  total = 0.0
+  for x in jax.tree.leaves(tree):
+    shape = x.shape[1:] if drop_leading else x.shape
+    wide = jax.numpy.issubdtype(x.dtype, np.floating)
+    total += math.prod(shape) * (4 if wide else np.dtype(x.dtype).itemsize)
+  return total
+
+
+def plan(c, abstract_state, abstract_params, example, can_group: bool,
+         data_bytes: float) -> Plan:
+  """The run's estimate and ``worker_batch`` (see the module docstring).
+
+  ``c``: the ``RunConfig`` (``worker_batch`` "auto", None or a group
+  size; ``memory_budget`` a ``Budget`` or None). ``can_group``: the
+  strategy's inner steps do not communicate, so workers may compute in
+  groups.
+
+  Raises:
+    ValueError: naming memory_budget, when the estimate exceeds it.
+  """
+  local_w = c.num_workers // c.devices
+  stored = abstract_state.strategy
+  workers = 1 if c.one_replica else c.num_workers
+  mine, shared = _per_worker(stored, workers)
+  per_worker_state = mine / workers
+  flight = residual_bytes(c.model.loss, abstract_params, example,
+                          jax.random.PRNGKey(0))
+  extra = 0.0  # in flight once, whatever the number of workers
+  one_grads = _wide(abstract_params)
+  one_update = _wide((stored.params_W, stored.inner_W), drop_leading=True)
+  if c.one_replica:
+    extra = one_grads + one_update
+  else:
+    flight += one_grads + one_update
+  state = per_worker_state * (1 if c.one_replica else local_w) + shared
+  devices_here = (min(c.devices, jax.local_device_count())
+                  if jax.default_backend() == "cpu" else 1)
+  fixed = state + data_bytes + extra
+
+  def estimate(size: int) -> float:
+    return devices_here * (fixed + size * flight)
+
+  size = _group_size(c, local_w, can_group, estimate)
+  chosen = estimate(size)
+  if c.memory_budget is not None and chosen > c.memory_budget.bytes:
+    raise _too_big(c, chosen, devices_here * state, data_bytes, size,
+                   flight, can_group)
+  return Plan(None if size == local_w else size, devices_here * state,
+              devices_here * data_bytes, flight, chosen, c.memory_budget)
+
+
+def _group_size(c, local_w: int, can_group: bool, estimate) -> int:
+  if c.worker_batch != "auto":
+    return c.worker_batch or local_w
+  if not can_group:
+    return local_w
+  limit = estimate(0) + ACTIVATION_CAP
+  if c.memory_budget is not None:
+    limit = min(limit, c.memory_budget.bytes)
+  fits = [s for s in range(local_w, 0, -1)
+          if local_w % s == 0 and estimate(s) <= limit]
+  return fits[0] if fits else 1
+
+
+def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
+  fmt = _units.format_bytes
+  advice = ("lower num_workers, batch_size or the model's size"
+            + (", compute fewer workers at a time (worker_batch)"
+               if can_group and size > 1 else "")
+            + ", or raise memory_budget")
+  return _validate.fail(
+      "memory_budget", fmt(c.memory_budget.bytes),
+      f"the run needs about {fmt(chosen)} ({fmt(state)} of state, "
+      f"{fmt(data)} of data, and {size} worker(s) computing at once with "
+      f"{fmt(flight)} of activations, gradients and updates each), more "
+      f"than the budget ({c.memory_budget.source}); {advice}")

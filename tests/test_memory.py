@@ -1,0 +1,100 @@
+"""The memory estimate made before compiling, the worker_batch it chooses,
+and the budget that refuses a run too big for the machine."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import lowbw
+from lowbw import data, models, strategies
+from lowbw.simulation import _memory
+
+_MLP = dict(model=models.mlp(hidden=(16,)), data=data.digits(),
+            strategy=strategies.diloco(H=2), batch_size=4, steps=4)
+
+
+def test_residuals_are_what_the_backward_pass_keeps():
+  # sin(x @ w): the pullback keeps cos(x @ w), (b, h) floats; x and w are
+  # inputs, not new memory.
+  def loss(p, b, k):
+    return jnp.sum(jnp.sin(b["x"] @ p["w"])), {}
+
+  w = {"w": jnp.zeros((16, 32))}
+  for b in (4, 8):
+    got = _memory.residual_bytes(loss, w, {"x": jnp.zeros((b, 16))},
+                                 jax.random.PRNGKey(0))
+    assert got == b * 32 * 4
+
+
+def test_budget_forms_and_errors():
+  assert _memory.check_budget("8GB").bytes == 8e9
+  assert _memory.check_budget("512MiB").bytes == 512 * 2 ** 20
+  assert _memory.check_budget(1e9).bytes == 1e9
+  free, _ = _memory.free_bytes()
+  half = _memory.check_budget("50%")
+  assert half.bytes == pytest.approx(free / 2, rel=0.2)
+  assert "50% of" in half.source
+  for bad in ("8", "8 parsecs", "0%", "150%", -1, 0, True):
+    with pytest.raises(ValueError, match="memory_budget"):
+      _memory.check_budget(bad)
+
+
+def _state_and_flight(sim):
+  m = sim.memory
+  return m.state_bytes + m.data_bytes, m.in_flight_per_worker
+
+
+def test_auto_computes_all_workers_at_once_when_they_fit():
+  sim = lowbw.build(num_workers=8, compile=False, **_MLP)
+  assert sim.config.worker_batch is None
+  fixed, flight = _state_and_flight(sim)
+  assert sim.memory.estimate_bytes == pytest.approx(fixed + 8 * flight)
+  # The state's share is exact: every worker's parameters and Adam moments,
+  # plus the global parameters and outer momentum.
+  params = sim.num_params * 4
+  assert sim.memory.state_bytes == pytest.approx(8 * 3 * params + 2 * params,
+                                                 rel=0.01)
+
+
+def test_a_budget_that_fits_a_group_chooses_the_largest_group_that_fits():
+  probe = lowbw.build(num_workers=8, compile=False, **_MLP)
+  fixed, flight = _state_and_flight(probe)
+  budget = fixed + 4.5 * flight  # room for 4 workers in flight, not 8
+  sim = lowbw.build(num_workers=8, memory_budget=budget, compile=False,
+                    **_MLP)
+  assert sim.config.worker_batch == 4
+  assert sim.memory.estimate_bytes <= budget
+  # An explicit worker_batch is kept, and "all" computes all at once.
+  assert lowbw.build(num_workers=8, worker_batch=2, compile=False,
+                     **_MLP).config.worker_batch == 2
+  assert lowbw.build(num_workers=8, worker_batch="all", compile=False,
+                     **_MLP).config.worker_batch is None
+
+
+def test_a_run_too_big_for_the_budget_is_refused_before_compiling():
+  with pytest.raises(ValueError, match=r"memory_budget=.*needs about .* more "
+                     r"than the budget"):
+    lowbw.build(num_workers=8, memory_budget="100kB", **_MLP)
+  # A strategy that communicates every step cannot compute in groups.
+  with pytest.raises(ValueError, match="memory_budget") as err:
+    lowbw.build(**{**_MLP, "strategy": strategies.sparta(p=0.1)},
+                num_workers=8, memory_budget="100kB")
+  assert "worker_batch" not in str(err.value)
+
+
+def test_auto_grouping_gives_the_all_at_once_run_and_is_logged(tmp_path):
+  probe = lowbw.build(num_workers=4, compile=False, **_MLP)
+  fixed, flight = _state_and_flight(probe)
+  grouped = lowbw.build(num_workers=4, memory_budget=fixed + 2.5 * flight,
+                        **_MLP)
+  assert grouped.config.worker_batch == 2
+  a = grouped.run(seed=0, log_dir=str(tmp_path))
+  b = lowbw.build(num_workers=4, worker_batch="all", **_MLP).run(seed=0)
+  for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+  written = json.loads((tmp_path / "config.json").read_text())
+  assert written["worker_batch"] == 2
+  assert written["memory"]["estimate_bytes"] == grouped.memory.estimate_bytes
