@@ -10,7 +10,7 @@ reported), runs ``--rounds`` rounds, and reports
 - ``estimate_bytes``: the build's estimate (``lowbw.simulation._memory``);
 - ``peak_bytes``: the process's peak resident memory (VmHWM) after the run,
   and ``base_bytes``, its resident memory before building (runtime, JAX);
-- ``round_s``: seconds per round, after the first (compiling) one.
+- ``round_s``: seconds per round (median of the rounds after the first).
 
 *Per added worker* is the growth of the peak between consecutive worker
 counts over the growth of W, against the state's bytes per worker: the
@@ -48,6 +48,7 @@ def rss(field):
         return int(line.split()[1]) * 1024
 
 model, w, b, h, rounds = sys.argv[1], *map(int, sys.argv[2:6])
+group = sys.argv[6]
 base = rss("VmRSS")
 if model == "mlp":
   rng = np.random.default_rng(0)
@@ -59,7 +60,7 @@ else:
   m, d = models.gpt(), data.text_bytes()
 sim = lowbw.build(m, d, strategies.diloco(H=h), num_workers=w, batch_size=b,
                   steps=rounds * h, rounds_per_chunk=1, eval_every=None,
-                  compile=False)
+                  worker_batch=group, compile=False)
 state, sampler, _, _ = sim.initial(0)
 exe, state = sim.executables(state, sampler, None)
 times = []
@@ -82,10 +83,12 @@ print(json.dumps({
 """
 
 
-def measure(model: str, w: int, b: int, h: int, rounds: int) -> dict:
+def measure(model: str, w: int, b: int, h: int, rounds: int,
+            group: str = "auto") -> dict:
   out = subprocess.run(
       [sys.executable, "-c", _CHILD, model, str(w), str(b), str(h),
-       str(rounds)], capture_output=True, text=True, env=dict(os.environ))
+       str(rounds), group], capture_output=True, text=True,
+      env=dict(os.environ))
   if out.returncode:
     err = (out.stderr.strip().splitlines() or ["no output"])[-1]
     return {"model": model, "W": w, "error": err}
@@ -114,6 +117,8 @@ def main():
                       "8 (GPT)")
   parser.add_argument("--H", type=int, default=2)
   parser.add_argument("--rounds", type=int, default=3)
+  parser.add_argument("--worker-batch", default="auto",
+                      help="auto (default), all, or a group size")
   parser.add_argument("--json", help="write the figures here")
   args = parser.parse_args()
   rows = []
@@ -123,7 +128,8 @@ def main():
     b = args.batch_size or {"mlp": 4, "gpt": 8}[model]
     for w in map(int, (args.workers or DEFAULT_WORKERS[model]).split(",")):
       print(f"{model} W={w} ...", file=sys.stderr, flush=True)
-      rows.append(measure(model, w, b, args.H, args.rounds))
+      rows.append(measure(model, w, b, args.H, args.rounds,
+                          args.worker_batch))
       print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
   add_marginal(rows)
   print(" | ".join(["model", "W", "worker batch", "state MB", "estimate MB",

@@ -42,16 +42,14 @@ def test_budget_forms_and_errors():
       _memory.check_budget(bad)
 
 
-def _state_and_flight(sim):
-  m = sim.memory
-  return m.state_bytes + m.data_bytes, m.in_flight_per_worker
-
-
 def test_auto_computes_all_workers_at_once_when_they_fit():
   sim = lowbw.build(num_workers=8, compile=False, **_MLP)
   assert sim.config.worker_batch is None
-  fixed, flight = _state_and_flight(sim)
-  assert sim.memory.estimate_bytes == pytest.approx(fixed + 8 * flight)
+  m = sim.memory
+  assert m.estimate_bytes == pytest.approx(
+      m.state_bytes + m.data_bytes + 8 * m.in_flight_all)
+  # In groups a worker also holds its new state until it is written back.
+  assert m.in_flight_group > m.in_flight_all
   # The state's share is exact: every worker's parameters and Adam moments,
   # plus the global parameters and outer momentum.
   params = sim.num_params * 4
@@ -59,12 +57,24 @@ def test_auto_computes_all_workers_at_once_when_they_fit():
                                                  rel=0.01)
 
 
+# Activations large next to the parameters: a group of half the workers
+# (which also holds its new state) needs less than all of them at once.
+_WIDE = dict(_MLP, model=models.mlp(hidden=(256,)), batch_size=160)
+
+
+def _budget_for_half(num_workers, **kwargs):
+  """A budget that holds half the workers in flight in groups, not all."""
+  m = lowbw.build(num_workers=num_workers, compile=False, **kwargs).memory
+  half, all_ = num_workers // 2 * m.in_flight_group, (
+      num_workers * m.in_flight_all)
+  assert half < all_  # what the configuration is chosen for
+  return m.state_bytes + m.data_bytes + (half + all_) / 2
+
+
 def test_a_budget_that_fits_a_group_chooses_the_largest_group_that_fits():
-  probe = lowbw.build(num_workers=8, compile=False, **_MLP)
-  fixed, flight = _state_and_flight(probe)
-  budget = fixed + 4.5 * flight  # room for 4 workers in flight, not 8
+  budget = _budget_for_half(8, **_WIDE)
   sim = lowbw.build(num_workers=8, memory_budget=budget, compile=False,
-                    **_MLP)
+                    **_WIDE)
   assert sim.config.worker_batch == 4
   assert sim.memory.estimate_bytes <= budget
   # An explicit worker_batch is kept, and "all" computes all at once.
@@ -86,13 +96,11 @@ def test_a_run_too_big_for_the_budget_is_refused_before_compiling():
 
 
 def test_auto_grouping_gives_the_all_at_once_run_and_is_logged(tmp_path):
-  probe = lowbw.build(num_workers=4, compile=False, **_MLP)
-  fixed, flight = _state_and_flight(probe)
-  grouped = lowbw.build(num_workers=4, memory_budget=fixed + 2.5 * flight,
-                        **_MLP)
+  grouped = lowbw.build(num_workers=4, memory_budget=_budget_for_half(
+      4, **_WIDE), **_WIDE)
   assert grouped.config.worker_batch == 2
   a = grouped.run(seed=0, log_dir=str(tmp_path))
-  b = lowbw.build(num_workers=4, worker_batch="all", **_MLP).run(seed=0)
+  b = lowbw.build(num_workers=4, worker_batch="all", **_WIDE).run(seed=0)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   written = json.loads((tmp_path / "config.json").read_text())

@@ -104,6 +104,16 @@ class Programs(NamedTuple):
   global_params: Any  # sim -> the shared model's parameters (float32)
 
 
+def _after(divergence, params_W):
+  """``params_W``, computed after ``divergence`` (never negative, so the
+  select always keeps them). The sync writes the new parameters into the
+  buffer the divergence reads; without a dependency between the two, XLA
+  copies every worker's parameters each round to keep them for the read
+  (``optimization_barrier`` does not order them on the CPU)."""
+  return jax.tree.map(lambda x: jnp.where(divergence < 0, jnp.zeros_like(x), x),
+                      params_W)
+
+
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           tail_steps: int, channels, masks: bool = False, mesh=None,
           specs=None, worker_dtype=None,
@@ -169,6 +179,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     st, report, clock, active = timing.sync(st, strategy.sync, carry,
                                             steps.clock, sim.active)
     st, active = timing.rejoin(st, carry, active, strategy.global_params)
+    st = st._replace(params_W=_after(divergence, st.params_W))
     counts, own = _timing.split_report(report, channels)
     return sim._replace(strategy=precision.narrow(st), active=active), (
         RoundOut(steps, counts, divergence, lr, clock, own))

@@ -22,6 +22,24 @@ def loss_and_grads(model):
   return grads
 
 
+def after_backward(grads):
+  """``grads``, each leaf made to depend on every leaf (a select that always
+  keeps them, on one element of each), so that whatever consumes them runs
+  after the whole backward pass.
+
+  The update then writes the parameters in place only once nothing reads
+  them any more. Without the dependency, a layer's update is free to run
+  before the backward pass's matmul that reads the same weights to carry
+  the gradient to the layer below, and XLA copies those weights, for every
+  worker, at every step. (``optimization_barrier`` does not order them on
+  the CPU.)
+  """
+  token = sum(jnp.sum(x.reshape(-1)[:1].astype(jnp.float32))
+              for x in jax.tree.leaves(grads))
+  never = token > jnp.inf
+  return jax.tree.map(lambda g: jnp.where(never, jnp.zeros_like(g), g), grads)
+
+
 def all_at_once(model, strategy: Strategy, precision: Precision):
   """Every worker's gradients in one ``vmap``; the strategy's local step
   (with any per-step communication) is left to the caller."""
@@ -30,6 +48,7 @@ def all_at_once(model, strategy: Strategy, precision: Precision):
   def compute(stored: StrategyState, batch_W, keys_W):
     st = precision.widen(stored)
     loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
+    grads_W = after_backward(grads_W)
     return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_W)
 
   return compute
@@ -53,7 +72,7 @@ def one_replica(model, strategy: Strategy, precision: Precision):
     params = jax.tree.map(lambda x: x[0], st.params_W)
     (_, (loss_W, metrics_W)), grads = jax.value_and_grad(
         mean_loss, has_aux=True)(params, batch_W, keys_W)
-    grads_1 = jax.tree.map(lambda g: g[None], grads)
+    grads_1 = jax.tree.map(lambda g: g[None], after_backward(grads))
     return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_1)
 
   return compute
@@ -97,15 +116,21 @@ def in_groups(model, strategy: Strategy, precision: Precision, size: int):
         return jax.lax.dynamic_update_slice_in_dim(
             full, part.astype(full.dtype), g * size, axis=0)
 
-      sub = precision.widen(stored._replace(
-          params_W=jax.tree.map(get, params_W),
-          inner_W=jax.tree.map(get, inner_W)))
+      def group():
+        return stored._replace(params_W=jax.tree.map(get, params_W),
+                               inner_W=jax.tree.map(get, inner_W))
+
       loss_g, metrics_g, grads_g = jax.vmap(grads)(
-          sub.params_W, jax.tree.map(get, batch_W), get(keys_W))
+          precision.widen(stored._replace(
+              params_W=jax.tree.map(get, params_W), inner_W=())).params_W,
+          jax.tree.map(get, batch_W), get(keys_W))
+      # The update slices the carried arrays inside the branch, so that it
+      # reads them in place rather than from copies of the group's slices.
       new = _materialized(
-          sub.step >= 0,  # always true, but not known to the compiler
-          lambda: precision.narrow(strategy.local(sub, grads_g)[0]),
-          lambda: precision.narrow(sub))
+          stored.step >= 0,  # always true, but not known to the compiler
+          lambda: precision.narrow(strategy.local(precision.widen(group()),
+                                                  grads_g)[0]),
+          group)
       return (jax.tree.map(put, params_W, new.params_W),
               jax.tree.map(put, inner_W, new.inner_W), put(loss_W, loss_g),
               jax.tree.map(put, metrics_W, metrics_g), new.step)

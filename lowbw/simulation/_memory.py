@@ -52,20 +52,24 @@ class Budget(NamedTuple):
 
 class Plan(NamedTuple):
   """A run's memory estimate (bytes, per device on accelerators, per process
-  on a CPU) and the ``worker_batch`` it chose (None: all workers at once)."""
+  on a CPU) and the ``worker_batch`` it chose (None: all workers at once).
+  In flight per worker: ``in_flight_all`` when all compute at once,
+  ``in_flight_group`` in groups."""
   worker_batch: int | None
   state_bytes: float
   data_bytes: float
-  in_flight_per_worker: float
+  in_flight_all: float
+  in_flight_group: float
   estimate_bytes: float
-  budget: Budget
+  budget: Budget | None
 
   def describe(self) -> dict:
     return {"estimate_bytes": self.estimate_bytes,
             "state_bytes": self.state_bytes, "data_bytes": self.data_bytes,
-            "in_flight_bytes_per_worker": self.in_flight_per_worker,
-            "budget_bytes": self.budget.bytes,
-            "budget_source": self.budget.source}
+            "in_flight_bytes_per_worker": {"all_at_once": self.in_flight_all,
+                                           "in_groups": self.in_flight_group},
+            "budget_bytes": self.budget and self.budget.bytes,
+            "budget_source": self.budget and self.budget.source}
 
 
 def free_bytes() -> tuple[float | None, str]:
@@ -173,6 +177,11 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   strategy's inner steps do not communicate, so workers may compute in
   groups.
 
+  In flight per worker, all at once: the residuals and the gradients (the
+  update is fused in place). In groups: also the group's new parameters
+  and optimizer state and its parameters sliced for the forward pass,
+  which exist before they are written back (``_grouping``).
+
   Raises:
     ValueError: naming memory_budget, when the estimate exceeds it.
   """
@@ -180,34 +189,38 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   stored = abstract_state.strategy
   workers = 1 if c.one_replica else c.num_workers
   mine, shared = _per_worker(stored, workers)
-  per_worker_state = mine / workers
-  flight = residual_bytes(c.model.loss, abstract_params, example,
-                          jax.random.PRNGKey(0))
-  extra = 0.0  # in flight once, whatever the number of workers
-  one_grads = _wide(abstract_params)
-  one_update = _wide((stored.params_W, stored.inner_W), drop_leading=True)
-  if c.one_replica:
-    extra = one_grads + one_update
-  else:
-    flight += one_grads + one_update
-  state = per_worker_state * (1 if c.one_replica else local_w) + shared
-  devices_here = (min(c.devices, jax.local_device_count())
-                  if jax.default_backend() == "cpu" else 1)
-  fixed = state + data_bytes + extra
+  residuals = residual_bytes(c.model.loss, abstract_params, example,
+                             jax.random.PRNGKey(0))
+  grads = _wide(abstract_params)
+  update = _wide((stored.params_W, stored.inner_W), drop_leading=True)
+  state = mine / workers * (1 if c.one_replica else local_w) + shared
+  # One replica computes every worker's examples through one set of
+  # gradients; otherwise each worker in flight has its own.
+  fixed = state + data_bytes + (grads if c.one_replica else 0.0)
+  flight_all = residuals + (0.0 if c.one_replica else grads)
+  flight_group = flight_all + update + grads
+  here = (min(c.devices, jax.local_device_count())
+          if jax.default_backend() == "cpu" else 1)
+
+  def flight(size: int) -> float:
+    return flight_all if size == local_w else flight_group
 
   def estimate(size: int) -> float:
-    return devices_here * (fixed + size * flight)
+    return here * (fixed + size * flight(size))
 
   size = _group_size(c, local_w, can_group, estimate)
   chosen = estimate(size)
   if c.memory_budget is not None and chosen > c.memory_budget.bytes:
-    raise _too_big(c, chosen, devices_here * state, data_bytes, size,
-                   flight, can_group)
-  return Plan(None if size == local_w else size, devices_here * state,
-              devices_here * data_bytes, flight, chosen, c.memory_budget)
+    raise _too_big(c, chosen, here * state, data_bytes, size, flight(size),
+                   can_group)
+  return Plan(None if size == local_w else size, here * state,
+              here * data_bytes, flight_all, flight_group, chosen,
+              c.memory_budget)
 
 
 def _group_size(c, local_w: int, can_group: bool, estimate) -> int:
+  """All workers at once while their in-flight bytes fit the cap and the
+  budget, else the largest group that does (1 at least)."""
   if c.worker_batch != "auto":
     return c.worker_batch or local_w
   if not can_group:
