@@ -22,6 +22,7 @@ event counts, the others are the strategy's own metrics (floats), logged as
 ``strategy/<name>``.
 """
 
+import dataclasses
 from typing import Any, NamedTuple
 
 import jax
@@ -30,7 +31,7 @@ import optax
 
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
-from lowbw.simulation._grouping import local_compute
+from lowbw.simulation._grouping import local_compute, steps_in_groups
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
@@ -138,8 +139,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   of a ``replicated`` strategy's identical workers (``_grouping``).
   """
   precision = Precision(worker_dtype)
-  compute = local_compute(model, strategy, precision, worker_batch,
-                          one_replica)
+  compute = local_compute(model, strategy, precision, one_replica)
+  grouped = (None if worker_batch is None else
+             steps_in_groups(model, strategy, precision, worker_batch))
 
   def global_params(sim: SimState):
     with participating(sim.active):
@@ -148,9 +150,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def local_step(sim: SimState, sampler, timing, carry):
     stored = sim.strategy
     batch_W = sampler.sample(sim.data_key, stored.step, worker_offset())
-    keys_W = local_workers(jax.random.split(
-        jax.random.fold_in(sim.loss_key, stored.step), num_workers))
-    st, loss_W, metrics_W, step_fn = compute(stored, batch_W, keys_W)
+    st, loss_W, metrics_W, step_fn = compute(stored, batch_W,
+                                             keys_at(sim, stored.step))
     st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                     sim.active)
     counts, own = _timing.split_report(report, channels)
@@ -159,7 +160,43 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     sim = sim._replace(strategy=precision.narrow(st), active=active)
     return sim, out, carry
 
+  def keys_at(sim: SimState, step):
+    return local_workers(jax.random.split(
+        jax.random.fold_in(sim.loss_key, step), num_workers))
+
+  def steps_by_group(sim: SimState, sampler, timing, length: int):
+    """``local_steps`` with ``worker_batch``: the clock of steps that do
+    not communicate depends on the step counter only, so it runs on its
+    own; the workers' steps run a group at a time (``steps_in_groups``)."""
+    def tick(c, _):
+      st, carry = c
+      st, _, carry, clock, _ = timing.local(
+          st, lambda s: (s._replace(step=s.step + 1), {}), carry, sim.active)
+      return (st, carry), clock
+
+    bare = sim.strategy._replace(params_W=(), inner_W=())
+    (_, carry), clocks = jax.lax.scan(
+        tick, (bare, timing.begin(sim.strategy.step)), length=length)
+
+    def sample(step, first):
+      rows = jax.tree.map(
+          lambda x: jax.lax.dynamic_slice_in_dim(x, first, worker_batch),
+          (sampler.shard_idx_W, sampler.shard_len_W))
+      part = dataclasses.replace(sampler, shard_idx_W=rows[0],
+                                 shard_len_W=rows[1])
+      return part.sample(sim.data_key, step, worker_offset() + first)
+
+    up = local_workers(carry.up_W) if masks else None
+    stored, loss_HW, metrics_HW = grouped(
+        sim.strategy, sample, lambda step: keys_at(sim, step), length, up)
+    steps = StepOut(jax.lax.map(worker_mean, loss_HW),
+                    jax.lax.map(worker_mean, metrics_HW),
+                    jax.lax.map(_first_bad, loss_HW), {}, clocks, {})
+    return sim._replace(strategy=stored), steps, carry
+
   def local_steps(sim: SimState, sampler, timing, length: int):
+    if grouped is not None:
+      return steps_by_group(sim, sampler, timing, length)
     carry = timing.begin(sim.strategy.step)
 
     def body(c, _):

@@ -1,9 +1,11 @@
-"""The workers' gradients and inner update: all workers in one ``vmap``, or
-``worker_batch`` workers at a time.
+"""The workers' gradients and inner update: all workers in one ``vmap``
+(``all_at_once``, or ``one_replica`` for DDP's identical workers), or
+``worker_batch`` workers at a time, each group running its steps back to back
+(``steps_in_groups``).
 
-Both return what the round's timing needs: the state to step from, every
-worker's loss and metrics, and ``step_fn(state) -> (state, report)``, the
-strategy's local step (already applied, in groups, when grouped).
+The per-step forms return what the round's timing needs: the state to step
+from, every worker's loss and metrics, and ``step_fn(state) -> (state,
+report)``, the strategy's local step.
 """
 
 import jax
@@ -11,6 +13,7 @@ import jax.numpy as jnp
 
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
+from lowbw.transforms import where_workers
 
 
 def loss_and_grads(model):
@@ -78,82 +81,84 @@ def one_replica(model, strategy: Strategy, precision: Precision):
   return compute
 
 
-def _materialized(pred, fn, same):
-  """``fn()``, its result held in buffers of its own: the branch of a
-  ``cond`` whose (always true) predicate the compiler cannot evaluate;
-  ``same()`` is the other branch, of the same structure.
+def steps_in_groups(model, strategy: Strategy, precision: Precision,
+                    size: int):
+  """``length`` local steps of every worker, ``size`` workers at a time,
+  each group running all its steps back to back.
 
-  A group's new state must exist before it is written back. Left to
-  itself, XLA recomputes the new optimizer moments inside the fusion that
-  updates the parameters, reading the old moments from the carried arrays
-  that the same iteration overwrites in place, and copy insertion then
-  copies every carried array, twice, in each group's iteration: the state's
-  bytes times 2·W/size per step, and two more copies of the state in
-  memory. ``jax.lax.optimization_barrier`` does not prevent it (XLA's CPU
-  pipeline removes the barrier before fusion); a conditional's outputs are
-  materialized on every backend.
+  A group's parameters and optimizer state are sliced out of the carried
+  state once, stepped in a small buffer of their own (updated in place, in
+  the cache for small models), and written back once: activations and
+  gradients exist for one group only, and the state is read and written
+  once per round rather than once per step. It needs steps that do not
+  communicate (checked at build), so the groups are independent.
+
+  Returns ``run(stored, sample, keys_at, length, up) -> (stored, loss_HW,
+  metrics_HW)``: ``sample(step, first)`` draws the batches of the ``size``
+  workers from ``first``; ``keys_at(step)`` gives every local worker's loss
+  key; ``up`` (bool, local workers, or None): a down worker's steps never
+  happen (its state stays as it was; the step counter still advances).
+  ``size`` divides each device's number of workers (checked at build).
   """
-  return jax.lax.cond(pred, fn, same)
-
-
-def in_groups(model, strategy: Strategy, precision: Precision, size: int):
-  """A local step without communication, ``size`` workers at a time: each
-  group's gradients and inner update are computed and written back into the
-  state in place, so activations and gradients exist for one group only.
-  ``size`` divides each device's number of workers (checked at build)."""
   grads = loss_and_grads(model)
 
-  def compute(stored: StrategyState, batch_W, keys_W):
+  def run(stored: StrategyState, sample, keys_at, length: int, up):
     local_w = jax.tree.leaves(stored.params_W)[0].shape[0]
 
-    def body(g, carry):
-      params_W, inner_W, loss_W, metrics_W, _ = carry
+    def group(g, carry):
+      params_W, inner_W, loss_HW, metrics_HW, _ = carry
+      first = g * size
 
       def get(x):
-        return jax.lax.dynamic_slice_in_dim(x, g * size, size, axis=0)
+        return jax.lax.dynamic_slice_in_dim(x, first, size, axis=0)
 
-      def put(full, part):
+      def step(st, _):
+        wide = precision.widen(st)
+        keys = jax.lax.dynamic_slice_in_dim(keys_at(st.step), first, size)
+        loss, metrics, grads_g = jax.vmap(grads)(
+            wide.params_W, sample(st.step, first), keys)
+        new = precision.narrow(strategy.local(wide, after_backward(grads_g))[0])
+        if up is not None:
+          new = new._replace(
+              params_W=where_workers(get(up), new.params_W, st.params_W),
+              inner_W=where_workers(get(up), new.inner_W, st.inner_W))
+        return new, (loss, metrics)
+
+      start = stored._replace(params_W=jax.tree.map(get, params_W),
+                              inner_W=jax.tree.map(get, inner_W))
+      end, (loss_h, metrics_h) = jax.lax.scan(step, start, length=length)
+
+      def put(full, part, axis=0):
         return jax.lax.dynamic_update_slice_in_dim(
-            full, part.astype(full.dtype), g * size, axis=0)
+            full, part.astype(full.dtype), first, axis=axis)
 
-      def group():
-        return stored._replace(params_W=jax.tree.map(get, params_W),
-                               inner_W=jax.tree.map(get, inner_W))
+      return (jax.tree.map(put, params_W, end.params_W),
+              jax.tree.map(put, inner_W, end.inner_W),
+              put(loss_HW, loss_h, 1),
+              jax.tree.map(lambda f, p: put(f, p, 1), metrics_HW, metrics_h),
+              end.step)
 
-      loss_g, metrics_g, grads_g = jax.vmap(grads)(
-          precision.widen(stored._replace(
-              params_W=jax.tree.map(get, params_W), inner_W=())).params_W,
-          jax.tree.map(get, batch_W), get(keys_W))
-      # The update slices the carried arrays inside the branch, so that it
-      # reads them in place rather than from copies of the group's slices.
-      new = _materialized(
-          stored.step >= 0,  # always true, but not known to the compiler
-          lambda: precision.narrow(strategy.local(precision.widen(group()),
-                                                  grads_g)[0]),
-          group)
-      return (jax.tree.map(put, params_W, new.params_W),
-              jax.tree.map(put, inner_W, new.inner_W), put(loss_W, loss_g),
-              jax.tree.map(put, metrics_W, metrics_g), new.step)
+    def first_group(st):  # the shapes of a group's loss and metrics
+      params = jax.tree.map(lambda x: x[:size], precision.widen(st).params_W)
+      return jax.vmap(grads)(params, sample(st.step, 0),
+                             keys_at(st.step)[:size])[:2]
 
-    shapes = jax.eval_shape(lambda p, b, k: jax.vmap(grads)(p, b, k),
-                            stored.params_W, batch_W, keys_W)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                         (shapes[0], shapes[1]))
-    params_W, inner_W, loss_W, metrics_W, step = jax.lax.fori_loop(
-        0, local_w // size, body,
+    zeros = jax.tree.map(
+        lambda s: jnp.zeros((length, local_w) + s.shape[1:], s.dtype),
+        jax.eval_shape(first_group, stored))
+    params_W, inner_W, loss_HW, metrics_HW, step = jax.lax.fori_loop(
+        0, local_w // size, group,
         (stored.params_W, stored.inner_W, zeros[0], zeros[1], stored.step))
-    new = stored._replace(step=step, params_W=params_W, inner_W=inner_W)
-    return stored, loss_W, metrics_W, lambda s: (new, {})
+    return (stored._replace(step=step, params_W=params_W, inner_W=inner_W),
+            loss_HW, metrics_HW)
 
-  return compute
+  return run
 
 
 def local_compute(model, strategy: Strategy, precision: Precision,
-                  worker_batch: int | None, replica: bool = False):
-  """``one_replica`` when ``replica``, else ``all_at_once``, or
-  ``in_groups`` of ``worker_batch`` workers."""
+                  replica: bool = False):
+  """A step's gradients: ``one_replica`` when ``replica``, else
+  ``all_at_once`` (``steps_in_groups`` runs whole rounds in groups)."""
   if replica:
     return one_replica(model, strategy, precision)
-  if worker_batch is None:
-    return all_at_once(model, strategy, precision)
-  return in_groups(model, strategy, precision, worker_batch)
+  return all_at_once(model, strategy, precision)

@@ -7,8 +7,8 @@ alone:
 - the data it holds: the training arrays and the evaluation batches;
 - per worker that computes a step at the same time ("in flight"): the
   activations its backward pass keeps (the residuals of ``jax.vjp`` of the
-  model's loss, found by tracing, not compiling), its gradients and its
-  updated parameters and optimizer state.
+  model's loss, found by tracing, not compiling), its gradients and, in
+  groups, the group's own copy of its parameters and optimizer state.
 
 ``worker_batch="auto"`` (the default) computes every worker at once when
 their in-flight bytes fit both ``ACTIVATION_CAP`` and what the budget leaves
@@ -178,9 +178,9 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   groups.
 
   In flight per worker, all at once: the residuals and the gradients (the
-  update is fused in place). In groups: also the group's new parameters
-  and optimizer state and its parameters sliced for the forward pass,
-  which exist before they are written back (``_grouping``).
+  update is fused in place). In groups: also the group's own copy of its
+  parameters and optimizer state, stepped through the round and written
+  back at its end (``_grouping.steps_in_groups``).
 
   Raises:
     ValueError: naming memory_budget, when the estimate exceeds it.
@@ -198,7 +198,7 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   # gradients; otherwise each worker in flight has its own.
   fixed = state + data_bytes + (grads if c.one_replica else 0.0)
   flight_all = residuals + (0.0 if c.one_replica else grads)
-  flight_group = flight_all + update + grads
+  flight_group = flight_all + update
   here = (min(c.devices, jax.local_device_count())
           if jax.default_backend() == "cpu" else 1)
 
