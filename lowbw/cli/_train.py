@@ -181,7 +181,8 @@ def add_scale_flags(p) -> None:
                  "many workers at a time (memory for activations and "
                  "gradients of one group only; diloco, muloco, fedavg); "
                  "'all': every worker at once; default 'auto': all at once "
-                 "while their activations fit 512 MiB and the memory budget")
+                 "while their activations fit 128 MiB (CPU; a quarter of the "
+                 "budget on a GPU) and the memory budget")
   g.add_argument("--memory-budget", help="memory the run may use: '8GB', "
                  "'512MiB' or a share of free memory, '60%%' (default 80%% "
                  "of free memory); a run estimated to need more is refused "

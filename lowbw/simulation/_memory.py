@@ -11,9 +11,10 @@ alone:
   groups, the group's own copy of its parameters and optimizer state.
 
 ``worker_batch="auto"`` (the default) computes every worker at once when
-their in-flight bytes fit both ``ACTIVATION_CAP`` and what the budget leaves
-after the state and data; otherwise the largest group of workers (a divisor
-of the workers per device) that does. Activation memory is then bounded and
+their in-flight bytes fit both ``activation_cap`` (128 MiB on a CPU, a
+quarter of the budget on an accelerator) and what the budget leaves after
+the state and data; otherwise the largest group of workers (a divisor of the
+workers per device) that does. Activation memory is then bounded and
 each added worker costs its state. The budget (``memory_budget``) defaults to
 ``DEFAULT_FRACTION`` of the memory free when the run is built (the device's,
 or the host's on a CPU); a run whose estimate exceeds it even one worker at a
@@ -38,11 +39,16 @@ from lowbw import _validate
 from lowbw.network import _units
 
 DEFAULT_FRACTION = 0.8
-# In-flight bytes above which the workers compute in groups: enough rows per
-# group to keep the machine's matmuls at full speed (measured: docs/
-# performance.md, "Memory that follows the state"), and a bound on
-# activation memory that stays small next to a machine's memory.
-ACTIVATION_CAP = 512 * 2 ** 20
+# In-flight bytes above which the workers compute in groups, on a CPU: there
+# smaller groups are faster, not slower (their working set stays near the
+# caches; docs/performance.md, "Memory that follows the state": the default
+# GPT at W=64 takes 4.1 s a round in groups of 2-4, 5.3 s all at once; the
+# digits MLP at W=2000, 1.3 s in groups of 10, 1.75 s all at once).
+CPU_ACTIVATION_CAP = 128 * 2 ** 20
+# On an accelerator, where large batches are what keeps it busy (not
+# measured here: no GPU was lent), groups only once the workers in flight
+# would take this share of the budget.
+ACCELERATOR_ACTIVATION_SHARE = 0.25
 
 
 class Budget(NamedTuple):
@@ -225,12 +231,21 @@ def _group_size(c, local_w: int, can_group: bool, estimate) -> int:
     return c.worker_batch or local_w
   if not can_group:
     return local_w
-  limit = estimate(0) + ACTIVATION_CAP
+  limit = estimate(0) + activation_cap(c.memory_budget)
   if c.memory_budget is not None:
     limit = min(limit, c.memory_budget.bytes)
   fits = [s for s in range(local_w, 0, -1)
           if local_w % s == 0 and estimate(s) <= limit]
   return fits[0] if fits else 1
+
+
+def activation_cap(budget: Budget | None) -> float:
+  """In-flight bytes beyond which ``worker_batch="auto"`` groups workers."""
+  if jax.default_backend() == "cpu":
+    return CPU_ACTIVATION_CAP
+  if budget is None:
+    return float("inf")
+  return ACCELERATOR_ACTIVATION_SHARE * budget.bytes
 
 
 def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:

@@ -87,9 +87,11 @@ def simulate(
       memory then grows by little more than the workers' state per worker.
       Same results. Needs a strategy whose inner steps do not communicate
       (DiLoCo, MuLoCo, FedAvg) and must divide the workers per device.
-      "auto" (default): all at once while their activations, gradients and
-      updates fit 512 MiB and the memory budget, else the largest group that
-      does (the choice is in config.json); "all" or None: all at once.
+      "auto" (default): all at once while their activations and gradients
+      fit 128 MiB on a CPU (where smaller groups run faster; a quarter of
+      the budget on an accelerator) and the memory budget, else the largest
+      group that does (the choice is in config.json); "all" or None: all at
+      once.
     memory_budget: the bytes the run may use: a number of bytes, "8GB",
       "512MiB", or a percentage of free memory, "60%". Default 80% of the
       memory free at build (the device's; the host's on a CPU). A run
