@@ -141,6 +141,12 @@ def test_no_arguments_means_the_documented_default_run():
     (["--failures", "1-5"], "lowbw: error: --failures='1-5' is invalid"),
     (["--failures", "7@5"], "lowbw: error: --failures=7 is invalid"),
     (["--windows", "1:9-3"], "lowbw: error: --windows=(1, 9, 3) is invalid"),
+    (["--memory-budget", "8"], "lowbw: error: --memory-budget='8' is invalid: "
+     "expected a memory size"),
+    (["--memory-budget", "10kB"], "lowbw: error: --memory-budget='10 kB' is "
+     "invalid: the run needs about"),
+    (["--worker-batch", "three"], "lowbw: error: --worker-batch='three' is "
+     "invalid"),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY

@@ -158,7 +158,7 @@ class Simulator:
           "worker_batch", c.worker_batch,
           f"strategy {c.strategy.name!r} communicates at every inner step; "
           "worker_batch needs one whose inner steps are local (diloco, "
-          "muloco, fedavg)")
+          "muloco, fedavg, streaming_diloco, hierarchical_diloco, spes)")
 
   def _make_mesh(self, key) -> None:
     c = self.config
