@@ -209,3 +209,19 @@ def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
   monkeypatch.setattr(_train, "build_args", lambda *a: broken(a))
   with pytest.raises(TypeError, match="a bug"):
     cli.main(TINY)
+
+
+def test_version_and_config_types_of_scale_flags(capsys):
+  from lowbw import __version__
+  from lowbw.cli import _config, _train
+  with pytest.raises(SystemExit) as done:
+    cli.main(["--version"])
+  assert done.value.code == 0
+  assert capsys.readouterr().out.strip() == f"lowbw {__version__}"
+  types = _config.flag_types(_train.add_scale_flags)
+  for ok in ({"worker_batch": 2}, {"worker_batch": "auto"},
+             {"memory_budget": "8GB"}):
+    assert _config.check_types(ok, types, "c.toml") == ok
+  with pytest.raises(ValueError, match="^worker_batch=2.5 is invalid: "
+                     "expected an integer or a string"):
+    _config.check_types({"worker_batch": 2.5}, types, "c.toml")

@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
   parser = _Parser(
       prog="lowbw",
       description="Simulate low-bandwidth distributed training on one machine.")
+  from lowbw import __version__
+  parser.add_argument("--version", action="version",
+                      version=f"lowbw {__version__}")
   sub = parser.add_subparsers(title="commands", metavar="COMMAND",
                               parser_class=_Parser)
   _train.add_parser(sub)

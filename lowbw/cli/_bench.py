@@ -17,9 +17,11 @@ BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
       "bench", help="throughput and memory vs a single-replica baseline",
-      description=__doc__.split("\n")[0] + " Each worker count runs in its "
-      "own process (clean peak memory); figures are medians over --repeats "
-      "timed calls after --warmup calls. See docs/performance.md.")
+      description="Simulator throughput and memory against a single-replica "
+      "baseline (one model at batch W*b), one configuration per worker "
+      "count. Each worker count runs in its own process (clean peak "
+      "memory); figures are medians over --repeats timed calls after "
+      "--warmup calls. See docs/performance.md.")
   add = p.add_argument
   add("--model", help="gpt | moe_gpt | mlp | cnn (default gpt; moe_gpt for "
       "--strategy spes)")

@@ -31,12 +31,13 @@ def read_config(path: str, allowed: Iterable[str]) -> dict:
 
 
 _KINDS = {int: "an integer", float: "a number", str: "a string",
-          bool: "true or false"}
+          bool: "true or false", (int, str): "an integer or a string"}
 
 
 def flag_types(add_flags) -> dict[str, type]:
   """``dest -> type`` of the options ``add_flags(parser)`` defines (str for
-  untyped options, bool for on/off switches)."""
+  untyped options, bool for on/off switches, a type function's
+  ``config_types`` where it has them)."""
   import argparse
   parser = argparse.ArgumentParser(add_help=False)
   add_flags(parser)
@@ -45,7 +46,8 @@ def flag_types(add_flags) -> dict[str, type]:
     if isinstance(action, argparse.BooleanOptionalAction):
       types[action.dest] = bool
     elif action.option_strings:
-      types[action.dest] = action.type or str
+      types[action.dest] = (getattr(action.type, "config_types", None)
+                            or action.type or str)
   return types
 
 

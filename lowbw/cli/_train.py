@@ -168,6 +168,15 @@ def add_run_flags(p) -> None:
   add_scale_flags(p)
 
 
+def _group_size(text: str) -> str:
+  """``--worker-batch``: kept as given ("auto", "all" or digits; checked by
+  ``lowbw.build``); a config file may give an integer."""
+  return text
+
+
+_group_size.config_types = (int, str)
+
+
 def add_scale_flags(p) -> None:
   """Devices, worker precision and multi-process flags (train and bench)."""
   g = p.add_argument_group("devices and hosts")
@@ -177,7 +186,8 @@ def add_scale_flags(p) -> None:
   g.add_argument("--worker-dtype", help="bfloat16: keep every worker's "
                  "parameters and optimizer state in bf16 (half the memory; "
                  "see docs/performance.md); default float32")
-  g.add_argument("--worker-batch", help="compute the inner steps of this "
+  g.add_argument("--worker-batch", type=_group_size,
+                 help="compute the inner steps of this "
                  "many workers at a time (memory for activations and "
                  "gradients of one group only; diloco, muloco, fedavg); "
                  "'all': every worker at once; default 'auto': all at once "
