@@ -39,10 +39,11 @@ def test_a_fresh_process_writes_the_cache_and_opting_out_leaves_none(tmp_path):
             if n.endswith("-atime")}
 
   before = access_times()
-  # Another process with the same configuration reads the entries and
-  # compiles nothing new.
+  # Another process with the same configuration reads every entry. (It may
+  # add some: a small program that compiled under the 0.2 s threshold in the
+  # first process can take longer on a loaded machine and be written now.)
   assert _run(str(folder)) == str(folder)
-  assert sorted(os.listdir(folder)) == written
+  assert set(written) <= set(os.listdir(folder))
   after = access_times()
   assert before and all(after[n] != before[n] for n in before)
   assert _run("0") == "off"
