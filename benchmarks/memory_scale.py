@@ -76,7 +76,7 @@ print(json.dumps({
     "num_params": sim.num_params, "worker_batch": sim.config.worker_batch,
     "state_bytes": state_bytes, "state_per_worker": state_bytes / w,
     "estimate_bytes": sim.memory.estimate_bytes,
-    "budget_bytes": sim.memory.budget.bytes,
+    "budget_bytes": sim.memory.budget and sim.memory.budget.bytes,
     "base_bytes": base, "peak_bytes": rss("VmHWM"),
     "round_s": sorted(times[1:] or times)[len(times[1:] or times) // 2],
     "train_loss": float(np.asarray(out.steps.loss)[0, -1])}))

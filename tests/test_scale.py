@@ -265,6 +265,42 @@ def test_worker_batch_gives_the_same_run():
     assert groups.config["worker_batch"] == 2
 
 
+def test_worker_batch_with_a_tail_gives_the_same_run():
+  """Groups run whole rounds; steps left over after the last sync (the tail
+  program) run in groups too."""
+  strategy = strategies.diloco(optax.adamw(1e-3), H=3)
+  whole = _run(strategy=strategy, steps=7, worker_batch="all")
+  groups = _run(strategy=strategy, steps=7, worker_batch=2)
+  for key in ("train_loss", "eval_loss", "worker_divergence"):
+    np.testing.assert_allclose(groups.history[key], whole.history[key],
+                               rtol=1e-6, atol=1e-7, err_msg=key)
+  chex.assert_trees_all_close(groups.params, whole.params, rtol=1e-6,
+                              atol=1e-7)
+
+
+def test_worker_batch_refuses_a_strategy_whose_inner_step_reports(
+    monkeypatch):
+  """Groups would drop what a strategy reports from its inner step, so an
+  explicit group size is refused and "auto" keeps every worker at once."""
+  base = strategies.diloco(optax.adamw(1e-3), H=3)
+
+  def local(state, grads_W):
+    return base.local(state, grads_W)[0], {"inner_metric": jnp.float32(1.0)}
+
+  talkative = base._replace(local=local)
+  with pytest.raises(ValueError, match="^worker_batch=2 is invalid: .*reports "
+                     "metrics from its inner step"):
+    lowbw.build(MLP, "digits", talkative, num_workers=4, batch_size=4,
+                steps=6, worker_batch=2, compile=False)
+  # With an activation cap of one byte, "auto" groups a silent strategy's
+  # workers one at a time, and keeps this one's all at once.
+  from lowbw.simulation import _memory
+  monkeypatch.setattr(_memory, "CPU_ACTIVATION_CAP", 1)
+  kw = dict(num_workers=4, batch_size=4, steps=6, compile=False)
+  assert lowbw.build(MLP, "digits", base, **kw).config.worker_batch == 1
+  assert lowbw.build(MLP, "digits", talkative, **kw).config.worker_batch is None
+
+
 @pytest.mark.parametrize("kw", [
     {"worker_batch": 3},  # does not divide W = 4
     {"worker_batch": 0},

@@ -14,7 +14,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw.cli import _strategy
-from lowbw.simulation import initialize, simulate
+from lowbw.simulation import _memory, initialize, simulate
 from lowbw.strategies import _optim
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
@@ -168,6 +168,9 @@ def add_run_flags(p) -> None:
   add_scale_flags(p)
 
 
+_CAP_MIB = _memory.CPU_ACTIVATION_CAP // 2 ** 20
+
+
 def _group_size(text: str) -> str:
   """``--worker-batch``: kept as given ("auto", "all" or digits; checked by
   ``lowbw.build``); a config file may give an integer."""
@@ -191,8 +194,8 @@ def add_scale_flags(p) -> None:
                  "many workers at a time (memory for activations and "
                  "gradients of one group only; diloco, muloco, fedavg); "
                  "'all': every worker at once; default 'auto': all at once "
-                 "while their activations fit 128 MiB (CPU; a quarter of the "
-                 "budget on a GPU) and the memory budget")
+                 f"while their activations fit {_CAP_MIB} MiB (CPU; a quarter "
+                 "of the budget on a GPU) and the memory budget")
   g.add_argument("--memory-budget", help="memory the run may use: '8GB', "
                  "'512MiB' or a share of free memory, '60%%' (default 80%% "
                  "of free memory); a run estimated to need more is refused "

@@ -32,6 +32,7 @@ import optax
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
 from lowbw.simulation._grouping import local_compute, steps_in_groups
+from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
@@ -103,16 +104,6 @@ class Programs(NamedTuple):
   tail: Any           # (sim, sampler, net) -> (sim, StepOut with leading tail_steps) or None
   evaluate: Any       # (sim, eval_batches) -> dict of eval metrics
   global_params: Any  # sim -> the shared model's parameters (float32)
-
-
-def _after(divergence, params_W):
-  """``params_W``, computed after ``divergence`` (never negative, so the
-  select always keeps them). The sync writes the new parameters into the
-  buffer the divergence reads; without a dependency between the two, XLA
-  copies every worker's parameters each round to keep them for the read
-  (``optimization_barrier`` does not order them on the CPU)."""
-  return jax.tree.map(lambda x: jnp.where(divergence < 0, jnp.zeros_like(x), x),
-                      params_W)
 
 
 def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
@@ -216,7 +207,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     st, report, clock, active = timing.sync(st, strategy.sync, carry,
                                             steps.clock, sim.active)
     st, active = timing.rejoin(st, carry, active, strategy.global_params)
-    st = st._replace(params_W=_after(divergence, st.params_W))
+    # The sync overwrites the buffer the divergence read (``_ordering``).
+    st = st._replace(params_W=after(st.params_W, divergence))
     counts, own = _timing.split_report(report, channels)
     return sim._replace(strategy=precision.narrow(st), active=active), (
         RoundOut(steps, counts, divergence, lr, clock, own))

@@ -11,6 +11,7 @@ report)``, the strategy's local step.
 import jax
 import jax.numpy as jnp
 
+from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import where_workers
@@ -26,21 +27,12 @@ def loss_and_grads(model):
 
 
 def after_backward(grads):
-  """``grads``, each leaf made to depend on every leaf (a select that always
-  keeps them, on one element of each), so that whatever consumes them runs
-  after the whole backward pass.
-
-  The update then writes the parameters in place only once nothing reads
-  them any more. Without the dependency, a layer's update is free to run
-  before the backward pass's matmul that reads the same weights to carry
-  the gradient to the layer below, and XLA copies those weights, for every
-  worker, at every step. (``optimization_barrier`` does not order them on
-  the CPU.)
-  """
-  token = sum(jnp.sum(x.reshape(-1)[:1].astype(jnp.float32))
-              for x in jax.tree.leaves(grads))
-  never = token > jnp.inf
-  return jax.tree.map(lambda g: jnp.where(never, jnp.zeros_like(g), g), grads)
+  """``grads``, consumed only after the whole backward pass: then the update
+  writes the parameters in place once nothing reads them any more. Without
+  it, a layer's update may run before the backward matmul that reads the
+  same weights for the layer below, and XLA copies those weights, for every
+  worker, at every step (``_ordering``)."""
+  return after(grads, grads)
 
 
 def all_at_once(model, strategy: Strategy, precision: Precision):
@@ -112,16 +104,18 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
       def get(x):
         return jax.lax.dynamic_slice_in_dim(x, first, size, axis=0)
 
+      up_g = None if up is None else get(up)
+
       def step(st, _):
         wide = precision.widen(st)
         keys = jax.lax.dynamic_slice_in_dim(keys_at(st.step), first, size)
         loss, metrics, grads_g = jax.vmap(grads)(
             wide.params_W, sample(st.step, first), keys)
         new = precision.narrow(strategy.local(wide, after_backward(grads_g))[0])
-        if up is not None:
+        if up_g is not None:  # static: the run has masks
           new = new._replace(
-              params_W=where_workers(get(up), new.params_W, st.params_W),
-              inner_W=where_workers(get(up), new.inner_W, st.inner_W))
+              params_W=where_workers(up_g, new.params_W, st.params_W),
+              inner_W=where_workers(up_g, new.inner_W, st.inner_W))
         return new, (loss, metrics)
 
       start = stored._replace(params_W=jax.tree.map(get, params_W),

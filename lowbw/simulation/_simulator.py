@@ -142,8 +142,7 @@ class Simulator:
   def _plan_memory(self, local_report: dict) -> _memory.Plan:
     """The run's memory estimate and ``worker_batch`` (``_memory``)."""
     c = self.config
-    can_group = not c.one_replica and not any(
-        k in self.strategy_channels for k in local_report)
+    can_group = not c.one_replica and self._why_not_groups(local_report) is None
     data_bytes = _memory.nbytes(self.eval_batches) + sum(
         4.0 * math.prod(x.shape) for x in c.data.train.values())
     return _memory.plan(c, self.abstract_state, self.abstract_params,
@@ -153,12 +152,23 @@ class Simulator:
     c = self.config
     if c.worker_batch in (None, "auto"):
       return
-    if any(k in self.strategy_channels for k in local_report):
+    why = self._why_not_groups(local_report)
+    if why is not None:
       raise _validate.fail(
           "worker_batch", c.worker_batch,
-          f"strategy {c.strategy.name!r} communicates at every inner step; "
-          "worker_batch needs one whose inner steps are local (diloco, "
-          "muloco, fedavg, streaming_diloco, hierarchical_diloco, spes)")
+          f"strategy {c.strategy.name!r} {why}; worker_batch needs one whose "
+          "inner steps are local and silent (diloco, muloco, fedavg, "
+          "streaming_diloco, hierarchical_diloco, spes)")
+
+  def _why_not_groups(self, local_report: dict) -> str | None:
+    """Why the workers' steps cannot run in groups (each group runs a whole
+    round on its own, ``_grouping.steps_in_groups``), or None."""
+    if any(k in self.strategy_channels for k in local_report):
+      return "communicates at every inner step"
+    if local_report:
+      return ("reports metrics from its inner step, which groups would not "
+              "log")
+    return None
 
   def _make_mesh(self, key) -> None:
     c = self.config
