@@ -15,11 +15,12 @@ Example:
 """
 
 from lowbw import data, models, network, strategies, telemetry, transforms
-from lowbw.simulation import (NonFiniteLossError, Result, Simulator,
-                              SweepResult, build, initialize, simulate, sweep)
+from lowbw.simulation import (NonFiniteLossError, Result, RunWarning,
+                              Simulator, SweepResult, build, initialize,
+                              simulate, sweep)
 
 __version__ = "0.1.0"
 
-__all__ = ["NonFiniteLossError", "Result", "Simulator", "SweepResult", "build",
+__all__ = ["NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

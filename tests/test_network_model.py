@@ -68,9 +68,11 @@ def test_bandwidth_units_and_plain_numbers():
   assert bandwidth("10Gbit/s") == 1e10
   assert bandwidth("2.5gbps") == 2.5e9
   assert bandwidth(" 64 kbps ") == 64e3
-  assert bandwidth("1e9") == 1e9
-  assert bandwidth(1e9) == 1e9
+  assert bandwidth(1e9) == 1e9  # a Python number is in bit/s
   assert bandwidth(100) == 100.0
+  with pytest.raises(ValueError, match=r"bandwidth='1e9' is invalid: a "
+                     r"number needs its unit, such as '100Mbps'"):
+    bandwidth("1e9")  # a string needs its unit: 1e9 what?
 
 
 def test_duration_units_and_plain_numbers():

@@ -233,7 +233,8 @@ def test_lr_is_logged_with_a_schedule():
 def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
   strategy = strategies.diloco(optax.adam(1e-3), H=5)
   run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
-  with pytest.raises(ValueError, match="^log_dir=.*checkpoints"):
+  with pytest.raises(ValueError, match="^log_dir=.* holds another run "
+                     r"\(checkpoints, config.json"):
     run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
 
 

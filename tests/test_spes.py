@@ -336,7 +336,7 @@ def test_the_command_line_trains_spes_on_the_moe_gpt(tmp_path, capsys):
   assert "experts=4" in capsys.readouterr().err
   # SPES on the dense gpt: refused before compiling, naming the strategy.
   assert cli.main(["train", "--strategy", "spes", "--model", "gpt",
-                   "--steps", "2"]) == 2
+                   "--steps", "50"]) == 2
   assert "mixture-of-experts" in capsys.readouterr().err
 
 

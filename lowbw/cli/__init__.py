@@ -4,6 +4,7 @@ import argparse
 import os
 import re
 import sys
+import warnings
 
 from lowbw.cli import _bench, _plan, _plot, _sweep, _train
 
@@ -13,10 +14,27 @@ _FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
 
 
 class _Parser(argparse.ArgumentParser):
-  """Usage errors as one line, not a usage block."""
+  """Usage errors as one line, not a usage block; a bad value of a flag in
+  the same words as every other error (``--flag=value is invalid: ...``)."""
 
   def error(self, message):
+    value = _flag_value_error(message)
+    if value:
+      self.exit(2, f"lowbw: error: {value}\n")
     self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _flag_value_error(message: str) -> str | None:
+  """argparse's "argument --x: invalid choice: 'v' (choose from ...)" and a
+  type function's "argument --x: x='v' is invalid: ..." as one sentence."""
+  match = re.fullmatch(r"argument (--[\w-]+): invalid choice: (.*) "
+                       r"\(choose from (.*)\)", message)
+  if match:
+    flag, value, choices = match.groups()
+    return f"{flag}={value} is invalid: expected one of {choices}"
+  match = re.fullmatch(r"argument (--[\w-]+): \w+=(.* is invalid: .*)",
+                       message)
+  return f"{match.group(1)}={match.group(2)}" if match else None
 
 
 def _one_line(error: Exception) -> str:
@@ -61,10 +79,17 @@ def main(argv=None) -> int:
   from lowbw.simulation import NonFiniteLossError
 
   parser = build_parser()
-  args = parser.parse_args(argv)
+  try:
+    args = parser.parse_args(argv)
+  except SystemExit as e:  # --help, --version, or a usage error (printed)
+    return e.code
+
   if not hasattr(args, "run"):
     parser.print_help()
     return 2
+  from lowbw.simulation import RunWarning
+  # A run's warnings are in its printed summary and summary.json.
+  warnings.filterwarnings("ignore", category=RunWarning)
   if getattr(args, "no_compile_cache", False):
     os.environ["LOWBW_COMPILE_CACHE"] = "0"   # bench's children inherit it
   try:

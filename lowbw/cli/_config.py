@@ -31,13 +31,14 @@ def read_config(path: str, allowed: Iterable[str]) -> dict:
 
 
 _KINDS = {int: "an integer", float: "a number", str: "a string",
-          bool: "true or false", (int, str): "an integer or a string"}
+          bool: "true or false", (int, str): "an integer or a string",
+          (str,): "a string"}
 
 
 def flag_types(add_flags) -> dict[str, type]:
   """``dest -> type`` of the options ``add_flags(parser)`` defines (str for
-  untyped options, bool for on/off switches, a type function's
-  ``config_types`` where it has them)."""
+  untyped options, bool for on/off switches, or the type function, whose
+  ``config_types`` say what a config file may give)."""
   import argparse
   parser = argparse.ArgumentParser(add_help=False)
   add_flags(parser)
@@ -46,23 +47,53 @@ def flag_types(add_flags) -> dict[str, type]:
     if isinstance(action, argparse.BooleanOptionalAction):
       types[action.dest] = bool
     elif action.option_strings:
-      types[action.dest] = (getattr(action.type, "config_types", None)
-                            or action.type or str)
+      types[action.dest] = action.type or str
   return types
+
+
+def quantity(parse, field: str):
+  """An argparse type for a setting with units ("50ms", "100Mbps"): the
+  text, checked by ``parse(text, field)`` (which names the accepted forms);
+  a config file gives it as a string too, never a bare number."""
+  import argparse
+
+  def check(text):
+    try:
+      parse(text, field)
+    except ValueError as e:
+      raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+  check.config_types = (str,)
+  check.parse = parse
+  return check
 
 
 def check_types(values: dict, types: dict[str, type], path: str) -> dict:
   """Each value of a config file has its option's type (an int is a valid
-  float); anything else is a one-line error naming the key."""
+  float); anything else is a one-line error naming the key. A table or a
+  list where a single value belongs is an error too."""
   for key, value in values.items():
     want = types.get(key)
-    if want is None or value is None:
+    if value is None:
       continue
-    ok = isinstance(value, want) and not (want is not bool and
-                                          isinstance(value, bool))
-    if want is float:
+    if isinstance(value, (dict, list)):
+      raise _validate.fail(key, value, "expected a single value, not a "
+                           f"{'table' if isinstance(value, dict) else 'list'}"
+                           f" (in config file {path})")
+    if want is None:
+      continue
+    kinds = getattr(want, "config_types", want)
+    ok = isinstance(value, kinds) and not (kinds is not bool and
+                                           isinstance(value, bool))
+    if kinds is float:
       ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hasattr(want, "parse"):  # a bare number: the forms with units
+      try:
+        want.parse(value if ok else str(value), key)
+      except ValueError as e:
+        raise ValueError(f"{e} (in config file {path})") from None
     if not ok:
-      raise _validate.fail(key, value, f"expected {_KINDS.get(want, want)} "
+      raise _validate.fail(key, value, f"expected {_KINDS.get(kinds, kinds)} "
                            f"(in config file {path})")
   return values

@@ -156,7 +156,7 @@ def add_optimizer_flags(group) -> None:
                      f"{', '.join(n)}: {v}" for v, n in values.items())
 
   add = group.add_argument
-  add("--inner", help=" | ".join(_optim.INNER_KINDS) + " [" +
+  add("--inner", choices=_optim.INNER_KINDS, help="inner optimizer [" +
       per_strategy(lambda s: s.inner.kind) + "]")
   add("--inner-lr", type=float, help="(peak) inner learning rate [" +
       per_strategy(lambda s: s.inner.lr) + "]")
@@ -168,7 +168,7 @@ def add_optimizer_flags(group) -> None:
       "[default: the strategy's paper optimizer's, 0 unless it is sgd]")
   add("--warmup-steps", type=int, help="linear learning-rate warm-up "
       f"[default {SCHEDULE_DEFAULTS['warmup_steps']}]")
-  add("--schedule", help=f"after warm-up: {' | '.join(SCHEDULES)} [default "
+  add("--schedule", choices=SCHEDULES, help="after warm-up [default "
       f"{SCHEDULE_DEFAULTS['schedule']}]")
   add("--outer-lr", type=float, help="outer SGD learning rate [" +
       per_strategy(lambda s: s.outer and s.outer.lr) + "]")

@@ -5,7 +5,7 @@ import os
 
 from lowbw import _validate
 from lowbw.cli import _train
-from lowbw.simulation import sweep
+from lowbw.simulation import _logdir, sweep
 from lowbw.simulation._hparams import KNOBS
 
 
@@ -73,9 +73,10 @@ def run(args: argparse.Namespace) -> int:
   grid = parse_grid(args.grid)
   seeds = parse_seeds(args.seeds, s["seed"])
   out = _train.default_out(s, "sweep-")
+  _logdir.prepare(out, overwrite=args.overwrite, create=False, field="out")
   result = sweep(_train.build_args(s, explicit), grid, seeds,
                  points_per_batch=args.points_per_batch, log_dir=out,
-                 progress=s["progress"])
+                 progress=s["progress"], overwrite=args.overwrite)
   print(format_table(result))
   plotted = plot(result, os.path.join(out, "sweep.png"))
   print(f"  logs              {out}" + ("" if plotted else

@@ -5,16 +5,17 @@ import datetime
 import json
 import os
 import re
+import sys
 
 import jax
 
 from lowbw import _validate
-from lowbw.cli._config import check_types, flag_types, read_config
+from lowbw.cli._config import check_types, flag_types, quantity, read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw.cli import _strategy
-from lowbw.simulation import _memory, initialize, simulate
+from lowbw.simulation import _logdir, _memory, initialize, simulate
 from lowbw.strategies import _optim
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
@@ -108,27 +109,34 @@ def add_run_flags(p) -> None:
   g.add_argument("--data", help="text | digits | PATH (.npz arrays, .bin uint16 tokens, "
                  "or a folder of text files) (default text: the stdlib sources)")
   g.add_argument("--data-root", help="folder of text files for --data text")
-  g.add_argument("--sharding", help="iid | contiguous | dirichlet (default iid)")
+  g.add_argument("--sharding", choices=sorted(_USED_BY["sharding"]),
+                 help="how examples are split over workers (default iid)")
   g.add_argument("--alpha", type=float, help="dirichlet concentration (default 0.5)")
   g = p.add_argument_group(
       "network (the simulated clock, sim_time_s)",
       "per step: the slowest participating worker's compute, plus the "
       "collective's time on the links (latency per message hop + bytes / "
       "bandwidth); see docs/network.md")
-  g.add_argument("--bandwidth", help="each worker's link, e.g. 100Mbps, 1Gbps "
+  g.add_argument("--bandwidth", type=quantity(network_lib.bandwidth,
+                                              "bandwidth"),
+                 help="each worker's link, e.g. 100Mbps, 1Gbps "
                  f"(default {d['bandwidth']})")
-  g.add_argument("--latency", help=f"one-way latency per message hop, e.g. "
+  g.add_argument("--latency", type=quantity(network_lib.duration, "latency"),
+                 help=f"one-way latency per message hop, e.g. "
                  f"50ms (default {d['latency']})")
-  g.add_argument("--topology", help="ring | parameter_server | hierarchical "
-                 "(default ring)")
+  g.add_argument("--topology", choices=sorted(_USED_BY["topology"]),
+                 help="the collectives' algorithm (default ring)")
   if "group_size" not in _strategy.flag_names():  # else a strategy flag too
     g.add_argument("--group-size", type=int, help="hierarchical: workers per "
                    "region (on --regional-* links)")
-  g.add_argument("--regional-bandwidth", help=f"hierarchical (default "
-                 f"{d['regional_bandwidth']})")
-  g.add_argument("--regional-latency", help=f"hierarchical (default "
-                 f"{d['regional_latency']})")
-  g.add_argument("--hardware", help="per worker: a preset (" + ", ".join(
+  g.add_argument("--regional-bandwidth", type=quantity(
+      network_lib.bandwidth, "regional_bandwidth"), help=f"hierarchical "
+      f"(default {d['regional_bandwidth']})")
+  g.add_argument("--regional-latency", type=quantity(
+      network_lib.duration, "regional_latency"), help=f"hierarchical "
+      f"(default {d['regional_latency']})")
+  g.add_argument("--hardware", type=quantity(_hardware_spec, "hardware"),
+                 help="per worker: a preset (" + ", ".join(
       sorted(network_lib.PRESETS)) + "), a peak such as 312TFLOPS, or a time "
       f"per step such as 0.5s (default {d['hardware']})")
   g.add_argument("--mfu", type=float, help=f"model-FLOP utilisation (default {d['mfu']})")
@@ -139,8 +147,8 @@ def add_run_flags(p) -> None:
                  "compute (Streaming DiLoCo's schedule)")
   g.add_argument("--jitter", type=float, help="stragglers: lognormal sigma of "
                  "every step's time (default none)")
-  g.add_argument("--mitigation", help="stragglers: none | threshold | backup "
-                 "(default none)")
+  g.add_argument("--mitigation", choices=sorted(_USED_BY["mitigation"]),
+                 help="stragglers (default none)")
   g.add_argument("--keep-fraction", type=float, help="threshold: fraction of "
                  f"the workers aggregated, fastest first (default {d['keep_fraction']})")
   g.add_argument("--backups", type=int, help="backup: spare workers, the "
@@ -162,7 +170,10 @@ def add_run_flags(p) -> None:
   g.add_argument("--log-every", type=int, help="default: about 200 rows per run")
   g.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
   g.add_argument("--eval-examples", type=int, help="held-out examples per evaluation")
-  g.add_argument("--out", help="log folder (default runs/<time>-<strategy>)")
+  g.add_argument("--out", help="log folder (default runs/<time>-<strategy>); "
+                 "one holding another run is refused unless --overwrite")
+  g.add_argument("--overwrite", action="store_true", help="clear what "
+                 "another run wrote in --out (nothing else) before this one")
   g.add_argument("--progress", action=argparse.BooleanOptionalAction,
                  help="progress bar (default: on a terminal)")
   add_scale_flags(p)
@@ -178,6 +189,14 @@ def _group_size(text: str) -> str:
 
 
 _group_size.config_types = (int, str)
+
+
+def _hardware_spec(text, field):
+  return network_lib.hardware(text)
+
+
+def _budget(text, field):
+  return _memory.check_budget(text)
 
 
 def add_scale_flags(p) -> None:
@@ -196,7 +215,8 @@ def add_scale_flags(p) -> None:
                  "'all': every worker at once; default 'auto': all at once "
                  f"while their activations fit {_CAP_MIB} MiB (CPU; a quarter "
                  "of the budget on a GPU) and the memory budget")
-  g.add_argument("--memory-budget", help="memory the run may use: '8GB', "
+  g.add_argument("--memory-budget", type=quantity(_budget, "memory_budget"),
+                 help="memory the run may use: '8GB', "
                  "'512MiB' or a share of free memory, '60%%' (default 80%% "
                  "of free memory); a run estimated to need more is refused "
                  "before compiling")
@@ -313,6 +333,18 @@ def _ints(field, text):
 
 
 def build_data(s: dict):
+  """The settings' dataset; a bad file is reported under --data."""
+  try:
+    return _build_data(s)
+  except ValueError as e:
+    if str(e).startswith(("data=", "data_root=", "sharding=", "alpha=",
+                          "seq_len=")):
+      raise
+    text = str(e).removeprefix(f"path={s['data']!r} is invalid: ")
+    raise _validate.fail("data", s["data"], text) from None
+
+
+def _build_data(s: dict):
   name = s["data"]
   common = {"sharding": s["sharding"]}
   labelled = {**common, "alpha": s["alpha"]} if s["sharding"] == "dirichlet" else common
@@ -419,8 +451,10 @@ def default_out(s: dict, kind: str = "") -> str:
 def run(args: argparse.Namespace) -> int:
   join_processes(args)
   s, explicit = settings(args)
-  run_args = build_args(s, explicit)
   out = default_out(s)
+  _logdir.prepare(out, resuming=bool(args.resume), overwrite=args.overwrite,
+                  create=False, field="out")
+  run_args = build_args(s, explicit)
   saved = {k: v for k, v in s.items() if k not in ("progress", "out")}
   for key in ("data", "data_root"):  # resumable from another directory
     if saved[key] and os.path.exists(saved[key]):
@@ -428,9 +462,12 @@ def run(args: argparse.Namespace) -> int:
   result = simulate(
       **run_args, seed=s["seed"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
-      progress=s["progress"], metadata={METADATA_KEY: saved})
+      progress=s["progress"], metadata={METADATA_KEY: saved},
+      overwrite=args.overwrite)
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
+    for text in result.summary["warnings"]:
+      print(f"lowbw: warning: {text}", file=sys.stderr)
   return 0
 
 
@@ -474,4 +511,5 @@ def format_summary(summary: dict, s: dict) -> str:
                  f"{s['hardware']} at MFU {s['mfu']}")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
   lines.append(f"  logs              {summary['log_dir']}")
+  lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]
   return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Datasets the user brings: in-memory or ``.npy``/``.npz`` arrays, token files."""
 
 import os
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -23,18 +24,47 @@ def _is_path(value: Any) -> bool:
   return isinstance(value, (str, os.PathLike))
 
 
+def _read(path: Any, field: str = "path"):
+  """``np.load`` of a file the user named; anything unreadable (not an
+  .npy/.npz, truncated, or holding Python objects) is a ValueError naming
+  it, never a suggestion to allow pickles."""
+  path = _existing(path, field)
+  try:
+    return np.load(path, allow_pickle=False)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    reason = ("it holds Python objects, which lowbw does not load"
+              if "pickle" in str(e) else str(e).splitlines()[0])
+    raise _validate.fail(field, os.fspath(path), "not a readable .npy or "
+                         f".npz file of numeric arrays ({reason})") from None
+
+
 def _load(value: Any) -> np.ndarray:
   if _is_path(value):
-    return np.load(_existing(value), allow_pickle=False)
+    loaded = _read(value)
+    if not isinstance(loaded, np.ndarray):
+      loaded.close()
+      raise _validate.fail("path", os.fspath(value),
+                           "expected an .npy file of one array here")
+    return loaded
   return np.asarray(value)
 
 
 def _features(x: np.ndarray, field: str) -> np.ndarray:
-  if x.ndim < 2 or not (np.issubdtype(x.dtype, np.number) or x.dtype == bool):
+  numeric = (np.issubdtype(x.dtype, np.integer) or
+             np.issubdtype(x.dtype, np.floating) or x.dtype == bool)
+  if x.ndim < 2 or not numeric:
     raise _validate.fail(
         field, f"<array {x.dtype} {x.shape}>",
-        "expected a numeric array shaped (N, features...)")
-  return x.astype(np.float32)
+        "expected a real-valued array shaped (N, features...)")
+  x = x.astype(np.float32)
+  bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
+  if bad.size:
+    raise _validate.fail(
+        field, f"<array {x.dtype} {x.shape}>",
+        f"expected finite features; {bad.size} example(s) hold NaN or "
+        f"infinite values (or values beyond float32), the first is "
+        f"example {bad[0]}")
+  return x
 
 
 def _labels(y: np.ndarray | None, field: str, num_examples: int) -> np.ndarray:
@@ -111,7 +141,11 @@ def arrays(
     if y is not None:
       raise _validate.fail(
           "y", _describe(y), "expected None when x is an .npz file (it holds 'y')")
-    with np.load(_existing(x), allow_pickle=False) as archive:
+    archive = _read(x)
+    if isinstance(archive, np.ndarray):
+      raise _validate.fail("path", os.fspath(x), "expected an .npz archive "
+                           "with keys 'x' and 'y' (this is an .npy array)")
+    with archive:
       contents = dict(archive)
     for key in ("x", "y"):
       if key not in contents:

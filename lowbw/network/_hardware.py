@@ -6,6 +6,7 @@ utilisation (default 0.4, the seed-001 planner's default). Or a fixed number of
 seconds per step. Per-worker speed multipliers describe a heterogeneous fleet.
 """
 
+import re
 from typing import NamedTuple
 
 from lowbw import _validate
@@ -66,8 +67,8 @@ def hardware(spec="h100", mfu: float = 0.4, speeds=None) -> Hardware:
   speeds = check_speeds(speeds)
   if isinstance(spec, str) and spec.lower() in PRESETS:
     return Hardware(spec.lower(), PRESETS[spec.lower()], mfu, None, speeds)
-  if isinstance(spec, str) and spec.strip().lower().endswith("s") and not (
-      spec.strip().lower().endswith("flops")):
+  if isinstance(spec, str) and re.fullmatch(r"\s*[0-9.]+.*s\s*", spec) and (
+      not spec.strip().lower().endswith("flops")):
     seconds = _units.duration(spec, "hardware")
     if seconds <= 0:
       raise _validate.fail("hardware", spec, "a time per step must be > 0")

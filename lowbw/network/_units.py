@@ -1,7 +1,9 @@
 """Parsing of human-written quantities: "100Mbps", "1Gbps", "50ms", "312TFLOPS".
 
-Every parser accepts a plain number in the base unit too (bits/s, seconds,
-FLOP/s) and raises a ValueError naming the field for anything else.
+Every parser accepts a Python number in the base unit too (bits/s, seconds,
+FLOP/s, bytes); a string needs its unit ("50" could be seconds or
+milliseconds), except a zero time. Anything else is a ValueError naming the
+field and the accepted forms.
 """
 
 import math
@@ -23,7 +25,10 @@ _BYTES = {"b": 1.0, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
           "tib": 2.0 ** 40}
 
 
-def _parse(field, value, units, allowed, *, allow_zero):
+def _parse(field, value, units, what, examples, base, *, allow_zero):
+  """``what``: "a time >= 0"; ``examples``: "'50ms' or '1.5s'"; ``base``:
+  the unit of a Python number ("seconds")."""
+  allowed = f"expected {what} such as {examples}, or a Python number of {base}"
   if isinstance(value, bool):
     raise _validate.fail(field, value, allowed)
   if isinstance(value, (int, float)):
@@ -34,6 +39,9 @@ def _parse(field, value, units, allowed, *, allow_zero):
     if match is None or (unit and unit not in units):
       raise _validate.fail(field, value, allowed)
     number = float(match.group(1)) * (units[unit] if unit else 1.0)
+    if not unit and not (allow_zero and number == 0):
+      raise _validate.fail(field, value,
+                           f"a number needs its unit, such as {examples}")
   else:
     raise _validate.fail(field, value, allowed)
   if not math.isfinite(number) or number < 0 or (number == 0 and not allow_zero):
@@ -43,41 +51,35 @@ def _parse(field, value, units, allowed, *, allow_zero):
 
 def bandwidth(value, field: str = "bandwidth") -> float:
   """Bits per second from ``"100Mbps"``, ``"1Gbps"``, ``"10Gbit/s"``, bytes
-  per second with a capital B (``"125MB/s"``, ``"1GBps"``), or a number of
-  bit/s (> 0)."""
-  allowed = ("expected a bandwidth > 0 such as '100Mbps', '1Gbps', "
-             "'125MB/s' or a number of bit/s")
+  per second with a capital B (``"125MB/s"``, ``"1GBps"``), or a Python
+  number of bit/s (> 0)."""
   if isinstance(value, str):
     match = re.fullmatch(_NUMBER + r"([kMGT]?)B(?:ps|/s)\s*", value)
     if match:  # bytes per second
       scale = {"": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}
       value = 8.0 * float(match.group(1)) * scale[match.group(2)]
-  return _parse(field, value, _BANDWIDTH, allowed, allow_zero=False)
+  return _parse(field, value, _BANDWIDTH, "a bandwidth > 0",
+                "'100Mbps', '1Gbps' or '125MB/s'", "bit/s", allow_zero=False)
 
 
 def duration(value, field: str = "latency") -> float:
-  """Seconds from ``"50ms"``, ``"2s"``, ``"100us"`` or a number of seconds
-  (>= 0)."""
-  return _parse(field, value, _TIME,
-                "expected a time >= 0 such as '50ms', '1.5s' or a number of "
+  """Seconds from ``"50ms"``, ``"2s"``, ``"100us"``, ``"0"`` or a Python
+  number of seconds (>= 0)."""
+  return _parse(field, value, _TIME, "a time >= 0", "'50ms' or '1.5s'",
                 "seconds", allow_zero=True)
 
 
 def flops(value, field: str = "flops") -> float:
-  """FLOP/s from ``"312TFLOPS"``, ``"1.2PFLOPS"`` or a number (> 0)."""
-  return _parse(field, value, _FLOPS,
-                "expected a peak throughput > 0 such as '989TFLOPS' or a "
-                "number of FLOP/s", allow_zero=False)
+  """FLOP/s from ``"312TFLOPS"``, ``"1.2PFLOPS"`` or a Python number (> 0)."""
+  return _parse(field, value, _FLOPS, "a peak throughput > 0",
+                "'989TFLOPS' or '1.2PFLOPS'", "FLOP/s", allow_zero=False)
 
 
 def memory(value, field: str = "memory_budget") -> float:
-  """Bytes from ``"8GB"``, ``"512MiB"``, ``"2.5GiB"`` or a number of bytes
-  (> 0). A string needs its unit: ``"8"`` could be bytes or gigabytes."""
-  allowed = ("expected a memory size > 0 such as '8GB', '512MiB' or a "
-             "number of bytes")
-  if isinstance(value, str) and re.fullmatch(_NUMBER, value):
-    raise _validate.fail(field, value, allowed + " (a string needs its unit)")
-  return _parse(field, value, _BYTES, allowed, allow_zero=False)
+  """Bytes from ``"8GB"``, ``"512MiB"``, ``"2.5GiB"`` or a Python number of
+  bytes (> 0)."""
+  return _parse(field, value, _BYTES, "a memory size > 0",
+                "'8GB' or '512MiB'", "bytes", allow_zero=False)
 
 
 def format_bytes(n: float) -> str:

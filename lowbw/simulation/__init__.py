@@ -8,7 +8,9 @@ from lowbw.simulation._result import Result
 from lowbw.simulation._run import simulate
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
+from lowbw.simulation._track import RunWarning
 
-__all__ = ["NonFiniteLossError", "Result", "RoundOut", "RunConfig", "SimState",
+__all__ = ["NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
+           "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
            "initialize", "simulate", "sweep"]

@@ -104,9 +104,13 @@ def check_worker_dtype(value) -> str:
   return _validate.one_of("worker_dtype", value, WORKER_DTYPES)
 
 
+SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0
+
+
 def check_seed(seed) -> int:
-  if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-    raise _validate.fail("seed", seed, "expected an integer")
+  if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+      or not 0 <= seed < SEED_LIMIT):
+    raise _validate.fail("seed", seed, "expected an integer in [0, 2**32)")
   return int(seed)
 
 
@@ -155,6 +159,11 @@ def configure(model, data, strategy, num_workers: int = 8,
   strategy = _resolve("strategy", strategy, strategies_lib.get,
                       strategies_lib.Strategy)
   period = strategy.period
+  if steps < period:
+    raise _validate.fail(
+        "steps", steps, f"the strategy syncs every {period} steps (its "
+        "period, H), so with fewer steps no sync happens and the shared "
+        f"model never changes; give steps >= {period} or a smaller H")
   if network is not None and network.faults is not None:
     _faults.check_windows(network.faults, period)
   eval_every = multiple_of_period("eval_every", eval_every, period)

@@ -29,9 +29,15 @@ class NonFiniteLossError(FloatingPointError):
 
   def __init__(self, step: int, worker: int, history: dict,
                new_rows: list | None = None):
+    cause = ("at the first step, so the data or the model rather than the "
+             "learning rate: labels beyond the model's classes, features "
+             "with NaN or infinite values, or a loss that is not finite at "
+             "initialisation" if step == 1 else
+             "a learning rate too high for the model, or data with NaN or "
+             "infinite values")
     super().__init__(
         f"non-finite training loss at step {step} on worker {worker}; "
-        "the rows logged before it were kept (lower the learning rate?)")
+        f"the rows logged before it were kept. Likely cause: {cause}")
     self.step, self.worker, self.history = step, worker, history
     self.new_rows = new_rows or []
 
@@ -60,6 +66,9 @@ class History:
     # step, and how many workers the last communication averaged.
     self.sim_time = 0.0 if clock else None
     self.participants = math.nan
+    # Communications the clock saw, and those no worker took part in.
+    self.syncs = 0
+    self.empty_syncs = 0
     # The most wire bytes one step has put on the wire so far (per worker).
     self.peak = 0.0
     # The strategy's own metrics: the latest value reported.
@@ -71,7 +80,8 @@ class History:
             "log_every": self.log_every, "carry": self.carry,
             "divergence": self.divergence, "lr": self.lr,
             "sim_time": self.sim_time, "participants": self.participants,
-            "strategy": self.strategy, "peak": self.peak}
+            "strategy": self.strategy, "peak": self.peak,
+            "syncs": self.syncs, "empty_syncs": self.empty_syncs}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -85,6 +95,8 @@ class History:
     self.strategy.update({k: float(v) for k, v in
                           d.get("strategy", {}).items()})
     self.peak = float(d.get("peak", 0.0))
+    self.syncs = int(d.get("syncs", 0))
+    self.empty_syncs = int(d.get("empty_syncs", 0))
 
   # ------------------------------------------------------------------ bytes
   def _wire(self, events: dict[str, int], tier: str | None = None) -> float:
@@ -166,6 +178,8 @@ class History:
     if participants is not None:
       part = np.asarray(participants, np.float64)
       communicated = np.flatnonzero(part >= 0)
+      self.syncs += int(np.sum(part[:stop] >= 0))
+      self.empty_syncs += int(np.sum(part[:stop] == 0))
     reported = {m: (np.asarray(v, np.float64), np.flatnonzero(~np.isnan(v)))
                 for m, v in (strategy or {}).items()}
     peak_cum = np.maximum.accumulate(self._step_wire(counts, n)) if n else None

@@ -249,14 +249,27 @@ def activation_cap(budget: Budget | None) -> float:
 
 
 def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
+  """The refusal: the estimate, its parts, the budget, and what to lower,
+  starting with the largest part. Names ``memory_budget`` only when it was
+  given (the default is a share of free memory)."""
   fmt = _units.format_bytes
-  advice = ("lower num_workers, batch_size or the model's size"
-            + (", compute fewer workers at a time (worker_batch)"
-               if can_group and size > 1 else "")
-            + ", or raise memory_budget")
-  return _validate.fail(
-      "memory_budget", fmt(c.memory_budget.bytes),
-      f"the run needs about {fmt(chosen)} ({fmt(state)} of state, "
-      f"{fmt(data)} of data, and {size} worker(s) computing at once with "
-      f"{fmt(flight)} of activations, gradients and updates each), more "
-      f"than the budget ({c.memory_budget.source}); {advice}")
+  parts = {
+      "activations and gradients": (size * flight, (
+          "batch_size or the model's size (a GPT's seq_len, d_model, layers)"
+          + (", or compute fewer workers at a time (worker_batch)"
+             if can_group and size > 1 else ""))),
+      "state": (state, "num_workers or the model's size, or store the "
+                "workers in worker_dtype='bfloat16'"),
+      "data": (data, "the dataset's size")}
+  largest = max(parts, key=lambda k: parts[k][0])
+  budget = c.memory_budget
+  given = budget.source.startswith("memory_budget=")
+  text = (f"the run needs about {fmt(chosen)} ({fmt(state)} of state, "
+          f"{fmt(data)} of data, and {size} worker(s) computing at once with "
+          f"{fmt(flight)} of activations, gradients and updates each), more "
+          f"than the budget ({budget.source}); the largest part is "
+          f"{largest}: lower {parts[largest][1]}"
+          + ("" if given else ", or give memory_budget"))
+  if given:
+    return _validate.fail("memory_budget", fmt(budget.bytes), text)
+  return ValueError("too big for memory: " + text)

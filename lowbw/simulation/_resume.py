@@ -19,11 +19,12 @@ def check_paths(log_dir, checkpoint_every, resume_from) -> None:
                          "needs log_dir (checkpoints go to log_dir/checkpoints)")
   if resume_from is not None and not os.path.isdir(resume_from):
     raise _validate.fail("resume_from", resume_from, "no such directory")
-  if (resume_from is None and log_dir is not None and
-      os.path.isdir(os.path.join(log_dir, "checkpoints"))):
-    raise _validate.fail(
-        "log_dir", log_dir, "already holds another run's checkpoints; resume "
-        "it (resume_from) or choose a new folder")
+
+
+def continues(log_dir, resume_from) -> bool:
+  """The run resumed from ``resume_from`` goes on logging in its folder."""
+  return (resume_from is not None and log_dir is not None and
+          os.path.abspath(resume_from) == os.path.abspath(log_dir))
 
 
 def saver(log_dir: str, track):

@@ -33,6 +33,7 @@ def simulate(
     memory_budget=None,
     hparams: dict | None = None,
     compile_cache: bool | str = True,
+    overwrite: bool = False,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -59,7 +60,8 @@ def simulate(
       multiple of the strategy's period H); always at the last step.
     log_every: log a row every this many steps (default: about 200 rows).
     log_dir: write metrics.csv, TensorBoard events, config.json and
-      summary.json here.
+      summary.json here. A folder holding another run is refused (its
+      TensorBoard events would mix with this run's) unless ``overwrite``.
     checkpoint_every: save an orbax checkpoint every this many steps (a
       multiple of H) under ``log_dir/checkpoints``.
     resume_from: a log_dir or checkpoint directory to continue from; the run
@@ -71,6 +73,8 @@ def simulate(
     callback: called with each logged row (a dict), on the host.
     metadata: JSON-able notes stored under "metadata" in config.json (the CLI
       keeps its settings there, for ``lowbw train --resume``).
+    overwrite: clear what another run wrote in ``log_dir`` (its metrics,
+      events, checkpoints and summaries; nothing else) before this one.
     devices: spread the workers over this many devices (``shard_map`` over a
       ``"workers"`` mesh axis; must divide ``num_workers``); the trajectory is
       the same as on one device up to float rounding. Default: 1, or every
@@ -126,4 +130,5 @@ def simulate(
               compile_cache=compile_cache)
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
                  checkpoint_every=checkpoint_every, resume_from=resume_from,
-                 progress=progress, callback=callback, metadata=metadata)
+                 progress=progress, callback=callback, metadata=metadata,
+                 overwrite=overwrite)

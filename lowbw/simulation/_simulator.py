@@ -13,6 +13,7 @@ a shape (Dirichlet shards of another size) compiles again.
 import dataclasses
 import math
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -21,10 +22,10 @@ from lowbw import _validate, telemetry
 from lowbw.network import _clock
 from lowbw.network._collectives import tiers_of
 from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
-                              _memory, _mesh, _precision, _resume)
+                              _logdir, _memory, _mesh, _precision, _resume)
 from lowbw.simulation._loop import Executables, drive
 from lowbw.simulation._result import Result
-from lowbw.simulation._track import Track
+from lowbw.simulation._track import RunWarning, Track
 from lowbw.telemetry import names
 
 
@@ -306,7 +307,8 @@ class Simulator:
   def run(self, seed: int = 0, hparams: dict | None = None,
           log_dir: str | None = None, checkpoint_every: int | None = None,
           resume_from: str | None = None, progress: bool | None = None,
-          callback=None, metadata: dict | None = None) -> Result:
+          callback=None, metadata: dict | None = None,
+          overwrite: bool = False) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -325,6 +327,8 @@ class Simulator:
         "checkpoint_every", checkpoint_every, c.period)
     _resume.check_paths(log_dir, checkpoint_every, resume_from)
     _config.check_processes(checkpoint_every, resume_from)
+    _logdir.prepare(log_dir, resuming=_resume.continues(log_dir, resume_from),
+                    overwrite=overwrite, create=self.main_process)
     state, sampler, net, network = self.initial(seed, hparams)
     config = self.describe(seed, network, hparams, metadata)
     track = Track(self, c.default_log_every, network, log_dir, callback,
@@ -351,6 +355,8 @@ class Simulator:
         bar.close()
     summary = track.summary(compile_s, elapsed)
     track.write_summary(summary)
+    for text in summary["warnings"]:
+      warnings.warn(text, RunWarning, stacklevel=2)
     params = exe.global_params(state)
     if self.processes > 1:  # a copy this process can read
       params = jax.tree.map(lambda x: x.addressable_data(0), params)

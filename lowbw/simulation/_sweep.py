@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowbw import _validate, telemetry
-from lowbw.simulation import _config, _hparams
+from lowbw.simulation import _config, _hparams, _logdir
 from lowbw.simulation._loop import drive
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._track import Track
@@ -171,7 +171,7 @@ class _Batch:
 
 def sweep(build_args, grid: dict | None = None, seeds=(0,),
           points_per_batch: int | None = None, log_dir: str | None = None,
-          progress: bool | None = None) -> SweepResult:
+          progress: bool | None = None, overwrite: bool = False) -> SweepResult:
   """Runs every point of ``grid`` x ``seeds`` as one vmapped program.
 
   Args:
@@ -190,6 +190,8 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
       config.json, summary.json), plus ``sweep.csv`` (the tidy table) and
       ``sweep.json`` (points, summaries, mean and std over seeds).
     progress: a progress bar (default: on a terminal).
+    overwrite: clear what another run or sweep wrote in ``log_dir`` (else
+      a folder holding one is refused).
 
   Point i equals ``Simulator.run(seed=..., hparams=points[i].values)`` to
   float tolerance.
@@ -203,6 +205,8 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     ...                      grid={"inner_lr": [1e-3, 3e-3]}, seeds=[0, 1, 2])
     >>> result.aggregate("final_eval_loss")
   """
+  _logdir.prepare(log_dir, overwrite=overwrite,
+                  create=jax.process_index() == 0)
   sim = build_args if isinstance(build_args, Simulator) else (
       _build(build_args))
   c = sim.config

@@ -16,6 +16,12 @@ from lowbw.simulation._history import History, NonFiniteLossError
 from lowbw.telemetry import names
 
 
+class RunWarning(UserWarning):
+  """A run finished but its numbers mean less than they seem (also in its
+  summary's ``warnings``; ``degenerate`` when the shared model hardly
+  trained)."""
+
+
 class Track:
   """Rows, simulated clock and writers of one run (or one sweep point).
 
@@ -180,7 +186,26 @@ class Track:
       summary["tokens_per_s"] = rate(examples * c.data.tokens_per_example)
     if self.error is not None:
       summary["error"] = str(self.error)
+    summary["warnings"] = self.warnings()
+    summary["degenerate"] = self.degenerate()
     return summary
+
+  def degenerate(self) -> bool:
+    """No worker took part in most of the run's communications (faults):
+    the shared model hardly trained."""
+    h = self.history
+    return h.syncs > 0 and h.empty_syncs * 2 > h.syncs
+
+  def warnings(self) -> list[str]:
+    """What makes this run's numbers mean less than they seem."""
+    h, out = self.history, []
+    if h.empty_syncs:
+      out.append(
+          f"{h.empty_syncs} of {h.syncs} communications had no participating "
+          "worker (faults: every worker down or its message lost)"
+          + ("; the shared model hardly trained: this run is degenerate"
+             if self.degenerate() else ""))
+    return out
 
   def write_summary(self, summary: dict) -> None:
     if self.log_dir and self.sim.main_process:

@@ -1,0 +1,140 @@
+"""Runs that cannot mean much say so, and log folders are checked before
+anything compiles (issue 16: degenerate runs, output folders, seeds)."""
+
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+import lowbw
+from lowbw import cli, data, models, network, strategies
+
+_RUN = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
+            strategy=strategies.diloco(H=5), num_workers=2, batch_size=4,
+            steps=10, progress=False)
+_TINY = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+         "--batch-size", "4", "--steps", "10", "--H", "5", "--eval-every",
+         "5", "--no-progress"]
+
+
+def _faults(**kwargs):
+  return network.network("1Gbps", "10ms", faults=network.Faults(**kwargs))
+
+
+def test_every_worker_down_is_a_loud_degenerate_run(tmp_path):
+  with pytest.warns(lowbw.RunWarning, match="2 of 2 communications had no "
+                    "participating worker.*degenerate"):
+    down = lowbw.simulate(**_RUN, network=_faults(drop_prob=1.0),
+                          log_dir=str(tmp_path / "down"))
+  assert down.summary["degenerate"] is True
+  saved = json.loads((tmp_path / "down" / "summary.json").read_text())
+  assert saved["degenerate"] is True and saved["warnings"]
+  # The shared model never moved: every sync averaged nobody.
+  start = _build().initial(0)[0].strategy.params_W  # every worker alike
+  for got, first in zip(jax.tree.leaves(down.params), jax.tree.leaves(start)):
+    np.testing.assert_array_equal(got, first[0])
+
+
+def _build(**changes):
+  args = {k: v for k, v in {**_RUN, **changes}.items() if k != "progress"}
+  return lowbw.build(**args, compile=False)
+
+
+def test_a_healthy_run_has_no_warnings():
+  ok = lowbw.simulate(**_RUN, network=_faults(drop_prob=0.0))
+  assert ok.summary["degenerate"] is False and ok.summary["warnings"] == []
+
+
+def test_every_worker_failing_warns_on_the_command_line(tmp_path, capsys):
+  out = tmp_path / "run"
+  assert cli.main(_TINY + ["--failures", "0@0,1@0", "--out", str(out)]) == 0
+  captured = capsys.readouterr()
+  assert "WARNING           2 of 2 communications" in captured.out
+  assert "lowbw: warning: 2 of 2 communications" in captured.err
+  assert json.loads((out / "summary.json").read_text())["degenerate"]
+
+
+def test_a_folder_holding_another_run_is_refused_unless_overwritten(
+    tmp_path, capsys):
+  out = tmp_path / "run"
+  assert cli.main(_TINY + ["--out", str(out)]) == 0
+  (out / "notes.txt").write_text("mine")
+  old_events = set(os.listdir(out / "tensorboard"))
+  capsys.readouterr()
+  assert cli.main(_TINY + ["--out", str(out)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert err.startswith(f"lowbw: error: --out='{out}' is invalid: holds "
+                        "another run (config.json, metrics.csv"), err
+  assert "--overwrite" in err and "\n" not in err
+  assert cli.main(_TINY + ["--out", str(out), "--overwrite"]) == 0
+  events = set(os.listdir(out / "tensorboard"))
+  assert len(events) == 1 and not events & old_events  # one run's events
+  assert (out / "notes.txt").read_text() == "mine"  # not ours: kept
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda p: p.write_text("x"), "exists and is not a folder"),
+    (lambda p: None, "cannot be created"),
+])
+def test_a_log_folder_that_cannot_be_written_is_refused_before_compiling(
+    tmp_path, make, message):
+  target = tmp_path / "file"
+  make(target)
+  log_dir = target if message.startswith("exists") else target / "a"
+  if not message.startswith("exists"):
+    target.write_text("a file where a folder should be")
+  sim = _build()
+  with pytest.raises(ValueError, match=f"log_dir=.* is invalid: {message}"):
+    sim.run(log_dir=str(log_dir))
+  assert sim.take_compile_s() == 0.0  # refused before compiling
+
+
+@pytest.mark.parametrize("seed", [-1, 2 ** 32, 99999999999999999999, 1.5])
+def test_seeds_outside_the_generators_range_are_refused(seed):
+  sim = _build()
+  with pytest.raises(ValueError, match=r"seed=.* is invalid: expected an "
+                     r"integer in \[0, 2\*\*32\)"):
+    sim.run(seed=seed)
+
+
+def test_fewer_steps_than_one_round_is_an_error():
+  with pytest.raises(ValueError, match="steps=4 is invalid: the strategy "
+                     "syncs every 5 steps"):
+    _build(steps=4)
+
+
+def test_data_with_nan_features_is_refused_with_the_example():
+  x = np.ones((20, 3), np.float32)
+  x[7, 1] = np.nan
+  with pytest.raises(ValueError, match=r"x=.* is invalid: expected finite "
+                     r"features; 1 example\(s\) hold NaN .* example 7"):
+    data.arrays(x, np.zeros(20, int))
+
+
+def test_a_garbage_npz_is_named_without_suggesting_pickles(tmp_path, capsys):
+  bad = tmp_path / "bad.npz"
+  bad.write_bytes(b"not an archive at all")
+  with pytest.raises(ValueError, match="not a readable .npy or .npz") as e:
+    data.arrays(str(bad))
+  assert "allow_pickle" not in str(e.value)
+  # On the command line, under --data (not under lowbw plot's --x/--y).
+  assert cli.main(_TINY + ["--data", str(bad), "--out",
+                           str(tmp_path / "r")]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"lowbw: error: --data='{bad}' is invalid: "), err
+  assert "--x" not in err and not (tmp_path / "r").exists()
+
+
+def test_a_loss_not_finite_from_the_first_step_blames_data_or_model():
+  base = models.mlp(hidden=(8,))
+
+  def loss(params, batch, key):
+    value, metrics = base.loss(params, batch, key)
+    return value * np.nan, metrics
+
+  broken = models.Model(base.init, loss, "classification", "custom", {})
+  with pytest.raises(lowbw.NonFiniteLossError, match="step 1 .* the data or "
+                     "the model rather than the learning rate"):
+    lowbw.simulate(**{**_RUN, "model": broken})
