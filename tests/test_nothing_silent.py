@@ -138,3 +138,57 @@ def test_a_loss_not_finite_from_the_first_step_blames_data_or_model():
   with pytest.raises(lowbw.NonFiniteLossError, match="step 1 .* the data or "
                      "the model rather than the learning rate"):
     lowbw.simulate(**{**_RUN, "model": broken})
+
+
+def test_off_a_terminal_each_logged_row_is_a_line_and_csv_ends_lines_lf(
+    tmp_path, capsys):
+  out = tmp_path / "run"
+  argv = [a for a in _TINY if a != "--no-progress"]
+  assert cli.main(argv + ["--log-every", "5", "--out", str(out)]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert lines[0].startswith("step 5/10  train_loss ")
+  assert lines[1].startswith("step 10/10  train_loss ")
+  assert "eval_loss" in lines[1] and "sent " in lines[1]
+  raw = (out / "metrics.csv").read_bytes()
+  assert b"\r\n" not in raw and raw.count(b"\n") == 3  # header + 2 rows
+
+
+def test_plot_goes_next_to_the_run_with_units_by_magnitude(tmp_path, capsys):
+  pytest.importorskip("matplotlib")
+  from lowbw.cli import _plot
+  out = tmp_path / "run"
+  assert cli.main(_TINY + ["--out", str(out)]) == 0
+  capsys.readouterr()
+  assert cli.main(["plot", str(out), "--x", "sim_time_s"]) == 0
+  printed = capsys.readouterr().out
+  assert (out / "plot.png").exists() and str(out / "plot.png") in printed
+  assert "against simulated time (s)" in printed or "(ms)" in printed
+  assert _plot.axis_unit("sim_time_s", 3 * 3600) == ("simulated time (h)",
+                                                     1 / 3600)
+  assert _plot.axis_unit("sim_time_s", 40.0) == ("simulated time (s)", 1.0)
+  assert _plot.axis_unit("wire_bytes", 3e6)[0] == "wire bytes per worker (MB)"
+  assert _plot._title([str(out)]) == "diloco, W=2, H=5"
+
+
+def test_resume_help_lists_every_setting_that_may_change():
+  from lowbw.cli import _train
+  train = cli.build_parser()._subparsers._group_actions[0].choices["train"]
+  (resume,) = [a for a in train._actions if a.dest == "resume"]
+  for name in _train.RESUME_MAY_CHANGE:
+    assert "--" + name.replace("_", "-") in resume.help
+
+
+def test_optax_multisteps_is_accepted_as_an_inner_optimizer():
+  import optax
+  wrapped = optax.MultiSteps(optax.sgd(0.1), every_k_schedule=2)
+  run = {**_RUN, "strategy": strategies.diloco(inner=wrapped, H=5)}
+  got = lowbw.simulate(**run)
+  same = lowbw.simulate(**{**run, "strategy": strategies.diloco(
+      inner=wrapped.gradient_transformation(), H=5)})
+  start = _build().initial(0)[0].strategy.params_W
+  for a, b, first in zip(jax.tree.leaves(got.params),
+                         jax.tree.leaves(same.params),
+                         jax.tree.leaves(start)):
+    np.testing.assert_array_equal(a, b)
+  assert any(not np.array_equal(a, f[0]) for a, f in
+             zip(jax.tree.leaves(got.params), jax.tree.leaves(start)))

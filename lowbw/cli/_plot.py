@@ -7,10 +7,47 @@ import os
 
 from lowbw import _validate
 
-_UNITS = {"sim_time_s": ("simulated hours", 1 / 3600),
-          "wall_time_s": ("wall-clock seconds", 1.0),
-          "payload_bytes": ("payload MB per worker", 1e-6),
-          "wire_bytes": ("wire MB per worker", 1e-6)}
+# Columns with units: (axis label, [(unit, scale)] from the largest unit).
+_TIME = [("h", 1 / 3600), ("min", 1 / 60), ("s", 1.0), ("ms", 1e3)]
+_BYTES = [("GB", 1e-9), ("MB", 1e-6), ("kB", 1e-3), ("B", 1.0)]
+_UNITS = {"sim_time_s": ("simulated time", _TIME),
+          "wall_time_s": ("wall-clock time", _TIME),
+          "payload_bytes": ("payload per worker", _BYTES),
+          "wire_bytes": ("wire bytes per worker", _BYTES)}
+
+
+def axis_unit(column: str, largest: float) -> tuple[str, float]:
+  """The label and scale of ``column``'s axis: the largest unit in which
+  the largest value is at least 1 (seconds for a 40 s run, hours for a
+  3-hour one)."""
+  if column not in _UNITS:
+    return column, 1.0
+  name, units = _UNITS[column]
+  limits = {"h": 3600, "min": 60, "s": 1, "ms": 0, "GB": 1e9, "MB": 1e6,
+            "kB": 1e3, "B": 0}
+  for unit, scale in units:
+    if largest >= limits[unit]:
+      return f"{name} ({unit})", scale
+  unit, scale = units[-1]
+  return f"{name} ({unit})", scale
+
+
+def _title(paths: list[str]) -> str:
+  """The runs' strategy and settings, from their config.json."""
+  import json
+  parts = []
+  for path in paths:
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+      continue
+    with open(config_path) as f:
+      config = json.load(f)
+    strategy = config.get("strategy", {})
+    name = strategy.get("name", "?") if isinstance(strategy, dict) else "?"
+    extra = "".join(f", {k}={strategy[k]}" for k in ("H", "p")
+                    if isinstance(strategy, dict) and k in strategy)
+    parts.append(f"{name}, W={config.get('num_workers')}{extra}")
+  return "; ".join(dict.fromkeys(parts))
 
 
 def add_parser(subparsers) -> None:
@@ -22,12 +59,12 @@ def add_parser(subparsers) -> None:
   p.add_argument("runs", nargs="+", metavar="RUN",
                  help="log folders of lowbw train runs (or metrics.csv files)")
   p.add_argument("--x", default="step", help="column for the x axis: step, "
-                 "tokens, sim_time_s (hours), wall_time_s, wire_bytes, ... "
-                 "(default step)")
+                 "tokens, sim_time_s, wall_time_s, wire_bytes, ... (times "
+                 "and bytes in the unit that suits their size; default step)")
   p.add_argument("--y", default="eval_loss", help="column for the y axis "
                  "(default eval_loss)")
-  p.add_argument("--out", default="plot.png", help="image file (default "
-                 "plot.png)")
+  p.add_argument("--out", help="image file (default: plot.png in the "
+                 "first run's folder)")
   p.add_argument("--log-x", action="store_true", help="logarithmic x axis")
   p.set_defaults(run=run)
 
@@ -72,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
                               "'lowbw[plot]'") from None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  label, scale = _UNITS.get(args.x, (args.x, 1.0))
+  label, scale = axis_unit(args.x, max(abs(x) for _, points in series
+                                       for x, _ in points))
   fig, ax = plt.subplots(figsize=(7, 4.5))
   for name, points in series:
     xs, ys = zip(*points)
@@ -83,7 +121,15 @@ def run(args: argparse.Namespace) -> int:
   ax.set_ylabel(args.y)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
+  title = _title([p for p in args.runs if os.path.isdir(p)])
+  ax.set_title(f"{args.y} against {label}" + (f"\n{title}" if title else ""),
+               fontsize=9)
   fig.tight_layout()
-  fig.savefig(args.out, dpi=120)
-  print(f"wrote {args.out}: {args.y} against {label}, {len(series)} run(s)")
+  out = args.out or os.path.join(_folder(args.runs[0]), "plot.png")
+  fig.savefig(out, dpi=120)
+  print(f"wrote {out}: {args.y} against {label}, {len(series)} run(s)")
   return 0
+
+
+def _folder(path: str) -> str:
+  return path if os.path.isdir(path) else os.path.dirname(path) or "."

@@ -9,7 +9,7 @@ import sys
 
 import jax
 
-from lowbw import _validate
+from lowbw import _validate, telemetry
 from lowbw.cli._config import check_types, flag_types, quantity, read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
@@ -17,6 +17,7 @@ from lowbw import network as network_lib
 from lowbw.cli import _strategy
 from lowbw.simulation import _logdir, _memory, initialize, simulate
 from lowbw.strategies import _optim
+from lowbw.telemetry import names
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 
@@ -75,8 +76,7 @@ def add_parser(subparsers) -> None:
                  "flags override it")
   p.add_argument("--resume", metavar="DIR", help="continue the run logged in "
                  "DIR from its latest checkpoint with its settings; only "
-                 "--steps, --eval-every, --log-every and --checkpoint-every "
-                 "may change")
+                 + _may_change() + " may change")
   add_run_flags(p)
   p.set_defaults(run=run)
 
@@ -281,13 +281,16 @@ RESUME_MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
                      "worker_batch", "memory_budget")
 
 
+def _may_change() -> str:
+  return ", ".join("--" + n.replace("_", "-") for n in RESUME_MAY_CHANGE)
+
+
 def _check_resume_changes(saved: dict, given: dict) -> None:
   for name, value in sorted(given.items()):
     if name not in RESUME_MAY_CHANGE and value != saved.get(name):
       raise _validate.fail(
           name, value, f"the resumed run has {name}={saved.get(name)!r}; on "
-          "--resume only " + ", ".join("--" + n.replace("_", "-") for n in
-                                       RESUME_MAY_CHANGE[:5]) + " may change")
+          "--resume only " + _may_change() + " may change")
   if ("steps" in given and given["steps"] != saved.get("steps") and
       saved.get("schedule") == "cosine"):
     raise _validate.fail("steps", given["steps"],
@@ -463,12 +466,34 @@ def run(args: argparse.Namespace) -> int:
       **run_args, seed=s["seed"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
       progress=s["progress"], metadata={METADATA_KEY: saved},
-      overwrite=args.overwrite)
+      overwrite=args.overwrite, callback=_row_printer(s))
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
     for text in result.summary["warnings"]:
       print(f"lowbw: warning: {text}", file=sys.stderr)
   return 0
+
+
+def _row_printer(s: dict):
+  """Off a terminal (a log file, a batch job) with no progress setting: one
+  line per logged row on stdout instead of a bar; else None."""
+  if s["progress"] is not None or telemetry.is_terminal():
+    return None
+  steps = s["steps"]
+
+  def show(row: dict) -> None:
+    if jax.process_index() != 0:
+      return
+    parts = [f"step {row[names.STEP]}/{steps}"]
+    for key in (names.TRAIN_LOSS, names.EVAL_LOSS):
+      if row.get(key) is not None and row[key] == row[key]:
+        parts.append(f"{key} {row[key]:.4f}")
+    if row.get(names.SIM_TIME_S) is not None:
+      parts.append(f"sim {_duration(row[names.SIM_TIME_S])}")
+    parts.append(f"sent {_bytes(row[names.WIRE_BYTES])}")
+    print("  ".join(parts), flush=True)
+
+  return show
 
 
 def _bytes(n: float) -> str:

@@ -112,9 +112,12 @@ def default_inner() -> optax.GradientTransformation:
 
 
 def optimizer(field: str, tx, default) -> optax.GradientTransformation:
-  """``tx``, or ``default()`` when None; anything else than an optax
-  transformation is rejected at build time, naming ``field``."""
+  """``tx``, or ``default()`` when None; ``optax.MultiSteps`` (gradient
+  accumulation) is unwrapped to its transformation; anything else than an
+  optax transformation is rejected at build time, naming ``field``."""
   tx = default() if tx is None else tx
+  if isinstance(tx, optax.MultiSteps):
+    tx = tx.gradient_transformation()
   if not isinstance(tx, optax.GradientTransformation):
     raise _validate.fail(field, tx, "expected an optax.GradientTransformation")
   return tx

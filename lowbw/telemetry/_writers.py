@@ -18,7 +18,7 @@ class CSVWriter:
   def __init__(self, path: str, columns: Sequence[str]):
     self.columns = list(columns)
     self._file = open(path, "w", newline="")
-    self._csv = csv.writer(self._file)
+    self._csv = csv.writer(self._file, lineterminator="\n")
     self._csv.writerow(self.columns)
     self._file.flush()
 
