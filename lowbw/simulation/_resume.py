@@ -64,11 +64,11 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
     raise _validate.fail("resume_from", resume_from, "holds no checkpoint")
   step, meta = telemetry.read_meta(directory)
   _check_same(resume_from, meta["config"], track.config)
-  # Restore straight into the devices' slices (under a mesh).
+  # Restore straight into this run's placement (the devices' slices under a
+  # mesh, one device without): a checkpoint from any device count resumes.
   abstract = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(
-          x.shape, x.dtype,
-          sharding=x.sharding if sim.mesh is not None else None),
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype,
+                                     sharding=getattr(x, "sharding", None)),
       initial_state)
   del initial_state
   try:
