@@ -64,7 +64,7 @@ def test_plot_loss_against_simulated_time(tmp_path, capsys):
   assert cli.main(["plot", str(out), str(out / "metrics.csv"), "--x",
                    "sim_time_s", "--out", str(image), "--log-x"]) == 0
   assert image.stat().st_size > 1000
-  assert "simulated hours" in capsys.readouterr().out
+  assert "against simulated time (ms)" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, start", [

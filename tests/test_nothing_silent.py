@@ -228,3 +228,39 @@ def test_a_checkpoint_from_four_devices_resumes_in_a_one_device_process(
     for key in ("train_loss", "eval_loss", "sim_time_s"):
       if a[key] or b[key]:  # 4 devices sum in another order: float tolerance
         np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-5)
+
+
+def test_clock_params_prices_compute_and_messages_as_a_larger_model(tmp_path):
+  net = dict(bandwidth="100Mbps", latency="0ms", hardware="h100")
+  small = lowbw.simulate(**_RUN, network=network.network(**net))
+  n = small.summary["num_params"]
+  big = lowbw.simulate(**_RUN, network=network.network(
+      **net, clock_params=f"{1000 * n / 1e6}M"))
+  a, b = small.config["network"], big.config["network"]
+  assert b["clock_params"] == 1000 * n
+  assert b["compute_s_per_step"] == pytest.approx(1000 * a["compute_s_per_step"],
+                                                  rel=1e-12)
+  for name, seconds in a["comm_s_per_event"].items():  # no latency: linear
+    assert b["comm_s_per_event"][name] == pytest.approx(1000 * seconds,
+                                                        rel=1e-9)
+  # The bytes counted stay the model's; only the clock is scaled.
+  assert big.summary["wire_bytes"] == small.summary["wire_bytes"]
+  assert big.summary["sim_time_s"] == pytest.approx(
+      1000 * small.summary["sim_time_s"], rel=1e-5)
+  # The split of the nominal time: compute per step x steps + messages.
+  assert small.summary["compute_s"] == pytest.approx(
+      10 * a["compute_s_per_step"])
+  assert small.summary["comm_share"] == pytest.approx(
+      small.summary["comm_s"] / (small.summary["comm_s"] +
+                                 small.summary["compute_s"]))
+  with pytest.raises(ValueError, match="clock_params='1X' is invalid"):
+    network.network(**net, clock_params="1X")
+
+
+def test_stragglers_on_a_communication_bound_clock_are_a_warning(capsys,
+                                                                 tmp_path):
+  assert cli.main(_TINY + ["--jitter", "0.5", "--out", str(tmp_path / "r")]
+                  ) == 0
+  out = capsys.readouterr().out
+  assert "time per step     compute " in out
+  assert "stragglers and jitter, which slow compute, barely change" in out

@@ -41,6 +41,7 @@ DEFAULTS = {
     "overlap": False, "jitter": None, "mitigation": "none",
     "keep_fraction": 0.9, "backups": 1, "drop_prob": None,
     "message_loss": None, "failures": None, "windows": None,
+    "clock_params": None,
 }
 # Settings that only some choices use; giving one that the run ignores is an
 # error rather than a silent no-op.
@@ -142,6 +143,10 @@ def add_run_flags(p) -> None:
   g.add_argument("--mfu", type=float, help=f"model-FLOP utilisation (default {d['mfu']})")
   g.add_argument("--speeds", help="per-worker speed multipliers, comma-"
                  "separated (one per worker; 0.5 = half as fast)")
+  g.add_argument("--clock-params", type=_count("clock_params"),
+                 help="time compute and messages as if the model had this "
+                 "many parameters, e.g. 1B or 350M (FLOPs and bytes scaled "
+                 "from the model's; the bytes logged stay the model's)")
   g.add_argument("--overlap", action=argparse.BooleanOptionalAction,
                  help="overlap sync communication with the next round's "
                  "compute (Streaming DiLoCo's schedule)")
@@ -189,6 +194,12 @@ def _group_size(text: str) -> str:
 
 
 _group_size.config_types = (int, str)
+
+
+def _count(field):
+  check = quantity(network_lib._units.count, field)
+  check.config_types = (int, float, str)
+  return check
 
 
 def _hardware_spec(text, field):
@@ -424,7 +435,7 @@ def build_network(s: dict) -> network_lib.Network:
       regional_bandwidth=s["regional_bandwidth"],
       regional_latency=s["regional_latency"], hardware=s["hardware"],
       mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
-      overlap=overlap)
+      overlap=overlap, clock_params=s["clock_params"])
 
 
 def build_args(s: dict, explicit: set[str]) -> dict:
@@ -534,6 +545,16 @@ def format_summary(summary: dict, s: dict) -> str:
     lines.append(f"  simulated time    {_duration(summary['sim_time_s'])} on "
                  f"{s['bandwidth']}, {s['latency']} ({topology}), "
                  f"{s['hardware']} at MFU {s['mfu']}")
+  if summary.get("comm_share") is not None:
+    steps = max(1, summary["steps"])
+    lines.append(
+        f"  time per step     compute "
+        f"{network_lib._units.format_duration(summary['compute_s'] / steps)}, "
+        "communication "
+        f"{network_lib._units.format_duration(summary['comm_s'] / steps)} "
+        f"({summary['comm_share']:.1%} of the nominal time"
+        + (f"; clock as if {s['clock_params']} parameters"
+           if s.get("clock_params") else "") + ")")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
   lines.append(f"  logs              {summary['log_dir']}")
   lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]

@@ -35,6 +35,7 @@ from lowbw._types import Array, PRNGKey
 from lowbw.network._collectives import Channel
 from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
+from lowbw.network import _units
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
 from lowbw.network._topology import (Flat, Hierarchical, flat, hierarchical)
@@ -54,6 +55,11 @@ class Network(NamedTuple):
       without recompiling.
     overlap: overlap the sync's communication with the next round's compute
       (Streaming DiLoCo's schedule). Per-step communication never overlaps.
+    clock_params: price compute and communication as if the model had this
+      many parameters (FLOPs and message bytes scaled by clock_params / the
+      model's parameters), so a small model's learning can be timed in a
+      large one's regime; the bytes logged stay the real model's. None: the
+      model's own size.
   """
 
   topology: Flat | Hierarchical
@@ -61,6 +67,7 @@ class Network(NamedTuple):
   stragglers: Stragglers | None = None
   faults: Faults | None = None
   overlap: bool = False
+  clock_params: float | None = None
 
   def describe(self) -> dict:
     return {**self.topology.describe(),
@@ -71,14 +78,15 @@ class Network(NamedTuple):
             "faults": None if self.faults is None else {
                 k: [list(x) for x in v] if isinstance(v, tuple) else v
                 for k, v in self.faults._asdict().items()},
-            "overlap": self.overlap}
+            "overlap": self.overlap, "clock_params": self.clock_params}
 
 
 def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
             group_size: int | None = None, regional_bandwidth="10Gbps",
             regional_latency="5ms", hardware="h100", mfu: float = 0.4,
             speeds=None, stragglers: Stragglers | None = None,
-            faults: Faults | None = None, overlap: bool = False) -> Network:
+            faults: Faults | None = None, overlap: bool = False,
+            clock_params=None) -> Network:
   """A ``Network`` from plain values.
 
   Args:
@@ -93,6 +101,8 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
     speeds: per-worker speed multipliers, or None.
     stragglers, faults: see ``Stragglers`` and ``Faults``.
     overlap: overlap sync communication with the next round's compute.
+    clock_params: time the run as if the model had this many parameters
+      ("1B", "350M" or a number; see ``Network``).
 
   Example:
     >>> net = lowbw.network.network("100Mbps", "100ms", hardware="a100")
@@ -110,7 +120,9 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
                            "only used by topology='hierarchical'")
     topo = flat(bandwidth, latency, topology)
   hw = None if hardware is None else make_hardware(hardware, mfu, speeds)
-  return Network(topo, hw, stragglers, faults, overlap)
+  if clock_params is not None:
+    clock_params = _units.count(clock_params, "clock_params")
+  return Network(topo, hw, stragglers, faults, overlap, clock_params)
 
 
 def check_network(net: Network, num_workers: int) -> Network:

@@ -82,6 +82,25 @@ def memory(value, field: str = "memory_budget") -> float:
                 "'8GB' or '512MiB'", "bytes", allow_zero=False)
 
 
+_COUNT = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
+
+
+def count(value, field: str) -> float:
+  """A count such as a number of parameters: ``"1B"``, ``"350M"``, ``"7e9"``
+  or a number (> 0); the suffixes k, M, B (or G) and T are powers of 1000."""
+  allowed = "expected a count > 0 such as '1B', '350M', '125k' or 7e9"
+  number = None
+  if isinstance(value, str):
+    match = re.fullmatch(_NUMBER + r"([kKmMbBgGtT]?)\s*", value)
+    if match:
+      number = float(match.group(1)) * _COUNT[match.group(2).lower()]
+  elif isinstance(value, (int, float)) and not isinstance(value, bool):
+    number = float(value)
+  if number is None or not math.isfinite(number) or number <= 0:
+    raise _validate.fail(field, value, allowed)
+  return number
+
+
 def format_bytes(n: float) -> str:
   for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
     if abs(n) >= scale:

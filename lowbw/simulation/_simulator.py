@@ -272,11 +272,35 @@ class Simulator:
     return _clock.channel_costs(network, self.strategy_channels,
                                 self.config.num_workers)
 
+  def clock_scale(self, network) -> float:
+    """How much larger the clock prices the model than it is
+    (``network.clock_params`` / the model's parameters; 1 without)."""
+    if network is None or network.clock_params is None:
+      return 1.0
+    return network.clock_params / self.num_params
+
+  def clock_prices(self, network) -> dict:
+    """``prices`` of the messages the clock times: the channels' bytes
+    scaled by ``clock_scale`` (the wire bytes logged are ``prices``')."""
+    scale = self.clock_scale(network)
+    if scale == 1.0:
+      return self.prices(network)
+    channels = {name: ch._replace(
+        payload_bytes=ch.payload_bytes * scale,
+        down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
+        for name, ch in self.strategy_channels.items()}
+    return _clock.channel_costs(network, channels, self.config.num_workers)
+
+  def clock_flops(self, network) -> float:
+    """One worker's FLOPs per inner step as the clock prices them."""
+    return self.flops_per_step * self.clock_scale(network)
+
   def net_params(self, network, seed: int):
     if network is None:
       return None
     return _clock.net_params(network, self.config.num_workers,
-                             self.flops_per_step, self.prices(network), seed)
+                             self.clock_flops(network),
+                             self.clock_prices(network), seed)
 
   def initial(self, seed: int = 0, hparams: dict | None = None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with
@@ -378,10 +402,10 @@ class Simulator:
         "network": None if network is None else {
             **network.describe(),
             "compute_s_per_step": None if network.hardware is None
-            else network.hardware.step_seconds(self.flops_per_step),
+            else network.hardware.step_seconds(self.clock_flops(network)),
             "comm_s_per_event": {
                 name: cost.seconds
-                for name, cost in self.prices(network).items()}},
+                for name, cost in self.clock_prices(network).items()}},
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
         "memory": self.memory.describe(),

@@ -186,9 +186,23 @@ class Track:
       summary["tokens_per_s"] = rate(examples * c.data.tokens_per_example)
     if self.error is not None:
       summary["error"] = str(self.error)
+    summary.update(self.time_split())
     summary["warnings"] = self.warnings()
     summary["degenerate"] = self.degenerate()
     return summary
+
+  def time_split(self) -> dict:
+    """Nominal compute and communication seconds of the run (per worker,
+    before stragglers, faults and overlap): what a round spends where."""
+    net = self.config.get("network")
+    if not net or net.get("compute_s_per_step") is None:
+      return {}
+    compute = self.history.step * net["compute_s_per_step"]
+    comm = sum(n * net["comm_s_per_event"].get(c, 0.0)
+               for c, n in self.history.events.items())
+    total = compute + comm
+    return {"compute_s": compute, "comm_s": comm,
+            "comm_share": comm / total if total > 0 else None}
 
   def degenerate(self) -> bool:
     """No worker took part in most of the run's communications (faults):
@@ -199,6 +213,17 @@ class Track:
   def warnings(self) -> list[str]:
     """What makes this run's numbers mean less than they seem."""
     h, out = self.history, []
+    split = self.time_split()
+    stragglers = (self.network is not None and
+                  self.network.stragglers is not None)
+    if stragglers and split.get("comm_share") is not None and (
+        split["comm_share"] > 0.99):
+      larger = ("; clock_params (--clock-params) times the run as a "
+                "larger model's" if self.network.clock_params is None else "")
+      out.append(
+          f"compute is {100 * (1 - split['comm_share']):.2g}% of the nominal "
+          "time, so stragglers and jitter, which slow compute, barely change "
+          f"sim_time_s{larger}")
     if h.empty_syncs:
       out.append(
           f"{h.empty_syncs} of {h.syncs} communications had no participating "
