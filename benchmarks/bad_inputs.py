@@ -1,4 +1,4 @@
-"""201 bad or edge inputs against the command line and the Python API, as a
+"""About 240 bad or edge inputs against the command line and the Python API, as a
 new user would try them (issue 16), each classified:
 
 - ``error``: a one-line ``lowbw: error:`` (or a ValueError from the API) in
@@ -11,7 +11,7 @@ new user would try them (issue 16), each classified:
 A run is "silent degenerate" when it is accepted but its summary says
 ``degenerate`` without a warning: also a defect.
 
-    python benchmarks/bad_inputs.py                # all 201, a few minutes
+    python benchmarks/bad_inputs.py                # all of them, about 2 minutes
     python benchmarks/bad_inputs.py --limit 40     # the first 40
     python benchmarks/bad_inputs.py --json out.json
 

@@ -11,10 +11,15 @@ def fail(field: str, value: Any, allowed: str) -> ValueError:
   return ValueError(f"{field}={value!r} is invalid: {allowed}")
 
 
+INT_LIMIT = 2 ** 31  # counts and sizes are int32 on device
+
+
 def positive_int(field: str, value: Any) -> int:
   if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
       or value < 1):
     raise fail(field, value, "expected an integer >= 1")
+  if value >= INT_LIMIT:
+    raise fail(field, value, "expected an integer below 2**31")
   return int(value)
 
 
@@ -56,6 +61,8 @@ def non_negative_int(field: str, value: Any) -> int:
   if (isinstance(value, bool) or not isinstance(value, (int, np.integer))
       or value < 0):
     raise fail(field, value, "expected an integer >= 0")
+  if value >= INT_LIMIT:
+    raise fail(field, value, "expected an integer below 2**31")
   return int(value)
 
 

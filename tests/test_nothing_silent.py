@@ -264,3 +264,15 @@ def test_stragglers_on_a_communication_bound_clock_are_a_warning(capsys,
   out = capsys.readouterr().out
   assert "time per step     compute " in out
   assert "stragglers and jitter, which slow compute, barely change" in out
+
+
+def test_sizes_beyond_int32_negative_rates_and_nan_jitter_are_refused():
+  with pytest.raises(ValueError, match=r"num_workers=2147483648 is invalid: "
+                     r"expected an integer below 2\*\*31"):
+    _build(num_workers=2 ** 31)
+  with pytest.raises(ValueError, match=r"inner_lr=-1.0 is invalid: expected "
+                     r"a number > 0"):
+    _build().run(hparams={"inner_lr": -1.0})
+  with pytest.raises(ValueError, match="jitter=nan is invalid"):
+    _build(network=network.network(stragglers=network.Stragglers(
+        jitter=float("nan"))))

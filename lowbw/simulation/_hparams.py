@@ -117,6 +117,12 @@ def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
         not math.isfinite(value)):
       raise _validate.fail(name, value, "expected a finite number")
     knob = KNOBS[name]
+    if knob.key == "learning_rate":
+      _validate.positive_float(name, value)
+    elif knob.key == "weight_decay":
+      _validate.non_negative(name, value)
+    elif knob.key == "momentum":
+      _validate.momentum(name, value)
     if knob.where == "message":
       _validate.fraction(name, value, low_open=False)
       if not _feedback(sim_state.strategy.comm):

@@ -234,9 +234,14 @@ def _group_size(c, local_w: int, can_group: bool, estimate) -> int:
   limit = estimate(0) + activation_cap(c.memory_budget)
   if c.memory_budget is not None:
     limit = min(limit, c.memory_budget.bytes)
-  fits = [s for s in range(local_w, 0, -1)
-          if local_w % s == 0 and estimate(s) <= limit]
+  fits = [s for s in _divisors(local_w) if estimate(s) <= limit]
   return fits[0] if fits else 1
+
+
+def _divisors(n: int) -> list[int]:
+  """n's divisors, largest first (trial division up to sqrt(n))."""
+  small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+  return sorted(set(small) | {n // d for d in small}, reverse=True)
 
 
 def activation_cap(budget: Budget | None) -> float:
