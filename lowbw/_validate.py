@@ -39,8 +39,9 @@ def fraction(field: str, value: Any, *, low_open: bool = True) -> float:
 
 
 def positive_float(field: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-    raise fail(field, value, "expected a number > 0")
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not 0 < value < float("inf")):
+    raise fail(field, value, "expected a finite number > 0")
   return float(value)
 
 
@@ -52,8 +53,9 @@ def one_of(field: str, value: Any, choices: Iterable[str]) -> str:
 
 
 def non_negative(field: str, value: Any) -> float:
-  if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-    raise fail(field, value, "expected a number >= 0")
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not 0 <= value < float("inf")):
+    raise fail(field, value, "expected a finite number >= 0")
   return float(value)
 
 

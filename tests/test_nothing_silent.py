@@ -10,6 +10,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, data, models, network, strategies
+from lowbw.strategies import _optim
 
 _RUN = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
             strategy=strategies.diloco(H=5), num_workers=2, batch_size=4,
@@ -271,8 +272,12 @@ def test_sizes_beyond_int32_negative_rates_and_nan_jitter_are_refused():
                      r"expected an integer below 2\*\*31"):
     _build(num_workers=2 ** 31)
   with pytest.raises(ValueError, match=r"inner_lr=-1.0 is invalid: expected "
-                     r"a number > 0"):
+                     r"a finite number > 0"):
     _build().run(hparams={"inner_lr": -1.0})
+  for bad in (float("inf"), float("nan")):
+    with pytest.raises(ValueError, match=r"inner_lr=.* is invalid: expected "
+                       "a finite number > 0"):
+      _optim.inner(_optim.Optimizer("adamw", bad))  # what the CLI builds
   with pytest.raises(ValueError, match="jitter=nan is invalid"):
     _build(network=network.network(stragglers=network.Stragglers(
         jitter=float("nan"))))
