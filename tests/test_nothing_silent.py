@@ -281,3 +281,22 @@ def test_sizes_beyond_int32_negative_rates_and_nan_jitter_are_refused():
   with pytest.raises(ValueError, match="jitter=nan is invalid"):
     _build(network=network.network(stragglers=network.Stragglers(
         jitter=float("nan"))))
+
+
+def test_a_memory_refusal_names_memory_budget_when_given_as_a_share(
+    monkeypatch):
+  from lowbw.simulation import _memory
+  monkeypatch.setattr(_memory, "free_bytes", lambda: (1e5, "host memory"))
+  with pytest.raises(ValueError, match=r"^memory_budget=.* is invalid: the "
+                     r"run needs about .*\(50% of the 100 kB"):
+    _build(memory_budget="50%")
+  with pytest.raises(ValueError, match=r"^too big for memory: .*or give "
+                     "memory_budget$"):
+    _build()
+
+
+def test_clock_params_of_a_network_built_by_hand_are_checked():
+  net = network.network()._replace(clock_params="1B")
+  assert _build(network=net).config.network.clock_params == 1e9
+  with pytest.raises(ValueError, match="clock_params='lots' is invalid"):
+    _build(network=net._replace(clock_params="lots"))

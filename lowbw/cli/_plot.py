@@ -2,6 +2,7 @@
 
 import argparse
 import csv
+import json
 import math
 import os
 
@@ -23,18 +24,13 @@ def axis_unit(column: str, largest: float) -> tuple[str, float]:
   if column not in _UNITS:
     return column, 1.0
   name, units = _UNITS[column]
-  limits = {"h": 3600, "min": 60, "s": 1, "ms": 0, "GB": 1e9, "MB": 1e6,
-            "kB": 1e3, "B": 0}
-  for unit, scale in units:
-    if largest >= limits[unit]:
-      return f"{name} ({unit})", scale
-  unit, scale = units[-1]
+  unit, scale = next(((u, s) for u, s in units if largest * s >= 1),
+                     units[-1])
   return f"{name} ({unit})", scale
 
 
 def _title(paths: list[str]) -> str:
   """The runs' strategy and settings, from their config.json."""
-  import json
   parts = []
   for path in paths:
     config_path = os.path.join(path, "config.json")

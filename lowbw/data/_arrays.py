@@ -56,11 +56,12 @@ def _features(x: np.ndarray, field: str) -> np.ndarray:
     raise _validate.fail(
         field, f"<array {x.dtype} {x.shape}>",
         "expected a real-valued array shaped (N, features...)")
+  described = f"<array {x.dtype} {x.shape}>"
   x = x.astype(np.float32)
   bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
   if bad.size:
     raise _validate.fail(
-        field, f"<array {x.dtype} {x.shape}>",
+        field, described,
         f"expected finite features; {bad.size} example(s) hold NaN or "
         f"infinite values (or values beyond float32), the first is "
         f"example {bad[0]}")

@@ -33,9 +33,9 @@ import numpy as np
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey
 from lowbw.network._collectives import Channel
+from lowbw.network import _units
 from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
-from lowbw.network import _units
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
 from lowbw.network._topology import (Flat, Hierarchical, flat, hierarchical)
@@ -148,6 +148,8 @@ def check_network(net: Network, num_workers: int) -> Network:
   if not isinstance(net.overlap, bool):
     raise _validate.fail("overlap", net.overlap, "expected True or False")
   return net._replace(
+      clock_params=None if net.clock_params is None
+      else _units.count(net.clock_params, "clock_params"),
       stragglers=None if net.stragglers is None
       else check_stragglers(net.stragglers, num_workers),
       faults=None if net.faults is None

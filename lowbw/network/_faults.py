@@ -6,7 +6,6 @@ worker axis inside the compiled round (``lowbw.network._clock``). Their numbers
 them does not recompile.
 """
 
-import math
 from typing import NamedTuple
 
 from lowbw import _validate
@@ -73,8 +72,6 @@ def check_stragglers(s: Stragglers, num_workers: int) -> Stragglers:
   if not isinstance(s, Stragglers):
     raise _validate.fail("stragglers", s, "expected lowbw.network.Stragglers")
   jitter = _validate.non_negative("jitter", s.jitter)
-  if not math.isfinite(jitter):
-    raise _validate.fail("jitter", s.jitter, "expected a finite number >= 0")
   mitigation = _validate.one_of("mitigation", s.mitigation, MITIGATIONS)
   fraction = _validate.fraction("fraction", s.fraction)
   backups = _validate.non_negative_int("backups", s.backups)

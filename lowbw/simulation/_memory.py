@@ -54,6 +54,7 @@ ACCELERATOR_ACTIVATION_SHARE = 0.25
 class Budget(NamedTuple):
   bytes: float
   source: str      # how it was set, for messages
+  given: bool      # the user set it (a size or a share); else the default
 
 
 class Plan(NamedTuple):
@@ -112,19 +113,19 @@ def check_budget(value) -> Budget | None:
     if not 0 < share <= 1:
       raise _validate.fail(field, value,
                            "expected a percentage of free memory in (0, 100]")
-    return _share_of_free(share)
+    return _share_of_free(share, given=True)
   if value is None:
-    return _share_of_free(DEFAULT_FRACTION)
+    return _share_of_free(DEFAULT_FRACTION, given=False)
   size = _units.memory(value, field)
-  return Budget(size, f"memory_budget={_units.format_bytes(size)}")
+  return Budget(size, f"memory_budget={_units.format_bytes(size)}", True)
 
 
-def _share_of_free(share: float) -> Budget | None:
+def _share_of_free(share: float, given: bool) -> Budget | None:
   free, where = free_bytes()
   if free is None:
     return None
   return Budget(share * free, f"{share:.0%} of the {_units.format_bytes(free)}"
-                f" of {where} free at build")
+                f" of {where} free at build", given)
 
 
 def nbytes(tree) -> float:
@@ -268,13 +269,12 @@ def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
       "data": (data, "the dataset's size")}
   largest = max(parts, key=lambda k: parts[k][0])
   budget = c.memory_budget
-  given = budget.source.startswith("memory_budget=")
   text = (f"the run needs about {fmt(chosen)} ({fmt(state)} of state, "
           f"{fmt(data)} of data, and {size} worker(s) computing at once with "
           f"{fmt(flight)} of activations, gradients and updates each), more "
           f"than the budget ({budget.source}); the largest part is "
           f"{largest}: lower {parts[largest][1]}"
-          + ("" if given else ", or give memory_budget"))
-  if given:
+          + ("" if budget.given else ", or give memory_budget"))
+  if budget.given:
     return _validate.fail("memory_budget", fmt(budget.bytes), text)
   return ValueError("too big for memory: " + text)
