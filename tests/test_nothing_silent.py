@@ -231,6 +231,27 @@ def test_a_checkpoint_from_four_devices_resumes_in_a_one_device_process(
         np.testing.assert_allclose(float(a[key]), float(b[key]), rtol=1e-5)
 
 
+def test_row_means_are_exact_sums_rounded_once():
+  """Finding 5: a resume re-spaces rows by merging their sums, so a row's
+  mean must not depend on how its steps were grouped. A float64 running sum
+  loses the 1 in 2**60 + 1 - 2**60; the exact sum does not, over any split."""
+  from fractions import Fraction
+
+  from lowbw.simulation import _sums
+  wide = np.array([2.0 ** 60, 1.0, -2.0 ** 60, 3.0], np.float32)
+  assert float(np.cumsum(wide.astype(np.float64))[2]) == 0.0
+  cum = _sums.ExactCumsum(wide)
+  assert cum.span(-1, 2) == 1 and cum.span(0, 3) == 4 - 2 ** 60
+  rng = np.random.default_rng(0)
+  losses = (rng.lognormal(size=1000) * 3).astype(np.float32)
+  cum = _sums.ExactCumsum(losses)
+  reference = sum(map(Fraction, losses[100:700].tolist()), Fraction(0))
+  assert cum.span(99, 699) == reference
+  assert _sums.mean(cum.span(99, 399) + cum.span(399, 699), 600) == float(
+      reference / 600)
+  assert not _sums.ExactCumsum([1.0, np.nan]).exact
+
+
 def test_clock_params_prices_compute_and_messages_as_a_larger_model(tmp_path):
   net = dict(bandwidth="100Mbps", latency="0ms", hardware="h100")
   small = lowbw.simulate(**_RUN, network=network.network(**net))

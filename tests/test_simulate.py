@@ -216,9 +216,33 @@ def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
   same = strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5)
   with pytest.raises(ValueError, match="^resume_from=.*seed="):
     run(same, steps=800, seed=1, resume_from=str(tmp_path), **kw)
-  # Default log_every is steps // 200: 2 for the first run, kept when resumed.
+  # The default spacing is 2 for 400 steps and 4 for 800: the resumed run's
+  # rows, the first run's included, are every 4 steps.
   h = run(same, steps=800, resume_from=str(tmp_path), **kw).history
-  assert set(np.diff(h["step"]).tolist()) == {2}
+  assert set(np.diff(h["step"]).tolist()) == {4}
+
+
+def test_extending_a_run_with_default_logging_equals_one_uninterrupted_run(
+    tmp_path):
+  """Issue 16, finding 5: without log_every the spacing follows steps (2 for
+  400, 4 for 800); the resumed run re-spaces the first run's rows, exact
+  sums merged, and an evaluation at step 10 (a row of the first spacing,
+  not of the second) keeps its row without training means."""
+  strategy = strategies.diloco(optax.adam(3e-3), H=5)
+  kw = dict(eval_every=10, checkpoint_every=400)
+  whole = run(strategy, steps=800, log_dir=str(tmp_path / "whole"), **kw)
+  part = str(tmp_path / "part")
+  run(strategy, steps=400, log_dir=part, **kw)
+  resumed = run(strategy, steps=800, log_dir=part, resume_from=part, **kw)
+  chex.assert_trees_all_equal(_comparable(whole.history),
+                              _comparable(resumed.history))
+  chex.assert_trees_all_equal(whole.params, resumed.params)
+  assert resumed.config["log_every"] == 4
+  h = resumed.history
+  at10 = int(np.flatnonzero(h["step"] == 10)[0])
+  assert np.isnan(h["train_loss"][at10]) and np.isfinite(h["eval_loss"][at10])
+  with open(os.path.join(part, "metrics.csv")) as f:
+    assert [int(r["step"]) for r in csv.DictReader(f)] == h["step"].tolist()
 
 
 def test_lr_is_logged_with_a_schedule():

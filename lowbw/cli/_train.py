@@ -172,7 +172,7 @@ def add_run_flags(p) -> None:
   g.add_argument("--seed", type=int, help="default 0")
   g.add_argument("--eval-every", type=int,
                  help="a multiple of H (default: the first multiple of H >= 100)")
-  g.add_argument("--log-every", type=int, help="default: about 200 rows per run")
+  g.add_argument("--log-every", type=int, help="default: the power of two giving 200 to 400 rows")
   g.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
   g.add_argument("--eval-examples", type=int, help="held-out examples per evaluation")
   g.add_argument("--out", help="log folder (default runs/<time>-<strategy>); "

@@ -37,8 +37,8 @@ SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
 class RunConfig:
   """Everything a compiled simulator is specialised to (see ``lowbw.build``).
 
-  ``log_every`` is None when it was not given (about 200 rows, or a resumed
-  run's own spacing).
+  ``log_every`` is None when it was not given (``default_spacing``: 200 to
+  400 rows; a resume re-spaces the first run's rows to it).
   """
 
   model: models_lib.Model
@@ -82,7 +82,7 @@ class RunConfig:
 
   @property
   def default_log_every(self) -> int:
-    return self.log_every or max(1, self.steps // 200)
+    return self.log_every or default_spacing(self.steps)
 
   @property
   def grouping(self) -> int | None:
@@ -102,6 +102,13 @@ def check_worker_dtype(value) -> str:
   value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
       value, value)
   return _validate.one_of("worker_dtype", value, WORKER_DTYPES)
+
+
+def default_spacing(steps: int) -> int:
+  """Rows every this many steps when ``log_every`` is not given: the power
+  of two that makes 200 to 400 rows (every step below 400 steps). Powers of
+  two nest, so a resume that extends a run re-spaces its rows exactly."""
+  return 1 << max(0, (steps // 200).bit_length() - 1)
 
 
 SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0

@@ -13,6 +13,7 @@ import numpy as np
 
 from lowbw.network import Channel
 from lowbw.network._collectives import tiers_of
+from lowbw.simulation import _sums
 from lowbw.telemetry import names
 
 
@@ -48,18 +49,23 @@ class History:
   def __init__(self, channels: dict[str, Channel], log_every: int,
                examples_per_step: int,
                tokens_per_example: int | None, metric_names: list[str],
-               clock: bool = False, strategy_metrics: list[str] = ()):
+               clock: bool = False, strategy_metrics: list[str] = (),
+               spacing_given: bool = True):
     self.channels = channels
     self.tiers = tiers_of(channels)
     self.log_every = log_every
+    # A default spacing may be re-spaced by a resume that extends the run.
+    self.spacing_given = spacing_given
     self.examples_per_step = examples_per_step
     self.tokens_per_example = tokens_per_example
     self.metric_names = list(metric_names)
     self.rows: list[dict[str, Any]] = []
+    # The exact sums behind each log row's training means (its step -> the
+    # carry at that row), so rows can be merged exactly when re-spaced.
+    self.windows: dict[int, dict] = {}
     self.step = 0
     self.events = {name: 0 for name in channels}  # cumulative, per worker
-    self.carry = {"n": 0, "loss": 0.0,
-                  **{m: 0.0 for m in self.metric_names}}
+    self._reset_carry()
     self.divergence = math.nan
     self.lr = math.nan
     # The simulated clock (a run with a network): seconds after the last
@@ -77,7 +83,9 @@ class History:
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
     return {"rows": self.rows, "step": self.step, "events": self.events,
-            "log_every": self.log_every, "carry": self.carry,
+            "log_every": self.log_every, "spacing_given": self.spacing_given,
+            "carry": _carry_json(self.carry),
+            "windows": [[s, _carry_json(w)] for s, w in self.windows.items()],
             "divergence": self.divergence, "lr": self.lr,
             "sim_time": self.sim_time, "participants": self.participants,
             "strategy": self.strategy, "peak": self.peak,
@@ -87,7 +95,9 @@ class History:
     self.rows = [dict(r) for r in d["rows"]]
     self.step = int(d["step"])
     self.events = {k: int(v) for k, v in d["events"].items()}
-    self.carry = dict(d["carry"])
+    self.carry = _carry_from_json(d["carry"])
+    self.windows = {int(s): _carry_from_json(w)
+                    for s, w in d.get("windows", [])}
     self.divergence = float(d["divergence"])
     self.lr = float(d["lr"])
     self.sim_time = d.get("sim_time")
@@ -97,6 +107,34 @@ class History:
     self.peak = float(d.get("peak", 0.0))
     self.syncs = int(d.get("syncs", 0))
     self.empty_syncs = int(d.get("empty_syncs", 0))
+
+  def respace(self, log_every: int) -> None:
+    """Re-spaces the rows so far to ``log_every`` (a multiple of the current
+    spacing), exactly as if the run had logged at it from the start: how a
+    resume that extends a run with the default spacing logs what one
+    uninterrupted run does."""
+    if log_every % self.log_every:
+      raise ValueError(f"log_every={log_every} is not a multiple of "
+                       f"{self.log_every}")
+    train = {names.TRAIN_LOSS, names.LR,
+             *map(names.train_metric, self.metric_names)}
+    rows, windows, pending = [], {}, []
+    for row in self.rows:
+      s = row[names.STEP]
+      if s in self.windows:
+        pending.append(self.windows[s])
+        if s % log_every == 0:
+          windows[s] = _merge(pending)
+          pending = []
+          row = dict(row)
+          self._train_means(row, windows[s])
+        elif names.EVAL_LOSS in row:  # now an evaluation's row alone
+          row = {k: v for k, v in row.items() if k not in train}
+        else:
+          continue
+      rows.append(row)
+    self.rows, self.windows, self.log_every = rows, windows, log_every
+    self.carry = _merge(pending + [self.carry])
 
   # ------------------------------------------------------------------ bytes
   def _wire(self, events: dict[str, int], tier: str | None = None) -> float:
@@ -171,8 +209,8 @@ class History:
     stop = int(bad[0]) if bad.size else n
     events_cum = {c: np.cumsum(np.asarray(counts[c], np.int64))
                   for c in counts}
-    loss_cum = np.cumsum(np.asarray(loss, np.float64))
-    metric_cum = {m: np.cumsum(np.asarray(metrics[m], np.float64))
+    loss_cum = _sums.ExactCumsum(np.asarray(loss)[:stop])
+    metric_cum = {m: _sums.ExactCumsum(np.asarray(metrics[m])[:stop])
                   for m in self.metric_names}
     ends = np.flatnonzero(round_end)
     if participants is not None:
@@ -203,12 +241,10 @@ class History:
     new_rows, prev = [], -1
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])
-      count = self.carry["n"] + j - prev
       row = self._bare_row(s, wall_time_s, {**self.events, **at(j)})
-      row[names.TRAIN_LOSS] = (self.carry["loss"] + _span(loss_cum, prev, j)) / count
-      for m in self.metric_names:
-        row[names.train_metric(m)] = (
-            self.carry[m] + _span(metric_cum[m], prev, j)) / count
+      self._take(loss_cum, metric_cum, prev, j)
+      self._train_means(row, self.carry)
+      self.windows[s] = self.carry
       if not math.isnan(self.lr):
         row[names.LR] = self.lr
       new_rows.append(row)
@@ -217,10 +253,7 @@ class History:
 
     last = stop - 1
     if last > prev:
-      self.carry["n"] += last - prev
-      self.carry["loss"] += _span(loss_cum, prev, last)
-      for m in self.metric_names:
-        self.carry[m] += _span(metric_cum[m], prev, last)
+      self._take(loss_cum, metric_cum, prev, last)
     if last >= 0:
       self.events.update(at(last))
     self.step += stop
@@ -231,7 +264,21 @@ class History:
     return new_rows
 
   def _reset_carry(self):
-    self.carry = {"n": 0, "loss": 0.0, **{m: 0.0 for m in self.metric_names}}
+    self.carry = {"n": 0, "loss": _sums.ZERO,
+                  **{m: _sums.ZERO for m in self.metric_names}}
+
+  def _take(self, loss_cum, metric_cum, prev: int, j: int) -> None:
+    """Adds the steps after index ``prev`` up to ``j`` to the carry."""
+    self.carry["n"] += j - prev
+    self.carry["loss"] += loss_cum.span(prev, j)
+    for m in self.metric_names:
+      self.carry[m] += metric_cum[m].span(prev, j)
+
+  def _train_means(self, row: dict, carry: dict) -> None:
+    n = carry["n"]
+    row[names.TRAIN_LOSS] = _sums.mean(carry["loss"], n)
+    for m in self.metric_names:
+      row[names.train_metric(m)] = _sums.mean(carry[m], n)
 
   def finalize(self, step: int, wall_time_s: float,
                sim_time: float | None = None) -> dict:
@@ -249,11 +296,8 @@ class History:
     else:
       row = self._bare_row(step, wall_time_s)
       self.rows.append(row)
-    n = self.carry["n"]
-    if n:
-      row[names.TRAIN_LOSS] = self.carry["loss"] / n
-      for m in self.metric_names:
-        row[names.train_metric(m)] = self.carry[m] / n
+    if self.carry["n"]:
+      self._train_means(row, self.carry)
     if not math.isnan(self.lr):
       row[names.LR] = self.lr
     if self.sim_time is not None:
@@ -301,8 +345,17 @@ class History:
     return row
 
 
-def _span(cum: np.ndarray, prev: int, j: int) -> float:
-  return float(cum[j] - (cum[prev] if prev >= 0 else 0.0))
+def _merge(carries: list[dict]) -> dict:
+  return {k: sum((c[k] for c in carries[1:]), carries[0][k])
+          for k in carries[0]}
+
+
+def _carry_json(carry: dict) -> dict:
+  return {k: v if k == "n" else _sums.to_json(v) for k, v in carry.items()}
+
+
+def _carry_from_json(d: dict) -> dict:
+  return {k: int(v) if k == "n" else _sums.from_json(v) for k, v in d.items()}
 
 
 def _num(value):

@@ -87,7 +87,22 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
   track.history.load_state_dict(meta["history"])
   if "clock" in meta:
     track.clock.load_state_dict(meta["clock"])
-  if not log_every_given:  # keep the rows' spacing of the first run
-    track.history.log_every = int(meta["history"]["log_every"])
-    track.config["log_every"] = track.history.log_every
+  if not log_every_given:
+    _continue_spacing(track, meta["history"])
   return state, float(meta.get("wall_time_s", 0.0))
+
+
+def _continue_spacing(track, saved: dict) -> None:
+  """Without ``log_every``: a first run's default spacing becomes this run's
+  default (its rows re-spaced as if logged so from the start, so extending a
+  run logs what one uninterrupted run does); a spacing the first run was
+  given is kept."""
+  h, spacing = track.history, int(saved["log_every"])
+  default = h.log_every
+  h.log_every = spacing
+  if (not saved.get("spacing_given", True) and "windows" in saved
+      and default % spacing == 0):
+    h.respace(default)
+  else:
+    h.spacing_given = saved.get("spacing_given", True)
+  track.config["log_every"] = h.log_every

@@ -58,7 +58,8 @@ def simulate(
       fault and straggler masks; None: no clock.
     eval_every: evaluate the global parameters every this many steps (a
       multiple of the strategy's period H); always at the last step.
-    log_every: log a row every this many steps (default: about 200 rows).
+    log_every: log a row every this many steps (default: the power of two
+      that gives 200 to 400 rows).
     log_dir: write metrics.csv, TensorBoard events, config.json and
       summary.json here. A folder holding another run is refused (its
       TensorBoard events would mix with this run's) unless ``overwrite``.

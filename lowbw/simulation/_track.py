@@ -40,7 +40,8 @@ class Track:
                            c.num_workers * c.batch_size,
                            c.data.tokens_per_example, sim.metric_names,
                            clock=network is not None,
-                           strategy_metrics=sim.strategy_metric_names)
+                           strategy_metrics=sim.strategy_metric_names,
+                           spacing_given=c.log_every is not None)
     self.clock = _clock.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
@@ -139,11 +140,14 @@ class Track:
                          self.config)
     csv_writer = telemetry.CSVWriter(
         os.path.join(self.log_dir, "metrics.csv"), self.sim.columns())
-    for row in self.history.rows:  # a resumed run rewrites what it logged
-      csv_writer.write(row)
+    # A resumed run rewrites what it logged (its rows may have been
+    # re-spaced): TensorBoard drops the interrupted run's events.
     self.writers = [csv_writer, telemetry.TensorBoardWriter(
         os.path.join(self.log_dir, "tensorboard"),
-        purge_step=None if resumed_at is None else resumed_at + 1)]
+        purge_step=None if resumed_at is None else 0)]
+    for row in self.history.rows:
+      for w in self.writers:
+        w.write(row)
 
   def close(self) -> None:
     for w in self.writers:
