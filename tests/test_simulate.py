@@ -41,6 +41,19 @@ def assert_params_close(a, b, atol=2e-5):
   chex.assert_trees_all_close(a, b, atol=atol, rtol=1e-4)
 
 
+def assert_moved(result, source=None, seed=0):
+  """The run's parameters are not its initial ones: an equality between two
+  strategies must not hold because both dropped every update."""
+  sim = lowbw.build(MLP, source or data.arrays(*toy_arrays(128), eval=EVAL),
+                    strategies.fedavg(optax.sgd(0.1), H=1), num_workers=W,
+                    batch_size=B, steps=20, compile=False)
+  start = sim.initial(seed)[0].strategy.params_W
+  moved = [np.max(np.abs(np.asarray(p) - np.asarray(s[0])))
+           for p, s in zip(jax.tree.leaves(result.params),
+                           jax.tree.leaves(start))]
+  assert max(moved) > 1e-3, moved
+
+
 def test_ddp_equals_one_model_with_the_whole_batch():
   # Every worker's shard is exactly its batch, so each step worker w sees its
   # whole shard and the one big model sees the union: the same examples.
@@ -77,8 +90,9 @@ def test_ddp_one_replica_equals_per_worker_gradients():
 
 def test_fedavg_h1_equals_ddp_with_sgd():
   sgd = optax.sgd(0.1, momentum=0.9)
-  assert_params_close(run(strategies.fedavg(sgd, H=1)).params,
-                      run(strategies.ddp(sgd)).params)
+  fedavg = run(strategies.fedavg(sgd, H=1))
+  assert_params_close(fedavg.params, run(strategies.ddp(sgd)).params)
+  assert_moved(fedavg)
 
 
 def test_diloco_with_plain_outer_sgd_equals_fedavg():
@@ -86,12 +100,14 @@ def test_diloco_with_plain_outer_sgd_equals_fedavg():
   diloco = run(strategies.diloco(inner, optax.sgd(1.0), H=5))
   fedavg = run(strategies.fedavg(inner, H=5))
   assert_params_close(diloco.params, fedavg.params)
+  assert_moved(diloco)
 
 
 def test_sparta_p1_equals_fedavg_h1():
   inner = optax.adamw(3e-3)
-  assert_params_close(run(strategies.sparta(inner, p=1.0)).params,
-                      run(strategies.fedavg(inner, H=1)).params)
+  sparta = run(strategies.sparta(inner, p=1.0))
+  assert_params_close(sparta.params, run(strategies.fedavg(inner, H=1)).params)
+  assert_moved(sparta)
 
 
 def test_identical_data_keeps_workers_identical_and_equal_to_one_run():

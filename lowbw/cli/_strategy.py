@@ -8,17 +8,16 @@ from the settings come from the spec its module declares.
 
 import optax
 
-from lowbw import _validate
 from lowbw import strategies as strategies_lib
 from lowbw.strategies import _optim, _spec
 from lowbw.transforms import Codec, as_codec
 
 DEFAULT_STRATEGY = "diloco"
-SCHEDULES = ("constant", "cosine")
+SCHEDULES = _optim.SCHEDULES
 # Optimizer settings every strategy reads: the inner optimizer's default to
 # the spec's paper optimizer, the schedule's to SCHEDULE_DEFAULTS.
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
-             "schedule")
+             "schedule", "min_lr_ratio", "max_norm")
 SCHEDULE_DEFAULTS = {"warmup_steps": 0, "schedule": "constant"}
 OUTER = ("outer_lr", "outer_momentum")
 _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
@@ -66,10 +65,14 @@ def flag_names() -> set[str]:
 def defaults(spec: strategies_lib.Spec) -> dict:
   """The settings ``spec`` fills when they are not given: its parameters'
   defaults and its paper's optimizers."""
-  out = {p.flag: p.cli_default for p in _cli(spec)}
-  out.update(inner=spec.inner.kind, inner_lr=spec.inner.lr,
+  out = dict(inner=spec.inner.kind, inner_lr=spec.inner.lr,
              weight_decay=spec.inner.weight_decay,
-             momentum=spec.inner.momentum, **SCHEDULE_DEFAULTS)
+             momentum=spec.inner.momentum,
+             min_lr_ratio=spec.inner.min_lr_ratio,
+             max_norm=spec.inner.max_norm, **SCHEDULE_DEFAULTS)
+  # A strategy's own parameter may share an optimizer flag (DeMo's
+  # weight_decay): its default wins.
+  out.update({p.flag: p.cli_default for p in _cli(spec)})
   if spec.outer is not None:
     out.update(outer_lr=spec.outer.lr, outer_momentum=spec.outer.momentum)
   out.update({k: v for k, (_, v) in _extra_outer(spec).items()})
@@ -132,6 +135,8 @@ def add_flags(strategy_group, compression_group) -> None:
       "--strategy", choices=sorted(specs()),
       help=f"default {DEFAULT_STRATEGY}")
   for flag, entries in sorted(_by_flag().items(), key=_flag_order):
+    if flag in OPTIMIZER:  # defined by add_optimizer_flags
+      continue
     p = entries[0][1]
     group = (compression_group if p.kind is Codec or flag in _COMPRESSION
              else strategy_group)
@@ -160,16 +165,22 @@ def add_optimizer_flags(group) -> None:
       per_strategy(lambda s: s.inner.kind) + "]")
   add("--inner-lr", type=float, help="(peak) inner learning rate [" +
       per_strategy(lambda s: s.inner.lr) + "]")
-  add("--weight-decay", type=float, help="adamw and muon [default: the "
-      "strategy's paper optimizer's; " + per_strategy(
+  add("--weight-decay", type=float, help="decoupled weight decay: adamw "
+      "and muon inners, and DeMo's sign step [default: the strategy's paper "
+      "optimizer's; " + per_strategy(
           lambda s: s.inner.weight_decay if s.inner.kind in ("adamw", "muon")
-          else None) + "]")
+          or s.name == "demo" else None) + "]")
   add("--momentum", type=float, help="sgd inner momentum, 0 for none "
       "[default: the strategy's paper optimizer's, 0 unless it is sgd]")
   add("--warmup-steps", type=int, help="linear learning-rate warm-up "
       f"[default {SCHEDULE_DEFAULTS['warmup_steps']}]")
   add("--schedule", choices=SCHEDULES, help="after warm-up [default "
       f"{SCHEDULE_DEFAULTS['schedule']}]")
+  add("--min-lr-ratio", type=float, help="cosine schedule's floor, a "
+      "fraction of the peak in [0, 1] [" +
+      per_strategy(lambda s: s.inner.min_lr_ratio) + "]")
+  add("--max-norm", type=float, help="clip each worker's gradient to this "
+      "global norm before the inner optimizer [default: none]")
   add("--outer-lr", type=float, help="outer SGD learning rate [" +
       per_strategy(lambda s: s.outer and s.outer.lr) + "]")
   add("--outer-momentum", type=float, help="outer Nesterov momentum, 0 for "
@@ -186,25 +197,14 @@ def add_optimizer_flags(group) -> None:
             s.optimizers[name].momentum) + "]")
 
 
-def unit_schedule(s: dict):
-  """The schedule's shape with peak 1 (None: a constant learning rate); the
-  peak is a state leaf (``peak_schedule``), so sweeps of inner_lr work."""
-  warmup = _validate.non_negative_int("warmup_steps", s["warmup_steps"])
-  schedule = _validate.one_of("schedule", s["schedule"], SCHEDULES)
-  if schedule == "cosine":
-    return optax.warmup_cosine_decay_schedule(
-        0.0, 1.0, warmup, max(warmup + 1, s["steps"]))
-  if warmup:
-    return optax.join_schedules(
-        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)],
-        [warmup])
-  return None
-
-
 def build_inner(s: dict) -> optax.GradientTransformation:
-  return _optim.inner(
-      _optim.Optimizer(s["inner"], s["inner_lr"], s["weight_decay"],
-                       s["momentum"]), unit_schedule(s))
+  """The settings' inner optimizer; its peak learning rate is a state leaf
+  (``peak_schedule``), so sweeps of inner_lr work."""
+  return _optim.inner_optimizer(
+      s["inner"], s["inner_lr"], weight_decay=s["weight_decay"],
+      momentum=s["momentum"], max_norm=s["max_norm"],
+      schedule=s["schedule"], warmup_steps=s["warmup_steps"],
+      steps=s["steps"], min_lr_ratio=s["min_lr_ratio"])
 
 
 def spec_of(s: dict) -> strategies_lib.Spec:

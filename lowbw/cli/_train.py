@@ -61,6 +61,7 @@ _USED_BY = {
                  "ring": set(), "parameter_server": set()},
     "mitigation": {"threshold": {"keep_fraction"}, "backup": {"backups"},
                    "none": set()},
+    "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
 }
 
 
@@ -321,7 +322,8 @@ def check_used(s: dict, explicit: set[str], model_name: str, source) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
   chosen = {"strategy": s["strategy"], "inner": s["inner"], "model": model_name,
             "data": _data_kind(s, source), "sharding": s["sharding"],
-            "topology": s["topology"], "mitigation": s["mitigation"]}
+            "topology": s["topology"], "mitigation": s["mitigation"],
+            "schedule": s["schedule"]}
   used = set().union(*(options.get(chosen[kind], set())
                         for kind, options in _USED_BY.items()))
   if "compress" in explicit and str(s["codec"]).lower() == "none":

@@ -109,8 +109,13 @@ class Clocked(Untimed):
       fn, start, n, active = self.take_part(step_fn, Carry(up_W, ready_W),
                                             st.step, 0, active)
       st, report = fn(st)
-      ready_W = jnp.full_like(ready_W, start + _clock.comm_seconds(
-          net, split_report(report, self.channels)[0]))
+      counts = split_report(report, self.channels)[0]
+      # A step may skip its communication (SPARTA's sparta_interval): then
+      # it is no barrier and nobody is counted.
+      sent = sum(jnp.sum(c) for c in counts.values()) > 0
+      ready_W = jnp.where(sent, jnp.full_like(
+          ready_W, start + _clock.comm_seconds(net, counts)), ready_W)
+      n = jnp.where(sent, n, -1)
     else:
       st, report = self.freeze_down(step_fn, st, up_W)
       n = jnp.int32(-1)

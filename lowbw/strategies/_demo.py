@@ -25,6 +25,7 @@ def demo(
     chunk: int = 64,
     k: int = 32,
     codec: Codec | str | None = None,
+    weight_decay: float = 0.0,
 ) -> _base.Strategy:
   """DeMo: every step, each worker shares only the fast components of its
   momentum.
@@ -35,7 +36,7 @@ def demo(
     c_w  = DCT-top-k(m_w)                     (chunk 64, k 32 per block)
     m_w <- m_w - decode(c_w)                  (what is sent leaves m_w)
     u    = sign(sum_v decode(c_v))            (after an all-gather of all c_v)
-    theta <- inner(u)                         (SGD: theta - lr * u)
+    theta <- inner(u + wd * theta)            (SGD: theta (1 - lr wd) - lr u)
 
   The first three lines are error feedback with beta = decay, so the momentum
   is exactly an error-feedback residual. Every worker applies the same u, so
@@ -44,8 +45,9 @@ def demo(
   update is the same.
 
   Defaults are the paper's: decay 0.999, chunk 64, k 32; lr 4e-4 and no weight
-  decay as in its OLMo-300M run (add ``optax.add_decayed_weights`` to
-  ``inner`` for decoupled weight decay).
+  decay as in its OLMo-300M run. ``weight_decay`` is the reference
+  implementation's decoupled decay (EXO Gym's DeMo knob): the parameters
+  shrink by lr x wd every step, exactly so with the default SGD inner.
 
   Bytes per worker and step: per tensor, blocks x min(k, block size) x
   (4 bytes of value + 1 or 2 bytes of in-block index for chunk <= 256);
@@ -60,11 +62,16 @@ def demo(
     codec: replaces ``dct_top_k(chunk, k)`` by any codec or spec string
       (e.g. ``dct_top_k() | quantize(8)`` or ``"dct:64:32,quant:8"``); leave
       chunk and k at their defaults then. None: ``dct_top_k(chunk, k)``.
+    weight_decay: decoupled weight decay wd >= 0, added to the sign update
+      as wd x theta before ``inner``.
 
   Example:
     >>> strategy = lowbw.strategies.demo(optax.sgd(1e-3), k=16)
   """
   inner = _base.optimizer("inner", inner, default_inner)
+  weight_decay = _validate.non_negative("weight_decay", weight_decay)
+  if weight_decay:
+    inner = optax.chain(optax.add_decayed_weights(weight_decay), inner)
   decay = _validate.momentum("decay", decay)
   if isinstance(codec, str) and codec.strip().lower() == "none":
     raise _validate.fail("codec", codec, "DeMo always sends compressed "
@@ -105,7 +112,8 @@ def demo(
   return _base.make(
       "demo", 1, init, local, None, global_params, channels,
       {"name": "demo", "inner": _base.describe(inner), "decay": decay,
-       "codec": codec.name})
+       "codec": codec.name,
+       **({"weight_decay": weight_decay} if weight_decay else {})})
 
 
 SPEC = _spec.spec(
@@ -114,4 +122,5 @@ SPEC = _spec.spec(
     help={"decay": "momentum decay in [0, 1) (the error-feedback beta)",
           "chunk": "DCT block side",
           "k": "DCT coefficients kept per block",
-          "codec": "replaces dct_top_k(chunk, k)"})
+          "codec": "replaces dct_top_k(chunk, k)",
+          "weight_decay": "decoupled weight decay of the sign step, >= 0"})

@@ -33,12 +33,19 @@ class Optimizer(NamedTuple):
     weight_decay: decoupled weight decay (adamw, muon).
     momentum: SGD momentum; 0 for none. Outer SGD with momentum > 0 is
       Nesterov, as in DiLoCo.
+    min_lr_ratio: a cosine schedule's floor as a fraction of the peak (the
+      paper's, where it states one: MuLoCo decays to 0.1x).
+    max_norm: clip each worker's gradient to this global norm before the
+      optimizer (per worker: the inner optimizer runs under ``vmap``); None:
+      no clipping.
   """
 
   kind: str
   lr: float
   weight_decay: float = 0.0
   momentum: float = 0.0
+  min_lr_ratio: float = 0.0
+  max_norm: float | None = None
 
   def describe(self) -> str:
     """A short human description, e.g. ``adamw, lr 0.0004, wd 0.1``."""
@@ -47,21 +54,81 @@ class Optimizer(NamedTuple):
       parts.append(f"wd {self.weight_decay:g}")
     if self.kind == "sgd" and self.momentum:
       parts.append(f"momentum {self.momentum:g}")
+    if self.max_norm is not None:
+      parts.append(f"clipped at {self.max_norm:g}")
+    if self.min_lr_ratio:
+      parts.append(f"cosine floor {self.min_lr_ratio:g}x")
     return ", ".join(parts)
 
 
+SCHEDULES = ("constant", "cosine")
+
+
+def unit_schedule(schedule: str = "constant", warmup_steps: int = 0,
+                  steps: int | None = None, min_lr_ratio: float = 0.0
+                  ) -> Callable | None:
+  """A learning-rate schedule's shape with peak 1, or None for a constant
+  rate: linear warm-up over ``warmup_steps``, then constant or a cosine
+  decay to ``min_lr_ratio`` at ``steps``."""
+  warmup = _validate.non_negative_int("warmup_steps", warmup_steps)
+  schedule = _validate.one_of("schedule", schedule, SCHEDULES)
+  floor = _validate.fraction("min_lr_ratio", min_lr_ratio, low_open=False)
+  if schedule == "cosine":
+    if steps is None:
+      raise _validate.fail("steps", steps, "a cosine schedule needs the "
+                           "run's steps (where it reaches its floor)")
+    steps = _validate.positive_int("steps", steps)
+    return optax.warmup_cosine_decay_schedule(
+        0.0, 1.0, warmup, max(warmup + 1, steps), end_value=floor)
+  if warmup:
+    return optax.join_schedules(
+        [optax.linear_schedule(0.0, 1.0, warmup), optax.constant_schedule(1.0)],
+        [warmup])
+  return None
+
+
+def inner_optimizer(kind: str = "adamw", lr: float = 4e-4, *,
+                    weight_decay: float = 0.0, momentum: float = 0.0,
+                    max_norm: float | None = None,
+                    schedule: str = "constant", warmup_steps: int = 0,
+                    steps: int | None = None, min_lr_ratio: float = 0.0
+                    ) -> optax.GradientTransformation:
+  """An inner optimizer as the command line builds it (``--inner``,
+  ``--inner-lr``, ``--max-norm``, ``--schedule``, ...), validated field by
+  field; its learning rate's peak is a state leaf (sweepable, logged).
+
+  Args:
+    kind: "adamw" | "adam" | "sgd" | "muon".
+    lr: (peak) learning rate.
+    weight_decay: decoupled weight decay (adamw, muon).
+    momentum: SGD momentum, 0 for none.
+    max_norm: clip each worker's gradient to this global norm first.
+    schedule: "constant" or "cosine" (after ``warmup_steps`` of linear
+      warm-up; cosine decays to ``min_lr_ratio`` times the peak at
+      ``steps``, the run's length).
+
+  Example:
+    >>> inner = lowbw.strategies.inner_optimizer(
+    ...     "adamw", 3e-4, weight_decay=0.1, max_norm=1.0, schedule="cosine",
+    ...     warmup_steps=100, steps=2000, min_lr_ratio=0.1)
+  """
+  return inner(Optimizer(kind, lr, weight_decay, momentum, min_lr_ratio,
+                         max_norm),
+               unit_schedule(schedule, warmup_steps, steps, min_lr_ratio))
+
+
 def inner(spec: Optimizer,
-          unit_schedule: Callable | None = None
+          shape: Callable | None = None
           ) -> optax.GradientTransformation:
   """The inner optimizer ``spec`` describes, validated field by field.
 
-  With ``unit_schedule`` (the schedule's shape with peak 1) the learning rate
-  is ``spec.lr * unit_schedule(step)``, the peak a state leaf
+  With ``shape`` (a ``unit_schedule``: the schedule with peak 1) the
+  learning rate is ``spec.lr * shape(step)``, the peak a state leaf
   (``peak_schedule``).
   """
   kind = _validate.one_of("inner", spec.kind, INNER_KINDS)
   peak = _validate.positive_float("inner_lr", spec.lr)
-  lr = peak if unit_schedule is None else 0.0  # set every step otherwise
+  lr = peak if shape is None else 0.0  # set every step otherwise
   if kind == "adamw":
     tx = optax.inject_hyperparams(optax.adamw)(
         learning_rate=lr,
@@ -70,14 +137,17 @@ def inner(spec: Optimizer,
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr)
   elif kind == "muon":
     from lowbw.strategies._muloco import muon_inner
-    tx = muon_inner(
-        lr, _validate.non_negative("weight_decay", spec.weight_decay))
+    tx = muon_inner(  # its clipping is max_norm's, below
+        lr, _validate.non_negative("weight_decay", spec.weight_decay),
+        clip_norm=None)
   else:
     tx = optax.inject_hyperparams(optax.sgd)(
         learning_rate=lr,
         momentum=_validate.momentum("momentum", spec.momentum) or None)
-  return tx if unit_schedule is None else peak_schedule(tx, unit_schedule,
-                                                        peak)
+  if spec.max_norm is not None:  # per worker: the optimizer is vmapped
+    tx = optax.chain(optax.clip_by_global_norm(
+        _validate.positive_float("max_norm", spec.max_norm)), tx)
+  return tx if shape is None else peak_schedule(tx, shape, peak)
 
 
 def outer(spec: Optimizer, field: str = "outer"
@@ -94,7 +164,8 @@ def outer(spec: Optimizer, field: str = "outer"
 # The papers' optimizers, named once.
 DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
 DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
-MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5)  # 2505.23725
+MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5,  # 2505.23725
+                         min_lr_ratio=0.1, max_norm=1.0)  # Table 4
 MULOCO_OUTER = Optimizer("sgd", 0.8, momentum=0.9)
 AVERAGING = Optimizer("sgd", 1.0)   # outer SGD lr 1: the new model is the mean
 DEMO_INNER = Optimizer("sgd", 4e-4)                           # arXiv 2411.19870

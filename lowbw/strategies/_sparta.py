@@ -2,6 +2,7 @@
 MCDC, openreview stFPf3gzq1)."""
 
 import jax
+import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
@@ -12,20 +13,30 @@ from lowbw.transforms import (SELECTORS, Codec, as_codec,
                               sparse_payload_bytes)
 
 
-def sparta_local(inner, p: float, selector: str, codec: Codec | None = None):
-  """An inner step on every worker, then the shared sparse averaging of the
-  (optionally encoded) selected values."""
-  def local(state, grads_W):
-    state = _base.inner_update(inner, state, grads_W)
+def sparta_local(inner, p: float, selector: str, codec: Codec | None = None,
+                 interval: int = 1):
+  """An inner step on every worker, then, every ``interval`` steps, the
+  shared sparse averaging of the (optionally encoded) selected values."""
+  def average(state):
     key = jax.random.fold_in(state.key, 0x5BA7)
     transform = None
     if codec is not None:
       codec_key = _base.comm_key(state)
       transform = lambda v_W, i: roundtrip_workers(  # noqa: E731
           codec, v_W, jax.random.fold_in(codec_key, i))
-    params_W = sparse_average(key, state.step, state.params_W, p, selector,
-                              transform)
-    return state._replace(params_W=params_W), _base.events(sparse_parameters=1)
+    # The selectors cycle over averagings, not steps ("shuffled" covers
+    # each tensor once per 1/p averagings).
+    params_W = sparse_average(key, state.step // interval, state.params_W, p,
+                              selector, transform)
+    return state._replace(params_W=params_W)
+
+  def local(state, grads_W):
+    state = _base.inner_update(inner, state, grads_W)
+    if interval == 1:
+      return average(state), _base.events(sparse_parameters=1)
+    due = state.step % interval == 0
+    state = jax.lax.cond(due, average, lambda s: s, state)
+    return state, _base.events(sparse_parameters=due.astype(jnp.int32))
 
   return local
 
@@ -38,11 +49,13 @@ def sparta_channels(p: float, codec: Codec | None = None):
   return channels
 
 
-def check_sparta(p, selector, codec=None, field="codec"):
-  """Validated ``(p, selector, codec)``; ``codec`` may be a spec string."""
+def check_sparta(p, selector, codec=None, field="codec", interval=1):
+  """Validated ``(p, selector, codec, interval)``; ``codec`` may be a spec
+  string."""
   return (_validate.fraction("p", p),
           _validate.one_of("selector", selector, SELECTORS),
-          as_codec(field, codec))
+          as_codec(field, codec),
+          _validate.positive_int("sparta_interval", interval))
 
 
 def sparta(
@@ -50,6 +63,7 @@ def sparta(
     p: float = 0.005,
     selector: str = "random",
     codec: Codec | str | None = None,
+    sparta_interval: int = 1,
 ) -> _base.Strategy:
   """Every step, the same fraction p of each tensor is averaged across workers.
 
@@ -65,6 +79,10 @@ def sparta(
   workers average what they decode (e.g. ``cast("bfloat16")`` halves the bytes).
   There is no error feedback: the selected entries change every step.
 
+  ``sparta_interval`` = k averages every k steps instead (EXO Gym's
+  ``sparta_interval``): k times fewer bytes, the workers drifting apart for
+  k - 1 steps in between.
+
   Bytes per worker and step: payload = sum over tensors of k x 4 bytes
   (float32 values, no indices) or the codec's payload of each k-vector;
   wire = 2(W-1)/W x payload (ring all-reduce), or (W-1) x payload for codecs
@@ -76,22 +94,26 @@ def sparta(
     selector: "random" | "shuffled" | "partitioned".
     codec: a ``lowbw.transforms`` codec (or spec string) for the selected
       values, or None.
+    sparta_interval: average every this many steps; default 1.
 
   Example:
     >>> strategy = lowbw.strategies.sparta(optax.adamw(1e-3), p=0.01)
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
-  p, selector, codec = check_sparta(p, selector, codec)
+  p, selector, codec, interval = check_sparta(p, selector, codec,
+                                              interval=sparta_interval)
 
   def init(params, num_workers_, key):
     return _base.inner_init(inner, params, num_workers_, key, ())
 
   return _base.make(
-      "sparta", 1, init, sparta_local(inner, p, selector, codec), None,
-      _base.mean_of_workers, sparta_channels(p, codec),
+      "sparta", 1, init, sparta_local(inner, p, selector, codec, interval),
+      None, _base.mean_of_workers, sparta_channels(p, codec),
       {"name": "sparta", "inner": _base.describe(inner), "p": p,
        "selector": selector,
-       "codec": None if codec is None else codec.name})
+       "codec": None if codec is None else codec.name,
+       # only when set: configurations (and checkpoints) from before it match
+       **({"sparta_interval": interval} if interval != 1 else {})})
 
 
 SPEC = _spec.spec(

@@ -21,6 +21,7 @@ def sparta_diloco(
     error_feedback: float | None = None,
     sparse_codec: Codec | str | None = None,
     message: optax.GradientTransformation | None = None,
+    sparta_interval: int = 1,
 ) -> _base.Strategy:
   """SPARTA's sparse averaging every step plus a DiLoCo outer step every H.
 
@@ -44,12 +45,14 @@ def sparta_diloco(
     message: the per-worker message chain replacing codec's default one (an
       optax transformation ending in ``codec``'s round trip; see
       docs/codecs/custom.md), or None.
+    sparta_interval: average the sparse subset every this many steps
+      (EXO Gym's ``sparta_interval``); default 1, every step.
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
-  p, selector, sparse_codec = check_sparta(p, selector, sparse_codec,
-                                          "sparse_codec")
+  p, selector, sparse_codec, interval = check_sparta(
+      p, selector, sparse_codec, "sparse_codec", sparta_interval)
   comp = compression(codec, error_feedback, message)
   sparse_channels = sparta_channels(p, sparse_codec)
   outer_channels = diloco_channels(comp)
@@ -60,10 +63,12 @@ def sparta_diloco(
 
   return _base.make(
       "sparta_diloco", H, diloco_init(inner, outer, comp),
-      sparta_local(inner, p, selector, sparse_codec), diloco_sync(outer, comp),
+      sparta_local(inner, p, selector, sparse_codec, interval),
+      diloco_sync(outer, comp),
       global_of, channels,
       {"name": "sparta_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "p": p, "selector": selector,
+       **({"sparta_interval": interval} if interval != 1 else {}),
        **comp.config,
        "sparse_codec": None if sparse_codec is None else sparse_codec.name})
 

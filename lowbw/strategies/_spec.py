@@ -28,6 +28,7 @@ HELP = {
                "Python only)",
     "p": "fraction of each tensor averaged per step, in (0, 1]",
     "selector": "how the averaged indices are drawn",
+    "sparta_interval": "average the sparse subset every this many steps",
 }
 CHOICES = {"selector": SELECTORS}
 

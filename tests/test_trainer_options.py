@@ -1,0 +1,168 @@
+"""What a researcher coming from EXO Gym reaches for (issue 17): gradient
+clipping per worker, a cosine schedule's floor, DeMo's weight decay, SPARTA's
+interval; each against a plain reference."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lowbw
+from lowbw import cli, data, models, strategies
+from lowbw.cli import _strategy
+
+KEY = jax.random.PRNGKey(0)
+_RUN = dict(model=models.mlp(hidden=(8,)), data=data.digits(), num_workers=2,
+            batch_size=4, progress=False)
+CLI = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+       "--batch-size", "4", "--steps", "10", "--no-progress"]
+
+
+# ------------------------------------------------------------------ clipping
+def test_clipping_is_per_worker_like_a_loop_over_workers():
+  """Two workers, gradient norms 5 and 0.5, max_norm 1: the first is scaled
+  to norm 1, the second left alone. A clip across the worker axis (the norm
+  of both, 5.02) would scale both."""
+  lr, max_norm = 0.1, 1.0
+  inner = strategies.inner_optimizer("sgd", lr, max_norm=max_norm)
+  strategy = strategies.fedavg(inner, H=10)
+  params = {"w": jnp.ones(3), "b": jnp.zeros(2)}
+  grads_W = {"w": jnp.array([[3.0, 0.0, 0.0], [0.3, 0.0, 0.0]]),
+             "b": jnp.array([[0.0, 4.0], [0.0, 0.4]])}
+  state, _ = strategy.local(strategy.init(params, 2, KEY), grads_W)
+
+  for w in range(2):  # the reference: one worker at a time
+    g = {k: np.asarray(v[w]) for k, v in grads_W.items()}
+    norm = np.sqrt(sum(np.sum(x ** 2) for x in g.values()))
+    scale = min(1.0, max_norm / norm)
+    for k in params:
+      np.testing.assert_allclose(state.params_W[k][w],
+                                 np.asarray(params[k]) - lr * scale * g[k],
+                                 rtol=1e-6)
+  across = 1.0 / np.sqrt(25.25)  # what one norm over both workers would do
+  assert not np.allclose(state.params_W["w"][1], 1 - lr * across * 0.3)
+
+
+def test_clipping_in_a_run_and_on_the_command_line(tmp_path):
+  def final(max_norm):
+    inner = strategies.inner_optimizer("sgd", 0.5, max_norm=max_norm)
+    return lowbw.simulate(strategy=strategies.diloco(inner, H=5), steps=10,
+                          **_RUN).params
+
+  loose, tight = final(1e6), final(1e-3)
+  jax.tree.map(np.testing.assert_array_equal, loose, final(None))
+  assert any(not np.allclose(a, b) for a, b in
+             zip(jax.tree.leaves(loose), jax.tree.leaves(tight)))
+  assert cli.main(CLI + ["--H", "5", "--max-norm", "0.5", "--out",
+                         str(tmp_path)]) == 0
+  config = json.loads((tmp_path / "config.json").read_text())
+  assert config["metadata"]["train_args"]["max_norm"] == 0.5
+
+
+# ------------------------------------------------------------------ schedule
+def test_cosine_schedule_decays_to_its_floor():
+  warmup, steps, floor = 10, 110, 0.1
+  shape = strategies.unit_schedule("cosine", warmup, steps, floor)
+  for t in (0, 5, 10, 35, 60, 109, 110, 200):
+    if t < warmup:
+      want = t / warmup
+    else:
+      frac = min(t - warmup, steps - warmup) / (steps - warmup)
+      want = floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * frac))
+    np.testing.assert_allclose(float(shape(t)), want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_runs_learning_rate_ends_at_the_floor():
+  peak, steps, floor = 1e-2, 20, 0.5
+  inner = strategies.inner_optimizer("adam", peak, schedule="cosine",
+                                     steps=steps, min_lr_ratio=floor)
+  lr = lowbw.simulate(strategy=strategies.diloco(inner, H=5), steps=steps,
+                      log_every=5, **_RUN).history["lr"]
+  # The last step uses the schedule at count 19 of 20.
+  want = peak * (floor + (1 - floor) * 0.5 * (1 + np.cos(np.pi * 19 / 20)))
+  np.testing.assert_allclose(lr[-1], want, rtol=1e-5)
+
+
+def test_muloco_decays_to_a_tenth_by_default():
+  assert _strategy.defaults(strategies.spec("muloco"))["min_lr_ratio"] == 0.1
+  assert _strategy.defaults(strategies.spec("diloco"))["min_lr_ratio"] == 0.0
+
+
+# ------------------------------------------------------------------ DeMo
+def test_demo_weight_decay_is_decoupled_like_the_reference():
+  """theta <- theta (1 - lr wd) - lr sign(...): with and without decay, one
+  step differs by exactly lr * wd * theta."""
+  lr, wd = 0.1, 0.05
+  params = {"w": jax.random.normal(KEY, (8, 8))}
+  grads_W = {"w": jax.random.normal(jax.random.PRNGKey(1), (2, 8, 8))}
+
+  def one_step(weight_decay):
+    strategy = strategies.demo(optax.sgd(lr), chunk=4, k=2,
+                               weight_decay=weight_decay)
+    state, _ = strategy.local(strategy.init(params, 2, KEY), grads_W)
+    return np.asarray(state.params_W["w"][0])
+
+  np.testing.assert_allclose(one_step(wd) - one_step(0.0),
+                             -lr * wd * np.asarray(params["w"]), atol=1e-6)
+  assert cli.main(CLI + ["--strategy", "demo", "--weight-decay", "0.01"]) == 0
+
+
+# ------------------------------------------------------------------ SPARTA
+def test_sparta_every_k_steps_at_p1_is_fedavg_with_h_k():
+  inner = optax.adamw(3e-3)
+  sparse = lowbw.simulate(
+      strategy=strategies.sparta(inner, p=1.0, sparta_interval=5), steps=20,
+      **_RUN)
+  fedavg = lowbw.simulate(strategy=strategies.fedavg(inner, H=5), steps=20,
+                          **_RUN)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6),
+               sparse.params, fedavg.params)
+  assert sparse.summary["wire_bytes"] == fedavg.summary["wire_bytes"] > 0
+
+
+def test_sparta_interval_sends_only_on_its_steps():
+  """20 steps every 3: 6 averagings (steps 3, 6, ..., 18), priced on the
+  clock only then."""
+  net = lowbw.network.network(bandwidth="10Mbps", latency="10ms")
+  every = lowbw.simulate(strategy=strategies.sparta(p=0.1), steps=20,
+                         network=net, **_RUN).summary
+  third = lowbw.simulate(strategy=strategies.sparta(p=0.1, sparta_interval=3),
+                         steps=20, network=net, **_RUN).summary
+  assert third["wire_bytes"] * 20 == every["wire_bytes"] * 6
+  np.testing.assert_allclose(third["comm_s"] * 20, every["comm_s"] * 6)
+  assert third["sim_time_s"] < every["sim_time_s"]
+
+
+# ------------------------------------------------------------------ errors
+@pytest.mark.parametrize("build, message", [
+    (lambda: strategies.inner_optimizer("adamw", 1e-3, max_norm=0),
+     "^max_norm=0 is invalid: expected a finite number > 0"),
+    (lambda: strategies.inner_optimizer("adamw", 1e-3, schedule="cosine",
+                                        steps=10, min_lr_ratio=1.5),
+     r"^min_lr_ratio=1.5 is invalid: expected a number in \[0, 1\]"),
+    (lambda: strategies.inner_optimizer("adamw", 1e-3, schedule="cosine"),
+     "^steps=None is invalid: a cosine schedule needs the run's steps"),
+    (lambda: strategies.sparta(sparta_interval=0),
+     "^sparta_interval=0 is invalid"),
+    (lambda: strategies.sparta_diloco(sparta_interval=2.5),
+     "^sparta_interval=2.5 is invalid"),
+    (lambda: strategies.demo(weight_decay=-1),
+     "^weight_decay=-1 is invalid: expected a finite number >= 0"),
+])
+def test_bad_values_name_the_field(build, message):
+  with pytest.raises(ValueError, match=message):
+    build()
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--min-lr-ratio", "0.1"], "not used by schedule 'constant'"),
+    (["--max-norm", "-1"], "expected a finite number > 0"),
+    (["--sparta-interval", "2"], "not used by strategy 'diloco'"),
+])
+def test_bad_flags_are_one_line_errors(flags, message, capsys):
+  assert cli.main(CLI + flags) == 2
+  err = capsys.readouterr().err
+  assert message in err and "Traceback" not in err
