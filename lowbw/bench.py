@@ -205,6 +205,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             rounds: int = 2, repeats: int = 3, warmup: int = 1,
             devices: int | None = None, worker_dtype: str | None = None,
             worker_batch: int | str | None = "auto", memory_budget=None,
+            minibatch_size: int | None = None, autocast: str | None = None,
             sync_cost: bool = True,
             seed: int = 0) -> dict:
   """Figures for one configuration (see the module docstring).
@@ -216,8 +217,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     rounds: rounds (of H steps) per timed call.
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
-    devices, worker_dtype, worker_batch, memory_budget: as for
-      ``lowbw.simulate``.
+    devices, worker_dtype, worker_batch, memory_budget, minibatch_size,
+      autocast: as for ``lowbw.simulate``.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
 
@@ -229,7 +230,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
               batch_size=batch_size, steps=rounds * strategy.period,
               rounds_per_chunk=rounds, devices=devices,
               worker_dtype=worker_dtype, worker_batch=worker_batch,
-              memory_budget=memory_budget, compile=False)
+              memory_budget=memory_budget, minibatch_size=minibatch_size,
+              autocast=autocast, compile=False)
   c = simulator.config
   state, sampler, _, _ = simulator.initial(seed)
   memory.built()
@@ -270,6 +272,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
       "H": c.period, "rounds": rounds, "steps": steps,
       "devices": c.devices, "processes": simulator.processes,
       "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
+      "minibatch_size": c.minibatch_size, "autocast": c.autocast,
       "num_params": simulator.num_params,
       "worker_steps_per_s": worker_steps / sim,
       "examples_per_s": worker_steps * batch_size / sim,

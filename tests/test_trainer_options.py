@@ -166,3 +166,97 @@ def test_bad_flags_are_one_line_errors(flags, message, capsys):
   assert cli.main(CLI + flags) == 2
   err = capsys.readouterr().err
   assert message in err and "Traceback" not in err
+
+
+# ------------------------------------------------------- accumulation
+def test_accumulated_gradient_is_the_full_batch_gradient():
+  """Four micro-batches through the scan == a loop over them summed == the
+  gradient of the whole batch (the MLP's loss is a mean over examples)."""
+  from lowbw.simulation._backward import Backward
+  from lowbw.simulation._grouping import loss_and_grads
+  model = models.mlp(hidden=(16,))
+  batch = data.digits().example_batch(16)
+  params = model.init(KEY, batch)
+  loss, _, full = loss_and_grads(model)(params, batch, KEY)
+  micro_loss, _, micro = loss_and_grads(model, Backward(micro=4))(
+      params, batch, KEY)
+  loop = None
+  for i in range(4):  # the reference: one micro-batch at a time
+    part = {k: v[4 * i:4 * i + 4] for k, v in batch.items()}
+    g = jax.grad(lambda p: model.loss(p, part, KEY)[0])(params)
+    loop = g if loop is None else jax.tree.map(jnp.add, loop, g)
+  loop = jax.tree.map(lambda x: x / 4, loop)
+  for a, b, c in zip(jax.tree.leaves(micro), jax.tree.leaves(loop),
+                     jax.tree.leaves(full)):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(a, c, rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(micro_loss, loss, rtol=1e-6)
+
+
+@pytest.mark.parametrize("strategy, extra", [
+    (strategies.diloco(optax.sgd(0.1), H=5), {}),
+    (strategies.diloco(optax.sgd(0.1), H=5), {"worker_batch": 1}),
+    (strategies.ddp(optax.sgd(0.1)), {}),   # one replica: axis 1 split
+], ids=["all-at-once", "in-groups", "one-replica"])
+def test_a_run_in_micro_batches_equals_the_full_batch_run(strategy, extra):
+  kw = dict(_RUN, batch_size=8, steps=10, **extra)
+  full = lowbw.simulate(strategy=strategy, **kw)
+  micro = lowbw.simulate(strategy=strategy, minibatch_size=2, **kw)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6),
+               full.params, micro.params)
+  np.testing.assert_allclose(full.history["train_loss"],
+                             micro.history["train_loss"], rtol=1e-5)
+  assert micro.config["minibatch_size"] == 2
+
+
+def test_micro_batches_shrink_the_memory_estimate():
+  gpt = models.gpt(layers=1, d_model=32, heads=2, seq_len=32)
+  source = data.get("text", seq_len=32)
+
+  def flight(minibatch_size):
+    sim = lowbw.build(gpt, source, strategies.diloco(H=5), num_workers=2,
+                      batch_size=16, steps=10, minibatch_size=minibatch_size,
+                      compile=False)
+    return sim.memory.in_flight_all
+
+  whole, quarter = flight(None), flight(4)
+  assert quarter < 0.5 * whole
+
+
+# ------------------------------------------------------------ autocast
+def test_autocast_computes_in_bf16_and_keeps_float32_state():
+  from lowbw.simulation._backward import Backward
+  from lowbw.simulation._grouping import loss_and_grads
+  model = models.mlp(hidden=(16,))
+  batch = data.digits().example_batch(8)
+  params = model.init(KEY, batch)
+  grads = loss_and_grads(model, Backward(autocast=jnp.bfloat16))
+  text = str(jax.make_jaxpr(grads)(params, batch, KEY))
+  assert "bf16[8,16]" in text   # the hidden activations
+  loss, _, g = grads(params, batch, KEY)
+  assert loss.dtype == jnp.float32
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(g))
+  full = lowbw.simulate(strategy=strategies.diloco(optax.sgd(0.1), H=5),
+                        steps=10, **_RUN)
+  low = lowbw.simulate(strategy=strategies.diloco(optax.sgd(0.1), H=5),
+                       steps=10, autocast="bfloat16", **_RUN)
+  assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(low.state)
+             if jnp.issubdtype(x.dtype, jnp.floating))
+  np.testing.assert_allclose(low.history["train_loss"],
+                             full.history["train_loss"], rtol=2e-2)
+  assert not np.array_equal(low.history["train_loss"],
+                            full.history["train_loss"])
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"minibatch_size": 3}, "^minibatch_size=3 is invalid: must divide "
+     "batch_size=4"),
+    ({"minibatch_size": 0}, "^minibatch_size=0 is invalid"),
+    ({"autocast": "fp16"}, "^autocast='fp16' is invalid: expected one of "
+     "'float32', 'bfloat16'"),
+])
+def test_bad_compute_settings_name_the_field(kw, message):
+  with pytest.raises(ValueError, match=message):
+    args = {k: v for k, v in _RUN.items() if k != "progress"}
+    lowbw.build(strategy=strategies.diloco(H=5), steps=10, compile=False,
+                **args | kw)

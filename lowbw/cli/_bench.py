@@ -78,7 +78,8 @@ def _measure(s: dict, workers: int) -> dict:
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
       warmup=s["warmup"], devices=s["devices"],
       worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
-      memory_budget=s["memory_budget"], seed=s["seed"])
+      memory_budget=s["memory_budget"], minibatch_size=s["minibatch_size"],
+      autocast=s["autocast"], seed=s["seed"])
 
 
 def run(args: argparse.Namespace) -> int:
@@ -103,6 +104,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as e:
       raise ValueError(f"{e} at --workers {w}") from None
   _config.check_worker_dtype(s["worker_dtype"])
+  _config.check_minibatch_size(s["minibatch_size"], s["batch_size"])
+  _config.check_autocast(s["autocast"])
   rows = []
   isolate = jax.process_count() == 1
   for i, w in enumerate(counts):
@@ -175,7 +178,9 @@ def format_table(s: dict, rows: list[dict]) -> str:
       f"{s['strategy']} on {s['model']}, b={s['batch_size']}, H={s['H']}, "
       f"{rows[0]['device']}, devices={rows[0]['devices']}, "
       f"{rows[0]['worker_dtype']} workers, worker batch "
-      f"{_groups(s, rows)}; baseline: one replica, batch W*b; "
+      f"{_groups(s, rows)}, micro-batch {rows[0]['minibatch_size'] or 'none'}"
+      f", autocast {rows[0]['autocast']}; baseline: one replica, batch W*b "
+      "in float32; "
       f"medians of {s['repeats']} timed calls; memory: "
       f"{rows[0]['memory_source']}",
       " | ".join(head)]

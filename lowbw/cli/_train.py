@@ -33,7 +33,8 @@ DEFAULTS = {
     "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None, "devices": None, "worker_dtype": None,
-    "worker_batch": "auto", "memory_budget": None,
+    "worker_batch": "auto", "memory_budget": None, "minibatch_size": None,
+    "autocast": None,
     # The simulated clock (lowbw.network): every run has one.
     "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
     "group_size": None, "regional_bandwidth": "10Gbps",
@@ -213,6 +214,15 @@ def _budget(text, field):
 
 def add_scale_flags(p) -> None:
   """Devices, worker precision and multi-process flags (train and bench)."""
+  g = p.add_argument_group("compute")
+  g.add_argument("--minibatch-size", type=int, help="gradient accumulation: "
+                 "compute each worker's batch in micro-batches of this size "
+                 "(must divide --batch-size; the same gradient, one "
+                 "micro-batch's activations in memory); default the batch")
+  g.add_argument("--autocast", choices=("float32", "bfloat16"),
+                 help="run forward and backward passes in this type, with "
+                 "float32 parameters, gradients and optimizer state (mixed "
+                 "precision); default float32")
   g = p.add_argument_group("devices and hosts")
   g.add_argument("--devices", type=int, help="spread the workers over N "
                  "devices (must divide --workers; default 1, or all devices "
@@ -455,7 +465,8 @@ def build_args(s: dict, explicit: set[str]) -> dict:
               eval_every=eval_every, log_every=s["log_every"],
               eval_examples=s["eval_examples"], devices=s["devices"],
               worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
-              memory_budget=s["memory_budget"])
+              memory_budget=s["memory_budget"],
+              minibatch_size=s["minibatch_size"], autocast=s["autocast"])
 
 
 def default_out(s: dict, kind: str = "") -> str:

@@ -23,7 +23,7 @@ class CNN(nn.Module):
     if x.ndim != 4:
       raise _validate.fail("batch['x'].shape", x.shape,
                            "cnn expects images (b, H, W) or (b, H, W, C)")
-    h_BxHxWxC = x.astype(jnp.float32)
+    h_BxHxWxC = _contract.floating(x)  # bf16 under autocast
     for c in self.channels:
       h_BxHxWxC = nn.relu(nn.Conv(c, (3, 3), padding="SAME")(h_BxHxWxC))
       # SAME pooling without counting the padding keeps odd sizes (28 -> 14

@@ -208,3 +208,9 @@ def as_model(obj: Any) -> Model:
   raise _validate.fail(
       "model", shown, "expected a lowbw Model, a flax.linen.Module instance, "
       "or an (init, loss) pair of functions")
+
+
+def floating(x: Array) -> Array:
+  """Model inputs as floats: a floating input keeps its type (bfloat16 under
+  ``autocast``, so the first layer computes in it), others become float32."""
+  return x if jnp.issubdtype(x.dtype, jnp.floating) else x.astype(jnp.float32)

@@ -21,7 +21,8 @@ class MLP(nn.Module):
   @nn.compact
   def __call__(self, x: Array) -> Array:
     act = _ACTIVATIONS[self.activation]
-    h_BxD = jnp.reshape(x, (x.shape[0], -1)).astype(jnp.float32)
+    # Floating inputs keep their type (bf16 under autocast), others float32.
+    h_BxD = _contract.floating(jnp.reshape(x, (x.shape[0], -1)))
     for width in self.hidden:
       h_BxD = act(nn.Dense(width)(h_BxD))
     return nn.Dense(self.num_classes, name="head")(h_BxD)

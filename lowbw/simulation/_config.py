@@ -20,6 +20,7 @@ from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw.network import _clock, _faults
 from lowbw.simulation import _memory, _mesh
+from lowbw.simulation._backward import AUTOCAST, Backward
 
 _TARGET_CHUNKS = 25
 WORKER_DTYPES = ("float32", "bfloat16")
@@ -29,7 +30,7 @@ WORKER_DTYPES = ("float32", "bfloat16")
 SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
                   "num_workers", "batch_size", "steps", "devices",
                   "worker_dtype", "worker_batch", "memory_budget",
-                  "rounds_per_chunk",
+                  "minibatch_size", "autocast", "rounds_per_chunk",
                   "network structure (topology, faults or mitigation on/off)")
 
 
@@ -56,6 +57,14 @@ class RunConfig:
   worker_dtype: str
   worker_batch: int | str | None   # "auto" until the Simulator chooses
   memory_budget: _memory.Budget | None
+  minibatch_size: int | None = None  # None: the whole batch at once
+  autocast: str = "float32"
+
+  @property
+  def backward(self) -> Backward:
+    """How a worker's gradient is computed (``_backward``)."""
+    micro = self.batch_size // (self.minibatch_size or self.batch_size)
+    return Backward(micro, AUTOCAST[self.autocast])
 
   @property
   def period(self) -> int:
@@ -111,6 +120,27 @@ def default_spacing(steps: int) -> int:
   return 1 << max(0, (steps // 200).bit_length() - 1)
 
 
+def check_minibatch_size(value, batch_size: int) -> int | None:
+  """None (the whole batch at once) or a size dividing ``batch_size``
+  (equal micro-batches, so their mean gradient is the batch's)."""
+  value = _validate.optional_positive_int("minibatch_size", value)
+  if value is None or value == batch_size:
+    return None
+  if batch_size % value:
+    raise _validate.fail(
+        "minibatch_size", value, f"must divide batch_size={batch_size} "
+        "(equal micro-batches)")
+  return value
+
+
+def check_autocast(value) -> str:
+  """The forward/backward compute type: "float32" (None) or "bfloat16"
+  ("bf16")."""
+  value = {None: "float32", "fp32": "float32", "bf16": "bfloat16"}.get(
+      value, value)
+  return _validate.one_of("autocast", value, AUTOCAST)
+
+
 SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0
 
 
@@ -147,7 +177,8 @@ def configure(model, data, strategy, num_workers: int = 8,
               rounds_per_chunk: int | None = None, devices: int | None = None,
               worker_dtype: str | None = None,
               worker_batch: int | str | None = "auto",
-              memory_budget=None) -> RunConfig:
+              memory_budget=None, minibatch_size: int | None = None,
+              autocast: str | None = None) -> RunConfig:
   """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``.
 
   Raises:
@@ -158,6 +189,8 @@ def configure(model, data, strategy, num_workers: int = 8,
   steps = _validate.positive_int("steps", steps)
   devices = _mesh.check_devices(devices, num_workers)
   worker_dtype = check_worker_dtype(worker_dtype)
+  minibatch_size = check_minibatch_size(minibatch_size, batch_size)
+  autocast = check_autocast(autocast)
   if network is not None:
     network = _clock.check_network(network, num_workers)
   model = (models_lib.get(model) if isinstance(model, str)
@@ -187,7 +220,7 @@ def configure(model, data, strategy, num_workers: int = 8,
   return RunConfig(model, data, strategy, num_workers, batch_size, steps,
                    network, eval_every, log_every, eval_examples,
                    rounds_per_chunk, devices, worker_dtype, worker_batch,
-                   memory_budget)
+                   memory_budget, minibatch_size, autocast)
 
 
 def check_worker_batch(worker_batch, per_device: int) -> int | str | None:

@@ -31,6 +31,7 @@ import optax
 
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
+from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import local_compute, steps_in_groups
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
@@ -110,7 +111,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           tail_steps: int, channels, masks: bool = False, mesh=None,
           specs=None, worker_dtype=None,
           worker_batch: int | None = None,
-          one_replica: bool = False) -> Programs:
+          one_replica: bool = False,
+          backward: Backward = Backward()) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -128,11 +130,13 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   ``channels``: the names of the strategy's channels (report entries not
   among them are its metrics). ``one_replica``: the state holds one replica
   of a ``replicated`` strategy's identical workers (``_grouping``).
+  ``backward``: micro-batches and autocast of the gradients (``_backward``).
   """
   precision = Precision(worker_dtype)
-  compute = local_compute(model, strategy, precision, one_replica)
+  compute = local_compute(model, strategy, precision, one_replica, backward)
   grouped = (None if worker_batch is None else
-             steps_in_groups(model, strategy, precision, worker_batch))
+             steps_in_groups(model, strategy, precision, worker_batch,
+                             backward))
 
   def global_params(sim: SimState):
     with participating(sim.active):

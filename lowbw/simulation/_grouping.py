@@ -11,19 +11,23 @@ report)``, the strategy's local step.
 import jax
 import jax.numpy as jnp
 
+from lowbw.simulation._backward import Backward
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import where_workers
 
 
-def loss_and_grads(model):
-  """``(params, batch, key) -> (loss, metrics, grads)`` of one worker."""
+def loss_and_grads(model, backward: Backward = Backward()):
+  """``(params, batch, key) -> (loss, metrics, grads)`` of one worker (in
+  ``backward``'s micro-batches and precision)."""
+  loss = backward.loss(model)
+
   def grads(params, batch, key):
-    (loss, metrics), g = jax.value_and_grad(model.loss, has_aux=True)(
+    (value, metrics), g = jax.value_and_grad(loss, has_aux=True)(
         params, batch, key)
-    return loss, metrics, g
-  return grads
+    return value, metrics, g
+  return backward.accumulated(grads)
 
 
 def after_backward(grads):
@@ -35,10 +39,11 @@ def after_backward(grads):
   return after(grads, grads)
 
 
-def all_at_once(model, strategy: Strategy, precision: Precision):
+def all_at_once(model, strategy: Strategy, precision: Precision,
+                backward: Backward = Backward()):
   """Every worker's gradients in one ``vmap``; the strategy's local step
   (with any per-step communication) is left to the caller."""
-  grads = loss_and_grads(model)
+  grads = loss_and_grads(model, backward)
 
   def compute(stored: StrategyState, batch_W, keys_W):
     st = precision.widen(stored)
@@ -49,24 +54,36 @@ def all_at_once(model, strategy: Strategy, precision: Precision):
   return compute
 
 
-def one_replica(model, strategy: Strategy, precision: Precision):
+def one_replica(model, strategy: Strategy, precision: Precision,
+                backward: Backward = Backward()):
   """A ``replicated`` strategy (DDP without a codec) on one replica: the
   state holds a single copy of the workers' identical parameters and
   optimizer state (leading axis 1), and the gradient is that of the mean
   loss over every worker's batch, which equals the mean of the workers'
   gradients. The model runs with unbatched parameters over the W batches,
   so its matmuls are the W*b-row GEMMs of one replica at batch W*b rather
-  than W small batched ones, and no reduction over workers is left."""
+  than W small batched ones, and no reduction over workers is left.
+  Micro-batches split every worker's batch (axis 1 of ``batch_W``)."""
+  loss = backward.loss(model)
+
   def mean_loss(params, batch_W, keys_W):
-    loss_W, metrics_W = jax.vmap(model.loss, in_axes=(None, 0, 0))(
+    loss_W, metrics_W = jax.vmap(loss, in_axes=(None, 0, 0))(
         params, batch_W, keys_W)
     return jnp.mean(loss_W), (loss_W, metrics_W)
+
+  def grads_of(params, batch_W, keys_W):
+    (_, (loss_W, metrics_W)), grads = jax.value_and_grad(
+        mean_loss, has_aux=True)(params, batch_W, keys_W)
+    return loss_W, metrics_W, grads
+
+  grads_of = backward.accumulated(
+      grads_of, axis=1,
+      fold=jax.vmap(jax.random.fold_in, in_axes=(0, None)))
 
   def compute(stored: StrategyState, batch_W, keys_W):
     st = precision.widen(stored)
     params = jax.tree.map(lambda x: x[0], st.params_W)
-    (_, (loss_W, metrics_W)), grads = jax.value_and_grad(
-        mean_loss, has_aux=True)(params, batch_W, keys_W)
+    loss_W, metrics_W, grads = grads_of(params, batch_W, keys_W)
     grads_1 = jax.tree.map(lambda g: g[None], after_backward(grads))
     return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_1)
 
@@ -74,7 +91,7 @@ def one_replica(model, strategy: Strategy, precision: Precision):
 
 
 def steps_in_groups(model, strategy: Strategy, precision: Precision,
-                    size: int):
+                    size: int, backward: Backward = Backward()):
   """``length`` local steps of every worker, ``size`` workers at a time,
   each group running all its steps back to back.
 
@@ -92,7 +109,7 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
   happen (its state stays as it was; the step counter still advances).
   ``size`` divides each device's number of workers (checked at build).
   """
-  grads = loss_and_grads(model)
+  grads = loss_and_grads(model, backward)
 
   def run(stored: StrategyState, sample, keys_at, length: int, up):
     local_w = jax.tree.leaves(stored.params_W)[0].shape[0]
@@ -150,9 +167,9 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
 
 
 def local_compute(model, strategy: Strategy, precision: Precision,
-                  replica: bool = False):
+                  replica: bool = False, backward: Backward = Backward()):
   """A step's gradients: ``one_replica`` when ``replica``, else
   ``all_at_once`` (``steps_in_groups`` runs whole rounds in groups)."""
   if replica:
-    return one_replica(model, strategy, precision)
-  return all_at_once(model, strategy, precision)
+    return one_replica(model, strategy, precision, backward)
+  return all_at_once(model, strategy, precision, backward)

@@ -196,9 +196,14 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   stored = abstract_state.strategy
   workers = 1 if c.one_replica else c.num_workers
   mine, shared = _per_worker(stored, workers)
-  residuals = residual_bytes(c.model.loss, abstract_params, example,
-                             jax.random.PRNGKey(0))
-  grads = _wide(abstract_params)
+  # In micro-batches only one micro-batch's residuals exist at a time, next
+  # to the gradients' running sum (``_backward``).
+  backward = c.backward
+  micro_example = jax.tree.map(lambda x: x[:x.shape[0] // backward.micro],
+                               example)
+  residuals = residual_bytes(backward.loss(c.model), abstract_params,
+                             micro_example, jax.random.PRNGKey(0))
+  grads = _wide(abstract_params) * (2 if backward.micro > 1 else 1)
   update = _wide((stored.params_W, stored.inner_W), drop_leading=True)
   state = mine / workers * (1 if c.one_replica else local_w) + shared
   # One replica computes every worker's examples through one set of

@@ -31,6 +31,8 @@ def simulate(
     worker_dtype: str | None = None,
     worker_batch: int | str | None = "auto",
     memory_budget=None,
+    minibatch_size: int | None = None,
+    autocast: str | None = None,
     hparams: dict | None = None,
     compile_cache: bool | str = True,
     overwrite: bool = False,
@@ -102,7 +104,15 @@ def simulate(
       memory free at build (the device's; the host's on a CPU). A run
       estimated (before compiling) to need more is refused, naming the
       estimate and the budget.
-
+    minibatch_size: gradient accumulation: each worker's batch is computed
+      in micro-batches of this size (it must divide ``batch_size``) inside
+      the compiled step, their gradients summed and averaged: the full
+      batch's gradient to float rounding, with one micro-batch's
+      activations in memory. Default: the whole batch at once.
+    autocast: "bfloat16" runs each forward and backward pass in bf16 while
+      parameters, gradients and optimizer state stay float32 (mixed
+      precision; ``worker_dtype`` is about storage instead). Default
+      "float32".
     hparams: traced values replacing the strategy's or network's, e.g.
       ``{"inner_lr": 3e-3}`` (see ``lowbw.build`` to run many without
       recompiling, ``lowbw.sweep`` to run a grid at once).
@@ -127,6 +137,7 @@ def simulate(
               eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
               devices=devices, worker_dtype=worker_dtype,
               worker_batch=worker_batch, memory_budget=memory_budget,
+              minibatch_size=minibatch_size, autocast=autocast,
               compile=False,
               compile_cache=compile_cache)
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
