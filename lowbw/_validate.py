@@ -45,6 +45,12 @@ def positive_float(field: str, value: Any) -> float:
   return float(value)
 
 
+def non_empty_str(field: str, value: Any) -> str:
+  if not isinstance(value, str) or not value.strip():
+    raise fail(field, value, "expected a non-empty name")
+  return value
+
+
 def one_of(field: str, value: Any, choices: Iterable[str]) -> str:
   choices = list(choices)
   if value not in choices:

@@ -272,6 +272,8 @@ FORMULAS = {
     "quant:2:statistical": lambda n, s: math.ceil(n / 4) + 4 * 4,
     "quant:4:statistical:chunk=16": (
         lambda n, s: math.ceil(n / 2) + 4 * 16 * math.ceil(n / 16)),
+    # the authors' grid: a centred codebook plus the mean
+    "quant:2:statistical:muloco": lambda n, s: math.ceil(n / 4) + 4 * 4 + 4,
     "sign": lambda n, s: math.ceil(n / 8) + 4,
     "cast:bf16": lambda n, s: 2 * n,
     "cast:float32": lambda n, s: 4 * n,
@@ -476,3 +478,68 @@ def test_compress_keys_per_step_and_per_worker():
 def test_compress_rejects_non_codecs():
   with pytest.raises(ValueError, match="codec"):
     compress("topk:0.1")
+
+
+# ------------------------------------------- the MuLoCo authors' grid
+def _authors_quantizer(x, bits, sigmas=6.0):
+  """A numpy port of the formula in the MuLoCo authors' code
+  (facebookresearch/MuLoCo, torchtitan/quantization.py): one tensor."""
+  n_bins = 2 ** bits
+  x = np.asarray(x, np.float64).ravel()
+  shift = x.mean()
+  centred = x - shift
+  std = np.linalg.norm(centred) / math.sqrt(x.size - 1) if x.size > 1 else 0
+  scale = sigmas * std / n_bins
+  if scale == 0 or not np.isfinite(scale):
+    scale = 1.0
+  codes = np.clip(np.round(centred / scale + n_bins // 2), 0, n_bins - 1)
+  lookup = np.zeros(n_bins)
+  for b in range(n_bins):  # the mean of each bin's centred entries
+    if np.any(codes == b):
+      lookup[b] = centred[codes == b].mean()
+  return lookup[codes.astype(int)] + shift, codes
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("kind", ["gaussian", "heavy", "constant", "tiny"])
+def test_the_muloco_grid_is_the_authors_formula(bits, kind):
+  rng = np.random.default_rng(bits)
+  x = {"gaussian": rng.normal(0.3, 2.0, (37, 11)),
+       "heavy": rng.standard_t(2, (400,)),
+       "constant": np.full((9,), 1.5),
+       "tiny": rng.normal(size=(3,))}[kind].astype(np.float32)
+  want, _ = _authors_quantizer(x, bits)
+  got = roundtrip(quantize(bits, "statistical", grid="muloco"),
+                  jnp.asarray(x))
+  np.testing.assert_allclose(np.asarray(got).ravel(), want, rtol=1e-5,
+                             atol=1e-5 * np.abs(x).max())
+
+
+def test_the_two_grids_cut_a_gaussian_at_different_edges():
+  """At 2 bits the authors' edges are -2.25, -0.75 and +0.75 sigma, lowbw's
+  -1.5, 0 and +1.5: a value at +0.5 sigma shares the mean's code in the
+  first, not in the second."""
+  rng = np.random.default_rng(0)
+  x = rng.normal(size=20000)
+  x = (x - x.mean()) / x.std(ddof=1)
+  _, codes = _authors_quantizer(x, 2)
+  for lo, hi, code in ((-9, -2.25, 0), (-2.25, -0.75, 1), (-0.75, 0.75, 2),
+                       (0.75, 9, 3)):
+    inside = (x > lo + 1e-3) & (x < hi - 1e-3)
+    assert np.all(codes[inside] == code)
+  muloco = np.asarray(roundtrip(quantize(2, "statistical", grid="muloco"),
+                                jnp.asarray(x, jnp.float32)))
+  ours = np.asarray(roundtrip(quantize(2, "statistical"),
+                              jnp.asarray(x, jnp.float32)))
+  near = np.abs(x - 0.5) < 0.05
+  assert np.ptp(muloco[near | (np.abs(x) < 0.05)]) < 1e-6   # one code
+  assert np.ptp(ours[near | (np.abs(x) < 0.05)]) > 0.5      # two codes
+
+
+def test_a_grid_needs_the_statistical_scheme():
+  with pytest.raises(ValueError, match="^grid='muloco' is invalid: a grid "
+                     "is a choice of the statistical scheme"):
+    quantize(2, grid="muloco")
+  with pytest.raises(ValueError, match="^grid='authors' is invalid"):
+    quantize(2, "statistical", grid="authors")
+

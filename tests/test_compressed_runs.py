@@ -43,7 +43,7 @@ def test_cli_runs_on_the_default_gpt(name, tmp_path, capsys):
   printed = capsys.readouterr().out
   assert "all_gather" in printed and "final eval loss" in printed
   config = json.loads((out / "config.json").read_text())
-  expected = {"muloco": "quant:2:statistical", "demo": "dct:64:32"}[name]
+  expected = {"muloco": "quant:2:statistical:muloco", "demo": "dct:64:32"}[name]
   assert config["strategy"]["codec"] == expected
   if name == "muloco":
     assert config["strategy"]["error_feedback"] == 0.9

@@ -233,7 +233,8 @@ def test_diloco_two_bit_feedback_is_a_sixteenth_plus_scales():
   assert two.collective == "all_gather"
   assert two.wire_bytes == 7 * two.payload_bytes
   (stat,) = strategies.muloco().channels(params, 8).values()
-  assert stat.payload_bytes == codes + 4 * 4 * len(leaves)  # 4 bin means
+  # the authors' grid: 4 bin means and the mean, per tensor
+  assert stat.payload_bytes == codes + (4 * 4 + 4) * len(leaves)
 
 
 def test_demo_bytes_formula():

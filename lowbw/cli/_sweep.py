@@ -70,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
     raise _validate.fail("checkpoint_every", s["checkpoint_every"],
                          "a sweep does not checkpoint; run a point with "
                          "lowbw train to checkpoint it")
+  if s["wandb_project"] is not None:
+    raise _validate.fail("wandb_project", s["wandb_project"],
+                         "lowbw sweep logs each point to CSV and "
+                         "TensorBoard only; log a point to W&B with lowbw "
+                         "train")
   grid = parse_grid(args.grid)
   seeds = parse_seeds(args.seeds, s["seed"])
   out = _train.default_out(s, "sweep-")

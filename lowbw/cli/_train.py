@@ -34,7 +34,8 @@ DEFAULTS = {
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None, "devices": None, "worker_dtype": None,
     "worker_batch": "auto", "memory_budget": None, "minibatch_size": None,
-    "autocast": None,
+    "autocast": None, "correlation_every": None, "eval_local": False,
+    "wandb_project": None,
     # The simulated clock (lowbw.network): every run has one.
     "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
     "group_size": None, "regional_bandwidth": "10Gbps",
@@ -177,6 +178,16 @@ def add_run_flags(p) -> None:
   g.add_argument("--log-every", type=int, help="default: the power of two giving 200 to 400 rows")
   g.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
   g.add_argument("--eval-examples", type=int, help="held-out examples per evaluation")
+  g.add_argument("--eval-local", action=argparse.BooleanOptionalAction,
+                 help="also evaluate every worker's own parameters "
+                 "(eval_local_loss: their mean; eval_local_loss_std: the "
+                 "spread)")
+  g.add_argument("--wandb-project", help="also log to this Weights & Biases "
+                 "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline "
+                 "needs no network)")
+  g.add_argument("--correlation-every", type=int, help="log "
+                 "worker_correlation, the workers' mean pairwise parameter "
+                 "correlation, every N steps (a multiple of H)")
   g.add_argument("--out", help="log folder (default runs/<time>-<strategy>); "
                  "one holding another run is refused unless --overwrite")
   g.add_argument("--overwrite", action="store_true", help="clear what "
@@ -466,7 +477,9 @@ def build_args(s: dict, explicit: set[str]) -> dict:
               eval_examples=s["eval_examples"], devices=s["devices"],
               worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
               memory_budget=s["memory_budget"],
-              minibatch_size=s["minibatch_size"], autocast=s["autocast"])
+              minibatch_size=s["minibatch_size"], autocast=s["autocast"],
+              correlation_every=s["correlation_every"],
+              eval_local=s["eval_local"])
 
 
 def default_out(s: dict, kind: str = "") -> str:
@@ -490,7 +503,8 @@ def run(args: argparse.Namespace) -> int:
       **run_args, seed=s["seed"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
       progress=s["progress"], metadata={METADATA_KEY: saved},
-      overwrite=args.overwrite, callback=_row_printer(s))
+      overwrite=args.overwrite, callback=_row_printer(s),
+      wandb_project=s["wandb_project"])
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
     for text in result.summary["warnings"]:

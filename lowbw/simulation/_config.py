@@ -59,6 +59,8 @@ class RunConfig:
   memory_budget: _memory.Budget | None
   minibatch_size: int | None = None  # None: the whole batch at once
   autocast: str = "float32"
+  correlation_every: int | None = None
+  eval_local: bool = False
 
   @property
   def backward(self) -> Backward:
@@ -178,7 +180,9 @@ def configure(model, data, strategy, num_workers: int = 8,
               worker_dtype: str | None = None,
               worker_batch: int | str | None = "auto",
               memory_budget=None, minibatch_size: int | None = None,
-              autocast: str | None = None) -> RunConfig:
+              autocast: str | None = None,
+              correlation_every: int | None = None,
+              eval_local: bool = False) -> RunConfig:
   """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``.
 
   Raises:
@@ -207,6 +211,10 @@ def configure(model, data, strategy, num_workers: int = 8,
   if network is not None and network.faults is not None:
     _faults.check_windows(network.faults, period)
   eval_every = multiple_of_period("eval_every", eval_every, period)
+  correlation_every = multiple_of_period("correlation_every",
+                                         correlation_every, period)
+  if not isinstance(eval_local, bool):
+    raise _validate.fail("eval_local", eval_local, "expected True or False")
   log_every = _validate.optional_positive_int("log_every", log_every)
   eval_examples = _validate.optional_positive_int("eval_examples",
                                                   eval_examples)
@@ -220,7 +228,8 @@ def configure(model, data, strategy, num_workers: int = 8,
   return RunConfig(model, data, strategy, num_workers, batch_size, steps,
                    network, eval_every, log_every, eval_examples,
                    rounds_per_chunk, devices, worker_dtype, worker_batch,
-                   memory_budget, minibatch_size, autocast)
+                   memory_budget, minibatch_size, autocast,
+                   correlation_every, eval_local)
 
 
 def check_worker_batch(worker_batch, per_device: int) -> int | str | None:

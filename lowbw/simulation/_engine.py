@@ -37,8 +37,8 @@ from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
-                              sharded_workers, worker_divergence, worker_mean,
-                              worker_offset)
+                              sharded_workers, worker_correlation,
+                              worker_divergence, worker_mean, worker_offset)
 
 
 class SimState(NamedTuple):
@@ -77,6 +77,7 @@ class RoundOut(NamedTuple):
   lr: Array                # the inner learning rate if discoverable, else nan
   clock: Any = None        # RoundClock with a network
   sync_metrics: dict = {}  # the strategy's own metrics of its sync
+  correlation: Any = None  # with correlation_every: pre-sync, nan when not due
 
 
 def _first_bad(loss_W: Array) -> Array:
@@ -112,7 +113,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           specs=None, worker_dtype=None,
           worker_batch: int | None = None,
           one_replica: bool = False,
-          backward: Backward = Backward()) -> Programs:
+          backward: Backward = Backward(),
+          correlation_every: int | None = None,
+          eval_local: bool = False) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -131,6 +134,10 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   among them are its metrics). ``one_replica``: the state holds one replica
   of a ``replicated`` strategy's identical workers (``_grouping``).
   ``backward``: micro-batches and autocast of the gradients (``_backward``).
+  ``correlation_every``: at the end of the rounds whose last step is a
+  multiple of it, the workers' mean pairwise parameter correlation
+  (pre-sync). ``eval_local``: evaluation also runs every worker's own
+  parameters (``local_*`` results: mean and spread over workers).
   """
   precision = Precision(worker_dtype)
   compute = local_compute(model, strategy, precision, one_replica, backward)
@@ -207,15 +214,20 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     sim, steps, carry = local_steps(sim, sampler, timing, strategy.period)
     st = precision.widen(sim.strategy)
     divergence = worker_divergence(st.params_W)
+    correlation = None
+    if correlation_every:
+      correlation = jax.lax.cond(
+          st.step % correlation_every == 0, worker_correlation,
+          lambda p: jnp.float32(jnp.nan), st.params_W)
     lr = _inner_lr(st.inner_W)
     st, report, clock, active = timing.sync(st, strategy.sync, carry,
                                             steps.clock, sim.active)
     st, active = timing.rejoin(st, carry, active, strategy.global_params)
     # The sync overwrites the buffer the divergence read (``_ordering``).
-    st = st._replace(params_W=after(st.params_W, divergence))
+    st = st._replace(params_W=after(st.params_W, (divergence, correlation)))
     counts, own = _timing.split_report(report, channels)
     return sim._replace(strategy=precision.narrow(st), active=active), (
-        RoundOut(steps, counts, divergence, lr, clock, own))
+        RoundOut(steps, counts, divergence, lr, clock, own, correlation))
 
   def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
     out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
@@ -246,7 +258,24 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
       return loss, metrics
 
     losses, metrics = jax.lax.map(one, eval_batches)
-    return {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
+    out = {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
+    if eval_local:
+      out.update(evaluate_workers(sim, eval_batches, key))
+    return out
+
+  def evaluate_workers(sim: SimState, eval_batches, key):
+    """Every worker's own parameters on the evaluation set, in one vmap:
+    the mean of each result over workers and the loss's spread."""
+    params_W = precision.widen(sim.strategy).params_W
+
+    def one(batch):
+      return jax.vmap(model.loss, in_axes=(0, None, None))(params_W, batch,
+                                                           key)
+
+    losses_BW, metrics_BW = jax.lax.map(one, eval_batches)
+    loss_W = jnp.mean(losses_BW, axis=0)
+    return {"local_loss": jnp.mean(loss_W), "local_loss_std": jnp.std(loss_W),
+            **{"local_" + m: jnp.mean(v) for m, v in metrics_BW.items()}}
 
   if mesh is not None:
     chunk, tail = _shard(chunk, tail, mesh, specs, num_workers)

@@ -50,7 +50,8 @@ class History:
                examples_per_step: int,
                tokens_per_example: int | None, metric_names: list[str],
                clock: bool = False, strategy_metrics: list[str] = (),
-               spacing_given: bool = True):
+               spacing_given: bool = True, correlation: bool = False,
+               perplexity: bool = False):
     self.channels = channels
     self.tiers = tiers_of(channels)
     self.log_every = log_every
@@ -68,6 +69,11 @@ class History:
     self._reset_carry()
     self.divergence = math.nan
     self.lr = math.nan
+    # The workers' correlation (with correlation_every): the latest value.
+    self.track_correlation = correlation
+    self.correlation = math.nan
+    # Language models: train_perplexity from the mean cross-entropy.
+    self.perplexity = perplexity
     # The simulated clock (a run with a network): seconds after the last
     # step, and how many workers the last communication averaged.
     self.sim_time = 0.0 if clock else None
@@ -87,6 +93,7 @@ class History:
             "carry": _carry_json(self.carry),
             "windows": [[s, _carry_json(w)] for s, w in self.windows.items()],
             "divergence": self.divergence, "lr": self.lr,
+            "correlation": self.correlation,
             "sim_time": self.sim_time, "participants": self.participants,
             "strategy": self.strategy, "peak": self.peak,
             "syncs": self.syncs, "empty_syncs": self.empty_syncs}
@@ -100,6 +107,7 @@ class History:
                     for s, w in d.get("windows", [])}
     self.divergence = float(d["divergence"])
     self.lr = float(d["lr"])
+    self.correlation = float(d.get("correlation", math.nan))
     self.sim_time = d.get("sim_time")
     self.participants = float(d.get("participants", math.nan))
     self.strategy.update({k: float(v) for k, v in
@@ -116,7 +124,7 @@ class History:
     if log_every % self.log_every:
       raise ValueError(f"log_every={log_every} is not a multiple of "
                        f"{self.log_every}")
-    train = {names.TRAIN_LOSS, names.LR,
+    train = {names.TRAIN_LOSS, names.LR, names.TRAIN_PERPLEXITY,
              *map(names.train_metric, self.metric_names)}
     rows, windows, pending = [], {}, []
     for row in self.rows:
@@ -182,7 +190,7 @@ class History:
 
   def add(self, *, loss, metrics, bad_worker, counts, round_end,
           divergence, lr, wall_time_s: float, sim_time=None,
-          participants=None, strategy=None) -> list[dict]:
+          participants=None, strategy=None, correlation=None) -> list[dict]:
     """Consumes n consecutive steps; returns the new rows (and keeps them).
 
     Args:
@@ -199,6 +207,8 @@ class History:
         where it had none (with a clock).
       strategy: name -> (n,) the strategy's own metrics, nan at the steps
         that did not report them.
+      correlation: (number of round ends,) the workers' correlation, nan
+        where it was not due (with correlation_every).
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
@@ -213,6 +223,10 @@ class History:
     metric_cum = {m: _sums.ExactCumsum(np.asarray(metrics[m])[:stop])
                   for m in self.metric_names}
     ends = np.flatnonzero(round_end)
+    if correlation is not None:
+      correlation = np.asarray(correlation, np.float64)
+      due = np.flatnonzero(~np.isnan(correlation))
+      due_ends = ends[due]
     if participants is not None:
       part = np.asarray(participants, np.float64)
       communicated = np.flatnonzero(part >= 0)
@@ -226,6 +240,10 @@ class History:
       k = np.searchsorted(ends, j, side="right") - 1
       if k >= 0:
         self.divergence, self.lr = float(divergence[k]), float(lr[k])
+      if correlation is not None:
+        c = np.searchsorted(due_ends, j, side="right") - 1
+        if c >= 0:
+          self.correlation = float(correlation[due[c]])
       if sim_time is not None:
         self.sim_time = float(sim_time[j])
         c = np.searchsorted(communicated, j, side="right") - 1
@@ -279,6 +297,11 @@ class History:
     row[names.TRAIN_LOSS] = _sums.mean(carry["loss"], n)
     for m in self.metric_names:
       row[names.train_metric(m)] = _sums.mean(carry[m], n)
+    if self.perplexity:
+      # A loss with regularisers (moe_gpt's router terms) reports its
+      # language-modelling part as cross_entropy, as for eval_perplexity.
+      nll = row.get(names.train_metric("cross_entropy"), row[names.TRAIN_LOSS])
+      row[names.TRAIN_PERPLEXITY] = math.exp(min(nll, 700.0))
 
   def finalize(self, step: int, wall_time_s: float,
                sim_time: float | None = None) -> dict:
@@ -316,6 +339,8 @@ class History:
                    for t, b in self._tier_bytes(events).items()},
                 names.PEAK_STEP_BYTES: self.peak,
                 names.WORKER_DIVERGENCE: self.divergence,
+                **({names.WORKER_CORRELATION: self.correlation}
+                   if self.track_correlation else {}),
                 names.WALL_TIME_S: wall_time_s})
     if self.sim_time is not None:
       self._clock_columns(row)

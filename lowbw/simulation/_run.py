@@ -33,9 +33,12 @@ def simulate(
     memory_budget=None,
     minibatch_size: int | None = None,
     autocast: str | None = None,
+    correlation_every: int | None = None,
+    eval_local: bool = False,
     hparams: dict | None = None,
     compile_cache: bool | str = True,
     overwrite: bool = False,
+    wandb_project: str | None = None,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -78,6 +81,11 @@ def simulate(
       keeps its settings there, for ``lowbw train --resume``).
     overwrite: clear what another run wrote in ``log_dir`` (its metrics,
       events, checkpoints and summaries; nothing else) before this one.
+    wandb_project: also log to this Weights & Biases project (optional
+      dependency: ``pip install 'lowbw[wandb]'``; a clear error before
+      compiling without it): the same metrics as the CSV at each row's step
+      and config.json's configuration, run named after ``log_dir``.
+      ``WANDB_MODE=offline`` needs no network.
     devices: spread the workers over this many devices (``shard_map`` over a
       ``"workers"`` mesh axis; must divide ``num_workers``); the trajectory is
       the same as on one device up to float rounding. Default: 1, or every
@@ -113,6 +121,15 @@ def simulate(
       parameters, gradients and optimizer state stay float32 (mixed
       precision; ``worker_dtype`` is about storage instead). Default
       "float32".
+    correlation_every: log ``worker_correlation``, the mean pairwise
+      Pearson correlation of the workers' parameter vectors (EXO Gym's
+      metric), at the end of every round whose last step is a multiple of
+      this (a multiple of H), before its sync. Computed in the compiled
+      program. Default: not logged.
+    eval_local: at each evaluation, also evaluate every worker's own
+      parameters: ``eval_local_loss`` (their mean), ``eval_local_loss_std``
+      (the spread over workers) and ``eval_local_<metric>``, next to the
+      global model's. Default False.
     hparams: traced values replacing the strategy's or network's, e.g.
       ``{"inner_lr": 3e-3}`` (see ``lowbw.build`` to run many without
       recompiling, ``lowbw.sweep`` to run a grid at once).
@@ -138,9 +155,10 @@ def simulate(
               devices=devices, worker_dtype=worker_dtype,
               worker_batch=worker_batch, memory_budget=memory_budget,
               minibatch_size=minibatch_size, autocast=autocast,
+              correlation_every=correlation_every, eval_local=eval_local,
               compile=False,
               compile_cache=compile_cache)
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
                  checkpoint_every=checkpoint_every, resume_from=resume_from,
                  progress=progress, callback=callback, metadata=metadata,
-                 overwrite=overwrite)
+                 overwrite=overwrite, wandb_project=wandb_project)

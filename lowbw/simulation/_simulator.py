@@ -86,7 +86,8 @@ class Simulator:
     self.programs = _engine.build(
         c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
         tuple(self.strategy_channels), c.masks, self.mesh, self.specs,
-        _narrow(c), c.grouping, c.one_replica, c.backward)
+        _narrow(c), c.grouping, c.one_replica, c.backward,
+        c.correlation_every, c.eval_local)
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
     # per build on the digits MLP (measured), more than it saves.
@@ -332,7 +333,8 @@ class Simulator:
           log_dir: str | None = None, checkpoint_every: int | None = None,
           resume_from: str | None = None, progress: bool | None = None,
           callback=None, metadata: dict | None = None,
-          overwrite: bool = False) -> Result:
+          overwrite: bool = False,
+          wandb_project: str | None = None) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -353,6 +355,9 @@ class Simulator:
     _config.check_processes(checkpoint_every, resume_from)
     _logdir.prepare(log_dir, resuming=_resume.continues(log_dir, resume_from),
                     overwrite=overwrite, create=self.main_process)
+    if wandb_project is not None:
+      _validate.non_empty_str("wandb_project", wandb_project)
+      telemetry.import_wandb("wandb_project", wandb_project)
     state, sampler, net, network = self.initial(seed, hparams)
     config = self.describe(seed, network, hparams, metadata)
     track = Track(self, c.default_log_every, network, log_dir, callback,
@@ -367,7 +372,8 @@ class Simulator:
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
            if show and self.main_process else None)
     save = _resume.saver(log_dir, track) if checkpoint_every else None
-    track.open_writers(track.history.step if resume_from else None)
+    track.open_writers(track.history.step if resume_from else None,
+                       wandb_project)
     try:
       state, elapsed = drive(self, exe, state, sampler, net, [track],
                              track.history.step, self.fetch,
@@ -411,6 +417,9 @@ class Simulator:
         # only when set: configurations (and checkpoints) from before match
         **({"minibatch_size": c.minibatch_size} if c.minibatch_size else {}),
         **({"autocast": c.autocast} if c.autocast != "float32" else {}),
+        **({"correlation_every": c.correlation_every}
+           if c.correlation_every else {}),
+        **({"eval_local": True} if c.eval_local else {}),
         "memory": self.memory.describe(),
         "devices": c.devices, "processes": self.processes,
         "metadata": dict(metadata or {}),
@@ -422,14 +431,19 @@ class Simulator:
     cols = [names.STEP, names.EXAMPLES] + ([names.TOKENS] if lm else [])
     cols += [names.TRAIN_LOSS] + [names.train_metric(m)
                                   for m in self.metric_names]
+    cols += [names.TRAIN_PERPLEXITY] if lm else []
     cols += [names.EVAL_LOSS] + [names.eval_metric(m)
                                  for m in self.metric_names]
     cols += [names.EVAL_PERPLEXITY] if lm else []
+    if c.eval_local:
+      cols += [names.EVAL_LOCAL_LOSS, names.EVAL_LOCAL_LOSS_STD] + [
+          names.eval_metric("local_" + m) for m in self.metric_names]
     cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES]
     cols += [names.tier_wire_bytes(t) for t in tiers_of(self.channels)]
     cols += [names.PEAK_STEP_BYTES,
              names.WORKER_DIVERGENCE,
              names.LR]
+    cols += [names.WORKER_CORRELATION] if c.correlation_every else []
     if c.network is not None:
       cols += [names.SIM_TIME_S, names.SYNC_WORKERS]
     cols += [names.strategy_metric(m) for m in self.strategy_metric_names]
@@ -453,6 +467,7 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
           worker_dtype: str | None = None,
           worker_batch: int | str | None = "auto", memory_budget=None,
           minibatch_size: int | None = None, autocast: str | None = None,
+          correlation_every: int | None = None, eval_local: bool = False,
           compile: bool = True, compile_cache: bool | str = True
           ) -> Simulator:
   """Validates a run configuration and compiles its programs, once.
@@ -486,6 +501,7 @@ def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
       rounds_per_chunk=rounds_per_chunk, devices=devices,
       worker_dtype=worker_dtype, worker_batch=worker_batch,
       memory_budget=memory_budget, minibatch_size=minibatch_size,
-      autocast=autocast)
+      autocast=autocast, correlation_every=correlation_every,
+      eval_local=eval_local)
   _compile_cache.enable(_compile_cache.check(compile_cache))
   return Simulator(config, compile=compile)

@@ -41,7 +41,9 @@ class Track:
                            c.data.tokens_per_example, sim.metric_names,
                            clock=network is not None,
                            strategy_metrics=sim.strategy_metric_names,
-                           spacing_given=c.log_every is not None)
+                           spacing_given=c.log_every is not None,
+                           correlation=c.correlation_every is not None,
+                           perplexity=c.is_lm)
     self.clock = _clock.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
@@ -86,6 +88,8 @@ class Track:
         full[period - 1::period] = c[:n]
         counts[name] = counts.get(name, 0) + full
       divergence, lr = out.divergence[:n], out.lr[:n]
+      correlation = (None if out.correlation is None
+                     else out.correlation[:n])
       sim_time = participants = None
       if out.clock is not None:
         sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
@@ -100,6 +104,7 @@ class Track:
       round_end = np.zeros(n, bool)
       counts = dict(per_step.counts)
       divergence = lr = np.zeros(0)
+      correlation = None
       sim_time = participants = None
       if per_step.clock is not None:
         sim_time = self.clock.steps(per_step.clock.time_s)
@@ -109,7 +114,8 @@ class Track:
         loss=per_step.loss, metrics=per_step.metrics,
         bad_worker=per_step.first_bad_worker, counts=counts,
         round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
-        sim_time=sim_time, participants=participants, strategy=strategy)
+        sim_time=sim_time, participants=participants, strategy=strategy,
+        correlation=correlation)
     if ev is not None:
       row = self.add_eval(end_step, ev, wall)
       if not rows or rows[-1] is not row:
@@ -132,8 +138,17 @@ class Track:
     self.emit([row])
 
   # ---------------------------------------------------------------- files
-  def open_writers(self, resumed_at: int | None = None) -> None:
-    if not self.log_dir or not self.sim.main_process:
+  def open_writers(self, resumed_at: int | None = None,
+                   wandb_project: str | None = None) -> None:
+    if not self.sim.main_process:
+      return
+    if wandb_project is not None:  # rows so far too, when resumed
+      name = self.log_dir and os.path.basename(os.path.normpath(self.log_dir))
+      self.writers.append(telemetry.WandbWriter(
+          wandb_project, self.config, name=name, directory=self.log_dir))
+      for row in self.history.rows:
+        self.writers[-1].write(row)
+    if not self.log_dir:
       return
     os.makedirs(self.log_dir, exist_ok=True)
     telemetry.write_json(os.path.join(self.log_dir, "config.json"),
@@ -142,12 +157,13 @@ class Track:
         os.path.join(self.log_dir, "metrics.csv"), self.sim.columns())
     # A resumed run rewrites what it logged (its rows may have been
     # re-spaced): TensorBoard drops the interrupted run's events.
-    self.writers = [csv_writer, telemetry.TensorBoardWriter(
+    files = [csv_writer, telemetry.TensorBoardWriter(
         os.path.join(self.log_dir, "tensorboard"),
         purge_step=None if resumed_at is None else 0)]
     for row in self.history.rows:
-      for w in self.writers:
+      for w in files:
         w.write(row)
+    self.writers += files
 
   def close(self) -> None:
     for w in self.writers:

@@ -71,7 +71,7 @@ def muloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
     H: int = 30,
-    codec: Codec | str | None = "quant:2:statistical",
+    codec: Codec | str | None = "quant:2:statistical:muloco",
     error_feedback: float | None = _spec.WithCodec(0.9),
     message: optax.GradientTransformation | None = None,
 ) -> _base.Strategy:
@@ -81,8 +81,9 @@ def muloco(
   lr 2.6827e-3 (``muon_inner``), outer SGD with Nesterov momentum (lr 0.8,
   momentum 0.9), H = 30, and its headline compression: 2-bit statistical
   quantization with error feedback beta = 0.9 (Algorithm 1, lines 14-17),
-  which sends 1/16 of DiLoCo's float32 bytes plus 16 bytes of codebook per
-  tensor. ``codec=None`` gives uncompressed MuLoCo (error feedback then
+  on the authors' grid (``grid="muloco"``, as their code bins), which sends
+  1/16 of DiLoCo's float32 bytes plus 20 bytes per tensor (a 4-entry
+  codebook and the mean). ``codec=None`` gives uncompressed MuLoCo (error feedback then
   defaults to off).
 
   Bytes per worker and sync: the codec's payload of the pseudo-gradient,
@@ -93,7 +94,7 @@ def muloco(
     outer: optimizer of the global parameters.
     H: inner steps per round (>= 1).
     codec: codec of the pseudo-gradients (a codec or spec string); default
-      ``quantize(2, "statistical")``.
+      ``quantize(2, "statistical", grid="muloco")``.
     error_feedback: residual decay beta; default 0.9 with a codec, None without.
 
   Example:

@@ -17,6 +17,16 @@ SIM_TIME_S = "sim_time_s"
 SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
 WALL_TIME_S = "wall_time_s"
 WORKER_DIVERGENCE = "worker_divergence"
+# Mean pairwise Pearson correlation of the workers' parameter vectors, at the
+# end of a round before its sync (with correlation_every).
+WORKER_CORRELATION = "worker_correlation"
+# exp of the mean training cross-entropy since the previous row (language
+# models).
+TRAIN_PERPLEXITY = "train_perplexity"
+# Each worker's own parameters evaluated (with eval_local): their mean
+# loss, its spread over workers, and each model metric's mean.
+EVAL_LOCAL_LOSS = "eval_local_loss"
+EVAL_LOCAL_LOSS_STD = "eval_local_loss_std"
 LR = "lr"
 
 

@@ -1,4 +1,5 @@
-"""Writers for logged rows: CSV, TensorBoard and JSON files.
+"""Writers for logged rows: CSV, TensorBoard, Weights & Biases and JSON
+files.
 
 Rows are written as they arrive and flushed, so a run that fails keeps what it
 logged so far.
@@ -54,6 +55,40 @@ class TensorBoardWriter:
 
   def close(self) -> None:
     self._writer.close()
+
+
+class WandbWriter:
+  """Weights & Biases, opt-in (``pip install 'lowbw[wandb]'``): the same
+  metrics as the CSV and TensorBoard, each row at its step, and the run's
+  configuration. ``WANDB_MODE=offline`` logs to ``dir`` with no network
+  (``wandb sync`` uploads it later)."""
+
+  def __init__(self, project: str, config: dict, name: str | None = None,
+               directory: str | None = None):
+    wandb = import_wandb("wandb_project", project)
+    self._run = wandb.init(project=project, name=name, dir=directory,
+                           config=config)
+
+  def write(self, row: dict[str, Any]) -> None:
+    values = {name: float(value) for name, value in row.items()
+              if name != "step" and value is not None and not _is_nan(value)}
+    self._run.log(values, step=int(row["step"]))
+
+  def close(self) -> None:
+    self._run.finish()
+
+
+def import_wandb(field: str, value):
+  """The ``wandb`` module, or a ValueError naming ``field`` that says how to
+  install it (checked before a run compiles)."""
+  try:
+    import wandb
+  except ImportError:
+    from lowbw import _validate
+    raise _validate.fail(field, value, "needs the wandb package: pip "
+                         "install 'lowbw[wandb]' (or pip install wandb)"
+                         ) from None
+  return wandb
 
 
 def _is_nan(value):

@@ -22,7 +22,8 @@ from lowbw.transforms._reductions import (all_workers, any_worker,
                                           local_workers, num_workers,
                                           participants, participating,
                                           replace_with_mean, sharded_workers,
-                                          total_workers, worker_divergence,
+                                          total_workers, worker_correlation,
+                                          worker_divergence,
                                           where_workers, worker_ids,
                                           worker_mean, worker_offset,
                                           worker_sum)
@@ -39,7 +40,7 @@ __all__ = [
     "as_codec", "e3m0", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
     "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
-    "worker_divergence", "worker_mean", "all_workers", "any_worker",
+    "worker_correlation", "worker_divergence", "worker_mean", "all_workers", "any_worker",
     "local_workers", "call_participating", "participants", "participating", "sharded_workers", "total_workers", "worker_ids",
     "where_workers", "worker_offset", "worker_sum",
 ]

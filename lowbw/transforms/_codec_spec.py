@@ -5,8 +5,8 @@ A spec is a comma-separated chain of stages (``"topk:0.1,quant:4"`` is
 
   topk:F             top_k(F)
   randk:F            random_k(F)
-  quant:B[:OPT...]   quantize(B); OPT: linear | statistical | stochastic |
-                     chunk=N
+  quant:B[:OPT...]   quantize(B); OPT: linear | statistical | muloco (the
+                     MuLoCo authors' statistical grid) | stochastic | chunk=N
   sign               sign()
   e3m0[:chunk=N]     e3m0(N): 4-bit floats, Streaming DiLoCo's format
   cast:T             cast(T); T: float32, bf16, fp16, fp8 (e4m3), e5m2
@@ -23,7 +23,7 @@ from lowbw.transforms._dct import dct_top_k
 from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._topk import random_k, top_k
 
-FORMS = ("topk:F", "randk:F", "quant:BITS[:statistical][:stochastic]"
+FORMS = ("topk:F", "randk:F", "quant:BITS[:statistical[:muloco]][:stochastic]"
          "[:chunk=N]", "sign", "e3m0[:chunk=N]", "cast:DTYPE", "dct[:CHUNK[:K]]", "none")
 
 
@@ -93,6 +93,8 @@ def _quantize(args):
   for opt in args[1:]:
     if opt in ("linear", "statistical"):
       kwargs["scheme"] = opt
+    elif opt == "muloco":
+      kwargs["grid"] = "muloco"
     elif opt == "stochastic":
       kwargs["stochastic"] = True
     elif opt.startswith("chunk="):

@@ -18,6 +18,9 @@ from lowbw.transforms._codec import Codec, make_codec, worker_key
 
 BITS = (1, 2, 4, 8)
 SCHEMES = ("linear", "statistical")
+# Where the statistical scheme's bins fall: lowbw's equal bins over mean
+# +- 3 sigma, or the MuLoCo authors' rounding grid.
+GRIDS = ("lowbw", "muloco")
 
 
 def pack(codes: Array, bits: int) -> Array:
@@ -97,8 +100,33 @@ def _statistical_encode(values, valid, bits):
   return codes, codebook
 
 
+def _muloco_encode(values, valid, bits):
+  """The MuLoCo authors' statistical quantizer (facebookresearch/MuLoCo,
+  torchtitan/quantization.py, range 6 sigma): codes round((x - mean) /
+  (6 sigma / 2**bits) + 2**(bits-1)), clamped, with sigma the unbiased
+  standard deviation (a step of 1 when it is 0 or not finite); each code
+  decodes to the mean of its bin's centred entries (0 if empty) plus the
+  mean, sent as ``shift``."""
+  levels = 1 << bits
+  count = jnp.sum(valid, axis=1, keepdims=True)
+  mean = jnp.sum(jnp.where(valid, values, 0), axis=1, keepdims=True) / count
+  centred = jnp.where(valid, values - mean, 0)
+  std = jnp.sqrt(jnp.sum(centred ** 2, axis=1, keepdims=True) /
+                 jnp.maximum(count - 1, 1))
+  step = jnp.where(count > 1, 6 * std / levels, 0)
+  step = jnp.where((step > 0) & jnp.isfinite(step), step, 1.0)
+  codes = jnp.clip(jnp.round(centred / step + levels // 2), 0,
+                   levels - 1).astype(jnp.int32)
+  rows = jnp.broadcast_to(jnp.arange(values.shape[0])[:, None], codes.shape)
+  bins = jnp.zeros((values.shape[0], levels), values.dtype)
+  sums = bins.at[rows, codes].add(centred)
+  members = bins.at[rows, codes].add(valid.astype(values.dtype))
+  lookup = jnp.where(members > 0, sums / jnp.maximum(members, 1), 0)
+  return codes, mean[:, 0], lookup
+
+
 def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
-             chunk: int | None = None) -> Codec:
+             chunk: int | None = None, grid: str = "lowbw") -> Codec:
   """Quantizes each tensor (or each ``chunk`` of its flattened entries) to
   ``bits``-bit codes.
 
@@ -111,7 +139,12 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
     mean +- 3 standard deviations is cut into 2**bits equal bins (values
     outside go to the edge bins), and each code decodes to the mean of the
     entries in its bin (the bin's centre when it is empty). Codebook:
-    2**bits float32 values per tensor or chunk.
+    2**bits float32 values per tensor or chunk. ``grid="muloco"`` bins as
+    the MuLoCo authors' code does instead: step 6 sigma / 2**bits (unbiased
+    sigma) and codes round((x - mean) / step + 2**(bits-1)), so at 2 bits
+    the edges are -2.25, -0.75 and +0.75 sigma (lowbw's: -1.5, 0, +1.5);
+    each code decodes to its bin's mean, sent as a centred codebook plus
+    the mean (4 bytes more per chunk).
 
   Bytes per tensor of n entries: ceil(n * bits / 8) + 8 per chunk (linear), or
   + 4 * 2**bits per chunk (statistical). Workers have their own scales, so
@@ -122,6 +155,7 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
     scheme: "linear" or "statistical".
     stochastic: stochastic rounding (linear only).
     chunk: entries per scale group; None = one group per tensor.
+    grid: "lowbw" or "muloco" (statistical only).
 
   Example:
     >>> codec = quantize(2, "statistical")
@@ -134,6 +168,10 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
   chunk = _validate.optional_positive_int("chunk", chunk)
   if not isinstance(stochastic, bool):
     raise _validate.fail("stochastic", stochastic, "expected True or False")
+  grid = _validate.one_of("grid", grid, GRIDS)
+  if grid != "lowbw" and scheme != "statistical":
+    raise _validate.fail("grid", grid, "a grid is a choice of the "
+                         "statistical scheme; give scheme='statistical'")
   if stochastic and scheme != "linear":
     raise _validate.fail("stochastic", stochastic,
                          "stochastic rounding is only defined for "
@@ -147,6 +185,9 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
                if stochastic else None)
       codes, lo, hi = _linear_encode(values, valid, bits, noise)
       scales = {"min": lo, "max": hi}
+    elif grid == "muloco":
+      codes, shift, lookup = _muloco_encode(values, valid, bits)
+      scales = {"shift": shift, "lookup": lookup}
     else:
       codes, codebook = _statistical_encode(values, valid, bits)
       scales = {"codebook": codebook}
@@ -160,18 +201,23 @@ def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
     if scheme == "linear":
       values = _linear_decode(codes.astype(jnp.float32), data["min"],
                               data["max"], bits)
+    elif grid == "muloco":
+      values = (jnp.take_along_axis(data["lookup"], codes, axis=1) +
+                data["shift"][:, None])
     else:
       values = jnp.take_along_axis(data["codebook"], codes, axis=1)
     return values.reshape(-1)[:n].reshape(payload.shape)
 
   name = f"quant:{bits}" + ("" if scheme == "linear" else ":statistical")
+  name += ":muloco" if grid == "muloco" else ""
   name += ":stochastic" if stochastic else ""
   name += f":chunk={chunk}" if chunk else ""
   return make_codec(name, encode, decode, summable=False, carries_values=False,
                     needs_key=stochastic,
                     config={"codec": "quantize", "bits": bits,
                             "scheme": scheme, "stochastic": stochastic,
-                            "chunk": chunk})
+                            "chunk": chunk,
+                            **({"grid": grid} if grid != "lowbw" else {})})
 
 
 def sign() -> Codec:

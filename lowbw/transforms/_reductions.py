@@ -252,3 +252,26 @@ def worker_divergence(params_W: PyTree) -> Array:
   sq_mean = sum(jnp.sum(jnp.square(m)) for m in jax.tree.leaves(mean))
   return (worker_mean(jnp.sqrt(sq_dev_W)) /
           jnp.maximum(jnp.sqrt(sq_mean), 1e-30))
+
+
+def worker_correlation(params_W: PyTree) -> Array:
+  """Mean over pairs of workers i != j of the Pearson correlation of their
+  whole parameter vectors (EXO Gym's correlation metric); 1 when they all
+  agree, nan with one worker.
+
+  With u_w worker w's centred vector scaled to unit norm, the pairs' sum is
+  ||sum_w u_w||^2 - sum_w ||u_w||^2: O(W P), and its only reduction over
+  workers is a sum (device-safe), not a W x W matrix.
+  """
+  leaves = [x.reshape(x.shape[0], -1).astype(jnp.float32)
+            for x in jax.tree.leaves(params_W)]
+  size = sum(x.shape[1] for x in leaves)
+  mean_W = sum(jnp.sum(x, axis=1) for x in leaves) / size
+  sq_W = sum(jnp.sum(jnp.square(x - mean_W[:, None]), axis=1) for x in leaves)
+  scale_W = jnp.where(sq_W > 0, jax.lax.rsqrt(jnp.maximum(sq_W, 1e-30)), 0.0)
+  units = [(x - mean_W[:, None]) * scale_W[:, None] for x in leaves]
+  total = worker_sum(units)
+  pairs = sum(jnp.sum(jnp.square(t)) for t in total) - worker_sum(
+      sq_W * jnp.square(scale_W))
+  w = total_workers(params_W)
+  return pairs / (w * (w - 1)) if w > 1 else jnp.float32(jnp.nan)
