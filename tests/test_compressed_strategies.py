@@ -135,6 +135,52 @@ def test_diloco_with_codec_matches_algorithm_1(beta):
   assert float(jnp.max(jnp.abs(plain.params_W["w"] - state.params_W["w"]))) > 1e-4
 
 
+def test_reduce_scatter_quantizes_the_mean_again_like_a_loop():
+  """aggregation="reduce_scatter": each worker's pseudo-gradient through the
+  codec (with its residual), their mean through the codec once more (the
+  quantized all-reduce's second encoding), then the outer step; priced at
+  2(W-1)/W of the payload instead of the all-gather's W-1."""
+  params, batches = make_problem()
+  H, key, beta = 3, jax.random.PRNGKey(4), 0.9
+  codec = T.quantize(2, "statistical", grid="muloco")
+  inner = optax.adam(0.01)
+  strategy = strategies.diloco(inner, OUTER, H=H, codec=codec,
+                               error_feedback=beta,
+                               aggregation="reduce_scatter")
+  state = run_vectorized(strategy, params, batches, key)
+  params_w, inner_w = [params] * W, [inner.init(params)] * W
+  global_params, outer_state = params, OUTER.init(params)
+  residual_w = [jax.tree.map(jnp.zeros_like, params)] * W
+  for t in range(STEPS):
+    local_steps(inner, params_w, inner_w, batches, t)
+    if (t + 1) % H:
+      continue
+    sent = []
+    for w in range(W):
+      delta = optax.tree.sub(global_params, params_w[w])
+      acc = jax.tree.map(lambda e, d: beta * e + d, residual_w[w], delta)
+      sent.append(roundtrip(codec, acc, codec_key(key, t + 1), w))
+      residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
+    again = roundtrip(codec, mean_of(sent),
+                      jax.random.fold_in(codec_key(key, t + 1), 0x2ED))
+    upd, outer_state = OUTER.update(again, outer_state, global_params)
+    global_params = optax.apply_updates(global_params, upd)
+    params_w = [global_params] * W
+  chex.assert_trees_all_close(state.comm.global_params, global_params,
+                              atol=1e-5)
+  gathered = run_vectorized(
+      strategies.diloco(inner, OUTER, H=H, codec=codec, error_feedback=beta),
+      params, batches, key)
+  assert float(jnp.max(jnp.abs(gathered.comm.global_params["w"] -
+                               state.comm.global_params["w"]))) > 1e-4
+  (rs,) = strategy.channels(params, 8).values()
+  (ag,) = strategies.diloco(codec=codec).channels(params, 8).values()
+  assert rs.payload_bytes == ag.payload_bytes
+  assert rs.wire_bytes == 2 * 7 / 8 * rs.payload_bytes
+  assert ag.wire_bytes == 7 * ag.payload_bytes
+  assert rs.collective == "ring_allreduce"
+
+
 def test_fedavg_parameters_codec_with_islands_matches_reference():
   params, batches = make_problem()
   H, s, key = 2, 2, jax.random.PRNGKey(3)
@@ -206,6 +252,54 @@ def test_demo_matches_reference():
     chex.assert_trees_all_close(
         jax.tree.map(lambda x: x[w], state.comm.residual), momentum_w[w],
         atol=1e-5)
+
+
+def test_demo_mean_over_senders_matches_reference():
+  """combine="mean": the reference implementation's receivers divide each
+  DCT coefficient by the number of workers that sent it before the inverse
+  DCT and the sign; written out per worker from the codec's payloads."""
+  from lowbw.transforms._dct import blocks, idct_blocks
+  params, batches = make_problem()
+  decay, lr, chunk, k = 0.9, 0.01, 4, 2
+  codec = T.dct_top_k(chunk=chunk, k=k)
+  state = run_vectorized(
+      strategies.demo(optax.sgd(lr), decay=decay, chunk=chunk, k=k,
+                      combine="mean"), params, batches)
+  theta = params
+  momentum_w = [jax.tree.map(jnp.zeros_like, params)] * W
+  for t in range(STEPS):
+    dense, mask = [], []
+    for w in range(W):
+      g = jax.grad(loss_fn)(theta, batch_at(batches, t, w))
+      m = jax.tree.map(lambda m, g: decay * m + g, momentum_w[w], g)
+      payload = T.encode_tree(codec, m)
+      momentum_w[w] = jax.tree.map(jnp.subtract, m,
+                                   T.decode_tree(codec, payload))
+      d, c = {}, {}
+      for name, p in payload.items():
+        values, idx = p.data["values"], p.data["indices"].astype(jnp.int32)
+        _, _, br, bc = blocks(p.shape, chunk)
+        size = br * bc
+        rows = jnp.arange(values.shape[0])[:, None]
+        d[name] = jnp.zeros((values.shape[0], size)).at[rows, idx].set(values)
+        c[name] = jnp.zeros((values.shape[0], size)).at[rows, idx].set(1.0)
+      dense.append(d)
+      mask.append(c)
+    update = {name: jnp.sign(idct_blocks(
+        sum(d[name] for d in dense) / jnp.maximum(
+            sum(c[name] for c in mask), 1.0), theta[name].shape, chunk))
+        for name in theta}
+    theta = jax.tree.map(lambda p, u: p - lr * u, theta, update)
+  chex.assert_trees_all_close(strategies.demo().global_params(state), theta,
+                              atol=1e-5)
+  for w in range(W):
+    chex.assert_trees_all_close(
+        jax.tree.map(lambda x: x[w], state.comm.residual), momentum_w[w],
+        atol=1e-5)
+  summed = run_vectorized(strategies.demo(optax.sgd(lr), decay=decay,
+                                          chunk=chunk, k=k), params, batches)
+  assert float(jnp.max(jnp.abs(summed.params_W["w"] -
+                               state.params_W["w"]))) > 1e-4
 
 
 # --- bytes ------------------------------------------------------------------
@@ -305,6 +399,12 @@ def test_muon_only_on_hidden_matrices():
     (lambda: strategies.demo(codec="none"), "codec"),
     (lambda: strategies.demo(codec=0.5), "codec"),
     (lambda: T.top_k(0.1) | "quant:4", "codec second"),
+    (lambda: strategies.diloco(aggregation="reduce_scatter"), "aggregation"),
+    (lambda: strategies.demo(combine="median"), "combine"),
+    (lambda: strategies.demo(codec="topk:0.1", combine="mean"), "combine"),
+    (lambda: strategies.muloco(aggregation="tree"), "aggregation"),
+    (lambda: strategies.diloco(codec="cast:bf16",
+                               aggregation="reduce_scatter"), "aggregation"),
 ])
 def test_bad_compression_arguments_name_the_field(call, field):
   with pytest.raises(ValueError, match=f"^{field}="):

@@ -9,14 +9,49 @@ from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
-                              init_residual, num_workers, transmit,
-                              worker_sum)
+                              init_residual, num_workers, participants,
+                              transmit, where_workers, worker_sum)
+from lowbw.transforms._dct import dct_blocks, idct_blocks
 
 
 def default_inner() -> optax.GradientTransformation:
   """DeMo's parameter step: SGD on the sign update, lr 4e-4 (the paper's
   OLMo-300M configuration), no weight decay."""
   return _optim.inner(_optim.DEMO_INNER)
+
+
+COMBINES = ("sum", "mean")
+
+
+def _mean_of_senders(state_W, grads_W, chunk: int, k: int):
+  """DeMo's step with each DCT coefficient averaged over the workers that
+  sent it: (the sign update, the new message states). The same selection
+  and error feedback as the sum (momentum <- decay m + g, decay the state's
+  beta; the top-k coefficients of each block are sent and leave it), but
+  the receivers divide each summed coefficient by its number of senders
+  before the inverse DCT."""
+  active_W = participants()
+  update, new_W = [], []
+  for m, g in zip(jax.tree.leaves(state_W.residual), jax.tree.leaves(grads_W)):
+    acc = state_W.beta.reshape((-1,) + (1,) * (m.ndim - 1)) * m + g
+    coeffs = jax.vmap(lambda x: dct_blocks(x, chunk))(acc)
+    keep = min(k, coeffs.shape[-1])
+    top = jax.lax.top_k(jnp.abs(coeffs), keep)[1]
+    mask = jnp.zeros(coeffs.shape, bool).at[
+        jnp.arange(coeffs.shape[0])[:, None, None],
+        jnp.arange(coeffs.shape[1])[None, :, None], top].set(True)
+    sent = jnp.where(mask, coeffs, 0.0)
+    new_W.append(acc - jax.vmap(
+        lambda c: idct_blocks(c, acc.shape[1:], chunk))(sent))
+    total, senders = worker_sum((sent, mask.astype(jnp.float32)))
+    mean = total / jnp.maximum(senders, 1.0)
+    update.append(jnp.sign(idct_blocks(mean, acc.shape[1:], chunk)))
+  treedef = jax.tree.structure(grads_W)
+  new = state_W._replace(residual=jax.tree.unflatten(treedef, new_W),
+                         count=state_W.count + 1)
+  if active_W is not None:  # the others sent nothing: their momenta stay
+    new = where_workers(active_W, new, state_W)
+  return jax.tree.unflatten(treedef, update), new
 
 
 def demo(
@@ -26,6 +61,7 @@ def demo(
     k: int = 32,
     codec: Codec | str | None = None,
     weight_decay: float = 0.0,
+    combine: str = "sum",
 ) -> _base.Strategy:
   """DeMo: every step, each worker shares only the fast components of its
   momentum.
@@ -64,6 +100,10 @@ def demo(
       chunk and k at their defaults then. None: ``dct_top_k(chunk, k)``.
     weight_decay: decoupled weight decay wd >= 0, added to the sign update
       as wd x theta before ``inner``.
+    combine: "sum" (the paper's sum of the decoded components) or "mean":
+      each DCT coefficient averaged over the workers that sent it, as the
+      reference implementation does, before the inverse transform and the
+      sign (the DCT codec only).
 
   Example:
     >>> strategy = lowbw.strategies.demo(optax.sgd(1e-3), k=16)
@@ -85,19 +125,29 @@ def demo(
         raise _validate.fail(field, value, "set it inside codec= instead "
                              "(codec replaces dct_top_k(chunk, k))")
     check_codec("codec", codec, optional=False)
+  combine = _validate.one_of("combine", combine, COMBINES)
+  if combine == "mean" and not codec.name.startswith("dct:"):
+    raise _validate.fail("combine", combine, "averages DCT coefficients "
+                         f"over their senders; codec {codec.name!r} sends "
+                         "no DCT coefficients")
   # The momentum is the error-feedback residual with beta = decay: the same
   # message path as every strategy's (its state's beta is the ef_beta knob).
   comp = compression(codec, decay)
+  chunk_k = (codec.config["chunk"], codec.config["k"]) if combine == "mean" \
+      else None
 
   def init(params, num_workers_, key):
     state = _base.inner_init(inner, params, num_workers_, key, ())
     return state._replace(comm=init_residual(comp, state.params_W))
 
   def local(state, grads_W):
-    sent_W, momentum_W = transmit(comp, grads_W, state.comm,
-                                  _base.comm_key(state))
-    # Only the participating workers' components are gathered and summed.
-    update = jax.tree.map(jnp.sign, worker_sum(sent_W))
+    if chunk_k is not None:
+      update, momentum_W = _mean_of_senders(state.comm, grads_W, *chunk_k)
+    else:
+      sent_W, momentum_W = transmit(comp, grads_W, state.comm,
+                                    _base.comm_key(state))
+      # Only the participating workers' components are gathered and summed.
+      update = jax.tree.map(jnp.sign, worker_sum(sent_W))
     state = state._replace(comm=momentum_W)
     state = _base.inner_update(
         inner, state, broadcast_to_workers(update, num_workers(grads_W)))
@@ -113,6 +163,7 @@ def demo(
       "demo", 1, init, local, None, global_params, channels,
       {"name": "demo", "inner": _base.describe(inner), "decay": decay,
        "codec": codec.name,
+       **({"combine": combine} if combine != "sum" else {}),
        **({"weight_decay": weight_decay} if weight_decay else {})})
 
 
@@ -123,4 +174,7 @@ SPEC = _spec.spec(
           "chunk": "DCT block side",
           "k": "DCT coefficients kept per block",
           "codec": "replaces dct_top_k(chunk, k)",
-          "weight_decay": "decoupled weight decay of the sign step, >= 0"})
+          "weight_decay": "decoupled weight decay of the sign step, >= 0",
+          "combine": "sum the workers' DCT components, or average each "
+                     "coefficient over its senders (the reference's)"},
+    choices={"combine": COMBINES})

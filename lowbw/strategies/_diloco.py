@@ -11,9 +11,10 @@ import optax
 from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              comm_channel, compression, init_residual,
-                              num_workers, transmit, worker_mean)
+from lowbw.transforms import (Codec, Compression, aggregate,
+                              broadcast_to_workers, comm_channel, compression,
+                              init_residual, num_workers, transmit,
+                              worker_mean)
 
 
 class DiLoCoComm(NamedTuple):
@@ -69,7 +70,7 @@ def outer_step(outer: optax.GradientTransformation, comp: Compression,
         broadcast_to_workers(global_params, num_workers(params_W)), params_W)
     sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
                                  senders_W)
-    pseudo_grad = worker_mean(sent_W, active_W)
+    pseudo_grad = aggregate(comp, sent_W, key, active_W)
   updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
   return (optax.apply_updates(global_params, updates), outer_state, message_W,
           pseudo_grad)
@@ -135,6 +136,7 @@ def diloco(
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
     message: optax.GradientTransformation | None = None,
+    aggregation: str = "all_gather",
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -161,6 +163,9 @@ def diloco(
     message: the per-worker message chain replacing codec's default one (an
       optax transformation ending in ``codec``'s round trip; see
       docs/codecs/custom.md), or None.
+    aggregation: how a codec's payloads that cannot be summed are combined:
+      "all_gather" ((W-1) x payload per worker) or "reduce_scatter" (a
+      quantized all-reduce: the mean is encoded again, 2(W-1)/W x payload).
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -172,7 +177,7 @@ def diloco(
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
   return build("diloco", inner, outer, H,
-               compression(codec, error_feedback, message))
+               compression(codec, error_feedback, message, aggregation))
 
 
 SPEC = _spec.spec(

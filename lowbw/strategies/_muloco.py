@@ -74,6 +74,7 @@ def muloco(
     codec: Codec | str | None = "quant:2:statistical:muloco",
     error_feedback: float | None = _spec.WithCodec(0.9),
     message: optax.GradientTransformation | None = None,
+    aggregation: str = "all_gather",
 ) -> _base.Strategy:
   """MuLoCo: DiLoCo whose workers run Muon, with compressed pseudo-gradients.
 
@@ -87,7 +88,10 @@ def muloco(
   defaults to off).
 
   Bytes per worker and sync: the codec's payload of the pseudo-gradient,
-  all-gathered for quantizers ((W-1) x payload sent).
+  all-gathered for quantizers ((W-1) x payload sent), or with
+  ``aggregation="reduce_scatter"`` a quantized all-reduce (2(W-1)/W x
+  payload; the mean is quantized a second time, as the authors' sweeps
+  assume).
 
   Args:
     inner: per-worker optimizer; default ``muon_inner()``.
@@ -96,6 +100,7 @@ def muloco(
     codec: codec of the pseudo-gradients (a codec or spec string); default
       ``quantize(2, "statistical", grid="muloco")``.
     error_feedback: residual decay beta; default 0.9 with a codec, None without.
+    aggregation: "all_gather" or "reduce_scatter" (see ``diloco``).
 
   Example:
     >>> strategy = lowbw.strategies.muloco(codec=lowbw.transforms.top_k(0.1))
@@ -107,7 +112,7 @@ def muloco(
   codec = as_codec("codec", codec)
   error_feedback = _spec.with_codec(error_feedback, codec, message)
   return build("muloco", inner, outer, H,
-               compression(codec, error_feedback, message))
+               compression(codec, error_feedback, message, aggregation))
 
 
 SPEC = _spec.spec(

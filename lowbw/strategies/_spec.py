@@ -17,7 +17,7 @@ from typing import Any, NamedTuple
 import optax
 
 from lowbw.strategies._optim import Optimizer
-from lowbw.transforms import SELECTORS, Codec
+from lowbw.transforms import AGGREGATIONS, SELECTORS, Codec
 
 # Parameters that mean the same in every strategy that takes them: their help
 # (and allowed values) live here once; a strategy's own help= adds the rest.
@@ -29,8 +29,11 @@ HELP = {
     "p": "fraction of each tensor averaged per step, in (0, 1]",
     "selector": "how the averaged indices are drawn",
     "sparta_interval": "average the sparse subset every this many steps",
+    "aggregation": "how payloads that cannot be summed are combined: "
+                   "all_gather, or reduce_scatter (a quantized all-reduce: "
+                   "the mean encoded again, 2(W-1)/W x payload)",
 }
-CHOICES = {"selector": SELECTORS}
+CHOICES = {"selector": SELECTORS, "aggregation": AGGREGATIONS}
 
 # The command line's short names for some parameters.
 FLAGS = {"error_feedback": "ef", "alpha": "merge_alpha"}

@@ -7,7 +7,8 @@ from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
                                      decode_tree, encode_tree, make_codec,
                                      payload_nbytes, roundtrip)
 from lowbw.transforms._codec_spec import as_codec, parse_codec
-from lowbw.transforms._compression import (Compression, comm_channel,
+from lowbw.transforms._compression import (AGGREGATIONS, Compression,
+                                           aggregate, comm_channel,
                                            compression, init_residual,
                                            message_bytes,
                                            roundtrip_workers, transmit)
@@ -34,7 +35,7 @@ from lowbw.transforms._topk import index_dtype, random_k, top_k
 __all__ = [
     "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
-    "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
+    "AGGREGATIONS", "aggregate", "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
     "encode_tree", "error_feedback", "feedback_step", "group_mean",
     "index_dtype", "init_residual", "make_codec", "message_bytes", "num_workers",
     "as_codec", "e3m0", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",

@@ -8,7 +8,9 @@ Every communication event runs three stages:
    ``compress`` from this package, the same transformations a notebook
    chains);
 2. aggregate over workers: the strategy's mean (or, for DeMo, sign of sum) of
-   the decoded tensors, over the active workers;
+   the decoded tensors, over the active workers (``aggregate``: with
+   ``aggregation="reduce_scatter"`` the mean is quantized a second time, as
+   a quantized all-reduce sends it back);
 3. post-process: the strategy's optimizer (DiLoCo's outer step, DDP's inner
    step) treats the aggregate as it would the raw mean.
 
@@ -33,8 +35,14 @@ from lowbw.transforms._codec_spec import as_codec
 from lowbw.transforms import _error_feedback
 from lowbw.transforms._error_feedback import check_beta
 from lowbw.transforms._reductions import (num_workers, participants,
-                                          where_workers,
-                                          worker_ids)
+                                          where_workers, worker_ids,
+                                          worker_mean)
+
+# How compressed messages are combined: every worker all-gathers the others'
+# payloads ((W-1) x payload each), or a quantized all-reduce: a
+# reduce-scatter of the payloads' shards, each shard's mean encoded again and
+# all-gathered (2(W-1)/W x payload each).
+AGGREGATIONS = ("all_gather", "reduce_scatter")
 
 
 class Compression(NamedTuple):
@@ -53,6 +61,7 @@ class Compression(NamedTuple):
   beta: float | None
   message: optax.GradientTransformationExtraArgs | None = None
   custom: bool = False
+  aggregation: str = "all_gather"
 
   @property
   def config(self):
@@ -60,20 +69,36 @@ class Compression(NamedTuple):
            "error_feedback": self.beta}
     if self.custom:
       out["message"] = "custom chain"
+    if self.aggregation != "all_gather":
+      out["aggregation"] = self.aggregation
     return out
 
 
 def compression(codec: Codec | str | None, error_feedback: float | None,
-                message: optax.GradientTransformation | None = None
-                ) -> Compression:
+                message: optax.GradientTransformation | None = None,
+                aggregation: str = "all_gather") -> Compression:
   """Validates a strategy's ``codec=`` (a codec, a spec string or None),
-  ``error_feedback=`` and ``message=`` arguments into its message path.
+  ``error_feedback=``, ``message=`` and ``aggregation=`` arguments into its
+  message path.
 
   Example:
     >>> comp = compression("quant:4", None, message=optax.chain(
     ...     optax.clip_by_global_norm(1.0), error_feedback(quantize(4), 0.9)))
   """
   codec = as_codec("codec", codec)
+  aggregation = _validate.one_of("aggregation", aggregation, AGGREGATIONS)
+  if aggregation != "all_gather" and (codec is None or codec.summable):
+    raise _validate.fail(
+        "aggregation", aggregation, "is for payloads that cannot be summed "
+        "(quantized, top-k); " + (
+            "without a codec the tensors" if codec is None else
+            f"codec {codec.name!r}'s payloads") +
+        " are summed in a ring all-reduce already")
+  comp = _message_path(codec, error_feedback, message)
+  return comp._replace(aggregation=aggregation)
+
+
+def _message_path(codec, error_feedback, message) -> Compression:
   if error_feedback is not None:
     error_feedback = check_beta(error_feedback)
     if codec is None:
@@ -147,6 +172,20 @@ def roundtrip_workers(codec: Codec | None, x_W: PyTree,
   return jax.vmap(lambda x, w: roundtrip(codec, x, key, w))(x_W, workers)
 
 
+def aggregate(comp: Compression, sent_W: PyTree, key: PRNGKey,
+              active_W: Array | None = None) -> PyTree:
+  """The mean of the workers' decoded messages (over ``active_W`` or the
+  participants); under ``reduce_scatter`` encoded and decoded once more,
+  what a quantized all-reduce hands back. The second encoding quantizes the
+  whole mean tensor with the codec's own groups (a real reduce-scatter
+  quantizes each worker's 1/W shard with its own scales), as the MuLoCo
+  authors' code simulates the quantization after the reduce."""
+  mean = worker_mean(sent_W, active_W)
+  if comp.aggregation != "reduce_scatter":
+    return mean
+  return roundtrip(comp.codec, mean, jax.random.fold_in(key, 0x2ED))
+
+
 def message_bytes(comp: Compression, tree: PyTree) -> int:
   """Exact payload bytes of one worker's message for ``tree``."""
   return payload_nbytes(comp.codec, tree)
@@ -157,5 +196,6 @@ def comm_channel(comp: Compression, tree: PyTree, group_size: int,
   """The channel of one message of ``tree`` under ``comp``: payload bytes and
   the collective the codec implies (all-reduce or all-gather); ``tier`` and
   ``shards`` as in ``Channel``."""
-  return channel(collective(comp.codec), message_bytes(comp, tree), group_size,
-                 tier, shards)
+  kind = ("ring_allreduce" if comp.aggregation == "reduce_scatter"
+          else collective(comp.codec))
+  return channel(kind, message_bytes(comp, tree), group_size, tier, shards)
