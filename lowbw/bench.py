@@ -206,6 +206,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             devices: int | None = None, worker_dtype: str | None = None,
             worker_batch: int | str | None = "auto", memory_budget=None,
             minibatch_size: int | None = None, autocast: str | None = None,
+            correlation_every: int | None = None,
             sync_cost: bool = True,
             seed: int = 0) -> dict:
   """Figures for one configuration (see the module docstring).
@@ -218,7 +219,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
     devices, worker_dtype, worker_batch, memory_budget, minibatch_size,
-      autocast: as for ``lowbw.simulate``.
+      autocast, correlation_every: as for ``lowbw.simulate``.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
 
@@ -231,7 +232,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
               rounds_per_chunk=rounds, devices=devices,
               worker_dtype=worker_dtype, worker_batch=worker_batch,
               memory_budget=memory_budget, minibatch_size=minibatch_size,
-              autocast=autocast, compile=False)
+              autocast=autocast, correlation_every=correlation_every,
+              compile=False)
   c = simulator.config
   state, sampler, _, _ = simulator.initial(seed)
   memory.built()

@@ -15,7 +15,7 @@ from lowbw import _validate
 # What runs and sweeps write in their folder.
 RUN_FILES = ("checkpoints", "config.json", "metrics.csv", "summary.json",
              "tensorboard", "sweep.csv", "sweep.json", "sweep.png",
-             "plot.png")
+             "plot.png", "wandb")  # wandb: W&B's local (offline) files
 _POINTS = "point_[0-9][0-9][0-9]*"
 
 
