@@ -304,6 +304,9 @@ def test_language_model_end_to_end(tmp_path):
   assert h["tokens"][-1] == 8 * 2 * 4 * 16
   assert h["eval_perplexity"][-1] == pytest.approx(math.exp(h["eval_loss"][-1]),
                                                    rel=1e-5)
+  # Issue 17: language models log train_perplexity, exp of the row's mean.
+  np.testing.assert_allclose(h["train_perplexity"], np.exp(h["train_loss"]),
+                             rtol=1e-6)
 
 
 def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):

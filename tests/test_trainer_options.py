@@ -46,7 +46,7 @@ def test_clipping_is_per_worker_like_a_loop_over_workers():
   assert not np.allclose(state.params_W["w"][1], 1 - lr * across * 0.3)
 
 
-def test_clipping_in_a_run_and_on_the_command_line(tmp_path):
+def test_clipping_in_a_run():
   def final(max_norm):
     inner = strategies.inner_optimizer("sgd", 0.5, max_norm=max_norm)
     return lowbw.simulate(strategy=strategies.diloco(inner, H=5), steps=10,
@@ -55,10 +55,26 @@ def test_clipping_in_a_run_and_on_the_command_line(tmp_path):
   loose, tight = final(None), final(1e-3)
   assert any(not np.allclose(a, b) for a, b in
              zip(jax.tree.leaves(loose), jax.tree.leaves(tight)))
-  assert cli.main(CLI + ["--H", "5", "--max-norm", "0.5", "--out",
-                         str(tmp_path)]) == 0
+
+
+def test_the_command_line_takes_every_option_at_once(tmp_path):
+  """One run through the flags: clipping, a cosine floor, micro-batches,
+  autocast, DeMo's decay and mean, local evaluation (the flags' errors are
+  tested below)."""
+  assert cli.main(CLI + [
+      "--strategy", "demo", "--weight-decay", "0.01", "--combine", "mean",
+      "--max-norm", "0.5", "--schedule", "cosine", "--min-lr-ratio", "0.1",
+      "--minibatch-size", "2", "--autocast", "bfloat16", "--eval-local",
+      "--correlation-every", "5", "--out", str(tmp_path)]) == 0
   config = json.loads((tmp_path / "config.json").read_text())
+  assert config["strategy"]["weight_decay"] == 0.01
+  assert config["strategy"]["combine"] == "mean"
+  assert config["minibatch_size"] == 2 and config["autocast"] == "bfloat16"
+  assert config["eval_local"] and config["correlation_every"] == 5
   assert config["metadata"]["train_args"]["max_norm"] == 0.5
+  with open(tmp_path / "metrics.csv") as f:
+    header = f.readline()
+  assert "eval_local_loss" in header and "worker_correlation" in header
 
 
 # ------------------------------------------------------------------ schedule
@@ -106,7 +122,6 @@ def test_demo_weight_decay_is_decoupled_like_the_reference():
 
   np.testing.assert_allclose(one_step(wd) - one_step(0.0),
                              -lr * wd * np.asarray(params["w"]), atol=1e-6)
-  assert cli.main(CLI + ["--strategy", "demo", "--weight-decay", "0.01"]) == 0
 
 
 # ------------------------------------------------------------------ SPARTA
@@ -320,14 +335,8 @@ def test_correlation_and_local_evaluation_in_a_run():
                              rtol=1e-4, atol=1e-7)
 
 
-def test_language_models_log_train_perplexity():
-  gpt = models.gpt(layers=1, d_model=16, heads=2, seq_len=16)
-  h = lowbw.simulate(model=gpt, data=data.get("text", seq_len=16),
-                     strategy=strategies.diloco(H=5), num_workers=2,
-                     batch_size=2, steps=10, log_every=5,
-                     progress=False).history
-  np.testing.assert_allclose(h["train_perplexity"], np.exp(h["train_loss"]),
-                             rtol=1e-6)
+def test_classifiers_log_no_train_perplexity():
+  # Language models do: tests/test_simulate.py::test_language_model_end_to_end.
   args = {k: v for k, v in _RUN.items() if k != "progress"}
   classifier = lowbw.build(strategy=strategies.diloco(H=5), steps=10,
                            compile=False, **args)
