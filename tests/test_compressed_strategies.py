@@ -96,17 +96,13 @@ def test_ddp_with_codec_and_feedback_matches_reference():
         atol=1e-5)
 
 
-@pytest.mark.parametrize("beta", [None, 0.9])
-def test_diloco_with_codec_matches_algorithm_1(beta):
-  """MuLoCo's Algorithm 1 with a random-k + stochastic 4-bit codec: shared
-  positions, private rounding noise, residual per worker."""
-  params, batches = make_problem()
-  H, key = 3, jax.random.PRNGKey(9)
-  codec = T.random_k(0.6) | T.quantize(4, stochastic=True)
-  inner = optax.adam(0.01)
-  state = run_vectorized(
-      strategies.diloco(inner, OUTER, H=H, codec=codec, error_feedback=beta),
-      params, batches, key)
+def diloco_reference(inner, codec, beta, H, key, params, batches,
+                     again=False):
+  """MuLoCo's Algorithm 1 as a Python loop over workers: each worker's
+  pseudo-gradient (plus its residual with ``beta``) through ``codec``, the
+  mean of what is decoded (through ``codec`` once more with ``again``: a
+  quantized all-reduce's second encoding), then the outer step. Returns the
+  global parameters and every worker's."""
   params_w, inner_w = [params] * W, [inner.init(params)] * W
   global_params, outer_state = params, OUTER.init(params)
   residual_w = [jax.tree.map(jnp.zeros_like, params)] * W
@@ -123,9 +119,29 @@ def test_diloco_with_codec_matches_algorithm_1(beta):
       acc = jax.tree.map(lambda e, d: beta * e + d, residual_w[w], delta)
       sent.append(roundtrip(codec, acc, codec_key(key, t + 1), w))
       residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
-    upd, outer_state = OUTER.update(mean_of(sent), outer_state, global_params)
+    mean = mean_of(sent)
+    if again:
+      mean = roundtrip(codec, mean,
+                       jax.random.fold_in(codec_key(key, t + 1), 0x2ED))
+    upd, outer_state = OUTER.update(mean, outer_state, global_params)
     global_params = optax.apply_updates(global_params, upd)
     params_w = [global_params] * W
+  return global_params, params_w
+
+
+@pytest.mark.parametrize("beta", [None, 0.9])
+def test_diloco_with_codec_matches_algorithm_1(beta):
+  """MuLoCo's Algorithm 1 with a random-k + stochastic 4-bit codec: shared
+  positions, private rounding noise, residual per worker."""
+  params, batches = make_problem()
+  H, key = 3, jax.random.PRNGKey(9)
+  codec = T.random_k(0.6) | T.quantize(4, stochastic=True)
+  inner = optax.adam(0.01)
+  state = run_vectorized(
+      strategies.diloco(inner, OUTER, H=H, codec=codec, error_feedback=beta),
+      params, batches, key)
+  global_params, params_w = diloco_reference(inner, codec, beta, H, key,
+                                              params, batches)
   assert_workers_close(state.params_W, params_w)
   chex.assert_trees_all_close(state.comm.global_params, global_params,
                               atol=1e-5)
@@ -148,24 +164,8 @@ def test_reduce_scatter_quantizes_the_mean_again_like_a_loop():
                                error_feedback=beta,
                                aggregation="reduce_scatter")
   state = run_vectorized(strategy, params, batches, key)
-  params_w, inner_w = [params] * W, [inner.init(params)] * W
-  global_params, outer_state = params, OUTER.init(params)
-  residual_w = [jax.tree.map(jnp.zeros_like, params)] * W
-  for t in range(STEPS):
-    local_steps(inner, params_w, inner_w, batches, t)
-    if (t + 1) % H:
-      continue
-    sent = []
-    for w in range(W):
-      delta = optax.tree.sub(global_params, params_w[w])
-      acc = jax.tree.map(lambda e, d: beta * e + d, residual_w[w], delta)
-      sent.append(roundtrip(codec, acc, codec_key(key, t + 1), w))
-      residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
-    again = roundtrip(codec, mean_of(sent),
-                      jax.random.fold_in(codec_key(key, t + 1), 0x2ED))
-    upd, outer_state = OUTER.update(again, outer_state, global_params)
-    global_params = optax.apply_updates(global_params, upd)
-    params_w = [global_params] * W
+  global_params, _ = diloco_reference(inner, codec, beta, H, key, params,
+                                      batches, again=True)
   chex.assert_trees_all_close(state.comm.global_params, global_params,
                               atol=1e-5)
   gathered = run_vectorized(
@@ -246,6 +246,11 @@ def test_demo_matches_reference():
     update = jax.tree.map(lambda *s: jnp.sign(sum(s)), *sent)
     theta = jax.tree.map(lambda p, u: p - lr * u, theta, update)
   assert_workers_close(state.params_W, [theta] * W)
+  assert_demo_state(state, theta, momentum_w)
+
+
+def assert_demo_state(state, theta, momentum_w):
+  """A DeMo state holds ``theta`` and every worker's momentum."""
   chex.assert_trees_all_close(strategies.demo().global_params(state), theta,
                               atol=1e-5)
   for w in range(W):
@@ -290,12 +295,7 @@ def test_demo_mean_over_senders_matches_reference():
             sum(c[name] for c in mask), 1.0), theta[name].shape, chunk))
         for name in theta}
     theta = jax.tree.map(lambda p, u: p - lr * u, theta, update)
-  chex.assert_trees_all_close(strategies.demo().global_params(state), theta,
-                              atol=1e-5)
-  for w in range(W):
-    chex.assert_trees_all_close(
-        jax.tree.map(lambda x: x[w], state.comm.residual), momentum_w[w],
-        atol=1e-5)
+  assert_demo_state(state, theta, momentum_w)
   summed = run_vectorized(strategies.demo(optax.sgd(lr), decay=decay,
                                           chunk=chunk, k=k), params, batches)
   assert float(jnp.max(jnp.abs(summed.params_W["w"] -

@@ -136,16 +136,24 @@ def test_same_seed_same_bits_and_other_seed_differs():
   assert not np.array_equal(a.history["train_loss"], c.history["train_loss"])
 
 
+def interrupted_and_whole(tmp_path, strategy, first, steps, **kw):
+  """(one run of ``steps``, a run of ``first`` steps resumed to ``steps``),
+  with equal histories (but wall time) and parameters asserted."""
+  whole = run(strategy, steps=steps, log_dir=str(tmp_path / "whole"), **kw)
+  part = str(tmp_path / "part")
+  run(strategy, steps=first, log_dir=part, **kw)
+  resumed = run(strategy, steps=steps, log_dir=part, resume_from=part, **kw)
+  chex.assert_trees_all_equal(_comparable(whole.history),
+                              _comparable(resumed.history))
+  chex.assert_trees_all_equal(whole.params, resumed.params)
+  return whole, resumed
+
+
 def test_checkpoint_and_resume_equals_uninterrupted(tmp_path):
   strategy = strategies.sparta_diloco(optax.adamw(3e-3), H=5, p=0.1)
   kw = dict(eval_every=10, checkpoint_every=10, log_every=3)
-  full = run(strategy, steps=30, log_dir=str(tmp_path / "full"), **kw)
+  full, resumed = interrupted_and_whole(tmp_path, strategy, 20, 30, **kw)
   part_dir = str(tmp_path / "part")
-  run(strategy, steps=20, log_dir=part_dir, **kw)
-  resumed = run(strategy, steps=30, log_dir=part_dir, resume_from=part_dir, **kw)
-  chex.assert_trees_all_equal(_comparable(full.history),
-                              _comparable(resumed.history))
-  chex.assert_trees_all_equal(full.params, resumed.params)
   chex.assert_trees_all_equal(full.state, resumed.state)
   with open(os.path.join(part_dir, "metrics.csv")) as f:
     rows = list(csv.DictReader(f))
@@ -246,13 +254,8 @@ def test_extending_a_run_with_default_logging_equals_one_uninterrupted_run(
   not of the second) keeps its row without training means."""
   strategy = strategies.diloco(optax.adam(3e-3), H=5)
   kw = dict(eval_every=10, checkpoint_every=400)
-  whole = run(strategy, steps=800, log_dir=str(tmp_path / "whole"), **kw)
+  _, resumed = interrupted_and_whole(tmp_path, strategy, 400, 800, **kw)
   part = str(tmp_path / "part")
-  run(strategy, steps=400, log_dir=part, **kw)
-  resumed = run(strategy, steps=800, log_dir=part, resume_from=part, **kw)
-  chex.assert_trees_all_equal(_comparable(whole.history),
-                              _comparable(resumed.history))
-  chex.assert_trees_all_equal(whole.params, resumed.params)
   assert resumed.config["log_every"] == 4
   h = resumed.history
   at10 = int(np.flatnonzero(h["step"] == 10)[0])
