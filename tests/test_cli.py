@@ -160,6 +160,19 @@ def test_no_arguments_means_the_documented_default_run():
      "invalid: the run needs about"),
     (["--worker-batch", "three"], "lowbw: error: --worker-batch='three' is "
      "invalid"),
+    # issue 17's options
+    (["--min-lr-ratio", "0.1"], "lowbw: error: --min-lr-ratio=0.1 is invalid: "
+     "not used by schedule 'constant'"),
+    (["--max-norm", "-1"], "lowbw: error: --max-norm=-1.0 is invalid: "
+     "expected a finite number > 0"),
+    (["--sparta-interval", "2"], "lowbw: error: --sparta-interval=2 is "
+     "invalid: not used by strategy 'diloco'"),
+    (["--minibatch-size", "3"], "lowbw: error: --minibatch-size=3 is "
+     "invalid: must divide batch_size=4"),
+    (["--correlation-every", "7"], "lowbw: error: --correlation-every=7 is "
+     "invalid"),
+    (["--aggregation", "reduce_scatter"], "lowbw: error: --aggregation="
+     "'reduce_scatter' is invalid: is for payloads that cannot be summed"),
 ])
 def test_errors_are_one_line_and_a_nonzero_exit(argv, start, capsys, tmp_path):
   base = BASE if "--strategy" in argv else TINY

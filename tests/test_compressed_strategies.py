@@ -402,6 +402,8 @@ def test_muon_only_on_hidden_matrices():
     (lambda: strategies.diloco(aggregation="reduce_scatter"), "aggregation"),
     (lambda: strategies.demo(combine="median"), "combine"),
     (lambda: strategies.demo(codec="topk:0.1", combine="mean"), "combine"),
+    (lambda: strategies.demo(codec="dct:64:32,quant:8", combine="mean"),
+     "combine"),  # a later stage the mean would skip
     (lambda: strategies.muloco(aggregation="tree"), "aggregation"),
     (lambda: strategies.diloco(codec="cast:bf16",
                                aggregation="reduce_scatter"), "aggregation"),

@@ -15,7 +15,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw.cli import _strategy
-from lowbw.simulation import _logdir, _memory, initialize, simulate
+from lowbw.simulation import _backward, _logdir, _memory, initialize, simulate
 from lowbw.strategies import _optim
 from lowbw.telemetry import names
 
@@ -230,7 +230,7 @@ def add_scale_flags(p) -> None:
                  "compute each worker's batch in micro-batches of this size "
                  "(must divide --batch-size; the same gradient, one "
                  "micro-batch's activations in memory); default the batch")
-  g.add_argument("--autocast", choices=("float32", "bfloat16"),
+  g.add_argument("--autocast", choices=tuple(_backward.AUTOCAST),
                  help="run forward and backward passes in this type, with "
                  "float32 parameters, gradients and optimizer state (mixed "
                  "precision); default float32")

@@ -107,12 +107,17 @@ class RunConfig:
     return self.data.tokens_per_example is not None
 
 
-def check_worker_dtype(value) -> str:
-  """``worker_dtype`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
-  accepted); anything else is a ValueError naming the field."""
+def _precision(field: str, value, allowed) -> str:
+  """``value`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
+  accepted); anything else is a ValueError naming ``field``."""
   value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
       value, value)
-  return _validate.one_of("worker_dtype", value, WORKER_DTYPES)
+  return _validate.one_of(field, value, allowed)
+
+
+def check_worker_dtype(value) -> str:
+  """``worker_dtype``: the type the workers' state is stored in."""
+  return _precision("worker_dtype", value, WORKER_DTYPES)
 
 
 def default_spacing(steps: int) -> int:
@@ -136,11 +141,8 @@ def check_minibatch_size(value, batch_size: int) -> int | None:
 
 
 def check_autocast(value) -> str:
-  """The forward/backward compute type: "float32" (None) or "bfloat16"
-  ("bf16")."""
-  value = {None: "float32", "fp32": "float32", "bf16": "bfloat16"}.get(
-      value, value)
-  return _validate.one_of("autocast", value, AUTOCAST)
+  """``autocast``: the forward and backward passes' compute type."""
+  return _precision("autocast", value, AUTOCAST)
 
 
 SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0

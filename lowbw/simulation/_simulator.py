@@ -372,8 +372,7 @@ class Simulator:
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
            if show and self.main_process else None)
     save = _resume.saver(log_dir, track) if checkpoint_every else None
-    track.open_writers(track.history.step if resume_from else None,
-                       wandb_project)
+    track.open_writers(resume_from is not None, wandb_project)
     try:
       state, elapsed = drive(self, exe, state, sampler, net, [track],
                              track.history.step, self.fetch,

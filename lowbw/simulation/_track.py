@@ -138,32 +138,30 @@ class Track:
     self.emit([row])
 
   # ---------------------------------------------------------------- files
-  def open_writers(self, resumed_at: int | None = None,
+  def open_writers(self, resumed: bool = False,
                    wandb_project: str | None = None) -> None:
+    """The run's writers; a resumed run rewrites what it logged (its rows
+    may have been re-spaced), and TensorBoard drops the interrupted run's
+    events."""
     if not self.sim.main_process:
       return
-    if wandb_project is not None:  # rows so far too, when resumed
+    if self.log_dir:
+      os.makedirs(self.log_dir, exist_ok=True)
+      telemetry.write_json(os.path.join(self.log_dir, "config.json"),
+                           self.config)
+      self.writers += [
+          telemetry.CSVWriter(os.path.join(self.log_dir, "metrics.csv"),
+                              self.sim.columns()),
+          telemetry.TensorBoardWriter(
+              os.path.join(self.log_dir, "tensorboard"),
+              purge_step=0 if resumed else None)]
+    if wandb_project is not None:
       name = self.log_dir and os.path.basename(os.path.normpath(self.log_dir))
       self.writers.append(telemetry.WandbWriter(
           wandb_project, self.config, name=name, directory=self.log_dir))
-      for row in self.history.rows:
-        self.writers[-1].write(row)
-    if not self.log_dir:
-      return
-    os.makedirs(self.log_dir, exist_ok=True)
-    telemetry.write_json(os.path.join(self.log_dir, "config.json"),
-                         self.config)
-    csv_writer = telemetry.CSVWriter(
-        os.path.join(self.log_dir, "metrics.csv"), self.sim.columns())
-    # A resumed run rewrites what it logged (its rows may have been
-    # re-spaced): TensorBoard drops the interrupted run's events.
-    files = [csv_writer, telemetry.TensorBoardWriter(
-        os.path.join(self.log_dir, "tensorboard"),
-        purge_step=None if resumed_at is None else 0)]
     for row in self.history.rows:
-      for w in files:
+      for w in self.writers:
         w.write(row)
-    self.writers += files
 
   def close(self) -> None:
     for w in self.writers:

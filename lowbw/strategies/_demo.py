@@ -126,10 +126,11 @@ def demo(
                              "(codec replaces dct_top_k(chunk, k))")
     check_codec("codec", codec, optional=False)
   combine = _validate.one_of("combine", combine, COMBINES)
-  if combine == "mean" and not codec.name.startswith("dct:"):
+  if combine == "mean" and codec.config.get("codec") != "dct_top_k":
     raise _validate.fail("combine", combine, "averages DCT coefficients "
-                         f"over their senders; codec {codec.name!r} sends "
-                         "no DCT coefficients")
+                         f"over their senders; codec {codec.name!r} is not "
+                         "a plain dct_top_k (its later stages would be "
+                         "skipped)")
   # The momentum is the error-feedback residual with beta = decay: the same
   # message path as every strategy's (its state's beta is the ef_beta knob).
   comp = compression(codec, decay)

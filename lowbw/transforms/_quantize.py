@@ -91,13 +91,18 @@ def _statistical_encode(values, valid, bits):
   scaled = jnp.where(width > 0, (values - lo) / jnp.where(width > 0, width, 1),
                      0)
   codes = jnp.clip(jnp.floor(scaled), 0, levels - 1).astype(jnp.int32)
+  centres = lo + (jnp.arange(levels) + 0.5)[None, :] * width
+  return codes, _bin_means(values, valid, codes, levels, centres)
+
+
+def _bin_means(values, valid, codes, levels, empty):
+  """(groups, levels): the mean of each group's valid ``values`` with each
+  code, ``empty`` where a code has none."""
   rows = jnp.broadcast_to(jnp.arange(values.shape[0])[:, None], codes.shape)
   bins = jnp.zeros((values.shape[0], levels), values.dtype)
   sums = bins.at[rows, codes].add(jnp.where(valid, values, 0))
   members = bins.at[rows, codes].add(valid.astype(values.dtype))
-  centres = lo + (jnp.arange(levels) + 0.5)[None, :] * width
-  codebook = jnp.where(members > 0, sums / jnp.maximum(members, 1), centres)
-  return codes, codebook
+  return jnp.where(members > 0, sums / jnp.maximum(members, 1), empty)
 
 
 def _muloco_encode(values, valid, bits):
@@ -117,12 +122,7 @@ def _muloco_encode(values, valid, bits):
   step = jnp.where((step > 0) & jnp.isfinite(step), step, 1.0)
   codes = jnp.clip(jnp.round(centred / step + levels // 2), 0,
                    levels - 1).astype(jnp.int32)
-  rows = jnp.broadcast_to(jnp.arange(values.shape[0])[:, None], codes.shape)
-  bins = jnp.zeros((values.shape[0], levels), values.dtype)
-  sums = bins.at[rows, codes].add(centred)
-  members = bins.at[rows, codes].add(valid.astype(values.dtype))
-  lookup = jnp.where(members > 0, sums / jnp.maximum(members, 1), 0)
-  return codes, mean[:, 0], lookup
+  return codes, mean[:, 0], _bin_means(centred, valid, codes, levels, 0.0)
 
 
 def quantize(bits: int, scheme: str = "linear", stochastic: bool = False,
