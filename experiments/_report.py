@@ -55,8 +55,10 @@ def run_resumable(cache_path: str, configs, run, metric: str) -> dict:
   for i, (label, *args) in enumerate(todo):
     start = time.time()
     results[label] = run(*args)
-    mean = statistics.mean(r[metric] for r in results[label]["runs"])
-    print(f"[{i + 1}/{len(todo)}] {label:32s} {metric} {mean:.4f}  "
+    vals = [r[metric] for r in results[label]["runs"]
+            if r.get(metric) is not None]
+    shown = f"{metric} {statistics.mean(vals):.4f}" if vals else ""
+    print(f"[{i + 1}/{len(todo)}] {label:32s} {shown}  "
           f"{time.time() - start:5.0f} s", flush=True)
     with open(cache_path, "w") as f:
       json.dump(results, f, indent=1)
@@ -72,3 +74,131 @@ def results_for(args, cache_name: str, run_all) -> dict:
     with open(cache) as f:
       return json.load(f)
   return run_all(args, cache)
+
+
+# ------------------------------------------------------------------ seeds
+
+CURVE = ("step", "tokens", "eval_loss", "sim_time_s", "payload_bytes")
+
+
+def seeded(build_args, seeds, grid=None) -> list[dict]:
+  """Every seed (and grid point) of one build through ``lowbw.sweep``: per
+  point its values, seed, summary figures and eval-loss curve (rows with an
+  evaluation), plain JSON."""
+  import lowbw
+  import numpy as np
+  result = lowbw.sweep(build_args, grid=grid, seeds=list(seeds),
+                       progress=False)
+  out = []
+  for p in result.points:
+    h = p.history
+    rows = ~np.isnan(h["eval_loss"]) if "eval_loss" in h else slice(0, 0)
+    curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
+    keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
+            "wire_bytes", "sim_time_s", "peak_step_bytes", "error")
+    out.append({"values": p.values, "seed": p.seed, "curve": curve,
+                **{k: p.summary.get(k) for k in keep}})
+  return out
+
+
+def mean_std(values) -> tuple[float, float]:
+  """Mean and standard deviation (ddof 0) of the finite values."""
+  import numpy as np
+  v = np.asarray([np.nan if x is None else x for x in values], float)
+  v = v[np.isfinite(v)]
+  return (float(v.mean()), float(v.std())) if v.size else (float("nan"),) * 2
+
+
+def pm(values, digits: int = 4) -> str:
+  """``mean ± std`` of ``values``, formatted."""
+  m, s = mean_std(values)
+  return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def reach(curve: dict, target: float, key: str = "step"):
+  """The ``key`` (step, tokens, sim_time_s) at which the eval-loss curve
+  first reaches ``target``, interpolated linearly between evaluations;
+  None if it never does."""
+  xs, ys = curve[key], curve["eval_loss"]
+  for i, (x, y) in enumerate(zip(xs, ys)):
+    if y <= target:
+      if i == 0:
+        return float(x)
+      x0, y0 = xs[i - 1], ys[i - 1]
+      return float(x0 + (x - x0) * (y0 - target) / (y0 - y))
+  return None
+
+
+def timed(run):
+  """``run`` wrapped to record its wall seconds in its result's
+  ``seconds`` (the compute the findings table adds up)."""
+  def wrapped(*args):
+    start = time.time()
+    out = run(*args)
+    out["seconds"] = time.time() - start
+    return out
+  return wrapped
+
+
+# --------------------------------------------------------------- findings
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+FINDINGS = os.path.join(ROOT, "docs", "experiments", "findings")
+README = os.path.join(ROOT, "experiments", "README.md")
+VERDICTS = ("reproduces", "partly", "does not", "not testable at this scale",
+            "measured (no published figure)")
+START, END = "<!-- findings table: start -->", "<!-- findings table: end -->"
+
+
+def publish(script: str, rows: list[dict], minutes: float) -> None:
+  """Writes ``script``'s findings (rows of claim / setting / measured /
+  verdict / why / plot / command) and regenerates the README's table."""
+  for r in rows:
+    if r["verdict"] not in VERDICTS:
+      raise ValueError(f"verdict {r['verdict']!r}: expected one of {VERDICTS}")
+  os.makedirs(FINDINGS, exist_ok=True)
+  with open(os.path.join(FINDINGS, script + ".json"), "w") as f:
+    json.dump({"script": script, "minutes": round(minutes, 1), "rows": rows},
+              f, indent=1)
+  render_table()
+
+
+def _cell(text) -> str:
+  return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def render_table() -> None:
+  """The one findings table in experiments/README.md, from every script's
+  findings file, rows in experiment order, and the compute they took."""
+  files = sorted(os.listdir(FINDINGS)) if os.path.isdir(FINDINGS) else []
+  found = []
+  for name in files:
+    with open(os.path.join(FINDINGS, name)) as f:
+      found.append(json.load(f))
+  rows = sorted(((r, d) for d in found for r in d["rows"]),
+                key=lambda rd: [int(x) if x.isdigit() else x
+                                for x in rd[0]["row"].split(".")])
+  lines = [START, "", "| # | claim (source) | our setting | measured "
+           "(mean ± std over seeds) | verdict | plot | command |",
+           "| --- | --- | --- | --- | --- | --- | --- |"]
+  for r, d in rows:
+    plot = (f"[plot](../docs/experiments/{r['plot']})" if r.get("plot")
+            else "-")
+    lines.append("| " + " | ".join(_cell(x) for x in (
+        r["row"], f"{r['claim']} ({r['source']})", r["setting"],
+        r["measured"], f"**{r['verdict']}**: {r['why']}", plot,
+        f"`{r['command']}`")) + " |")
+  total = sum(d["minutes"] for d in found)
+  lines += ["", "Compute on a 2-core CPU (no GPU was lent to these runs): "
+            + ", ".join(f"`{d['script']}` {d['minutes']:.0f} min"
+                        for d in found)
+            + f"; {total:.0f} min in all.", "", END]
+  with open(README) as f:
+    text = f.read()
+  if START in text:
+    text = text[:text.index(START)] + "\n".join(lines) + text[
+        text.index(END) + len(END):]
+  else:
+    text = text.rstrip("\n") + "\n\n## Findings\n\n" + "\n".join(lines) + "\n"
+  with open(README, "w") as f:
+    f.write(text)

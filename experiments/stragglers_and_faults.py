@@ -1,0 +1,354 @@
+"""Stragglers and faults, measured (row 5 of the findings table in
+experiments/README.md).
+
+The claims (seed 001 §4.5, §5): waiting for the slowest of n workers costs a
+factor f(n) = 1 + 0.05·log2(n); proceeding with the fastest 90% (threshold)
+removes the wait but costs 15% in token efficiency; 10% backup workers remove
+70% of the straggler delay. And the question EXO Gym leaves to future work
+(seed 000 §5): how much does DiLoCo lose when 1 to 3 of its 8 workers fail
+for good?
+
+Here, on an MLP on scikit-learn's digits, every figure through the simulated
+clock, mean ± std over 3 seeds (``lowbw.sweep``, jitter as a swept value):
+
+* the factor: DDP, W in {2, ..., 64}, 0.1 s per step, lognormal
+  step-time jitter sigma in {0.1, 0.3}; factor = (simulated time - nominal communication) / nominal
+  compute, so the link does not enter;
+* the mitigations: DDP and DiLoCo (H = 10) on 10 workers (11 with a backup),
+  0.1 s per step, jitter 0.5: loss against simulated time, token efficiency
+  (the tokens the unmitigated run needed to reach the threshold run's final
+  loss, over the threshold run's) and the straggler delay removed;
+* failures: DiLoCo (H = 20) on 8 workers, k in {0, 1, 2, 3} of them failed
+  from step 100 of 400.
+
+Usage:
+  python experiments/stragglers_and_faults.py       # ~6 min on 2 CPU cores
+  python experiments/stragglers_and_faults.py --report-only
+"""
+
+import argparse
+import math
+import os
+
+import numpy as np
+
+import _report
+import lowbw
+from lowbw import data, models, network, strategies
+
+OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
+CACHE = "stragglers_faults_results.json"
+COMMAND = "python experiments/stragglers_and_faults.py"
+FLEET = (2, 4, 8, 16, 32, 64)
+SIGMAS = (0.1, 0.3)
+JITTER = 0.5
+FAILED = (0, 1, 2, 3)
+
+
+def build(strategy, W, args, net, steps=None, eval_every=None):
+  return lowbw.build(
+      model=models.mlp(hidden=(64,)), data=data.digits(), strategy=strategy,
+      num_workers=W, batch_size=args.batch_size, steps=steps or args.steps,
+      eval_every=eval_every or args.eval_every, network=net)
+
+
+def factor_run(W, args):
+  """DDP on W workers; per point the straggler factor of the clock."""
+  net = network.network("100Gbps", "1us", hardware="0.1s",
+                        stragglers=network.Stragglers(jitter=SIGMAS[0]))
+  sim = build(strategies.ddp(), W, args, net, steps=100, eval_every=100)
+  runs = lowbw.sweep(sim, grid={"jitter": list(SIGMAS)}, seeds=args.seeds,
+                     progress=False)
+  return {"runs": [{"jitter": p.values["jitter"], "seed": p.seed,
+                    "factor": (p.summary["sim_time_s"] - p.summary["comm_s"])
+                    / p.summary["compute_s"]} for p in runs.points]}
+
+
+def mitigation_run(kind, mitigation, args):
+  """DDP or DiLoCo on a jittered fleet, with and without jitter."""
+  W = 11 if mitigation == "backup" else 10
+  stragglers = network.Stragglers(jitter=JITTER, mitigation=mitigation,
+                                  fraction=0.9, backups=1)
+  net = network.network("1Gbps", "10ms", hardware="0.1s",
+                        stragglers=stragglers)
+  strategy = (strategies.ddp(strategies.inner_optimizer("adamw", 1e-3))
+              if kind == "DDP" else strategies.diloco(
+                  strategies.inner_optimizer("adamw", 1e-3), H=10))
+  sim = build(strategy, W, args, net)
+  return {"runs": _report.seeded(sim, args.seeds,
+                                 grid={"jitter": [0.0, JITTER]})}
+
+
+def failure_run(k, args):
+  failures = tuple((w, args.steps // 4) for w in range(k))
+  net = network.network("1Gbps", "10ms", hardware="0.1s",
+                        faults=network.Faults(failures=failures))
+  strategy = strategies.diloco(strategies.inner_optimizer("adamw", 1e-3),
+                               H=20)
+  return {"runs": _report.seeded(build(strategy, 8, args, net, eval_every=20),
+                                 args.seeds)}
+
+
+def configurations(args):
+  for W in FLEET:
+    yield f"factor W={W}", "factor", W
+  for kind in ("DDP", "DiLoCo"):
+    for m in ("none", "threshold", "backup"):
+      yield f"{kind} {m}", "mitigation", (kind, m)
+  for k in FAILED:
+    yield f"DiLoCo {k} failed", "failure", k
+
+
+def run_all(args, cache_path):
+  def run(kind, arg):
+    if kind == "factor":
+      return factor_run(arg, args)
+    if kind == "mitigation":
+      return mitigation_run(*arg, args)
+    return failure_run(arg, args)
+  return _report.run_resumable(cache_path, list(configurations(args)),
+                               _report.timed(run), "final_eval_loss")
+
+
+# ----------------------------------------------------------------- analysis
+
+def factors(results):
+  """sigma -> (fleet sizes, mean factors, std factors)."""
+  out = {}
+  for s in SIGMAS:
+    means, stds = [], []
+    for W in FLEET:
+      vals = [r["factor"] for r in results[f"factor W={W}"]["runs"]
+              if r["jitter"] == s]
+      m, d = _report.mean_std(vals)
+      means.append(m)
+      stds.append(d)
+    out[s] = (np.asarray(FLEET, float), np.asarray(means), np.asarray(stds))
+  return out
+
+
+def fit_log2(n, f):
+  """Least-squares c in f = 1 + c·log2(n), and its R² on f - 1."""
+  x, y = np.log2(n), f - 1.0
+  c = float(x @ y / (x @ x))
+  r2 = 1.0 - float(((y - c * x) ** 2).sum() / ((y - y.mean()) ** 2).sum())
+  return c, r2
+
+
+def runs_at(results, label, jitter):
+  return [r for r in results[label]["runs"] if r["values"]["jitter"] == jitter]
+
+
+def mitigation_table(results, kind):
+  """Per mitigation: loss, simulated time, delay removed and token
+  efficiency per seed (against the unmitigated run of the same seed)."""
+  none = runs_at(results, f"{kind} none", JITTER)
+  none_calm = runs_at(results, f"{kind} none", 0.0)
+  out = {}
+  for m in ("none", "threshold", "backup"):
+    runs = runs_at(results, f"{kind} {m}", JITTER)
+    calm = runs_at(results, f"{kind} {m}", 0.0)  # the same fleet, no jitter
+    out[m] = {"loss": [r["final_eval_loss"] for r in runs],
+              "time": [r["sim_time_s"] for r in runs],
+              "delay_removed": [
+                  1.0 - (r["sim_time_s"] - c["sim_time_s"]) /
+                  (n["sim_time_s"] - nc["sim_time_s"])
+                  for r, c, n, nc in zip(runs, calm, none, none_calm)],
+              "efficiency": token_efficiency(none, runs)}
+  return out
+
+
+def token_efficiency(reference, runs):
+  """Per seed: the steps ``reference`` (same seed) needed to reach a loss
+  target over the steps ``runs`` needed (every worker computes every step,
+  so steps are tokens). The target is the reference's mean loss a third of
+  the way in, where the curves are steep enough to read."""
+  curves = [r["curve"] for r in reference]
+  third = len(curves[0]["step"]) // 3
+  target = float(np.mean([c["eval_loss"][third] for c in curves]))
+  out = []
+  for ref, run in zip(reference, runs):
+    a, b = (_report.reach(ref["curve"], target),
+            _report.reach(run["curve"], target))
+    out.append(math.nan if a is None or b is None else a / b)
+  return out
+
+
+# ------------------------------------------------------------------ report
+
+def report(results, args):
+  f = factors(results)
+  lines = [
+      "# Stragglers and faults, measured (findings row 5)", "",
+      f"Generated by `{COMMAND}`. MLP (64 hidden) on scikit-learn's digits, "
+      f"batch {args.batch_size} per worker, inner AdamW lr 1e-3, seeds "
+      f"{args.seeds}.", "",
+      "## The straggler factor", "",
+      "DDP, 100 steps of 0.1 s each; factor = (simulated time - nominal communication) / "
+      "nominal compute. The planner's f(n) = 1 + 0.05·log2(n).", "",
+      "| workers n | planner f(n) | " + " | ".join(
+          f"measured, sigma {s}" for s in SIGMAS) + " |",
+      "| --- | --- | " + " | ".join("---" for _ in SIGMAS) + " |"]
+  for i, n in enumerate(FLEET):
+    lines.append(f"| {n} | {1 + 0.05 * math.log2(n):.3f} | " + " | ".join(
+        f"{f[s][1][i]:.3f} ± {f[s][2][i]:.3f}" for s in SIGMAS) + " |")
+  lines += [""] + [
+      f"- sigma {s}: least-squares f = 1 + {c:.3f}·log2(n), R² {r2:.3f}."
+      for s in SIGMAS for c, r2 in [fit_log2(f[s][0], f[s][1])]]
+  lines += ["", "## Mitigations on a jittered fleet", "",
+            f"10 workers (11 with one backup), 0.1 s per step, jitter sigma "
+            f"{JITTER}, 1 Gbit/s / 10 ms, {args.steps} steps. Delay removed: "
+            "1 - (time - the same run's time without jitter) / the "
+            "unmitigated run's delay. Token efficiency: steps the "
+            "unmitigated run needed to reach a loss over the steps this run "
+            "needed.", "",
+            "| strategy | mitigation | eval loss | simulated s | delay removed"
+            " | token efficiency |", "| --- | --- | --- | --- | --- | --- |"]
+  for kind in ("DDP", "DiLoCo"):
+    for m, t in mitigation_table(results, kind).items():
+      lines.append(f"| {kind} | {m} | {_report.pm(t['loss'])} | "
+                   f"{_report.pm(t['time'], 1)} | "
+                   f"{_report.pm(t['delay_removed'], 2)} | "
+                   f"{_report.pm(t['efficiency'], 3)} |")
+  lines += ["", f"## DiLoCo (H = 20) on 8 workers with failures from step "
+            f"{args.steps // 4}", "", "| failed workers | eval loss | "
+            "payload MB / worker |", "| --- | --- | --- |"]
+  for k in FAILED:
+    runs = results[f"DiLoCo {k} failed"]["runs"]
+    lines.append(f"| {k} | {_report.pm([r['final_eval_loss'] for r in runs])}"
+                 f" | {runs[0]['payload_bytes'] / 1e6:.3f} |")
+  lines += ["", "![straggler factor and mitigations](stragglers_faults.png)",
+            ""]
+  _report.write_report(os.path.join(args.out, "stragglers_faults.md"),
+                       "\n".join(lines))
+  plot(results, f, args)
+
+
+def plot(results, f, args):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.5))
+  n = np.asarray(FLEET, float)
+  a.plot(n, 1 + 0.05 * np.log2(n), "k--", label="planner 1 + 0.05 log2 n")
+  for s in SIGMAS:
+    a.errorbar(n, f[s][1], yerr=f[s][2], marker="o", capsize=3,
+               label=f"clock, jitter sigma {s}")
+  a.set_xscale("log", base=2)
+  a.set(xlabel="workers n", ylabel="straggler factor")
+  a.legend(fontsize=8)
+  for kind, style in (("DDP", "-"), ("DiLoCo", ":")):
+    for m in ("none", "threshold", "backup"):
+      runs = runs_at(results, f"{kind} {m}", JITTER)
+      c = runs[0]["curve"]
+      b.plot(c["sim_time_s"], np.mean([r["curve"]["eval_loss"] for r in runs],
+                                      0), style, label=f"{kind} {m}")
+  b.set(xlabel="simulated seconds", ylabel="eval loss (mean of seeds)")
+  b.set_yscale("log")
+  b.legend(fontsize=8)
+  for ax in (a, b):
+    ax.grid(alpha=0.3)
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, "stragglers_faults.png"), dpi=120)
+
+
+# ---------------------------------------------------------------- findings
+
+def findings(results, args):
+  f = factors(results)
+  fits = {s: fit_log2(f[s][0], f[s][1]) for s in SIGMAS}
+  fit_text = "; ".join(f"sigma {s}: f = 1 + {c:.3f}·log2 n (R² {r2:.2f})"
+                       for s, (c, r2) in fits.items())
+  log_shape = all(r2 >= 0.95 for _, r2 in fits.values())
+  setting = (f"MLP on digits, clock only, DDP on n in {list(FLEET)} workers,"
+             f" {len(args.seeds)} seeds")
+  rows = [{"row": "5.1", "claim": "waiting for the slowest of n costs "
+           "f(n) = 1 + 0.05·log2 n", "source": "seed 001 §5.1",
+           "setting": setting, "measured": fit_text,
+           "verdict": "partly" if log_shape else "does not",
+           "why": ("the slowdown grows as log2 n on lognormal jitter, but "
+                   "its coefficient is the fleet's jitter, not a constant"
+                   if log_shape else "the slowdown is not logarithmic in n"),
+           "plot": "stragglers_faults.png", "command": COMMAND}]
+  t = {kind: mitigation_table(results, kind) for kind in ("DDP", "DiLoCo")}
+  fleet = (f"DDP and DiLoCo (H=10), MLP on digits, 10 workers (+1 backup), "
+           f"0.1 s/step, jitter {JITTER}, {len(args.seeds)} seeds")
+  eff = {k: _report.mean_std(v["threshold"]["efficiency"])[0]
+         for k, v in t.items()}
+  cut = {k: _report.mean_std(v["threshold"]["delay_removed"])[0]
+         for k, v in t.items()}
+  rows.append({
+      "row": "5.2", "claim": "threshold (fastest 90%) removes the straggler "
+      "wait, at a 15% token-efficiency cost (efficiency 1/1.15 = 0.87)",
+      "source": "seed 001 §4.5, §5.2", "setting": fleet,
+      "measured": "; ".join(
+          f"{k}: delay removed "
+          f"{_report.pm(v['threshold']['delay_removed'], 2)}, token efficiency "
+          f"{_report.pm(v['threshold']['efficiency'], 3)}"
+          for k, v in t.items()),
+      "verdict": verdict_threshold(eff, cut),
+      "why": "the 9th-fastest of 10 is still later than a worker without "
+      "jitter, so part of the wait stays; and on IID shards dropping the "
+      "slowest tenth of updates only shrinks that step's batch (no stale "
+      "gradients), so tokens are hardly wasted",
+      "plot": "stragglers_faults.png", "command": COMMAND})
+  removed = {k: _report.mean_std(v["backup"]["delay_removed"])[0]
+             for k, v in t.items()}
+  rows.append({
+      "row": "5.3", "claim": "10% backup workers remove 70% of the "
+      "straggler delay", "source": "seed 001 §5.2", "setting": fleet,
+      "measured": "delay removed " + "; ".join(
+          f"{k}: {_report.pm(v['backup']['delay_removed'], 2)}"
+          for k, v in t.items()) + " (claim 0.70)",
+      "verdict": ("reproduces" if all(abs(v - 0.7) <= 0.1
+                                      for v in removed.values()) else
+                  "partly" if any(abs(v - 0.7) <= 0.1
+                                  for v in removed.values()) else "does not"),
+      "why": "one spare of 11 lets the round close at the 10th-fastest "
+      "worker, which under lognormal jitter still lags; the 70% is the "
+      "planner's assumption, the clock measures the order statistic",
+      "plot": "stragglers_faults.png", "command": COMMAND})
+  losses = {k: results[f"DiLoCo {k} failed"]["runs"] for k in FAILED}
+  rows.append({
+      "row": "5.4", "claim": "DiLoCo keeps training when workers fail for "
+      "good", "source": "seed 000 §5 (future work: fault simulation)",
+      "setting": f"DiLoCo H=20, 8 workers, k failed from step "
+      f"{args.steps // 4} of {args.steps}, MLP on digits, "
+      f"{len(args.seeds)} seeds",
+      "measured": "eval loss " + "; ".join(
+          f"k={k}: {_report.pm([r['final_eval_loss'] for r in rs], 3)}"
+          for k, rs in losses.items()),
+      "verdict": "measured (no published figure)",
+      "why": "the seeds pose the question without a number; on IID shards "
+      "the survivors' data covers the lost workers'",
+      "plot": "", "command": COMMAND})
+  return rows
+
+
+def verdict_threshold(efficiency: dict, removed: dict) -> str:
+  """Both halves of the claim: the wait gone (>= 0.9 of it removed) and the
+  efficiency within 0.05 of 1/1.15."""
+  ok = [all(v >= 0.9 for v in removed.values()),
+        all(abs(v - 1 / 1.15) <= 0.05 for v in efficiency.values())]
+  return "reproduces" if all(ok) else "partly" if any(ok) else "does not"
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--steps", type=int, default=400)
+  parser.add_argument("--eval-every", type=int, default=10)
+  parser.add_argument("--batch-size", type=int, default=16)
+  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
+                      default=[0, 1, 2])
+  parser.add_argument("--out", default=OUT)
+  parser.add_argument("--report-only", action="store_true")
+  args = parser.parse_args()
+  results = _report.results_for(args, CACHE, run_all)
+  report(results, args)
+  if os.path.abspath(args.out) == os.path.abspath(OUT):
+    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
+    _report.publish("stragglers_faults", findings(results, args), minutes)
+
+
+if __name__ == "__main__":
+  main()
