@@ -150,16 +150,19 @@ VERDICTS = ("reproduces", "partly", "does not", "not testable at this scale",
 START, END = "<!-- findings table: start -->", "<!-- findings table: end -->"
 
 
-def publish(script: str, rows: list[dict], minutes: float) -> None:
+def publish(script: str, rows: list[dict], minutes: float,
+            measured: bool = True) -> None:
   """Writes ``script``'s findings (rows of claim / setting / measured /
-  verdict / why / plot / command) and regenerates the README's table."""
+  verdict / why / plot / command) and regenerates the README's table.
+  ``minutes``: the compute its runs took (``measured=False``: an estimate,
+  for runs that predate timing)."""
   for r in rows:
     if r["verdict"] not in VERDICTS:
       raise ValueError(f"verdict {r['verdict']!r}: expected one of {VERDICTS}")
   os.makedirs(FINDINGS, exist_ok=True)
   with open(os.path.join(FINDINGS, script + ".json"), "w") as f:
-    json.dump({"script": script, "minutes": round(minutes, 1), "rows": rows},
-              f, indent=1)
+    json.dump({"script": script, "minutes": round(minutes, 1),
+               "measured": measured, "rows": rows}, f, indent=1)
   render_table()
 
 
@@ -190,9 +193,10 @@ def render_table() -> None:
         f"`{r['command']}`")) + " |")
   total = sum(d["minutes"] for d in found)
   lines += ["", "Compute on a 2-core CPU (no GPU was lent to these runs): "
-            + ", ".join(f"`{d['script']}` {d['minutes']:.0f} min"
-                        for d in found)
-            + f"; {total:.0f} min in all.", "", END]
+            + ", ".join(f"`{d['script']}` {'' if d.get('measured', True) else '~'}"
+                        f"{d['minutes']:.0f} min" for d in found)
+            + f"; {total:.0f} min in all (~: the script's own estimate, runs "
+            "made before the scripts timed themselves).", "", END]
   with open(README) as f:
     text = f.read()
   if START in text:

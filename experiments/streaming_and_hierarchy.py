@@ -286,6 +286,81 @@ def write_report(results, args, out):
   plot(results, os.path.join(out, "streaming_hierarchy.png"))
 
 
+def finding_rows(results, args):
+  """Rows 7.1-7.4 of the findings table, from the cached runs."""
+  def runs(label, key="eval_loss"):
+    return [r[key] for r in results[label]["runs"]]
+
+  def mean(label, key):
+    return _report.mean_std(runs(label, key))[0]
+  peak = {P: mean(f"Streaming P={P} tau=0 fp32", "peak_step_bytes")
+          / mean("DiLoCo fp32", "peak_step_bytes") for P in (2, 4)}
+  setting = (f"default GPT, W={args.workers} in 2 regions, H={args.H}, "
+             f"{args.steps} steps, WAN 10 Mbit/s, {STEP_S} s compute/step, "
+             f"{len(args.seeds)} seeds")
+  compute = args.steps * STEP_S
+  t = {k: mean(k, "sim_time_s") for k in (
+      "DiLoCo fp32", "Streaming P=4 tau=0 fp32", "Streaming P=4 tau=5 fp32")}
+  hidden = 1 - (t["Streaming P=4 tau=5 fp32"] - compute) / (
+      t["DiLoCo fp32"] - compute)
+  pairs = [_report.mean_std(runs(f"{k} E3M0"))[0]
+           - _report.mean_std(runs(f"{k} fp32"))[0]
+           for k in ("DiLoCo", "Streaming P=4 tau=5", "Streaming P=2 tau=1",
+                     "Hierarchical")]
+  e3m0 = max(abs(x) for x in pairs)
+  better = mean("Hierarchical fp32", "eval_loss") < mean("DiLoCo fp32",
+                                                         "eval_loss")
+  row = dict(plot="streaming_hierarchy.png",
+             command="python experiments/streaming_and_hierarchy.py")
+  return [
+      {"row": "7.1", "claim": "Streaming DiLoCo's P fragments cut the peak "
+       "bandwidth by about P", "source": "seed 000 §2 (Streaming DiLoCo)",
+       "setting": setting, "measured": f"peak per step vs DiLoCo: P=2 "
+       f"{peak[2]:.3f}, P=4 {peak[4]:.3f}", "verdict": (
+           "reproduces" if all(v <= 1.2 / P for P, v in peak.items()) else
+           "partly" if peak[2] <= 0.6 else "does not"),
+       "why": "fragments are whole blocks; a block of the 2-layer GPT holds "
+       "~41% of the parameters, so P=4 cannot go below it (a leaf-level "
+       "partition reaches 0.27)", **row},
+      {"row": "7.2", "claim": "merging tau steps after the sync hides the "
+       "communication behind compute", "source": "seed 000 §2 (Streaming "
+       "DiLoCo); seed 001 §3.1", "setting": setting,
+       "measured": f"simulated s: DiLoCo {t['DiLoCo fp32']:.1f}, P=4 tau=0 "
+       f"{t['Streaming P=4 tau=0 fp32']:.1f}, tau=5 "
+       f"{t['Streaming P=4 tau=5 fp32']:.1f} ({compute:.0f} s compute): "
+       f"{hidden:.0%} of DiLoCo's communication time hidden; loss tau=5 "
+       f"{_report.pm(runs('Streaming P=4 tau=5 fp32'), 3)} vs DiLoCo "
+       f"{_report.pm(runs('DiLoCo fp32'), 3)}", "verdict": (
+           "reproduces" if hidden >= 0.9 else "partly" if hidden > 0
+           else "does not"),
+       "why": "tau=5 of H=40 overlaps only part of a 10 Mbit/s sync; the "
+       "direction holds at a loss cost within the seeds' spread", **row},
+      {"row": "7.3", "claim": "4-bit (E3M0) outer gradients cost little "
+       "loss", "source": "seed 000 §2 (Streaming DiLoCo)", "setting": setting,
+       "measured": f"DiLoCo E3M0 {_report.pm(runs('DiLoCo E3M0'), 3)} vs "
+       f"fp32 {_report.pm(runs('DiLoCo fp32'), 3)} with 4x fewer bytes; "
+       "Streaming P=4 tau=5 "
+       f"{_report.pm(runs('Streaming P=4 tau=5 E3M0'), 3)} vs "
+       f"{_report.pm(runs('Streaming P=4 tau=5 fp32'), 3)}",
+       "verdict": "reproduces" if e3m0 <= 0.02 else "partly",
+       "why": f"the largest E3M0 - float32 gap over four methods is "
+       f"{e3m0:.3f}, about the seeds' spread ('reproduces': <= 0.02)",
+       **row},
+      {"row": "7.4", "claim": "hierarchical DiLoCo: regional syncs anchor "
+       "the drift (H_eff = H_inner·H_regional^0.5), so it loses less than "
+       "flat DiLoCo with the same WAN interval", "source": "seed 001 §3.2, "
+       "§4.4", "setting": setting + ", regional sync every H/2",
+       "measured": f"hierarchical {_report.pm(runs('Hierarchical fp32'), 3)}"
+       f" vs flat {_report.pm(runs('DiLoCo fp32'), 3)}; simulated s "
+       f"{mean('Hierarchical fp32', 'sim_time_s'):.1f} vs "
+       f"{t['DiLoCo fp32']:.1f}",
+       "verdict": "reproduces" if better else "does not",
+       "why": "regional averaging between global syncs made the loss worse "
+       "here, and flat DiLoCo's hierarchical all-reduce already keeps WAN "
+       "traffic low on this topology; the seed calls H_eff a heuristic",
+       **row}]
+
+
 def plot(results, path):
   fig, ax = _report.axes()
   for label in ("DDP", "DiLoCo fp32", "DiLoCo E3M0", "Streaming P=4 tau=0 fp32",
@@ -318,6 +393,10 @@ def main():
   results = _report.results_for(args, "streaming_hierarchy_results.json",
                                 run_all)
   write_report(results, args, args.out)
+  if os.path.abspath(args.out) == os.path.abspath(OUT):
+    # Minutes: the docstring's estimate (these runs predate timing them).
+    _report.publish("streaming_and_hierarchy", finding_rows(results, args),
+                    30, measured=False)
 
 
 if __name__ == "__main__":
