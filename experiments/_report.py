@@ -206,3 +206,30 @@ def render_table() -> None:
     text = text.rstrip("\n") + "\n\n## Findings\n\n" + "\n".join(lines) + "\n"
   with open(README, "w") as f:
     f.write(text)
+
+
+# ------------------------------------------------------------ equal bytes
+
+def gpt_params():
+  """The default GPT's parameters (for exact payload sizes)."""
+  import jax
+  import jax.numpy as jnp
+  from lowbw import models
+  return models.gpt().init(jax.random.key(0),
+                           {"tokens": jnp.zeros((1, 129), jnp.int32)})
+
+
+def matching(spec, target: int, params, lo: float, hi: float,
+             integer: bool = False):
+  """The largest value x in [lo, hi] whose codec ``spec(x)`` sends at most
+  ``target`` payload bytes for ``params`` (bisected on the exact count)."""
+  from lowbw import transforms
+
+  def sent(x):
+    return transforms.payload_nbytes(transforms.parse_codec(spec(x)), params)
+  for _ in range(60):
+    if (hi - lo) <= (1 if integer else 1e-9 * hi):
+      break
+    mid = (lo + hi) // 2 if integer else (lo + hi) / 2
+    lo, hi = (mid, hi) if sent(mid) <= target else (lo, mid)
+  return lo

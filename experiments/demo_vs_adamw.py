@@ -23,8 +23,6 @@ Usage:
 import argparse
 import os
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 import _report
@@ -37,23 +35,14 @@ COMMAND = "python experiments/demo_vs_adamw.py"
 DEMO_CODEC = "dct:64:32"  # DeMo's chunk 64, top-32 (its paper's defaults)
 
 
-def gpt_params():
-  return models.gpt().init(jax.random.key(0),
-                           {"tokens": jnp.zeros((1, 129), jnp.int32)})
-
-
 def equal_bytes(params):
-  """DeMo's payload per step, the top-k fraction sending as much (bisected
-  on the exact byte count), and the DiLoCo H sending as much per step."""
+  """DeMo's payload per step, the top-k fraction sending as much, and the
+  DiLoCo H sending as much per step."""
   demo = transforms.payload_nbytes(transforms.parse_codec(DEMO_CODEC), params)
-  lo, hi = 1e-4, 0.5
-  for _ in range(40):
-    mid = (lo + hi) / 2
-    sent = transforms.payload_nbytes(transforms.parse_codec(f"topk:{mid}"),
-                                     params)
-    lo, hi = (mid, hi) if sent <= demo else (lo, mid)
+  fraction = _report.matching(lambda f: f"topk:{f:.6g}", demo, params,
+                              1e-4, 0.5)
   full = transforms.payload_nbytes(None, params)
-  return demo, round(lo, 6), max(1, round(full / demo))
+  return demo, float(f"{fraction:.6g}"), max(1, round(full / demo))
 
 
 def strategy(kind, args, fraction, H):
@@ -71,7 +60,7 @@ def strategy(kind, args, fraction, H):
 
 
 def run_all(args, cache_path):
-  demo_bytes, fraction, H = equal_bytes(gpt_params())
+  demo_bytes, fraction, H = equal_bytes(_report.gpt_params())
 
   def run(kind):
     sim = lowbw.build(
