@@ -10,6 +10,35 @@ import time
 HAND_WRITTEN = "## Reading (written by hand"
 
 
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+DOCS = os.path.join(ROOT, "docs", "experiments")
+
+
+def ints(text: str) -> list[int]:
+  """A comma-separated list of integers (``--seeds 0,1,2``)."""
+  return [int(x) for x in text.split(",")]
+
+
+def parser(doc: str):
+  """An argument parser with the options every findings script takes:
+  ``--seeds``, ``--out`` and ``--report-only``."""
+  import argparse
+  p = argparse.ArgumentParser(description=doc.split("\n")[0])
+  p.add_argument("--seeds", type=ints, default=[0, 1, 2])
+  p.add_argument("--out", default=DOCS)
+  p.add_argument("--report-only", action="store_true",
+                 help="rebuild the report and rows from the cached runs")
+  return p
+
+
+def publish_rows(args, script: str, results: dict, rows) -> None:
+  """``publish(script, rows())`` with the compute the cached runs took,
+  when the report went to docs/experiments (not for a trial ``--out``)."""
+  if os.path.abspath(args.out) == os.path.abspath(DOCS):
+    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
+    publish(script, rows(), minutes)
+
+
 def write_report(path: str, generated: str) -> None:
   """Writes ``generated`` to ``path``, keeping a section that starts with
   ``HAND_WRITTEN`` (a reading of the results) from the file already there."""
@@ -142,8 +171,7 @@ def timed(run):
 
 # --------------------------------------------------------------- findings
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-FINDINGS = os.path.join(ROOT, "docs", "experiments", "findings")
+FINDINGS = os.path.join(DOCS, "findings")
 README = os.path.join(ROOT, "experiments", "README.md")
 VERDICTS = ("reproduces", "partly", "does not", "not testable at this scale",
             "measured (no published figure)")

@@ -15,7 +15,6 @@ Usage:
   python experiments/cnn_two_nodes.py --report-only
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -24,7 +23,6 @@ import _report
 import lowbw
 from lowbw import data, models, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "cnn_two_nodes_results.json"
 COMMAND = "python experiments/cnn_two_nodes.py"
 NODES = (1, 2, 4)
@@ -115,21 +113,16 @@ def finding(results, args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = _report.parser(__doc__)
   parser.add_argument("--steps", type=int, default=600)
   parser.add_argument("--H", type=int, default=25)
   parser.add_argument("--lr", type=float, default=1e-3)
   parser.add_argument("--batch-size", type=int, default=16)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("cnn_two_nodes", [finding(results, args)], minutes)
+  _report.publish_rows(args, "cnn_two_nodes", results,
+                       lambda: [finding(results, args)])
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ Usage:
   python experiments/demo_vs_adamw.py --report-only
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -29,7 +28,6 @@ import _report
 import lowbw
 from lowbw import data, models, network, strategies, transforms
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "demo_results.json"
 COMMAND = "python experiments/demo_vs_adamw.py"
 DEMO_CODEC = "dct:64:32"  # DeMo's chunk 64, top-32 (its paper's defaults)
@@ -174,7 +172,7 @@ def finding(results, args):
 
 def main():
   floats = lambda t: [float(x) for x in t.split(",")]  # noqa: E731
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = _report.parser(__doc__)
   parser.add_argument("--workers", type=int, default=4)
   parser.add_argument("--batch-size", type=int, default=4)
   parser.add_argument("--steps", type=int, default=300)
@@ -182,16 +180,11 @@ def main():
   parser.add_argument("--lrs", type=floats, default=[1e-3, 3e-3])
   parser.add_argument("--eval-every", type=int, default=30)
   parser.add_argument("--eval-examples", type=int, default=128)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("demo_vs_adamw", [finding(results, args)], minutes)
+  _report.publish_rows(args, "demo_vs_adamw", results,
+                       lambda: [finding(results, args)])
 
 
 if __name__ == "__main__":

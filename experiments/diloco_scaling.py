@@ -19,7 +19,6 @@ Usage:
       --out /tmp/d                                  # a quick check
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -28,14 +27,9 @@ import _report
 import lowbw
 from lowbw import data, models, network, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "diloco_scaling_results.json"
 COMMAND = "python experiments/diloco_scaling.py"
 TOLERANCE = 0.01  # DiLoCo "matches" DDP within 1% of DDP's eval loss
-
-
-def ints(text):
-  return [int(x) for x in text.split(",")]
 
 
 def build(kind: str, W: int, H: int, args):
@@ -173,9 +167,9 @@ def finding(table, results, args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workers", type=ints, default=[1, 2, 4, 8, 16])
-  parser.add_argument("--H", type=ints, default=[10, 50, 100, 500])
+  parser = _report.parser(__doc__)
+  parser.add_argument("--workers", type=_report.ints, default=[1, 2, 4, 8, 16])
+  parser.add_argument("--H", type=_report.ints, default=[10, 50, 100, 500])
   parser.add_argument("--steps", type=int, default=500)
   parser.add_argument("--global-batch", type=int, default=16)
   parser.add_argument("--lr", type=float, default=1e-3)
@@ -184,17 +178,12 @@ def main():
   parser.add_argument("--eval-examples", type=int, default=128)
   parser.add_argument("--bandwidth", default="1Gbps")
   parser.add_argument("--latency", default="50ms")
-  parser.add_argument("--seeds", type=ints, default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   table = summarize(results, args)
   report(results, table, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("diloco_scaling", [finding(table, results, args)],
-                    minutes)
+  _report.publish_rows(args, "diloco_scaling", results,
+                       lambda: [finding(table, results, args)])
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ Usage:
   python experiments/muloco_compression.py --report-only
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -36,7 +35,6 @@ import _report
 import lowbw
 from lowbw import bench, data, models, network, strategies, transforms
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "muloco_claims_results.json"
 COMMAND = "python experiments/muloco_compression.py"
 METHODS = {"DiLoCo": 0.7, "MuLoCo": 0.9}  # the paper's tuned EF beta
@@ -293,7 +291,7 @@ def verdict(held: int, total: int) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = _report.parser(__doc__)
   parser.add_argument("--workers", type=int, default=4)
   parser.add_argument("--batch-size", type=int, default=2)
   parser.add_argument("--steps", type=int, default=500)
@@ -302,16 +300,11 @@ def main():
   parser.add_argument("--adamw-lr", type=float, default=1e-3)
   parser.add_argument("--muon-lr", type=float, default=2e-2)
   parser.add_argument("--eval-examples", type=int, default=128)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("muloco_compression", findings(results, args), minutes)
+  _report.publish_rows(args, "muloco_compression", results,
+                       lambda: findings(results, args))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ import _report
 import lowbw
 from lowbw import data, models, network, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "planner_results.json"
 COMMAND = "python experiments/planner_vs_clock.py"
 WORKERS, H = (4, 16), 100  # H changes the outer step, not the sync
@@ -73,21 +72,20 @@ def planned(size, W, H, link):
 
 
 def measured_eta():
-  """Row 1's token efficiency per (W, H), if its results exist."""
-  path = os.path.join(OUT, "diloco_scaling_results.json")
+  """Row 1's token efficiency per (W, H), for every W whose runs are all
+  in its cache."""
+  path = os.path.join(_report.DOCS, "diloco_scaling_results.json")
   if not os.path.exists(path):
     return {}
   import diloco_scaling
   with open(path) as f:
     results = json.load(f)
-  args = argparse.Namespace(workers=sorted({int(k.split("W=")[1].split()[0])
-                                            for k in results}),
-                            H=sorted({int(k.split("H=")[1]) for k in results
-                                      if "H=" in k}))
-  try:
-    table = diloco_scaling.summarize(results, args)
-  except KeyError:  # row 1 has not finished
-    return {}
+  Hs = sorted({int(k.split("H=")[1]) for k in results if "H=" in k})
+  workers = sorted({int(k.split("W=")[1].split()[0]) for k in results})
+  done = [W for W in workers if f"DDP W={W}" in results and all(
+      f"DiLoCo W={W} H={H}" in results for H in Hs)]
+  args = argparse.Namespace(workers=done, H=Hs)
+  table = diloco_scaling.summarize(results, args)
   return {(t["W"], t["H"]): t for t in table.values() if t["H"] > 1}
 
 
@@ -190,16 +188,11 @@ def findings(table, eta):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
-  args = parser.parse_args()
+  args = _report.parser(__doc__).parse_args()
   results = _report.results_for(args, CACHE, run_all)
   table, eta = report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("planner_vs_clock", findings(table, eta), minutes)
-
+  _report.publish_rows(args, "planner_vs_clock", results,
+                       lambda: findings(table, eta))
 
 if __name__ == "__main__":
   main()

@@ -17,7 +17,6 @@ Usage:
   python experiments/sparta_sweep.py --report-only
 """
 
-import argparse
 import os
 
 import numpy as np
@@ -26,7 +25,6 @@ import _report
 import lowbw
 from lowbw import data, models, network, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "sparta_results.json"
 COMMAND = "python experiments/sparta_sweep.py"
 PS = (0.0005, 0.001, 0.005, 0.01, 0.05)
@@ -174,7 +172,7 @@ def findings(results, args):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = _report.parser(__doc__)
   parser.add_argument("--workers", type=int, default=4)
   parser.add_argument("--batch-size", type=int, default=4)
   parser.add_argument("--steps", type=int, default=400)
@@ -182,16 +180,11 @@ def main():
   parser.add_argument("--lr", type=float, default=1e-3)
   parser.add_argument("--eval-every", type=int, default=40)
   parser.add_argument("--eval-examples", type=int, default=128)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("sparta_sweep", findings(results, args), minutes)
+  _report.publish_rows(args, "sparta_sweep", results,
+                       lambda: findings(results, args))
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ Usage:
   python experiments/stragglers_and_faults.py --report-only
 """
 
-import argparse
 import math
 import os
 
@@ -36,7 +35,6 @@ import _report
 import lowbw
 from lowbw import data, models, network, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
 CACHE = "stragglers_faults_results.json"
 COMMAND = "python experiments/stragglers_and_faults.py"
 FLEET = (2, 4, 8, 16, 32, 64)
@@ -334,20 +332,15 @@ def verdict_threshold(efficiency: dict, removed: dict) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser = _report.parser(__doc__)
   parser.add_argument("--steps", type=int, default=400)
   parser.add_argument("--eval-every", type=int, default=10)
   parser.add_argument("--batch-size", type=int, default=16)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true")
   args = parser.parse_args()
   results = _report.results_for(args, CACHE, run_all)
   report(results, args)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    minutes = sum(r.get("seconds", 0) for r in results.values()) / 60
-    _report.publish("stragglers_faults", findings(results, args), minutes)
+  _report.publish_rows(args, "stragglers_faults", results,
+                       lambda: findings(results, args))
 
 
 if __name__ == "__main__":
