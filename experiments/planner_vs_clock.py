@@ -80,8 +80,9 @@ def measured_eta():
   import diloco_scaling
   with open(path) as f:
     results = json.load(f)
-  Hs = sorted({int(k.split("H=")[1]) for k in results if "H=" in k})
-  workers = sorted({int(k.split("W=")[1].split()[0]) for k in results})
+  runs = [k for k in results if k.startswith(("DDP W=", "DiLoCo W="))]
+  Hs = sorted({int(k.split("H=")[1]) for k in runs if "H=" in k})
+  workers = sorted({int(k.split("W=")[1].split()[0]) for k in runs})
   done = [W for W in workers if f"DDP W={W}" in results and all(
       f"DiLoCo W={W} H={H}" in results for H in Hs)]
   args = argparse.Namespace(workers=done, H=Hs)
