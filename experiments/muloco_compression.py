@@ -192,6 +192,7 @@ def plot(results, args):
     ax.errorbar([p for p, _ in off], [np.mean(v) for _, v in off],
                 yerr=[np.std(v) for _, v in off], marker="x", capsize=3,
                 ls=":", label=f"{m}, no EF")
+  ax.set_yscale("log")  # diverged runs sit far above the rest
   _report.save_plot(fig, ax, os.path.join(args.out, "muloco.png"),
                     "payload bytes per worker, whole run",
                     f"eval loss after {args.steps} steps")
@@ -215,8 +216,13 @@ def findings(results, args):
           "paper's beta vs off", "measured": f"EF lowered the loss in "
           f"{len(helped)} of {len(pairs)} (loss with EF minus without: "
           f"{gains})", "verdict": verdict(len(helped), len(pairs)),
-          "why": "'reproduces' means in every compressed configuration; "
-          "8-bit leaves almost nothing for EF to recover", **row}]
+          "why": "'reproduces' means in every compressed configuration. "
+          "Here compression without EF often beats float32 and EF, which "
+          "resends what the codec dropped, mostly hurts (MuLoCo top-k + EF "
+          "diverges): at H=10 the paper's outer step (lr 0.8, Nesterov 0.9, "
+          "tuned at H=30) overshoots, as row 1's outer-optimizer check shows "
+          "for DiLoCo, so updates the codec shrinks fare better. A rerun "
+          "with a smaller outer lr would separate the two", **row}]
   codecs = ["fp32"] + list(CODECS)
   wins = [c for c in codecs if mean(results, f"MuLoCo | {c}",
                                     None if c == "fp32" else 0.9)
@@ -242,11 +248,12 @@ def findings(results, args):
       "measured": f"MuLoCo 2-bit+EF {_report.pm(m2, 3)} vs DiLoCo fp32 "
       f"{_report.pm(d32, 3)}, {ratio:.1f}x fewer bytes (float32 baseline)",
       "verdict": "reproduces" if beats else "does not",
-      "why": "the paper's 8x is against 16-bit payloads; against float32 "
-      "2-bit codes with per-tensor scales are ~16x", **row})
+      "why": "the paper's 8x is against 16-bit payloads (against float32 "
+      "2-bit codes with per-tensor scales are ~16x); the uncompressed DiLoCo "
+      "here is held back by the outer step at H=10 (row 3.1)", **row})
   mem = memory(results)
-  same = abs((mem["MuLoCo"]["optimizer"] + mem["MuLoCo"]["ef"])
-             - mem["DiLoCo"]["optimizer"]) < 0.01
+  excess = ((mem["MuLoCo"]["optimizer"] + mem["MuLoCo"]["ef"])
+            / mem["DiLoCo"]["optimizer"] - 1)
   out.append({
       "row": "3.4", "claim": "MuLoCo with EF has DiLoCo's memory (Muon's one "
       "momentum plus the EF residual = AdamW's two moments)",
@@ -254,8 +261,12 @@ def findings(results, args):
       "measured": "per worker, in parameter copies: " + "; ".join(
           f"{m}: optimizer {v['optimizer']:.2f}, EF {v['ef']:.2f}"
           for m, v in mem.items()),
-      "verdict": "reproduces" if same else "does not",
-      "why": "counted from the simulator's state, exactly", **row})
+      "verdict": ("reproduces" if abs(excess) < 0.01 else "partly"
+                  if abs(excess) < 0.25 else "does not"),
+      "why": f"MuLoCo + EF keeps {excess:+.0%} against DiLoCo without EF, "
+      "counted from the simulator's state: Muon updates the 2-D weight "
+      "matrices and an AdamW (two moments) the rest (embeddings, norms, "
+      "biases), which Table 1 leaves out", **row})
   out.append(figure4(results, setting, row))
   return out
 
