@@ -198,6 +198,10 @@ def _cell(text) -> str:
   return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _minutes(m: float) -> str:
+  return f"{m:.1f} min" if m < 10 else f"{m:.0f} min"
+
+
 def render_table() -> None:
   """The one findings table in experiments/README.md, from every script's
   findings file, rows in experiment order, and the compute they took."""
@@ -220,9 +224,11 @@ def render_table() -> None:
         r["measured"], f"**{r['verdict']}**: {r['why']}", plot,
         f"`{r['command']}`")) + " |")
   total = sum(d["minutes"] for d in found)
-  lines += ["", "Compute on a 2-core CPU (no GPU was lent to these runs): "
-            + ", ".join(f"`{d['script']}` {'' if d.get('measured', True) else '~'}"
-                        f"{d['minutes']:.0f} min" for d in found)
+  lines += ["", "Compute, wall minutes on a 2-core CPU (no GPU was lent to these "
+            "runs; two or three scripts often shared the cores, so each alone "
+            "is faster): " + ", ".join(
+                f"`{d['script']}` {'' if d.get('measured', True) else '~'}"
+                f"{_minutes(d['minutes'])}" for d in found)
             + f"; {total:.0f} min in all (~: the script's own estimate, runs "
             "made before the scripts timed themselves).", "", END]
   with open(README) as f:
