@@ -138,25 +138,28 @@ def findings(results, args):
           f"of the sweep; p=0.05 ends {sparta[-1] / ddp - 1:+.1%} from DDP",
           **row}]
   H = SPARTA_DILOCO_H
-  helped = [p for p in PS if mean(results, f"SPARTA-DiLoCo H={H} p={p:g}")
-            < mean(results, f"DiLoCo H={H}")]
+  base, spread = _report.mean_std(loss(results, f"DiLoCo H={H}"))
+
+  def clear_gain(p):  # better than DiLoCo at the same H by more than a std
+    m, sd = _report.mean_std(loss(results, f"SPARTA-DiLoCo H={H} p={p:g}"))
+    return base - m > max(sd, spread)
+  helped = [p for p in PS if clear_gain(p)]
   out.append({
-      "row": "2.2", "claim": "with DiLoCo, SPARTA acts as a regularizer: "
-      "longer H without a penalty", "source": "seed 000 §2",
+      "row": "2.2", "claim": "with DiLoCo, SPARTA (p as low as 0.05%) acts "
+      "as a regularizer: longer H without a penalty", "source": "seed 000 §2",
       "setting": setting + f", H={H}",
-      "measured": f"DiLoCo H={H} "
-      f"{_report.pm(loss(results, f'DiLoCo H={H}'), 3)}; SPARTA-DiLoCo: "
-      + ", ".join(f"p={p:g} {_report.pm(loss(results, f'SPARTA-DiLoCo H={H} p={p:g}'), 3)}"
-                  for p in PS) + f"; DiLoCo H=10 "
-      f"{_report.pm(loss(results, 'DiLoCo H=10'), 3)}",
-      "verdict": ("reproduces" if mean(results, f"SPARTA-DiLoCo H={H} "
-                                       f"p={max(PS):g}")
-                  <= mean(results, "DiLoCo H=10") else
+      "measured": f"DiLoCo H={H} {_report.pm(loss(results, f'DiLoCo H={H}'), 3)}"
+      "; SPARTA-DiLoCo: " + ", ".join(
+          f"p={p:g} {_report.pm(loss(results, f'SPARTA-DiLoCo H={H} p={p:g}'), 3)}"
+          for p in PS),
+      "verdict": ("reproduces" if min(PS) in helped else
                   "partly" if helped else "does not"),
-      "why": f"SPARTA-DiLoCo beat DiLoCo at the same H for p in "
-      f"{[f'{p:g}' for p in helped] or 'none'}; 'reproduces' means it "
-      f"matches DiLoCo at a 10x shorter H (the paper's 100x needs "
-      "H=10,000, beyond this budget)", **row})
+      "why": "'reproduces' means the paper's p=0.0005 beats DiLoCo at the "
+      "same H by more than a seeds' std; a clear gain at p in "
+      f"{[f'{p:g}' for p in helped] or 'none'} (which also send "
+      "more bytes). The paper's 100x longer H (10,000) is beyond this "
+      "budget, and DiLoCo at short H is held back by its outer step (row 1)",
+      **row})
   matched = [(p, round(1 / p)) for p in PS if round(1 / p) in DILOCO_H]
   out.append({
       "row": "2.3", "claim": "SPARTA against DiLoCo at matched bytes (H = "
