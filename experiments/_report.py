@@ -178,6 +178,13 @@ VERDICTS = ("reproduces", "partly", "does not", "not testable at this scale",
 START, END = "<!-- findings table: start -->", "<!-- findings table: end -->"
 
 
+def verdict(held: int, total: int) -> str:
+  """The verdict when a claim splits into ``total`` checks, ``held`` of
+  which hold: all of them reproduce it, some partly, none do not."""
+  return ("reproduces" if held == total else "partly" if held else
+          "does not")
+
+
 def publish(script: str, rows: list[dict], minutes: float,
             measured: bool = True) -> None:
   """Writes ``script``'s findings (rows of claim / setting / measured /

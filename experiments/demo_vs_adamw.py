@@ -148,8 +148,7 @@ def finding(results, args):
   others_gap = {label(k, results[k]): _report.mean_std(
       r["final_eval_loss"] for r in best(results[k])[1])[0]
       / _report.mean_std(d)[0] - 1 for k in ("DDP top-k", "DiLoCo")}
-  verdict = ("reproduces" if matches and orders else
-             "partly" if matches or orders else "does not")
+  verdict = _report.verdict(matches + orders, 2)
   return {"row": "4", "claim": "DeMo matches or beats AdamW while sending "
           "several orders of magnitude fewer bytes",
           "source": "seed 000 §2, DeMo paper",

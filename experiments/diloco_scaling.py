@@ -19,6 +19,8 @@ Usage:
       --out /tmp/d                                  # a quick check
 """
 
+import argparse
+import json
 import os
 
 import numpy as np
@@ -29,6 +31,7 @@ from lowbw import data, models, network, strategies
 
 CACHE = "diloco_scaling_results.json"
 COMMAND = "python experiments/diloco_scaling.py"
+WORKERS, HS = (1, 2, 4, 8, 16), (10, 50, 100, 500)
 TOLERANCE = 0.01  # DiLoCo "matches" DDP within 1% of DDP's eval loss
 
 
@@ -76,6 +79,22 @@ def ddp_tokens_to(ddp_runs, loss: float):
   mean = {"tokens": curves[0]["tokens"],
           "eval_loss": list(np.mean([c["eval_loss"] for c in curves], 0))}
   return _report.reach(mean, loss, "tokens")
+
+
+def finished_table() -> dict:
+  """The summary of the cached runs (docs/experiments) for every default W
+  whose runs are all there, keyed by (W, H) for DiLoCo: what row 6 reads.
+  {} without a cache."""
+  path = os.path.join(_report.DOCS, CACHE)
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    results = json.load(f)
+  done = [W for W in WORKERS if all(
+      c[0] in results for c in configurations(
+          argparse.Namespace(workers=[W], H=list(HS))))]
+  table = summarize(results, argparse.Namespace(workers=done, H=list(HS)))
+  return {(t["W"], t["H"]): t for t in table.values() if t["H"] > 1}
 
 
 def summarize(results, args):
@@ -202,8 +221,8 @@ def finding(table, results, args):
 
 def main():
   parser = _report.parser(__doc__)
-  parser.add_argument("--workers", type=_report.ints, default=[1, 2, 4, 8, 16])
-  parser.add_argument("--H", type=_report.ints, default=[10, 50, 100, 500])
+  parser.add_argument("--workers", type=_report.ints, default=list(WORKERS))
+  parser.add_argument("--H", type=_report.ints, default=list(HS))
   parser.add_argument("--steps", type=int, default=500)
   parser.add_argument("--global-batch", type=int, default=16)
   parser.add_argument("--lr", type=float, default=1e-3)

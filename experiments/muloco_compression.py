@@ -215,7 +215,7 @@ def findings(results, args):
           "top-k and quantized updates", "setting": setting + ", EF at the "
           "paper's beta vs off", "measured": f"EF lowered the loss in "
           f"{len(helped)} of {len(pairs)} (loss with EF minus without: "
-          f"{gains})", "verdict": verdict(len(helped), len(pairs)),
+          f"{gains})", "verdict": _report.verdict(len(helped), len(pairs)),
           "why": "'reproduces' means in every compressed configuration. "
           "Here compression without EF often beats float32 and EF, which "
           "resends what the codec dropped, mostly hurts (MuLoCo top-k + EF "
@@ -234,7 +234,7 @@ def findings(results, args):
       f"{len(codecs)} codecs; fp32: MuLoCo "
       f"{_report.pm(losses(results, 'MuLoCo | fp32'), 3)} vs DiLoCo "
       f"{_report.pm(losses(results, 'DiLoCo | fp32'), 3)}",
-      "verdict": verdict(len(wins), len(codecs)),
+      "verdict": _report.verdict(len(wins), len(codecs)),
       "why": "inner learning rates from a small sweep at this scale; "
       "0.5M parameters against the paper's 220M", **row})
   m2 = losses(results, "MuLoCo | 2-bit", 0.9)
@@ -291,14 +291,9 @@ def figure4(results, setting, row):
           "setting": setting + ", EF at the paper's beta, DCT chunk 128 "
           "and random-k at top-k's exact bytes",
           "measured": "; ".join(cells),
-          "verdict": verdict(held, total),
+          "verdict": _report.verdict(held, total),
           "why": f"{held} of the {total} orderings the figure shows hold "
           "here", **row}
-
-
-def verdict(held: int, total: int) -> str:
-  return ("reproduces" if held == total else "partly" if held else
-          "does not")
 
 
 def main():

@@ -18,12 +18,11 @@ Usage:
   python experiments/planner_vs_clock.py --report-only
 """
 
-import argparse
 import itertools
-import json
 import os
 
 import _report
+import diloco_scaling
 import lowbw
 from lowbw import data, models, network, strategies
 
@@ -71,25 +70,6 @@ def planned(size, W, H, link):
       vram_per_node=80.0)
 
 
-def measured_eta():
-  """Row 1's token efficiency per (W, H), for every W whose runs are all
-  in its cache."""
-  path = os.path.join(_report.DOCS, "diloco_scaling_results.json")
-  if not os.path.exists(path):
-    return {}
-  import diloco_scaling
-  with open(path) as f:
-    results = json.load(f)
-  runs = [k for k in results if k.startswith(("DDP W=", "DiLoCo W="))]
-  Hs = sorted({int(k.split("H=")[1]) for k in runs if "H=" in k})
-  workers = sorted({int(k.split("W=")[1].split()[0]) for k in runs})
-  done = [W for W in workers if f"DDP W={W}" in results and all(
-      f"DiLoCo W={W} H={H}" in results for H in Hs)]
-  args = argparse.Namespace(workers=done, H=Hs)
-  table = diloco_scaling.summarize(results, args)
-  return {(t["W"], t["H"]): t for t in table.values() if t["H"] > 1}
-
-
 def run_all(args, cache_path):
   configs = [(label, size, W, H, link)
              for label, size, W, H, link in settings()]
@@ -128,7 +108,7 @@ def report(results, args):
         f"{t['t_sync_s'][0]:.3f} ± {t['t_sync_s'][1]:.3f} | "
         f"{p['t_sync_s'] / t['t_sync_s'][0]:.2f} | {p['t_outer_s']:.3f} / "
         f"{t['t_outer_s'][0]:.3f} |")
-  eta = measured_eta()
+  eta = diloco_scaling.finished_table()
   lines += ["", "## Token efficiency: the planner's eta against row 1", "",
             "Row 1 (`experiments/diloco_scaling.py`): the default GPT, "
             "DDP's tokens to DiLoCo's final loss over all tokens.", "",
@@ -158,8 +138,7 @@ def findings(table, eta):
       "measured": f"compute per step equal in every setting; planner / "
       f"clock sync time {ratios[lo]:.2f} ({lo}) to {ratios[hi]:.2f} "
       f"({hi}); within 25% in {len(close)} of {len(ratios)}",
-      "verdict": ("reproduces" if len(close) == len(ratios) else
-                  "partly" if close else "does not"),
+      "verdict": _report.verdict(len(close), len(ratios)),
       "why": "the planner pays one round trip and the whole payload twice "
       "per sync, times f(n); a ring all-reduce pays 2(W-1) one-way hops "
       "and 2(W-1)/W of the payload, with no straggler wait without jitter",

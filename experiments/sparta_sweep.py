@@ -132,8 +132,7 @@ def findings(results, args):
           "setting": setting, "measured": "eval loss by p: " + ", ".join(
               f"{p:g}: {_report.pm(loss(results, f'SPARTA p={p:g}'), 3)}"
               for p in PS) + f"; DDP {_report.pm(loss(results, 'DDP'), 3)}",
-          "verdict": ("reproduces" if falling == len(PS) - 1 else
-                      "partly" if falling else "does not"),
+          "verdict": _report.verdict(falling, len(PS) - 1),
           "why": f"the loss falls with p at {falling} of {len(PS) - 1} steps "
           f"of the sweep; p=0.05 ends {sparta[-1] / ddp - 1:+.1%} from DDP",
           **row}]

@@ -298,10 +298,8 @@ def findings(results, args):
       "measured": "delay removed " + "; ".join(
           f"{k}: {_report.pm(v['backup']['delay_removed'], 2)}"
           for k, v in t.items()) + " (claim 0.70)",
-      "verdict": ("reproduces" if all(abs(v - 0.7) <= 0.1
-                                      for v in removed.values()) else
-                  "partly" if any(abs(v - 0.7) <= 0.1
-                                  for v in removed.values()) else "does not"),
+      "verdict": _report.verdict(
+          sum(abs(v - 0.7) <= 0.1 for v in removed.values()), len(removed)),
       "why": "one spare of 11 lets the round close at the 10th-fastest "
       "worker, which under lognormal jitter still lags; the 70% is the "
       "planner's assumption, the clock measures the order statistic",
@@ -328,7 +326,7 @@ def verdict_threshold(efficiency: dict, removed: dict) -> str:
   efficiency within 0.05 of 1/1.15."""
   ok = [all(v >= 0.9 for v in removed.values()),
         all(abs(v - 1 / 1.15) <= 0.05 for v in efficiency.values())]
-  return "reproduces" if all(ok) else "partly" if any(ok) else "does not"
+  return _report.verdict(sum(ok), len(ok))
 
 
 def main():
