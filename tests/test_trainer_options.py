@@ -156,6 +156,23 @@ def test_sparta_interval_sends_only_on_its_steps():
   assert third["sim_time_s"] < every["sim_time_s"]
 
 
+# ------------------------------------------------------------ outer optimizer
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_outer_optimizer_is_nesterov_sgd_like_a_plain_loop(momentum):
+  """Two outer steps against the textbook Nesterov update (v = mu v + g,
+  step = -lr (g + mu v)); momentum 0 is plain SGD."""
+  lr, grads = 0.8, [np.array([1.0, -2.0]), np.array([0.5, 0.25])]
+  tx = strategies.outer_optimizer(lr, momentum)
+  state, x = tx.init(jnp.zeros(2)), np.zeros(2)
+  ours, v = jnp.zeros(2), np.zeros(2)
+  for g in grads:
+    update, state = tx.update(jnp.asarray(g), state)
+    ours = ours + update
+    v = momentum * v + g
+    x = x - lr * (g + momentum * v)
+  np.testing.assert_allclose(ours, x, rtol=1e-6)
+
+
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize("build, message", [
     (lambda: strategies.inner_optimizer("adamw", 1e-3, max_norm=0),
@@ -165,6 +182,10 @@ def test_sparta_interval_sends_only_on_its_steps():
      r"^min_lr_ratio=1.5 is invalid: expected a number in \[0, 1\]"),
     (lambda: strategies.inner_optimizer("adamw", 1e-3, schedule="cosine"),
      "^steps=None is invalid: a cosine schedule needs the run's steps"),
+    (lambda: strategies.outer_optimizer(-0.1),
+     "^outer_lr=-0.1 is invalid: expected a finite number > 0"),
+    (lambda: strategies.outer_optimizer(0.7, 1.0),
+     "^outer_momentum=1.0 is invalid"),
     (lambda: strategies.sparta(sparta_interval=0),
      "^sparta_interval=0 is invalid"),
     (lambda: strategies.sparta_diloco(sparta_interval=2.5),

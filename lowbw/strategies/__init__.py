@@ -13,7 +13,8 @@ from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
 from lowbw.strategies._optim import (INNER_KINDS, SCHEDULES, Optimizer,
-                                     inner_optimizer, unit_schedule)
+                                     inner_optimizer, outer_optimizer,
+                                     unit_schedule)
 from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._spes import spes
@@ -53,7 +54,8 @@ __all__ = [
     "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
-    "hierarchical_diloco", "inner_optimizer", "SCHEDULES", "unit_schedule",
+    "hierarchical_diloco", "inner_optimizer", "outer_optimizer", "SCHEDULES",
+    "unit_schedule",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
     "peak_schedule", "spes", "sparta", "sparta_diloco", "streaming_diloco",
 ]

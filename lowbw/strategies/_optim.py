@@ -161,6 +161,21 @@ def outer(spec: Optimizer, field: str = "outer"
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 
 
+def outer_optimizer(lr: float = 0.7, momentum: float = 0.9
+                    ) -> optax.GradientTransformation:
+  """The DiLoCo family's outer optimizer with other settings: SGD at ``lr``,
+  Nesterov momentum ``momentum`` (0 for none), as ``outer=`` of ``diloco``,
+  ``muloco``, ``sparta_diloco``, ... (defaults: DiLoCo's, lr 0.7 and 0.9).
+  Both are state leaves: ``outer_lr`` and ``outer_momentum`` sweep them
+  without a new build (a sweep's momentum > 0 is Nesterov only when the build
+  had momentum > 0).
+
+  Example:
+    >>> muloco_outer = lowbw.strategies.outer_optimizer(0.8, 0.9)
+  """
+  return outer(Optimizer("sgd", lr, momentum=momentum))
+
+
 # The papers' optimizers, named once.
 DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
 DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
