@@ -144,6 +144,25 @@ def pm(values, digits: int = 4) -> str:
   return f"{m:.{digits}f} ± {s:.{digits}f}"
 
 
+def cost_cells(runs: list[dict], baseline_payload: float) -> str:
+  """A report row's cost cells: payload MB per worker, its fraction of the
+  baseline's (``1/60``) and the simulated seconds (mean over seeds)."""
+  pay = runs[0]["payload_bytes"]
+  return (f"{pay / 1e6:.2f} | 1/{baseline_payload / pay:.0f} | "
+          f"{mean_std(r['sim_time_s'] for r in runs)[0]:.1f}")
+
+
+def best_run(runs: list[dict]) -> dict:
+  """The run (a ``seeded`` entry) with the lowest final eval loss."""
+  return min(runs, key=lambda r: r["final_eval_loss"])
+
+
+def run_at(runs: list[dict], values: dict) -> dict:
+  """The run of a grid whose swept ``values`` are these."""
+  return next(r for r in runs
+              if all(r["values"].get(k) == v for k, v in values.items()))
+
+
 def reach(curve: dict, target: float, key: str = "step"):
   """The ``key`` (step, tokens, sim_time_s) at which the eval-loss curve
   first reaches ``target``, interpolated linearly between evaluations;

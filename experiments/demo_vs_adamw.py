@@ -115,9 +115,7 @@ def report(results, args):
         f"| {label(kind, result)} | {lr:g} | "
         f"{_report.pm([r['final_eval_loss'] for r in runs])} | "
         f"{_report.pm(other) if other else '-'} | "
-        f"{runs[0]['payload_bytes'] / 1e6:.2f} | "
-        f"1/{ddp / runs[0]['payload_bytes']:.0f} | "
-        f"{_report.mean_std(r['sim_time_s'] for r in runs)[0]:.1f} |")
+        f"{_report.cost_cells(runs, ddp)} |")
   lines += ["", "![eval loss against tokens](demo.png)", ""]
   _report.write_report(os.path.join(args.out, "demo.md"), "\n".join(lines))
   fig, ax = _report.axes()

@@ -78,11 +78,6 @@ def tuned_label(H: int) -> str:
   return f"DiLoCo W={TUNED_W} H={H} tuned outer"
 
 
-def best_values(runs) -> dict:
-  """The grid values of the run with the lowest final eval loss."""
-  return min(runs, key=lambda r: r["final_eval_loss"])["values"]
-
-
 def run_all(args, cache_path):
   def run(kind, W, H, grid=None, seeds=None):
     if kind == "check":
@@ -100,8 +95,8 @@ def run_all(args, cache_path):
   if not tuning:
     return results
   best = [(tuned_label(H), "diloco", TUNED_W, H,
-           {k: [v] for k, v in best_values(
-               results[tune_label(H)]["runs"]).items()}) for H in args.H]
+           {k: [v] for k, v in _report.best_run(
+               results[tune_label(H)]["runs"])["values"].items()}) for H in args.H]
   return _report.run_resumable(cache_path, best, _report.timed(run),
                                "final_eval_loss")
 
@@ -285,9 +280,10 @@ def finding(table, results, args):
             f"{min(t['gap'] for t in better.values()):+.1%})")
   if CHECK in results:
     runs = results[CHECK]["runs"]
-    top = min(runs, key=lambda r: r["final_eval_loss"])
-    paper = next(r for r in runs if r["values"] == {
-        "outer_lr": 0.7, "outer_momentum": 0.9})
+    top = _report.best_run(runs)
+    outer = strategies.spec("diloco").outer
+    paper = _report.run_at(runs, {"outer_lr": outer.lr,
+                                  "outer_momentum": outer.momentum})
     why += (f". H=10 suffers from the paper's outer optimizer (tuned at "
             f"H=500): at W=1 (one seed) outer lr "
             f"{top['values']['outer_lr']:g}, momentum "

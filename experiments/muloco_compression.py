@@ -48,7 +48,8 @@ CODECS = {"8-bit": "quant:8:statistical:muloco",
           "top-k 10%": "topk:0.1", "top-k 1%": "topk:0.01"}
 SPARSE = {"10%": 0.1, "1%": 0.01}
 SWEPT = ("2-bit", "top-k 1%")  # the most aggressive: beta 1 as well
-PAPER_OUTER = (0.8, 0.9)  # SGD lr, Nesterov momentum (section 4)
+_PAPER = strategies.spec("muloco").outer  # section 4, for both methods
+PAPER_OUTER = (_PAPER.lr, _PAPER.momentum)  # SGD lr, Nesterov momentum
 OUTER_GRID = {"outer_lr": [0.3, 0.5, 0.8, 1.0],
               "outer_momentum": [0.0, 0.5, 0.9]}
 TUNING = "muloco_outer_tuning.json"
@@ -121,8 +122,7 @@ def best_outer(tuning: dict) -> dict:
   """Per method, the (lr, momentum) of the lowest final eval loss."""
   out = {}
   for m in METHODS:
-    best = min(tuning[f"{m} | fp32"]["runs"],
-               key=lambda r: r["final_eval_loss"])
+    best = _report.best_run(tuning[f"{m} | fp32"]["runs"])
     out[m] = (best["values"]["outer_lr"], best["values"]["outer_momentum"])
   return out
 
@@ -189,10 +189,10 @@ def tuning_lines(args) -> list[str]:
            "| inner | outer lr | Nesterov momentum | eval loss |",
            "| --- | --- | --- | --- |"]
   for label, res in tuning.items():
-    best = min(r["final_eval_loss"] for r in res["runs"])
+    best = _report.best_run(res["runs"])
     for r in res["runs"]:
       v, loss = r["values"], r["final_eval_loss"]
-      mark = " (chosen)" if loss == best else (
+      mark = " (chosen)" if r is best else (
           " (the paper's)" if (v["outer_lr"], v["outer_momentum"])
           == PAPER_OUTER else "")
       lines.append(f"| {label.split(' | ')[0]} | {v['outer_lr']:g} | "
@@ -343,10 +343,9 @@ def paper_vs_tuned(args) -> str:
   parts = []
   for m in METHODS:
     runs = tuning[f"{m} | fp32"]["runs"]
-    paper = next(r for r in runs if (r["values"]["outer_lr"],
-                                     r["values"]["outer_momentum"])
-                 == PAPER_OUTER)
-    best = min(r["final_eval_loss"] for r in runs)
+    paper = _report.run_at(runs, dict(zip(("outer_lr", "outer_momentum"),
+                                          PAPER_OUTER)))
+    best = _report.best_run(runs)["final_eval_loss"]
     parts.append(f"{m} {paper['final_eval_loss']:.3f} against {best:.3f} "
                  "tuned")
   return "; ".join(parts)

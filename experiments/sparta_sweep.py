@@ -96,9 +96,7 @@ def report(results, args):
     lines.append(
         f"| {label} | {_report.pm(loss(results, label))} | "
         f"{mean(results, label) / base - 1:+.2%} | "
-        f"{runs[0]['payload_bytes'] / 1e6:.2f} | "
-        f"1/{ddp / runs[0]['payload_bytes']:.0f} | "
-        f"{_report.mean_std(r['sim_time_s'] for r in runs)[0]:.1f} |")
+        f"{_report.cost_cells(runs, ddp)} |")
   lines += ["", "![eval loss against payload bytes](sparta.png)", ""]
   _report.write_report(os.path.join(args.out, "sparta.md"), "\n".join(lines))
   fig, ax = _report.axes()

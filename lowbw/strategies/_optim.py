@@ -161,7 +161,18 @@ def outer(spec: Optimizer, field: str = "outer"
       learning_rate=lr, momentum=momentum or None, nesterov=bool(momentum))
 
 
-def outer_optimizer(lr: float = 0.7, momentum: float = 0.9
+# The papers' optimizers, named once.
+DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
+DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
+MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5,  # 2505.23725
+                         min_lr_ratio=0.1, max_norm=1.0)  # Table 4
+MULOCO_OUTER = Optimizer("sgd", 0.8, momentum=0.9)
+AVERAGING = Optimizer("sgd", 1.0)   # outer SGD lr 1: the new model is the mean
+DEMO_INNER = Optimizer("sgd", 4e-4)                           # arXiv 2411.19870
+
+
+def outer_optimizer(lr: float = DILOCO_OUTER.lr,
+                    momentum: float = DILOCO_OUTER.momentum
                     ) -> optax.GradientTransformation:
   """The DiLoCo family's outer optimizer with other settings: SGD at ``lr``,
   Nesterov momentum ``momentum`` (0 for none), as ``outer=`` of ``diloco``,
@@ -174,13 +185,3 @@ def outer_optimizer(lr: float = 0.7, momentum: float = 0.9
     >>> muloco_outer = lowbw.strategies.outer_optimizer(0.8, 0.9)
   """
   return outer(Optimizer("sgd", lr, momentum=momentum))
-
-
-# The papers' optimizers, named once.
-DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
-DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
-MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5,  # 2505.23725
-                         min_lr_ratio=0.1, max_norm=1.0)  # Table 4
-MULOCO_OUTER = Optimizer("sgd", 0.8, momentum=0.9)
-AVERAGING = Optimizer("sgd", 1.0)   # outer SGD lr 1: the new model is the mean
-DEMO_INNER = Optimizer("sgd", 4e-4)                           # arXiv 2411.19870
