@@ -1,14 +1,51 @@
-"""Build-time checks: every bad value raises a ValueError naming the field, the
-value and what is allowed, before anything is traced."""
+"""Build-time checks: every bad value raises a ``ConfigError`` (a ValueError)
+naming the field, the value and what is allowed, before anything is traced."""
 
+import difflib
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
 
-def fail(field: str, value: Any, allowed: str) -> ValueError:
-  return ValueError(f"{field}={value!r} is invalid: {allowed}")
+class ConfigError(ValueError):
+  """A setting's value is not allowed.
+
+  A ``ValueError``, so ``except ValueError`` still catches it; its parts are
+  attributes, so a caller (the command line) can name the setting its own way
+  without re-reading the text.
+
+  Attributes:
+    field: the setting's name as the Python API spells it (``num_workers``).
+    value: the value given.
+    allowed: what is allowed instead (a sentence).
+  """
+
+  def __init__(self, field: str, value: Any, allowed: str):
+    self.field, self.value, self.allowed = field, value, allowed
+    super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+  def __reduce__(self):  # picklable across processes (sweeps, bench)
+    return type(self), (self.field, self.value, self.allowed)
+
+
+def fail(field: str, value: Any, allowed: str) -> ConfigError:
+  return ConfigError(field, value, allowed)
+
+
+def renamed(error: ConfigError, names: dict[str, str]) -> ConfigError:
+  """``error`` with its field renamed by ``names`` (a caller that knows the
+  setting by another name: a flag, a factory's keyword)."""
+  return fail(names.get(error.field, error.field), error.value, error.allowed)
+
+
+def suggest(word: str, options: Iterable[str]) -> str:
+  """" (did you mean 'x'?)" for the options closest to ``word``, or ""."""
+  options = [str(o) for o in options]
+  close = difflib.get_close_matches(str(word), options, n=3, cutoff=0.6)
+  if not close:
+    return ""
+  return " (did you mean " + " or ".join(map(repr, close)) + "?)"
 
 
 INT_LIMIT = 2 ** 31  # counts and sizes are int32 on device
@@ -54,7 +91,8 @@ def non_empty_str(field: str, value: Any) -> str:
 def one_of(field: str, value: Any, choices: Iterable[str]) -> str:
   choices = list(choices)
   if value not in choices:
-    raise fail(field, value, "expected one of " + ", ".join(map(repr, choices)))
+    raise fail(field, value, "expected one of " + ", ".join(map(repr, choices))
+               + suggest(value, choices))
   return value
 
 

@@ -316,6 +316,9 @@ def test_straggler_factor_never_below_one():
     ("micro_batches", 0), ("precision", "FP2"), ("precision", 16),
     ("streaming", "yes"), ("nodes_per_group", 0),
     ("regional_bandwidth_mbps", 0), ("regional_latency_ms", -1),
+    ("bandwidth", 0), ("bandwidth", "fast"), ("latency", -1),
+    ("latency", "50 parsecs"), ("regional_bandwidth", "0Gbps"),
+    ("regional_latency", "-1ms"),
     ("regional_steps", 0), ("moe", 1), ("moe_layers", 0),
     ("expert_parallelism", "local"), ("hierarchical", None),
     ("straggler_mitigation", "drop"), ("activation_compression", 0),
@@ -378,7 +381,8 @@ def test_cli_moe_flags(capsys):
 def test_cli_sweep(capsys):
   assert cli.main(["plan", "--sweep", "num_nodes=8,72"]) == 0
   lines = capsys.readouterr().out.splitlines()
-  assert lines[0].split()[:3] == ["num_nodes", "mode", "pipeline_stages"]
+  assert lines[0].split()[:4] == ["num_nodes", "(nodes)", "mode",
+                                  "pipeline_stages"]
   assert [r.split()[0] for r in lines[1:3]] == ["8", "72"]
   assert cli.main(["plan", "--json", "--sweep", "num-nodes=8,72"]) == 0
   rows = json.loads(capsys.readouterr().out)

@@ -219,7 +219,7 @@ def test_peak_schedule_equals_the_optax_schedule_and_sweeps_its_peak():
 # ------------------------------------------------------------------- errors
 @pytest.mark.parametrize("grid, seeds, match", [
     ({"H": [1, 2]}, [0], r"^grid='H' is invalid: not a traced hyperparameter;"
-     r" expected one of inner_lr, .*bandwidth"),
+     r" expected one of 'inner_lr', .*'bandwidth'"),
     ({"inner_lr": []}, [0], r"^inner_lr=\[\] is invalid: expected at least"),
     ({"inner_lr": 0.1}, [0], r"^inner_lr=0.1 is invalid: expected a list"),
     ({"inner_lr": ["fast"]}, [0], r"^inner_lr='fast' is invalid: expected a "
@@ -237,12 +237,13 @@ def test_bad_grids_are_one_line_errors(sim, grid, seeds, match):
 
 def test_values_without_a_place_are_errors_naming_them():
   ddp = lowbw.build(model=MLP, data=SOURCE, strategy=strategies.ddp(
-      adamw(1e-3)), num_workers=W, batch_size=B, steps=4, compile=False)
+      adamw(1e-3)), num_workers=W, batch_size=B, steps=4, compile=False,
+      network=None)
   with pytest.raises(ValueError, match=r"^outer_lr=0.5 is invalid: strategy "
                      "'ddp''s outer optimizer exposes no 'learning_rate'"):
     ddp.run(hparams={"outer_lr": 0.5})
   with pytest.raises(ValueError, match=r"^bandwidth='1Gbps' is invalid: "
-                     "needs a network= at build"):
+                     "needs a network= at build"):  # network=None: no clock
     ddp.run(hparams={"bandwidth": "1Gbps"})
   opaque = lowbw.build(model=MLP, data=SOURCE, strategy=strategies.diloco(
       optax.adamw(1e-3), H=2), num_workers=W, batch_size=B, steps=4,

@@ -1,66 +1,90 @@
 """The ``lowbw`` command line: the only layer that prints."""
 
 import argparse
+import difflib
 import os
 import re
 import sys
 import warnings
 
-from lowbw.cli import _bench, _plan, _plot, _sweep, _train
-
-# API field names whose command-line flag has another name.
-_FLAGS = {"num_workers": "workers", "resume_from": "resume", "log_dir": "out",
-          "error_feedback": "ef", "fraction": "keep_fraction"}
+from lowbw import _validate, telemetry
+from lowbw.cli import _bench, _parser, _plan, _plot, _sweep, _train
 
 
-class _Parser(argparse.ArgumentParser):
-  """Usage errors as one line, not a usage block; a bad value of a flag in
-  the same words as every other error (``--flag=value is invalid: ...``)."""
-
-  def error(self, message):
-    value = _flag_value_error(message)
-    if value:
-      self.exit(2, f"lowbw: error: {value}\n")
-    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+# Errors whose "what is allowed" speaks its own grammar (a codec chain, a
+# grid item, a config file's keys): its names are not the run's settings.
+_OWN_GRAMMAR = ("codec", "grid", "config", "seeds")
 
 
-def _flag_value_error(message: str) -> str | None:
-  """argparse's "argument --x: invalid choice: 'v' (choose from ...)" and a
-  type function's "argument --x: x='v' is invalid: ..." as one sentence."""
-  match = re.fullmatch(r"argument (--[\w-]+): invalid choice: (.*) "
-                       r"\(choose from (.*)\)", message)
-  if match:
-    flag, value, choices = match.groups()
-    return f"{flag}={value} is invalid: expected one of {choices}"
-  match = re.fullmatch(r"argument (--[\w-]+): \w+=(.* is invalid: .*)",
-                       message)
-  return f"{match.group(1)}={match.group(2)}" if match else None
+def _rename_fields(text: str, flags: dict[str, str]) -> str:
+  """``text`` with each API setting written as ``name=value``
+  (``batch_size=4``, ``overwrite=True``) spelled as its flag; plain words
+  (a "steps" in a sentence) and quoted names stay."""
+
+  def swap(match):
+    name, assigned = match.group(1), match.group(2)
+    flag = flags.get(name)
+    if flag is None:
+      return match.group(0)
+    return flag if assigned == "=True" else flag + assigned
+
+  return re.sub(r"(?<![\w'\"`.:\[-])([A-Za-z_][A-Za-z0-9_.]*)(=True|=)",
+                swap, text)
 
 
-def _one_line(error: Exception) -> str:
-  """The error's first line, with the API field renamed to its flag."""
+def _one_line(error: Exception, flags: dict[str, str]) -> str:
+  """The error as one line; a setting the API names its own way
+  (``num_workers``) is named by its flag (``--workers``)."""
+  if isinstance(error, _validate.ConfigError):
+    allowed = error.allowed.splitlines()[0] if error.allowed else ""
+    if error.field not in _OWN_GRAMMAR:
+      allowed = _rename_fields(allowed, flags)
+    field = flags.get(error.field, error.field)
+    return f"{field}={error.value!r} is invalid: {allowed}"
   text = str(error).splitlines()[0] if str(error) else type(error).__name__
-  match = re.match(r"(\w+)=", text)
-  if match:
-    name = _FLAGS.get(match.group(1), match.group(1))
-    if (name in _train.setting_names() or name in ("resume", "config", "x", "y", "coordinator",
-                                        "num_processes", "process_id",
-                                        "rounds", "repeats", "warmup",
-                                        "grid", "seeds", "points_per_batch")
-        or name in _plan.FLAG_NAMES):
-      text = "--" + name.replace("_", "-") + text[len(match.group(1)):]
-  return text
+  return _rename_fields(text, flags)
+
+
+def _flags_of(parser: _parser.Parser) -> dict[str, str]:
+  """API field and setting name -> flag, for one command's parser."""
+  flags = dict(parser.flags)
+  flags.update({api: parser.flags[name] for api, name in
+                _train.API_NAMES.items() if name in parser.flags})
+  return flags
+
+
+def _unrecognized(parser, extras: list[str]) -> str:
+  """One line for arguments no option took, with the nearest flags."""
+  words = [w for w in extras if w.startswith("-")] or extras
+  word = words[0]
+  hint = _nearest_flags(word.split("=")[0], parser.flags.values())
+  what = "argument" if len(extras) == 1 else "arguments"
+  return (f"{parser.prog}: error: unrecognized {what} {' '.join(extras)}"
+          f"{hint} (see {parser.prog} --help)")
+
+
+def _nearest_flags(word: str, flags) -> str:
+  """" (did you mean --a or --b?)": flags spelled like ``word``, then flags
+  with ``word`` as one of their parts (``--lr`` -> ``--inner-lr``)."""
+  flags = sorted(set(flags))
+  close = difflib.get_close_matches(word, flags, n=3, cutoff=0.75)
+  parts = word.lstrip("-").replace("_", "-").split("-")
+  close += sorted((f for f in flags if f not in close and parts and
+                   all(p in f.lstrip("-").split("-") for p in parts)),
+                  key=len)
+  close = close[:3]
+  return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def build_parser() -> argparse.ArgumentParser:
-  parser = _Parser(
+  parser = _parser.Parser(
       prog="lowbw",
       description="Simulate low-bandwidth distributed training on one machine.")
   from lowbw import __version__
   parser.add_argument("--version", action="version",
                       version=f"lowbw {__version__}")
   sub = parser.add_subparsers(title="commands", metavar="COMMAND",
-                              parser_class=_Parser)
+                              dest="command", parser_class=_parser.Parser)
   _train.add_parser(sub)
   _sweep.add_parser(sub)
   _bench.add_parser(sub)
@@ -71,19 +95,41 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-compile-cache", action="store_true",
         help="do not use the persistent compilation cache (default: on, in "
         "$LOWBW_COMPILE_CACHE or ~/.cache/lowbw/xla)")
+  parser.commands = dict(sub.choices)
   return parser
+
+
+def _parse(parser, argv):
+  """(args, None) or (None, the one-line error)."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  command = next((a for a in argv if not a.startswith("-")), None)
+  if command is not None and command not in parser.commands:
+    return None, (f"lowbw: error: unknown command {command!r}"
+                  f"{_validate.suggest(command, parser.commands)}; commands: "
+                  f"{', '.join(parser.commands)} (see lowbw --help)")
+  try:
+    args, extras = parser.parse_known_args(argv)
+  except argparse.ArgumentError as e:
+    return None, f"lowbw: error: {_parser.flag_error(e)}"
+  if extras:
+    command_parser = parser.commands.get(getattr(args, "command", None),
+                                         parser)
+    return None, _unrecognized(command_parser, extras)
+  return args, None
 
 
 def main(argv=None) -> int:
   """Entry point; errors are one line on stderr and a non-zero exit code."""
-  from lowbw.simulation import NonFiniteLossError
+  from lowbw.simulation import DivergenceError, NonFiniteLossError
 
   parser = build_parser()
   try:
-    args = parser.parse_args(argv)
+    args, error = _parse(parser, argv)
   except SystemExit as e:  # --help, --version, or a usage error (printed)
     return e.code
-
+  if error:
+    print(error, file=sys.stderr)
+    return 2
   if not hasattr(args, "run"):
     parser.print_help()
     return 2
@@ -92,15 +138,17 @@ def main(argv=None) -> int:
   warnings.filterwarnings("ignore", category=RunWarning)
   if getattr(args, "no_compile_cache", False):
     os.environ["LOWBW_COMPILE_CACHE"] = "0"   # bench's children inherit it
+  flags = _flags_of(parser.commands[args.command])
   try:
-    return args.run(args)
-  except NonFiniteLossError as e:
+    with telemetry.quiet_logs():  # a fault reaches the user as one line
+      return args.run(args)
+  except (NonFiniteLossError, DivergenceError) as e:
     print(f"lowbw: error: {e}", file=sys.stderr)
     return 3
   except (ValueError, OSError, ModuleNotFoundError) as e:
     # Validation errors only: a TypeError or AttributeError is a bug in
     # lowbw and shows its traceback.
-    print(f"lowbw: error: {_one_line(e)}", file=sys.stderr)
+    print(f"lowbw: error: {_one_line(e, flags)}", file=sys.stderr)
     return 2
   except KeyboardInterrupt:
     print("lowbw: interrupted; what was logged so far is kept", file=sys.stderr)

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from lowbw import _validate
-from lowbw.cli import _strategy, _train
+from lowbw.cli import _plot, _strategy, _train
 
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
@@ -235,5 +235,4 @@ def plot(rows: list[dict], path: str, s: dict) -> None:
   b.set_ylabel(f"MB ({rows[0]['memory_source']})")
   b.legend()
   fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  _plot.save(fig, path)

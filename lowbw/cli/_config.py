@@ -1,32 +1,66 @@
-"""Config files of the command line: TOML or JSON tables of option names."""
+"""Config files of the command line: YAML, TOML or JSON tables of option
+names, the format told by the file's extension."""
 
 import json
 import os
+import re
 import tomllib
 from collections.abc import Iterable
 
+import yaml
+
 from lowbw import _validate
+
+
+def _yaml(text: bytes):
+  # Safe loading: plain values only. YAML 1.1 reads "1e-3" as a string; a
+  # number spelled so is meant as one.
+  values = yaml.safe_load(text)
+  if isinstance(values, dict):
+    values = {k: _yaml_number(v) for k, v in values.items()}
+  return values
+
+
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def _yaml_number(value):
+  return (float(value) if isinstance(value, str) and _EXPONENT.fullmatch(value)
+          else value)
+
+
+# Extension -> (format's name, reader of the file's bytes).
+FORMATS = {".yaml": ("YAML", _yaml), ".yml": ("YAML", _yaml),
+           ".toml": ("TOML", lambda text: tomllib.loads(text.decode())),
+           ".json": ("JSON", json.loads)}
 
 
 def read_config(path: str, allowed: Iterable[str]) -> dict:
   """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``."""
   if not os.path.isfile(path):
     raise _validate.fail("config", path, "no such file")
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in FORMATS:
+    raise _validate.fail("config", path, "expected a file ending in " +
+                         ", ".join(FORMATS) + " (YAML, TOML or JSON)")
+  kind, read = FORMATS[ext]
   with open(path, "rb") as f:
     text = f.read()
   try:
-    values = (json.loads(text) if path.endswith(".json")
-              else tomllib.loads(text.decode()))
-  except (ValueError, tomllib.TOMLDecodeError) as e:
-    raise _validate.fail("config", path, f"not valid TOML/JSON ({e})") from e
+    values = read(text)
+  except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise _validate.fail("config", path, f"not valid {kind} ({first})"
+                         ) from None
   if not isinstance(values, dict):
     raise _validate.fail("config", path, "expected a table of options")
-  values = {k.replace("-", "_"): v for k, v in values.items()}
+  values = {str(k).replace("-", "_"): v for k, v in values.items()}
   allowed = list(allowed)
   unknown = sorted(set(values) - set(allowed))
   if unknown:
-    raise _validate.fail("config", path, f"unknown keys {unknown}; allowed: "
-                         f"{', '.join(sorted(allowed))}")
+    hints = "".join(_validate.suggest(k, allowed) for k in unknown[:1])
+    raise _validate.fail("config", path, f"unknown keys {unknown}{hints}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
   return values
 
 
@@ -39,29 +73,19 @@ def flag_types(add_flags) -> dict[str, type]:
   """``dest -> type`` of the options ``add_flags(parser)`` defines (str for
   untyped options, bool for on/off switches, or the type function, whose
   ``config_types`` say what a config file may give)."""
-  import argparse
-  parser = argparse.ArgumentParser(add_help=False)
+  from lowbw.cli._parser import Parser
+  parser = Parser(add_help=False)
   add_flags(parser)
-  types = {}
-  for action in parser._actions:
-    if isinstance(action, argparse.BooleanOptionalAction):
-      types[action.dest] = bool
-    elif action.option_strings:
-      types[action.dest] = action.type or str
-  return types
+  return parser.types
 
 
 def quantity(parse, field: str):
   """An argparse type for a setting with units ("50ms", "100Mbps"): the
   text, checked by ``parse(text, field)`` (which names the accepted forms);
   a config file gives it as a string too, never a bare number."""
-  import argparse
 
   def check(text):
-    try:
-      parse(text, field)
-    except ValueError as e:
-      raise argparse.ArgumentTypeError(str(e)) from None
+    parse(text, field)  # a ConfigError names what is accepted
     return text
 
   check.config_types = (str,)
@@ -91,8 +115,9 @@ def check_types(values: dict, types: dict[str, type], path: str) -> dict:
     if hasattr(want, "parse"):  # a bare number: the forms with units
       try:
         want.parse(value if ok else str(value), key)
-      except ValueError as e:
-        raise ValueError(f"{e} (in config file {path})") from None
+      except _validate.ConfigError as e:
+        raise _validate.fail(key, e.value, f"{e.allowed} (in config file "
+                             f"{path})") from None
     if not ok:
       raise _validate.fail(key, value, f"expected {_KINDS.get(kinds, kinds)} "
                            f"(in config file {path})")

@@ -1,5 +1,5 @@
-"""``lowbw plan``: the analytical planner of seed 001 from flags, a config
-file, or a sweep over one input."""
+"""``lowbw plan``: the analytical planner from flags, a config file, or a
+sweep over one input."""
 
 import argparse
 import json
@@ -7,18 +7,22 @@ import math
 
 from lowbw import _validate
 from lowbw.cli._config import read_config
-from lowbw.network._planner import PLAN_DEFAULTS, plan, resolve_inputs
+from lowbw.network import _units
+from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS, plan,
+                                    resolve_inputs, unit)
 
-# What each input means, for --help; units follow the name.
+# What each input means, for --help; the unit comes from the planner's table.
 _HELP = {
-    "parameters": "total parameters, billions (MoE: all experts)",
-    "active_params": "active parameters per token, billions (MoE only)",
-    "tokens": "training tokens, trillions",
+    "parameters": "total parameters (MoE: all experts)",
+    "active_params": "active parameters per token (MoE only)",
+    "tokens": "training tokens",
     "num_nodes": "nodes, backups included",
-    "pflops_per_node": "peak PFLOP/s per node",
-    "vram_per_node": "memory per node, GB",
-    "bandwidth_mbps": "WAN bandwidth per node, Mbit/s",
-    "latency_ms": "WAN round trip, ms",
+    "pflops_per_node": "peak throughput per node",
+    "vram_per_node": "memory per node (1 GB = 1e9 bytes)",
+    "bandwidth": "WAN bandwidth per node and direction, as lowbw train's "
+                 "--bandwidth: 100Mbps, 1Gbps, 125MB/s",
+    "latency": "WAN latency, one-way as lowbw train's --latency (a sync "
+               "pays a round trip, twice it): 50ms, 0.1s",
     "mfu": "per-node model FLOP utilization, (0, 1]",
     "inner_steps": "inner steps H between syncs",
     "compression": "pseudo-gradient compression ratio vs FP16",
@@ -27,23 +31,27 @@ _HELP = {
     "precision": "FP16 | FP8 | FP4",
     "streaming": "overlap the sync with the next H inner steps",
     "nodes_per_group": "nodes per region (hierarchical, regional EP)",
-    "regional_bandwidth_mbps": "bandwidth inside a region, Mbit/s",
-    "regional_latency_ms": "round trip inside a region, ms",
-    "regional_steps": "regional syncs per global sync",
+    "regional_bandwidth": "bandwidth inside a region, e.g. 1Gbps",
+    "regional_latency": "latency inside a region, one-way, e.g. 10ms",
+    "regional_steps": "how often the WAN syncs",
     "moe": "mixture of experts: compute with --active-params",
     "moe_layers": "MoE layers (expert all-to-all latency)",
     "expert_parallelism": "none | global | regional",
     "hierarchical": "regions sync often, the WAN every H x regional steps",
     "straggler_mitigation": "none | threshold | backup",
-    "activation_compression": "pipeline activation compression (default: "
+    "activation_compression": "pipeline activation compression (auto: "
                               "1, 2, 4 for FP16, FP8, FP4)",
-    "hw_growth": "hardware growth, orders of magnitude per year",
-    "sw_growth": "software growth, orders of magnitude per year",
-    "invest_growth": "investment growth, orders of magnitude per year",
+    "hw_growth": "hardware growth",
+    "sw_growth": "software growth",
+    "invest_growth": "investment growth",
 }
 
 # Field names whose errors the CLI renames to flags (see cli._one_line).
-FLAG_NAMES = frozenset(PLAN_DEFAULTS) | {"sweep"}
+FLAG_NAMES = frozenset(PLAN_DEFAULTS) | frozenset(DEPRECATED) | {"sweep"}
+# Inputs given with units, checked by lowbw train's parsers.
+_QUANTITIES = {"bandwidth": _units.bandwidth, "latency": _units.duration,
+               "regional_bandwidth": _units.bandwidth,
+               "regional_latency": _units.duration}
 
 # The columns of a sweep table, after the swept input.
 SWEEP_COLUMNS = ("mode", "pipeline_stages", "groups", "memory_per_node_gb",
@@ -62,14 +70,31 @@ def _kind(name: str):
   return type(PLAN_DEFAULTS[name])
 
 
+def _quantity(name: str):
+  """An argparse type: the text, once its units parse (the error names
+  the input, the value and the accepted forms)."""
+  def check(text):
+    _QUANTITIES[name](text, name)
+    return text
+  return check
+
+
+def _help(name: str, default) -> str:
+  shown = "auto" if default is None else default
+  units = "" if name in _QUANTITIES or not unit(name) else f"{unit(name)}; "
+  return f"{_HELP[name]} ({units}default {shown})"
+
+
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
       "plan", help="estimate a decentralized pre-training run analytically",
       description="How long a pre-training run takes across nodes joined by "
       "a slow network, and in which mode (DiLoCo, hierarchical DiLoCo, "
-      "pipeline groups with DiLoCo, or a pure pipeline): the analytical "
-      "model of seed 001, see docs/planner.md. With no arguments: a 144B "
-      "dense model, 12T tokens, 72 nodes on 100 Mbit/s.")
+      "pipeline groups with DiLoCo, or a pure pipeline), from closed-form "
+      "estimates of compute, memory, sync time and convergence efficiency "
+      "(docs/planner.md). With no arguments: a 144B-parameter dense model, "
+      "12T tokens, 72 nodes on 100 Mbit/s with 50 ms one-way latency. "
+      "Bandwidth and latency take the units of lowbw train.")
   p.add_argument("--config", metavar="FILE", help="TOML or JSON file of these "
                  "inputs (keys as the long option names, '-' or '_'); flags "
                  "override it")
@@ -79,23 +104,33 @@ def add_parser(subparsers) -> None:
                  "with --sweep) instead of a table")
   g = p.add_argument_group("inputs")
   for name, default in PLAN_DEFAULTS.items():
-    shown = "auto" if default is None else default
-    text = f"{_HELP[name]} (default {shown})"
+    text = _help(name, default)
     if isinstance(default, bool):
       g.add_argument(_flag(name), action=argparse.BooleanOptionalAction,
+                     help=text)
+    elif name in _QUANTITIES:
+      g.add_argument(_flag(name), type=_quantity(name), metavar="X",
                      help=text)
     else:
       g.add_argument(_flag(name), type=_kind(name), metavar="X"
                      if _kind(name) is not str else "NAME", help=text)
+  for old in DEPRECATED:  # earlier spellings, hidden; plan() warns
+    g.add_argument(_flag(old), type=float, help=argparse.SUPPRESS)
   p.set_defaults(run=run)
 
 
 def given_inputs(args: argparse.Namespace) -> dict:
   """Config file < flags; only what was given, so plan() knows the rest are
   defaults."""
-  given = read_config(args.config, PLAN_DEFAULTS) if args.config else {}
-  given.update({k: v for k, v in vars(args).items()
-                if k in PLAN_DEFAULTS and v is not None})
+  names = [*PLAN_DEFAULTS, *DEPRECATED]
+  given = read_config(args.config, names) if args.config else {}
+  flags = {k: v for k, v in vars(args).items() if k in names and v is not None}
+  for old, (new, _, _) in DEPRECATED.items():  # a flag beats the file's
+    if old in flags and new in given:        # other spelling
+      del given[new]
+    if new in flags and old in given:
+      del given[old]
+  given.update(flags)
   return given
 
 
@@ -175,6 +210,17 @@ def _fmt(value) -> str:
   return str(value)
 
 
+def _with_unit(name: str, value) -> str:
+  """``value`` and its unit: "144 billion", "100Mbps", "50ms one-way"."""
+  if value is None or isinstance(value, (str, bool)):
+    return _fmt(value)
+  if name.endswith("bandwidth"):
+    return _units.format_bandwidth(value)
+  if name.endswith("latency"):
+    return _units.format_duration(value) + " one-way"
+  return f"{_fmt(value)} {unit(name)}".rstrip()
+
+
 def _block(title: str, pairs: list[tuple[str, str]]) -> list[str]:
   width = max(len(k) for k, _ in pairs)
   return [title] + [f"  {k:<{width}}  {v}" for k, v in pairs]
@@ -183,9 +229,10 @@ def _block(title: str, pairs: list[tuple[str, str]]) -> list[str]:
 def format_plan(given: dict, out: dict) -> str:
   """Inputs (``*`` marks those given) and the outputs that apply."""
   resolved = resolve_inputs(**given)
-  inputs = [(name + (" *" if name in given else ""), _fmt(value))
+  named = {DEPRECATED[k][0] if k in DEPRECATED else k for k in given}
+  inputs = [(name + (" *" if name in named else ""), _with_unit(name, value))
             for name, value in resolved.items()]
-  outputs = [(k, _fmt(v)) for k, v in out.items()
+  outputs = [(k, _with_unit(k, v)) for k, v in out.items()
              if k != "warnings" and v is not None]
   lines = [f"lowbw plan: {out['mode']}, {out['total_days']:,.1f} days, "
            f"efficiency {out['efficiency']:.3f}, global MFU "
@@ -199,7 +246,8 @@ def format_plan(given: dict, out: dict) -> str:
 
 def format_sweep(name: str, rows: list) -> str:
   """One row per swept value; warnings below, prefixed by the value."""
-  header = (name,) + SWEEP_COLUMNS
+  header = (f"{name} ({unit(name)})" if unit(name) and name not in
+            _QUANTITIES else name,) + SWEEP_COLUMNS
   table = [header] + [
       (_fmt(value),) + tuple(_fmt(out[c]) for c in SWEEP_COLUMNS)
       for value, out in rows]

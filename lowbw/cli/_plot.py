@@ -4,29 +4,138 @@ import argparse
 import csv
 import json
 import math
+import numbers
 import os
+from typing import NamedTuple
 
-from lowbw import _validate
+from lowbw import _validate, telemetry
 
 # Columns with units: (axis label, [(unit, scale)] from the largest unit).
 _TIME = [("h", 1 / 3600), ("min", 1 / 60), ("s", 1.0), ("ms", 1e3)]
 _BYTES = [("GB", 1e-9), ("MB", 1e-6), ("kB", 1e-3), ("B", 1.0)]
 _UNITS = {"sim_time_s": ("simulated time", _TIME),
           "wall_time_s": ("wall-clock time", _TIME),
-          "payload_bytes": ("payload per worker", _BYTES),
-          "wire_bytes": ("wire bytes per worker", _BYTES)}
+          "payload_bytes": ("payload bytes per worker", _BYTES),
+          "wire_bytes": ("wire bytes per worker", _BYTES),
+          "peak_step_bytes": ("peak wire bytes of one step per worker",
+                              _BYTES)}
+# Columns without a unit, in words.
+_WORDS = {"lr": "learning rate", "eval_accuracy": "eval accuracy (fraction)",
+          "worker_divergence": "worker divergence (param distance)"}
+
+
+class Axis(NamedTuple):
+  """How to draw one column: label with unit, scale to that unit, log."""
+  label: str
+  scale: float
+  log: bool
 
 
 def axis_unit(column: str, largest: float) -> tuple[str, float]:
   """The label and scale of ``column``'s axis: the largest unit in which
   the largest value is at least 1 (seconds for a 40 s run, hours for a
-  3-hour one)."""
-  if column not in _UNITS:
-    return column, 1.0
-  name, units = _UNITS[column]
+  3-hour one). Other bytes (``*_bytes``) and seconds (``*_s``) columns are
+  read from their suffix; the rest are named in words."""
+  if column in _UNITS:
+    name, units = _UNITS[column]
+  elif column.endswith("_bytes"):
+    name, units = column[:-len("_bytes")].replace("_", " ") + " bytes", _BYTES
+  elif column.endswith("_s"):
+    name, units = column[:-len("_s")].replace("_", " "), _TIME
+  else:
+    return _WORDS.get(column, column.replace("_", " ")), 1.0
   unit, scale = next(((u, s) for u, s in units if largest * s >= 1),
                      units[-1])
   return f"{name} ({unit})", scale
+
+
+def spans_decades(values) -> bool:
+  """A log axis suits ``values``: all positive, the largest at least 10
+  times the smallest."""
+  values = [v for v in values if not math.isnan(v)]
+  return bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
+
+
+def axis(column: str, values, log: bool | None = None) -> Axis:
+  """The axis of ``column`` for ``values``; ``log`` None: log when the
+  values span a decade or more."""
+  label, scale = axis_unit(column, max((abs(v) for v in values), default=0))
+  return Axis(label, scale, spans_decades(values) if log is None else log)
+
+
+def is_staircase(column: str) -> bool:
+  """Cumulative bytes grow only at syncs (DiLoCo every H steps), and so does
+  simulated time when communication dwarfs compute: a curve against them is
+  a vertical stack of points per sync."""
+  return column.endswith("_bytes") or column == "sim_time_s"
+
+
+def moving_average(ys: list[float], n: int) -> list[float]:
+  """Each value replaced by the mean of itself and the ``n - 1`` before it
+  (fewer at the start), so a curve keeps its length and its x values."""
+  out, total = [], 0.0
+  for i, y in enumerate(ys):
+    total += y - (ys[i - n] if i >= n else 0.0)
+    out.append(total / min(i + 1, n))
+  return out
+
+
+# Steps of x smaller than this share of its range are one stair.
+_FLAT = 1e-3
+
+
+def at_sync_points(xs: list[float], ys: list[float]):
+  """The last point of each run of (nearly: within ``_FLAT`` of the range)
+  equal ``xs``: where bytes or time step up, the loss reached just before
+  the next communication."""
+  span = (max(xs) - min(xs)) if xs else 0.0
+  keep = [i for i in range(len(xs))
+          if i + 1 == len(xs) or xs[i + 1] - xs[i] > _FLAT * span]
+  return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def series(table: dict[str, list[float]], x: str, y: str,
+           smooth: int = 1) -> tuple[list[float], list[float]]:
+  """The points to draw for one run: rows with both values, ``y``
+  smoothed over ``smooth`` rows, and against a bytes column only the last
+  row of each constant-bytes run."""
+  rows = [(a, b) for a, b in zip(table[x], table[y])
+          if not (math.isnan(a) or math.isnan(b))]
+  xs, ys = [a for a, _ in rows], [b for _, b in rows]
+  ys = moving_average(ys, smooth)
+  if is_staircase(x):
+    xs, ys = at_sync_points(xs, ys)
+  return xs, ys
+
+
+def sweep_lines(result, name: str) -> tuple[list, bool]:
+  """What ``lowbw sweep``'s ``sweep.png`` draws against ``name``:
+  ``[(label, xs, means, stds)]``, one per combination of the other swept
+  values (label None when there is none), and whether the x axis is
+  logarithmic. Numbers (numpy's too) stay numbers; anything else
+  (``"100Mbps"``) is a category."""
+  others = [n for n in result.names if n != name]
+  groups: dict = {}
+  for row in result.aggregate("final_eval_loss"):
+    groups.setdefault(tuple(row[n] for n in others), []).append(row)
+  xs_all = [r.get(name, 0) for g in groups.values() for r in g]
+  numeric = all(isinstance(x, numbers.Real) and not isinstance(x, bool)
+                for x in xs_all)
+  lines = []
+  for key, group in groups.items():
+    if numeric:
+      group = sorted(group, key=lambda r: float(r.get(name, 0)))
+    xs = [float(r.get(name, 0)) if numeric else str(r.get(name, 0))
+          for r in group]
+    label = ", ".join(f"{n}={_short(v)}" for n, v in zip(others, key)) or None
+    lines.append((label, xs, [r["mean"] for r in group],
+                  [r["std"] for r in group]))
+  log = numeric and spans_decades([float(x) for x in xs_all])
+  return lines, log
+
+
+def _short(value) -> str:
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _title(paths: list[str]) -> str:
@@ -56,12 +165,21 @@ def add_parser(subparsers) -> None:
                  help="log folders of lowbw train runs (or metrics.csv files)")
   p.add_argument("--x", default="step", help="column for the x axis: step, "
                  "tokens, sim_time_s, wall_time_s, wire_bytes, ... (times "
-                 "and bytes in the unit that suits their size; default step)")
+                 "and bytes in the unit that suits their size; against a "
+                 "bytes column, which grows only at syncs, a point per sync: "
+                 "the last row before the bytes grow; default step)")
   p.add_argument("--y", default="eval_loss", help="column for the y axis "
                  "(default eval_loss)")
   p.add_argument("--out", help="image file (default: plot.png in the "
                  "first run's folder)")
-  p.add_argument("--log-x", action="store_true", help="logarithmic x axis")
+  p.add_argument("--log-x", action=argparse.BooleanOptionalAction,
+                 help="logarithmic x axis (default: when the values are "
+                 "positive and span a factor of 10 or more)")
+  p.add_argument("--log-y", action=argparse.BooleanOptionalAction,
+                 help="logarithmic y axis (default: as for x)")
+  p.add_argument("--smooth", type=int, default=1, metavar="N",
+                 help="plot the moving average of y over N logged rows (the "
+                 "row and the N-1 before it; default 1: raw values)")
   p.set_defaults(run=run)
 
 
@@ -85,19 +203,46 @@ def _float(text):
 
 
 def run(args: argparse.Namespace) -> int:
-  series = []
-  for path in args.runs:
+  smooth = _validate.positive_int("smooth", args.smooth)
+  out, x_axis, y_axis = write(args.runs, args.x, args.y, smooth, args.log_x,
+                              args.log_y, args.out)
+  print(f"wrote {out}: {y_axis.label} against {x_axis.label}, "
+        f"{len(args.runs)} run(s)")
+  return 0
+
+
+def write(runs: list[str], x: str, y: str, smooth: int = 1,
+          log_x: bool | None = None, log_y: bool | None = None,
+          out: str | None = None) -> tuple[str, Axis, Axis]:
+  """Draws column ``y`` against ``x`` of each run (a log folder or a
+  metrics.csv) into ``out`` (default: the first run's folder's plot.png).
+
+  Returns:
+    (the PNG's path, the x axis, the y axis).
+  """
+  series_ = []
+  for path in runs:
     table = read_metrics(path)
-    for field, column in (("x", args.x), ("y", args.y)):
+    for field, column in (("x", x), ("y", y)):
       if column not in table:
         raise _validate.fail(field, column, f"run {path} has no such column; "
                              "it has " + ", ".join(table))
-    points = [(x, y) for x, y in zip(table[args.x], table[args.y])
-              if not (math.isnan(x) or math.isnan(y))]
-    if not points:
-      raise _validate.fail("y", args.y, f"run {path} has no rows with both "
-                           f"{args.x} and {args.y}")
-    series.append((os.path.basename(os.path.normpath(path)), points))
+    xs, ys = series(table, x, y, smooth)
+    if not xs:
+      raise _validate.fail("y", y, f"run {path} has no rows with both "
+                           f"{x} and {y}")
+    series_.append((os.path.basename(os.path.normpath(path)), xs, ys))
+  x_axis = axis(x, [v for _, xs, _ in series_ for v in xs], log_x)
+  y_axis = axis(y, [v for _, _, ys in series_ for v in ys], log_y)
+  out = out or os.path.join(_folder(runs[0]), "plot.png")
+  title = _title([p for p in runs if os.path.isdir(p)])
+  draw(series_, x_axis, y_axis, out, title, smooth)
+  return out, x_axis, y_axis
+
+
+def draw(series_, x_axis: Axis, y_axis: Axis, out: str, title: str = "",
+         smooth: int = 1) -> None:
+  """Writes the figure of ``[(name, xs, ys), ...]`` to ``out``."""
   try:
     import matplotlib
   except ModuleNotFoundError:
@@ -105,26 +250,35 @@ def run(args: argparse.Namespace) -> int:
                               "'lowbw[plot]'") from None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  label, scale = axis_unit(args.x, max(abs(x) for _, points in series
-                                       for x, _ in points))
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  for name, points in series:
-    xs, ys = zip(*points)
-    ax.plot([x * scale for x in xs], ys, marker="o", markersize=3, label=name)
-  if args.log_x:
+  for name, xs, ys in series_:
+    ax.plot([x * x_axis.scale for x in xs], [y * y_axis.scale for y in ys],
+            marker="o", markersize=3, label=name)
+  if x_axis.log:
     ax.set_xscale("log")
-  ax.set_xlabel(label)
-  ax.set_ylabel(args.y)
-  ax.grid(alpha=0.3)
+  if y_axis.log:
+    ax.set_yscale("log")
+  ax.set_xlabel(x_axis.label)
+  ylabel = y_axis.label + (f", mean of {smooth} rows" if smooth > 1 else "")
+  ax.set_ylabel(ylabel)
+  ax.grid(alpha=0.3, which="both")
   ax.legend(fontsize=8)
-  title = _title([p for p in args.runs if os.path.isdir(p)])
-  ax.set_title(f"{args.y} against {label}" + (f"\n{title}" if title else ""),
-               fontsize=9)
+  ax.set_title(f"{ylabel} against {x_axis.label}" +
+               (f"\n{title}" if title else ""), fontsize=9)
   fig.tight_layout()
-  out = args.out or os.path.join(_folder(args.runs[0]), "plot.png")
-  fig.savefig(out, dpi=120)
-  print(f"wrote {out}: {args.y} against {label}, {len(series)} run(s)")
-  return 0
+  save(fig, out)
+
+
+def save(fig, path: str, dpi: int = 120) -> None:
+  """Writes ``fig`` to ``path`` and closes it; a disk or permission fault is
+  a ``telemetry.WriteError`` naming the file."""
+  import matplotlib.pyplot as plt
+  try:
+    fig.savefig(path, dpi=dpi)
+  except OSError as e:
+    raise telemetry.WriteError(path, e) from e
+  finally:
+    plt.close(fig)
 
 
 def _folder(path: str) -> str:

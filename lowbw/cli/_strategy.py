@@ -8,6 +8,7 @@ from the settings come from the spec its module declares.
 
 import optax
 
+from lowbw import _validate
 from lowbw import strategies as strategies_lib
 from lowbw.strategies import _optim, _spec
 from lowbw.transforms import Codec, as_codec
@@ -188,13 +189,14 @@ def add_optimizer_flags(group) -> None:
       + "]")
   for name in _extra_outer_names():
     flag = "--" + name.replace("_", "-")
+    # Only the strategies with this optimizer have a default to show.
     add(flag + "-lr", type=float, help=f"{name} SGD learning rate [" +
-        per_strategy(lambda s: name in s.optimizers and
-                     s.optimizers[name].lr) + "]")
+        per_strategy(lambda s: s.optimizers[name].lr
+                     if name in s.optimizers else None) + "]")
     add(flag + "-momentum", type=float, help=f"{name} Nesterov momentum, 0 "
         "for plain SGD [" + per_strategy(
-            lambda s: name in s.optimizers and
-            s.optimizers[name].momentum) + "]")
+            lambda s: s.optimizers[name].momentum
+            if name in s.optimizers else None) + "]")
 
 
 def build_inner(s: dict) -> optax.GradientTransformation:
@@ -222,4 +224,11 @@ def build(s: dict) -> strategies_lib.Strategy:
   for name in spec.optimizers:
     kwargs[name] = _optim.outer(_optim.Optimizer(
         "sgd", s[name + "_lr"], momentum=s[name + "_momentum"]), name)
-  return spec.factory(inner=build_inner(s), **kwargs)
+  try:
+    return spec.factory(inner=build_inner(s), **kwargs)
+  except _validate.ConfigError as e:
+    # The factory names its keyword (Streaming DiLoCo's ``alpha``); the
+    # command line knows it by its flag (``merge_alpha``, not Dirichlet's
+    # ``alpha``).
+    raise _validate.renamed(e, {p.name: p.flag for p in _cli(spec)}
+                            ) from None

@@ -2,10 +2,12 @@
 
 import argparse
 import os
+import sys
 
 from lowbw import _validate
-from lowbw.cli import _train
+from lowbw.cli import _plot, _train
 from lowbw.simulation import _logdir, sweep
+from lowbw.simulation import _hparams
 from lowbw.simulation._hparams import KNOBS
 
 
@@ -27,7 +29,9 @@ def add_parser(subparsers) -> None:
   g.add_argument("--seeds", help="comma-separated seeds every combination "
                  "runs with (default: --seed)")
   g.add_argument("--points-per-batch", type=int, help="points computed at "
-                 "once (default all; fewer bounds memory)")
+                 "once (default: every point on a GPU or TPU, as many as fit "
+                 "the memory budget; 1 on a CPU, where batching points is no "
+                 "faster)")
   _train.add_run_flags(p)
   p.set_defaults(run=run, resume=None)
 
@@ -65,6 +69,7 @@ def parse_seeds(text, default: int) -> list[int]:
 
 
 def run(args: argparse.Namespace) -> int:
+  grid = _hparams.check_names("grid", parse_grid(args.grid))
   s, explicit = _train.settings(args)
   if s["checkpoint_every"] is not None:
     raise _validate.fail("checkpoint_every", s["checkpoint_every"],
@@ -75,7 +80,6 @@ def run(args: argparse.Namespace) -> int:
                          "lowbw sweep logs each point to CSV and "
                          "TensorBoard only; log a point to W&B with lowbw "
                          "train")
-  grid = parse_grid(args.grid)
   seeds = parse_seeds(args.seeds, s["seed"])
   out = _train.default_out(s, "sweep-")
   _logdir.prepare(out, overwrite=args.overwrite, create=False, field="out")
@@ -83,6 +87,11 @@ def run(args: argparse.Namespace) -> int:
                  points_per_batch=args.points_per_batch, log_dir=out,
                  progress=s["progress"], overwrite=args.overwrite)
   print(format_table(result))
+  for point in result.points:  # each point's warnings, e.g. a divergence
+    where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())
+    for text in point.summary.get("warnings", ()):
+      print(f"lowbw: warning: {where or 'the run'}, seed {point.seed}: "
+            f"{text}", file=sys.stderr)
   plotted = plot(result, os.path.join(out, "sweep.png"))
   print(f"  logs              {out}" + ("" if plotted else
                                         " (no sweep.png: needs matplotlib)"))
@@ -111,38 +120,31 @@ def _fmt(v) -> str:
 
 def plot(result, path: str) -> bool:
   """Final eval loss against each swept value (mean ± std over seeds), one
-  line per combination of the other swept values. False without
-  matplotlib."""
+  line per combination of the other swept values; a log x axis where the
+  values are positive and span a factor of 10 or more (learning rates).
+  False without matplotlib."""
   try:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
   except ImportError:
     return False
-  rows = result.aggregate("final_eval_loss")
   names = result.names or ["seed"]
   fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5),
                            squeeze=False)
   for ax, name in zip(axes[0], names):
-    others = [n for n in result.names if n != name]
-    lines: dict = {}
-    for row in rows:
-      key = tuple(row[n] for n in others)
-      lines.setdefault(key, []).append(row)
-    for key, group in lines.items():
-      xs = [r.get(name, 0) for r in group]
-      numeric = all(isinstance(x, float) for x in xs)
-      label = ", ".join(f"{n}={_fmt(v)}" for n, v in zip(others, key)) or None
-      ax.errorbar(xs if numeric else [str(x) for x in xs],
-                  [r["mean"] for r in group], yerr=[r["std"] for r in group],
-                  marker="o", capsize=3, label=label)
-      if numeric and min(xs) > 0 and max(xs) / min(xs) >= 10:
-        ax.set_xscale("log")
+    lines, log = _plot.sweep_lines(result, name)
+    for label, xs, means, stds in lines:
+      ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label)
+    if log:
+      ax.set_xscale("log")
     ax.set_xlabel(name)
     ax.set_ylabel("final eval loss")
-    if any(k for k in lines):
+    if any(label for label, *_ in lines):
       ax.legend(fontsize=7)
+  seeds = len(result.seeds)
+  fig.suptitle(f"final eval loss against {', '.join(names)} (mean ± std over "
+               f"{seeds} seed{'s' if seeds != 1 else ''})", fontsize=10)
   fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  _plot.save(fig, path, dpi=110)
   return True

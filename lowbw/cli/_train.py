@@ -2,6 +2,7 @@
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import re
@@ -14,36 +15,45 @@ from lowbw.cli._config import check_types, flag_types, quantity, read_config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
-from lowbw.cli import _strategy
-from lowbw.simulation import _backward, _logdir, _memory, initialize, simulate
+from lowbw.cli import _plot, _strategy
+from lowbw.simulation import (_backward, _defaults, _logdir, _memory,
+                              initialize, simulate)
 from lowbw.strategies import _optim
 from lowbw.telemetry import names
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 
 # The default run: a small GPT on the standard library's source bytes, 8
-# workers, DiLoCo; a few minutes on a 2-core CPU. Strategy hyperparameters not
-# are not here: each strategy's spec gives its papers' (lowbw/cli/_strategy.py).
+# workers, DiLoCo; about a minute on a 2-core CPU. Workers, batch, steps and
+# the network are the Python API's defaults (lowbw.simulation._defaults and
+# lowbw.network.network); strategy hyperparameters are each strategy's
+# spec's, its papers' (lowbw/cli/_strategy.py).
+_NETWORK = {name: p.default for name, p in inspect.signature(
+    network_lib.network).parameters.items()}
 DEFAULTS = {
-    "strategy": _strategy.DEFAULT_STRATEGY, "workers": 8,
+    "strategy": _strategy.DEFAULT_STRATEGY,
+    "workers": _defaults.NUM_WORKERS,
     "model": None, "layers": 2, "d_model": 128, "heads": 4, "seq_len": 128,
     "experts": 8, "top_k": 2, "expert_hidden": 256,
     "hidden": "64", "channels": "16,32",
     "data": "text", "data_root": None, "sharding": "iid", "alpha": 0.5,
-    "steps": 600, "batch_size": 8, "seed": 0, "eval_every": None,
+    "steps": _defaults.STEPS, "batch_size": _defaults.BATCH_SIZE, "seed": 0,
+    "eval_every": None,
     "log_every": None, "checkpoint_every": None, "eval_examples": None,
     "out": None, "progress": None, "devices": None, "worker_dtype": None,
     "worker_batch": "auto", "memory_budget": None, "minibatch_size": None,
     "autocast": None, "correlation_every": None, "eval_local": False,
     "wandb_project": None,
     # The simulated clock (lowbw.network): every run has one.
-    "bandwidth": "1Gbps", "latency": "50ms", "topology": "ring",
-    "group_size": None, "regional_bandwidth": "10Gbps",
-    "regional_latency": "5ms", "hardware": "h100", "mfu": 0.4, "speeds": None,
-    "overlap": False, "jitter": None, "mitigation": "none",
-    "keep_fraction": 0.9, "backups": 1, "drop_prob": None,
+    **{name: _NETWORK[name] for name in (
+        "bandwidth", "latency", "topology", "group_size",
+        "regional_bandwidth", "regional_latency", "hardware", "mfu",
+        "speeds", "overlap", "clock_params")},
+    "jitter": None, "mitigation": "none",
+    "keep_fraction": network_lib.Stragglers._field_defaults["fraction"],
+    "backups": network_lib.Stragglers._field_defaults["backups"],
+    "drop_prob": None,
     "message_loss": None, "failures": None, "windows": None,
-    "clock_params": None,
 }
 # Settings that only some choices use; giving one that the run ignores is an
 # error rather than a silent no-op.
@@ -81,6 +91,13 @@ def add_parser(subparsers) -> None:
   p.add_argument("--resume", metavar="DIR", help="continue the run logged in "
                  "DIR from its latest checkpoint with its settings; only "
                  + _may_change() + " may change")
+  p.add_argument("--no-plot", action="store_true",
+                 help="do not draw OUT/plot.png (train loss against simulated "
+                 "time; drawn by default when matplotlib is installed)")
+  p.add_argument("--fail-on-divergence", action="store_true",
+                 help="exit with an error (code 3, after writing the logs) "
+                 "when the loss ends far above its start or the accuracy at "
+                 "or below chance; by default a warning says so")
   add_run_flags(p)
   p.set_defaults(run=run)
 
@@ -373,12 +390,11 @@ def build_data(s: dict):
   """The settings' dataset; a bad file is reported under --data."""
   try:
     return _build_data(s)
-  except ValueError as e:
-    if str(e).startswith(("data=", "data_root=", "sharding=", "alpha=",
-                          "seq_len=")):
+  except _validate.ConfigError as e:
+    if e.field in ("data", "data_root", "sharding", "alpha", "seq_len"):
       raise
-    text = str(e).removeprefix(f"path={s['data']!r} is invalid: ")
-    raise _validate.fail("data", s["data"], text) from None
+    allowed = e.allowed if e.field == "path" else str(e)
+    raise _validate.fail("data", s["data"], allowed) from None
 
 
 def _build_data(s: dict):
@@ -461,6 +477,17 @@ def build_network(s: dict) -> network_lib.Network:
       overlap=overlap, clock_params=s["clock_params"])
 
 
+# The build arguments named as the settings are (``batch_size``), and those
+# the API names otherwise: API field -> setting (and so flag) name.
+_BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
+                   "devices", "worker_dtype", "worker_batch", "memory_budget",
+                   "minibatch_size", "autocast", "correlation_every",
+                   "eval_local")
+API_NAMES = {"num_workers": "workers", "log_dir": "out",
+             "resume_from": "resume", "stragglers.fraction": "keep_fraction",
+             "error_feedback": "ef"}
+
+
 def build_args(s: dict, explicit: set[str]) -> dict:
   """``lowbw.build`` arguments from merged settings (train and sweep)."""
   source = build_data(s)
@@ -471,15 +498,9 @@ def build_args(s: dict, explicit: set[str]) -> dict:
   if eval_every is None:  # the first multiple of H at or after 100 steps
     eval_every = strategy.period * -(-100 // strategy.period)
   return dict(model=model, data=source, strategy=strategy,
-              num_workers=s["workers"], batch_size=s["batch_size"],
-              steps=s["steps"], network=build_network(s),
-              eval_every=eval_every, log_every=s["log_every"],
-              eval_examples=s["eval_examples"], devices=s["devices"],
-              worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
-              memory_budget=s["memory_budget"],
-              minibatch_size=s["minibatch_size"], autocast=s["autocast"],
-              correlation_every=s["correlation_every"],
-              eval_local=s["eval_local"])
+              num_workers=s[API_NAMES["num_workers"]],
+              network=build_network(s), eval_every=eval_every,
+              **{name: s[name] for name in _BUILD_SETTINGS})
 
 
 def default_out(s: dict, kind: str = "") -> str:
@@ -494,22 +515,55 @@ def run(args: argparse.Namespace) -> int:
   out = default_out(s)
   _logdir.prepare(out, resuming=bool(args.resume), overwrite=args.overwrite,
                   create=False, field="out")
+  say = _status(s)
+  say(f"loading data ({s['data']}) and building the {s['strategy']} run")
   run_args = build_args(s, explicit)
   saved = {k: v for k, v in s.items() if k not in ("progress", "out")}
   for key in ("data", "data_root"):  # resumable from another directory
     if saved[key] and os.path.exists(saved[key]):
       saved[key] = os.path.abspath(saved[key])
+  say(f"compiling {s['workers']} workers' program (cached for the next "
+      f"run), then {s['steps']} steps; logs in {out}")
   result = simulate(
       **run_args, seed=s["seed"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
       progress=s["progress"], metadata={METADATA_KEY: saved},
       overwrite=args.overwrite, callback=_row_printer(s),
-      wandb_project=s["wandb_project"])
+      wandb_project=s["wandb_project"],
+      fail_on_divergence=args.fail_on_divergence)
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
+    if not args.no_plot:
+      print(_default_plot(out, result))
     for text in result.summary["warnings"]:
       print(f"lowbw: warning: {text}", file=sys.stderr)
   return 0
+
+
+def _default_plot(out: str, result) -> str:
+  """Draws the run's train loss against simulated time (against steps
+  without a clock) into ``out/plot.png``; the summary's line about it."""
+  x = names.SIM_TIME_S if names.SIM_TIME_S in result.history else names.STEP
+  try:
+    # Smoothed: each point is a window's mean loss, not one noisy step's.
+    smooth = max(1, len(result.history[names.STEP]) // 20)
+    path, x_axis, y_axis = _plot.write([out], x, names.TRAIN_LOSS, smooth,
+                                       log_x=False)
+  except ModuleNotFoundError:
+    return "  plot              none (needs matplotlib: pip install 'lowbw[plot]')"
+  return (f"  plot              {path} ({y_axis.label} against "
+          f"{x_axis.label}; lowbw plot {out} --x ... --y ... for others)")
+
+
+def _status(s: dict):
+  """A line on stdout at once, saying what the run is doing before its first
+  row (loading, compiling): off a terminal nothing else shows for a while."""
+
+  def say(text: str) -> None:
+    if s["progress"] is not False and jax.process_index() == 0:
+      print(f"lowbw: {text}", flush=True)
+
+  return say
 
 
 def _row_printer(s: dict):
@@ -547,7 +601,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:,.2f} h"
   if seconds >= 60:
     return f"{seconds / 60:.1f} min"
-  return f"{seconds:.3g} s"
+  return network_lib._units.format_duration(seconds)
 
 
 def format_summary(summary: dict, s: dict) -> str:

@@ -8,7 +8,7 @@ import numpy as np
 
 from lowbw import _validate
 from lowbw.data import _common
-from lowbw.data._source import DataSource
+from lowbw.data._source import DataSource, check_label_range
 
 PathOrArray = str | os.PathLike[str] | np.ndarray
 
@@ -32,10 +32,82 @@ def _read(path: Any, field: str = "path"):
   try:
     return np.load(path, allow_pickle=False)
   except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
-    reason = ("it holds Python objects, which lowbw does not load"
-              if "pickle" in str(e) else str(e).splitlines()[0])
+    dtype = None
+    if "pickle" in str(e):  # numpy's guess for any file it cannot parse
+      with open(path, "rb") as f:
+        dtype = _stored_dtype(f)
+    if dtype is not None:
+      raise _validate.fail(field, os.fspath(path), _NOT_NUMERIC.format(
+          what="it holds an array", dtype=dtype)) from None
+    reason = ("neither an .npz archive nor an .npy array" if "pickle" in
+              str(e) else str(e).splitlines()[0])
     raise _validate.fail(field, os.fspath(path), "not a readable .npy or "
                          f".npz file of numeric arrays ({reason})") from None
+
+
+_NOT_NUMERIC = ("{what} of dtype {dtype}; expected a numeric array "
+                "(integers, floats or booleans; a ragged list of rows is "
+                "stored as Python objects, which lowbw does not load: pad "
+                "the rows to one length)")
+
+
+def _stored_dtype(f) -> str | None:
+  """The dtype in an .npy header, read without loading the array (None:
+  the file has no .npy header)."""
+  try:
+    version = np.lib.format.read_magic(f)
+    read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+            else np.lib.format.read_array_header_2_0)
+    return str(read(f)[2])
+  except (ValueError, OSError, EOFError):
+    return None  # not an .npy at all
+
+
+NPZ_KEYS = ("x", "y", "x_eval", "y_eval")
+
+
+def _npz_arrays(path: str) -> dict[str, np.ndarray]:
+  """The arrays of an .npz of ``NPZ_KEYS``, each checked to be numeric
+  before it is used; any other key is an error (a misspelt ``x_eval``
+  would otherwise be dropped silently)."""
+  archive = _read(path)
+  if isinstance(archive, np.ndarray):
+    raise _validate.fail("path", path, "expected an .npz archive with keys "
+                         "'x' and 'y' (this is an .npy array)")
+  with archive:
+    keys = list(archive.files)
+    unknown = [k for k in keys if k not in NPZ_KEYS]
+    missing = [k for k in ("x", "y") if k not in keys]
+    if unknown or missing:
+      problem = (f"unknown key(s) {unknown}" if unknown else
+                 f"no key(s) {missing}")
+      raise _validate.fail(
+          "path", path, f"expected an .npz with keys 'x' and 'y', and "
+          f"optionally 'x_eval' and 'y_eval'; it has {problem} (found "
+          f"{sorted(keys)})")
+    return {k: _npz_array(archive, path, k) for k in keys}
+
+
+def _npz_array(archive, path: str, key: str) -> np.ndarray:
+  try:
+    array = archive[key]
+  except ValueError as e:
+    if "pickle" not in str(e):
+      raise _validate.fail("path", path, f"key {key!r} is not a readable "
+                           f"array ({str(e).splitlines()[0]})") from None
+    with archive.zip.open(key + ".npy") as f:
+      dtype = _stored_dtype(f) or "object"
+    raise _validate.fail("path", path, _NOT_NUMERIC.format(
+        what=f"key {key!r} is an array", dtype=dtype)) from None
+  if not _numeric(array.dtype):
+    raise _validate.fail("path", path, _NOT_NUMERIC.format(
+        what=f"key {key!r} is an array {array.shape}", dtype=array.dtype))
+  return array
+
+
+def _numeric(dtype) -> bool:
+  return (np.issubdtype(dtype, np.integer) or
+          np.issubdtype(dtype, np.floating) or dtype == bool)
 
 
 def _load(value: Any) -> np.ndarray:
@@ -50,9 +122,7 @@ def _load(value: Any) -> np.ndarray:
 
 
 def _features(x: np.ndarray, field: str) -> np.ndarray:
-  numeric = (np.issubdtype(x.dtype, np.integer) or
-             np.issubdtype(x.dtype, np.floating) or x.dtype == bool)
-  if x.ndim < 2 or not numeric:
+  if x.ndim < 2 or not _numeric(x.dtype):
     raise _validate.fail(
         field, f"<array {x.dtype} {x.shape}>",
         "expected a real-valued array shaped (N, features...)")
@@ -71,13 +141,19 @@ def _features(x: np.ndarray, field: str) -> np.ndarray:
 def _labels(y: np.ndarray | None, field: str, num_examples: int) -> np.ndarray:
   if y is None:
     raise _validate.fail(field, None, "expected integer class labels (N,)")
-  if y.ndim != 1 or not np.issubdtype(y.dtype, np.integer):
-    raise _validate.fail(
-        field, f"<array {y.dtype} {y.shape}>",
-        "expected integer class labels shaped (N,)")
-  if len(y) and y.min() < 0:
-    raise _validate.fail(
-        field, f"<labels from {y.min()}>", "expected class labels >= 0")
+  described = f"<array {y.dtype} {y.shape}>"
+  whole = np.issubdtype(y.dtype, np.integer)
+  if y.ndim != 1 or not (whole or np.issubdtype(y.dtype, np.floating)):
+    raise _validate.fail(field, described,
+                         "expected integer class labels shaped (N,)")
+  if not whole:  # labels saved as floats: fine if each is a whole number
+    bad = np.flatnonzero(~np.isfinite(y) | (y != np.round(y)))
+    if bad.size:
+      raise _validate.fail(
+          field, described, f"expected integer class labels; {bad.size} "
+          f"label(s) are not whole numbers, the first is {y[bad[0]].item()!r} "
+          f"(example {bad[0]})")
+  check_label_range(field, y)  # before the cast: a huge float would wrap
   if len(y) != num_examples:
     raise _validate.fail(
         field, f"<{len(y)} labels>",
@@ -142,17 +218,7 @@ def arrays(
     if y is not None:
       raise _validate.fail(
           "y", _describe(y), "expected None when x is an .npz file (it holds 'y')")
-    archive = _read(x)
-    if isinstance(archive, np.ndarray):
-      raise _validate.fail("path", os.fspath(x), "expected an .npz archive "
-                           "with keys 'x' and 'y' (this is an .npy array)")
-    with archive:
-      contents = dict(archive)
-    for key in ("x", "y"):
-      if key not in contents:
-        raise _validate.fail(
-            "path", os.fspath(x),
-            f"expected an .npz with keys 'x' and 'y' (found {sorted(contents)})")
+    contents = _npz_arrays(os.fspath(x))
     x_train, y_train = contents["x"], contents["y"]
     if "x_eval" in contents or "y_eval" in contents:
       if eval is not None:

@@ -12,6 +12,10 @@ from lowbw.data import _sharding
 from lowbw.data._sampler import WorkerSampler
 
 TASKS = ("classification", "lm")
+# Class labels index the model's output layer (classes = largest label + 1),
+# so a stray huge label silently builds a gigantic one. 2**20 classes is ~50x
+# ImageNet-21k's 21,841; beyond that a label is taken for a mistake.
+LABEL_LIMIT = 2 ** 20
 _EVAL_BATCH_LIMIT = 512
 _LM_EVAL_DEFAULT = 256
 
@@ -110,6 +114,7 @@ class DataSource:
         raise _validate.fail(
             f"{part}['y']", f"<array {y.dtype} {y.shape}>",
             "expected integer class labels")
+      check_label_range(f"{part}['y']", y)
     if self.train["x"].shape[1:] != self.eval["x"].shape[1:]:
       raise _validate.fail(
           "eval['x']", self.eval["x"].shape,
@@ -281,6 +286,30 @@ class DataSource:
         k: v[: num_batches * per_batch].reshape(num_batches, per_batch, *v.shape[1:])
         for k, v in arrays.items()
     }
+
+
+def check_label_range(field: str, y: np.ndarray) -> None:
+  """Class labels (integers, or floats already checked to be whole) must lie
+  in [0, LABEL_LIMIT): the number of classes is the largest label + 1, and
+  a negative one indexes nothing."""
+  if not len(y):
+    return
+  low, high = y.min().item(), y.max().item()
+  if low >= 0 and high < LABEL_LIMIT:
+    return
+  where = int(np.argmin(y) if low < 0 else np.argmax(y))
+  bad = _label(low if low < 0 else high)
+  why = ("is negative" if low < 0 else "would make a model with that many "
+         "output classes (classes = largest label + 1)")
+  raise _validate.fail(
+      field, f"<labels from {_label(low)} to {_label(high)}>",
+      f"expected integer class labels in [0, 2**20); label {bad} (example "
+      f"{where}) {why}. Number the classes 0..n-1, e.g. "
+      "np.unique(y, return_inverse=True)[1]")
+
+
+def _label(value) -> str:
+  return f"{value:.6g}" if abs(value) >= 1e15 else str(int(value))
 
 
 def _windows(tokens: np.ndarray, seq_len: int, count: int,

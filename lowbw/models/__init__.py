@@ -9,6 +9,7 @@ user passes as ``model=``, and :func:`get` builds a built-in by name.
 
 from lowbw.models._cnn import cnn
 from lowbw.models._contract import as_model
+from lowbw.models._contract import check_contract
 from lowbw.models._contract import from_flax
 from lowbw.models._contract import Model
 from lowbw.models._contract import param_count
@@ -18,6 +19,7 @@ from lowbw.models._moe_gpt import moe_gpt
 from lowbw.models._registry import get
 
 __all__ = (
+    "check_contract",
     "Model",
     "as_model",
     "cnn",

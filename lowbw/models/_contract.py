@@ -210,6 +210,82 @@ def as_model(obj: Any) -> Model:
       "or an (init, loss) pair of functions")
 
 
+def _shown(tree: Any) -> str:
+  """What a function returned, by structure, shape and dtype (no values)."""
+  if isinstance(tree, Mapping):
+    return "{" + ", ".join(f"{k!r}: {_shown(v)}" for k, v in tree.items()) + "}"
+  if isinstance(tree, (tuple, list)):
+    inner = ", ".join(_shown(v) for v in tree)
+    return f"({inner},)" if len(tree) == 1 else f"({inner})"
+  if hasattr(tree, "shape") and hasattr(tree, "dtype"):
+    return f"{tree.dtype}{list(tree.shape)}"
+  return type(tree).__name__
+
+
+def _abstract(fn, what: str, model_name: str, *args):
+  """``jax.eval_shape(fn, *args)``; an exception from the user's function
+  keeps its traceback (a bug is a bug) with a note saying where it came
+  from."""
+  try:
+    return jax.eval_shape(fn, *args)
+  except _validate.ConfigError:
+    raise
+  except Exception as e:
+    e.add_note(f"(raised by model={model_name!r}'s {what}, which lowbw "
+               "evaluates on one worker's example batch before compiling)")
+    raise
+
+
+_LOSS_CONTRACT = ("loss(params, batch, key) must return (loss, metrics): a "
+                  "scalar float loss and a dict of scalar metrics ({} for "
+                  "none)")
+
+
+def check_contract(model: Model, batch: Batch,
+                   key: PRNGKey) -> tuple[Params, list[str]]:
+  """Checks ``model`` against the contract on an abstract evaluation
+  (``jax.eval_shape``: nothing runs): float parameter leaves, and a loss
+  returning ``(scalar float, {name: scalar})``.
+
+  Returns:
+    The abstract parameters and the sorted metric names.
+
+  Raises:
+    ValueError: naming ``model``, with what was returned and what is expected.
+  """
+  name = model.name
+  params = _abstract(model.init, "init(key, batch)", name, key, batch)
+  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+      raise _validate.fail(
+          "model", name, f"init returned parameter "
+          f"{jax.tree_util.keystr(path) or 'params'} of dtype {leaf.dtype}; "
+          "every parameter must be a floating-point array (optimizers update "
+          "all of them; keep integer constants out of params)")
+  out = _abstract(model.loss, "loss(params, batch, key)", name, params,
+                  batch, key)
+  if not (isinstance(out, (tuple, list)) and len(out) == 2):
+    raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; it returned "
+                         f"{_shown(out)}")
+  loss, metrics = out
+  if isinstance(loss, Mapping) and not isinstance(metrics, Mapping):
+    raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; it returned "
+                         f"{_shown(out)}: (metrics, loss) in the wrong order?")
+  if (not hasattr(loss, "shape") or loss.shape != ()
+      or not jnp.issubdtype(loss.dtype, jnp.floating)):
+    raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; its loss is "
+                         f"{_shown(loss)} (take the mean over the batch)")
+  if not isinstance(metrics, Mapping):
+    raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; its metrics are "
+                         f"{_shown(metrics)}")
+  bad = {k: v for k, v in metrics.items()
+         if not (isinstance(k, str) and getattr(v, "shape", None) == ())}
+  if bad:
+    raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; its metrics "
+                         f"include {_shown(bad)}")
+  return params, sorted(metrics)
+
+
 def floating(x: Array) -> Array:
   """Model inputs as floats: a floating input keeps its type (bfloat16 under
   ``autocast``, so the first layer computes in it), others become float32."""

@@ -27,6 +27,10 @@ class Channel(NamedTuple):
       event, when it is not the collective's usual result (one payload for
       a reduction, the n-1 others for an all-gather): SPES's workers upload
       their own experts and download every expert. None: the usual.
+    received_bytes: bytes one worker receives under ``collective`` when it
+      differs from what it sends (a parameter server's download); None: as
+      many as it sends (every ring algorithm: each member forwards what it
+      receives, and the chunks it sends are the chunks another receives).
   """
 
   payload_bytes: int
@@ -36,6 +40,14 @@ class Channel(NamedTuple):
   tier: str | None = None
   shards: int = 1
   down_bytes: int | None = None
+  received_bytes: float | None = None
+
+
+def received_wire(channel: Channel) -> float:
+  """Bytes one worker receives for one event of ``channel``."""
+  if channel.received_bytes is None:
+    return channel.wire_bytes
+  return channel.received_bytes
 
 
 def ring_allreduce(payload_bytes: int, group_size: int) -> Channel:

@@ -73,7 +73,7 @@ def check_stragglers(s: Stragglers, num_workers: int) -> Stragglers:
     raise _validate.fail("stragglers", s, "expected lowbw.network.Stragglers")
   jitter = _validate.non_negative("jitter", s.jitter)
   mitigation = _validate.one_of("mitigation", s.mitigation, MITIGATIONS)
-  fraction = _validate.fraction("fraction", s.fraction)
+  fraction = _validate.fraction("stragglers.fraction", s.fraction)
   backups = _validate.non_negative_int("backups", s.backups)
   if mitigation == "backup" and backups >= num_workers:
     raise _validate.fail("backups", backups,

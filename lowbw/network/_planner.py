@@ -1,10 +1,12 @@
-"""The analytical planner of seed 001: how long a decentralized pre-training
-run takes on given hardware and network, and in which mode it must run.
+"""The analytical planner: how long a decentralized pre-training run takes on
+given hardware and network, and in which mode it must run.
+
+Its model is the one of "Decentralized Training Simulator: Technical
+Documentation" (no arXiv number; section numbers (§) below refer to it);
+docs/planner.md states every formula and every reading of it taken here.
 
 Pure Python arithmetic, no JAX: the planner answers a what-if in microseconds,
-so sweeps are plain loops. Section numbers (§) refer to the seed,
-``shared/seeds/001_4fbf1931b7b9af8c.txt``; docs/planner.md states every formula
-and every reading of the seed taken here.
+so sweeps are plain loops.
 
 Example:
   >>> from lowbw.network import plan
@@ -16,6 +18,7 @@ Example:
 import math
 
 from lowbw import _validate
+from lowbw.network import _units
 
 # The seed's §9 table, §7.2 growth rates, and the switches it leaves implicit.
 PLAN_DEFAULTS = {
@@ -25,8 +28,8 @@ PLAN_DEFAULTS = {
     "num_nodes": 72,
     "pflops_per_node": 32.0,        # peak PFLOP/s per node
     "vram_per_node": 2304.0,        # GB (1e9 B) per node
-    "bandwidth_mbps": 100.0,        # WAN Mbit/s (1e6 bit/s), symmetric
-    "latency_ms": 100.0,            # WAN round trip
+    "bandwidth": "100Mbps",         # WAN, per node, symmetric
+    "latency": "50ms",              # WAN, one-way (a 100 ms round trip)
     "mfu": 0.4,
     "inner_steps": 128,             # H
     "compression": 16.0,            # pseudo-gradient ratio vs FP16
@@ -35,8 +38,8 @@ PLAN_DEFAULTS = {
     "precision": "FP16",
     "streaming": True,
     "nodes_per_group": 8,
-    "regional_bandwidth_mbps": 1000.0,
-    "regional_latency_ms": 20.0,
+    "regional_bandwidth": "1Gbps",
+    "regional_latency": "10ms",     # one-way (a 20 ms round trip)
     "regional_steps": 16,           # regional syncs per global sync
     "moe": False,
     "moe_layers": 32,
@@ -48,6 +51,44 @@ PLAN_DEFAULTS = {
     "sw_growth": 0.477,
     "invest_growth": 0.544,
 }
+
+# The unit of each input and output that is a number, for help and printing;
+# outputs not listed take theirs from their name's suffix (``t_sync_s``).
+UNITS = {
+    "parameters": "billion", "active_params": "billion",
+    "tokens": "trillion", "num_nodes": "nodes", "pflops_per_node": "PFLOP/s",
+    "vram_per_node": "GB", "bandwidth": "bit/s", "latency": "s, one-way",
+    "mfu": "of peak FLOP/s", "inner_steps": "steps",
+    "compression": "x smaller than FP16", "local_batch": "tokens",
+    "micro_batches": "micro-batches", "nodes_per_group": "nodes",
+    "regional_bandwidth": "bit/s", "regional_latency": "s, one-way",
+    "regional_steps": "regional syncs per global sync", "moe_layers": "layers",
+    "activation_compression": "x smaller than FP16",
+    "hw_growth": "orders of magnitude per year",
+    "sw_growth": "orders of magnitude per year",
+    "invest_growth": "orders of magnitude per year",
+    "bytes_per_param": "bytes", "expert_parallel_degree": "nodes",
+    "largest_model_on_one_node_b": "billion parameters",
+    "pipeline_stages": "stages", "groups": "pipeline groups",
+    "n_eff": "nodes", "replicas": "model replicas", "compute_flops": "FLOP",
+    "hidden_size": "(model width)", "total_steps": "inner steps",
+    "outer_steps": "syncs", "alpha": "(efficiency lost per decade of H)",
+    "h_eff": "inner steps", "efficiency": "(fraction of ideal)",
+    "global_mfu": "(fraction of peak FLOP/s)",
+    "hfu": "(fraction of peak FLOP/s)",
+}
+_SUFFIX_UNITS = {"_s": "s", "_gb": "GB", "_days": "days", "_years": "years",
+                 "_bits": "bits", "_factor_sync": "x", "_factor_regional": "x",
+                 "_factor_pipeline": "x"}
+
+
+def unit(name: str) -> str:
+  """The unit an input or output is in ("" for names, switches and modes)."""
+  if name in UNITS:
+    return UNITS[name]
+  return next((u for suffix, u in _SUFFIX_UNITS.items()
+               if name.endswith(suffix)), "")
+
 
 BYTES_PER_PARAM = {"FP16": 16, "FP8": 14, "FP4": 13}  # β of §2.1
 ACTIVATION_COMPRESSION = {"FP16": 1.0, "FP8": 2.0, "FP4": 4.0}  # §8.1
@@ -142,18 +183,26 @@ def _optional_ratio(field, value):
                                                                       value)
 
 
+def _bandwidth(field, value):
+  return _units.bandwidth(value, field)
+
+
+def _latency(field, value):
+  return _units.duration(value, field)
+
+
 _number = _finite(_validate.positive_float)
 _delay = _finite(_validate.non_negative)
 _CHECKS = {
     "parameters": _model_size, "active_params": _model_size,
     "tokens": _number, "num_nodes": _validate.positive_int,
     "pflops_per_node": _number, "vram_per_node": _number,
-    "bandwidth_mbps": _number, "latency_ms": _delay,
+    "bandwidth": _bandwidth, "latency": _latency,
     "mfu": _validate.fraction, "inner_steps": _validate.positive_int,
     "compression": _number, "local_batch": _validate.positive_int,
     "micro_batches": _validate.positive_int, "precision": _precision,
     "streaming": _boolean, "nodes_per_group": _validate.positive_int,
-    "regional_bandwidth_mbps": _number, "regional_latency_ms": _delay,
+    "regional_bandwidth": _bandwidth, "regional_latency": _latency,
     "regional_steps": _validate.positive_int, "moe": _boolean,
     "moe_layers": _validate.positive_int,
     "expert_parallelism": lambda f, v: _validate.one_of(f, v,
@@ -184,18 +233,48 @@ def _check_together(s: dict) -> None:
                      "expected a sum > 0 (the longest run would be infinite)")
 
 
+# Earlier names, still accepted: (input it sets, its unit, to that unit).
+# Their latency was a round trip; ``latency`` is one-way, as lowbw train's.
+DEPRECATED = {
+    "bandwidth_mbps": ("bandwidth", "Mbit/s", lambda v: v * 1e6),
+    "latency_ms": ("latency", "ms round trip", lambda v: v / 2e3),
+    "regional_bandwidth_mbps": ("regional_bandwidth", "Mbit/s",
+                                lambda v: v * 1e6),
+    "regional_latency_ms": ("regional_latency", "ms round trip",
+                            lambda v: v / 2e3),
+}
+
+
+def _renamed(inputs: dict) -> dict:
+  """``inputs`` with deprecated names turned into the inputs they set."""
+  out = {k: v for k, v in inputs.items() if k not in DEPRECATED}
+  for old, value in inputs.items():
+    if old not in DEPRECATED:
+      continue
+    new, _, convert = DEPRECATED[old]
+    if new in inputs:
+      raise _validate.fail(old, value, f"give {new} only ({old} is its "
+                           "deprecated name)")
+    check = _number if new.endswith("bandwidth") else _delay
+    out[new] = convert(check(old, value))
+  return out
+
+
 def resolve_inputs(**inputs) -> dict:
   """The planner's inputs, validated, with ``PLAN_DEFAULTS`` filled in.
+
+  Bandwidths come back in bit/s and latencies in one-way seconds, whatever
+  form they were given in.
 
   Raises:
     ValueError: naming the field, the value and what is allowed, for an
       unknown name or a bad value.
   """
-  unknown = sorted(set(inputs) - set(PLAN_DEFAULTS))
+  unknown = sorted(set(inputs) - set(PLAN_DEFAULTS) - set(DEPRECATED))
   if unknown:
     raise _validate.fail(unknown[0], inputs[unknown[0]],
                          "unknown input; allowed: " + ", ".join(PLAN_DEFAULTS))
-  s = {**PLAN_DEFAULTS, **inputs}
+  s = {**PLAN_DEFAULTS, **_renamed(inputs)}
   for name, check in _CHECKS.items():
     s[name] = check(name, s[name])
   _check_together(s)
@@ -243,12 +322,16 @@ def _t_ep(s: dict) -> float:
   if _ep_degree(s) is None:
     return 0.0
   if s["expert_parallelism"] == "global":
-    latency_ms = s["latency_ms"]
+    one_way = s["latency"]
   elif s["hierarchical"]:
-    latency_ms = s["regional_latency_ms"]
+    one_way = s["regional_latency"]
   else:
     return 0.0
-  return 2.0 * latency_ms / 1e3 * s["moe_layers"]
+  return 2.0 * _round_trip(one_way) * s["moe_layers"]
+
+
+def _round_trip(one_way_s: float) -> float:
+  return 2.0 * one_way_s
 
 
 def _t_comp(s: dict) -> float:
@@ -260,9 +343,10 @@ def _t_comp(s: dict) -> float:
 # ------------------------------------------------------------ communication
 
 
-def _exchange_s(bits: float, bandwidth_mbps: float, latency_ms: float) -> float:
-  """Upload and download ``bits`` plus one round trip (§3.1, before f)."""
-  return 2.0 * bits / (bandwidth_mbps * 1e6) + latency_ms / 1e3
+def _exchange_s(bits: float, bandwidth_bps: float, latency_s: float) -> float:
+  """Upload and download ``bits`` plus one round trip of the one-way
+  ``latency_s`` (§3.1, before f)."""
+  return 2.0 * bits / bandwidth_bps + _round_trip(latency_s)
 
 
 def _overlap(compute_s: float, comm_s: float, streaming: bool) -> float:
@@ -305,15 +389,14 @@ def _pipeline(s: dict, t_comp: float, stages: int) -> dict:
     ratio = ACTIVATION_COMPRESSION[s["precision"]]
   activation_bits = 8.0 * s["local_batch"] * hidden * 2.0 / ratio
   if s["hierarchical"]:
-    bandwidth, latency_ms = (s["regional_bandwidth_mbps"],
-                             s["regional_latency_ms"])
+    bandwidth, latency = s["regional_bandwidth"], s["regional_latency"]
   else:
-    bandwidth, latency_ms = s["bandwidth_mbps"], s["latency_ms"]
+    bandwidth, latency = s["bandwidth"], s["latency"]
   m = s["micro_batches"]
-  t_micro_comm = 2.0 * activation_bits / m / (bandwidth * 1e6)
+  t_micro_comm = 2.0 * activation_bits / m / bandwidth
   t_micro_comp = t_comp / m
   f = _factor(s, stages)
-  slot = t_micro_comp + (t_micro_comm + latency_ms / 1e3) * f
+  slot = t_micro_comp + (t_micro_comm + _round_trip(latency)) * f
   return {"hidden_size": hidden, "activation_bits": activation_bits,
           "straggler_factor_pipeline": f, "t_micro_comp_s": t_micro_comp,
           "t_micro_comm_s": t_micro_comm,
@@ -326,7 +409,7 @@ def _pipeline(s: dict, t_comp: float, stages: int) -> dict:
 def _diloco(s: dict, t_comp: float, n_eff: float) -> dict:
   """Mode A (§3.1): every node a replica, one WAN sync every H steps."""
   f = _factor(s, n_eff)
-  t_sync = _exchange_s(_sync_bits(s), s["bandwidth_mbps"], s["latency_ms"]) * f
+  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"]) * f
   h = s["inner_steps"]
   return {"replicas": n_eff, "straggler_factor_sync": f, "t_sync_s": t_sync,
           "t_outer_s": _overlap(h * t_comp, t_sync, s["streaming"]),
@@ -338,9 +421,9 @@ def _hierarchical(s: dict, t_comp: float, n_eff: float) -> dict:
   bits, size = _sync_bits(s), s["nodes_per_group"]
   groups = n_eff / size
   f_regional, f_global = _factor(s, size), _factor(s, groups)
-  t_regional = _exchange_s(bits, s["regional_bandwidth_mbps"],
-                           s["regional_latency_ms"]) * f_regional
-  t_global = _exchange_s(bits, s["bandwidth_mbps"], s["latency_ms"]) * f_global
+  t_regional = _exchange_s(bits, s["regional_bandwidth"],
+                           s["regional_latency"]) * f_regional
+  t_global = _exchange_s(bits, s["bandwidth"], s["latency"]) * f_global
   regional_cycle = _overlap(s["inner_steps"] * t_comp, t_regional,
                             s["streaming"])
   global_cycle = _overlap(s["regional_steps"] * regional_cycle, t_global,
@@ -363,7 +446,7 @@ def _pp_groups(s: dict, t_comp: float, n_eff: float, stages: int) -> dict:
             "replicas": max(1.0, n_eff / stages), "t_sync_s": 0.0,
             "t_outer_s": pipeline["t_pp_step_s"], "steps_per_outer": 1}
   f = _factor(s, groups)
-  t_sync = _exchange_s(_sync_bits(s), s["bandwidth_mbps"], s["latency_ms"]) * f
+  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"]) * f
   h = s["inner_steps"]
   return {**pipeline, "mode": "pp_group_diloco", "groups": groups,
           "replicas": float(groups), "straggler_factor_sync": f,
@@ -404,9 +487,9 @@ _IGNORED_WHEN = {
                    "or regional with hierarchical)"),
     "nodes_per_group": (lambda s, o: not _uses_groups(s), "needs hierarchical "
                         "or regional expert parallelism"),
-    "regional_bandwidth_mbps": (lambda s, o: not s["hierarchical"],
+    "regional_bandwidth": (lambda s, o: not s["hierarchical"],
                                 "hierarchical=False"),
-    "regional_latency_ms": (lambda s, o: not s["hierarchical"],
+    "regional_latency": (lambda s, o: not s["hierarchical"],
                             "hierarchical=False"),
     "regional_steps": (lambda s, o: not s["hierarchical"],
                        "hierarchical=False"),
@@ -452,9 +535,27 @@ def _warnings(s: dict, given: dict, out: dict) -> list[str]:
         f"the run takes {out['total_years']:.2f} years, longer than the "
         f"longest sensible run of {out['longest_run_years']:.3f} years (§7): "
         "starting later on better hardware and software would finish sooner")
+  renamed = _renamed(given)
   for name, (unused, why) in _IGNORED_WHEN.items():
-    if name in given and given[name] != PLAN_DEFAULTS[name] and unused(s, out):
+    if name in renamed and _differs(name, renamed[name]) and unused(s, out):
       notes.append(f"{name} is ignored: {why}")
+  return notes + _deprecation_notes(given, s)
+
+
+def _differs(name: str, value) -> bool:
+  check = _CHECKS[name]
+  return check(name, value) != check(name, PLAN_DEFAULTS[name])
+
+
+def _deprecation_notes(given: dict, s: dict) -> list[str]:
+  notes = []
+  for old, (new, unit, _) in DEPRECATED.items():
+    if old in given:
+      shown = (repr(_units.format_bandwidth(s[new]))
+               if new.endswith("bandwidth")
+               else repr(_units.format_duration(s[new])) + " (one-way)")
+      notes.append(f"{old} ({unit}) is deprecated: give {new}, here "
+                   f"{new}={shown}")
   return notes
 
 
@@ -462,7 +563,7 @@ def _warnings(s: dict, given: dict, out: dict) -> list[str]:
 
 
 def plan(**inputs) -> dict:
-  """Plans a decentralized pre-training run with the model of seed 001.
+  """Plans a decentralized pre-training run with the model of the Decentralized Training Simulator: Technical Documentation.
 
   Picks the mode by Appendix A's decision tree: DiLoCo when one node holds
   the model (after expert parallelism for MoE), else DiLoCo across groups of
@@ -483,7 +584,7 @@ def plan(**inputs) -> dict:
     ValueError: naming the field, the value and what is allowed.
 
   Example:
-    >>> out = plan(num_nodes=72, bandwidth_mbps=1000)
+    >>> out = plan(num_nodes=72, bandwidth="1Gbps", latency="50ms")
     >>> out["mode"]
     'diloco'
   """

@@ -42,11 +42,13 @@ def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Link:
 
 class Cost(NamedTuple):
   """One event of a channel: seconds on the clock and bytes each worker sends
-  (mean over workers), under ``algorithm``."""
+  (mean over workers), under ``algorithm``; ``received_bytes``: what each
+  receives, None when it equals what it sends."""
 
   seconds: float
   wire_bytes: float
   algorithm: str
+  received_bytes: float | None = None
 
 
 class Flat(NamedTuple):
@@ -146,7 +148,7 @@ def parameter_server(link_: Link, channel: Channel) -> Cost:
   if channel.down_bytes is not None:
     down = channel.down_bytes
   return Cost(link_.hop(payload) + link_.hop(down), float(payload),
-              "parameter_server")
+              "parameter_server", float(down))
 
 
 def two_tier(regional: Link, wan: Link, s: int, channel: Channel) -> Cost:

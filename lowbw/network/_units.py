@@ -116,9 +116,15 @@ def format_bandwidth(bps: float) -> str:
   return f"{bps:g}bps"
 
 
+# (unit, seconds per unit), largest first, down to nanoseconds.
+_DURATIONS = (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9))
+
+
 def format_duration(seconds: float) -> str:
-  if seconds >= 1 or seconds == 0:
+  """Seconds in the largest unit that keeps the number >= 1, to 4
+  significant digits: "1.5s", "7.268ms", "37ns"; "0s" for zero."""
+  if seconds == 0 or not math.isfinite(seconds):
     return f"{seconds:g}s"
-  if seconds >= 1e-3:
-    return f"{seconds * 1e3:g}ms"
-  return f"{seconds * 1e6:g}us"
+  unit, scale = next(((u, f) for u, f in _DURATIONS if abs(seconds) >= f),
+                     _DURATIONS[-1])
+  return f"{seconds / scale:.4g}{unit}"

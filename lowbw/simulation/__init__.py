@@ -2,6 +2,7 @@
 
 from lowbw.simulation._config import RunConfig
 from lowbw.simulation._engine import RoundOut, SimState, StepOut
+from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._mesh import initialize
 from lowbw.simulation._result import Result
@@ -10,7 +11,7 @@ from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
 from lowbw.simulation._track import RunWarning
 
-__all__ = ["NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
+__all__ = ["DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
            "initialize", "simulate", "sweep"]

@@ -19,7 +19,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw.network import _clock, _faults
-from lowbw.simulation import _memory, _mesh
+from lowbw.simulation import _defaults, _memory, _mesh
 from lowbw.simulation._backward import AUTOCAST, Backward
 
 _TARGET_CHUNKS = 25
@@ -174,8 +174,10 @@ def _resolve(field, value, registry_get, cls):
   return value
 
 
-def configure(model, data, strategy, num_workers: int = 8,
-              batch_size: int = 32, steps: int = 1000, network=None,
+def configure(model, data, strategy,
+              num_workers: int = _defaults.NUM_WORKERS,
+              batch_size: int = _defaults.BATCH_SIZE,
+              steps: int = _defaults.STEPS, network=_defaults.NETWORK,
               eval_every: int | None = None, log_every: int | None = None,
               eval_examples: int | None = None,
               rounds_per_chunk: int | None = None, devices: int | None = None,

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from lowbw.network import Channel
-from lowbw.network._collectives import tiers_of
+from lowbw.network._collectives import received_wire, tiers_of
 from lowbw.simulation import _sums
 from lowbw.telemetry import names
 
@@ -51,8 +51,10 @@ class History:
                tokens_per_example: int | None, metric_names: list[str],
                clock: bool = False, strategy_metrics: list[str] = (),
                spacing_given: bool = True, correlation: bool = False,
-               perplexity: bool = False):
+               perplexity: bool = False, num_workers: int = 1):
     self.channels = channels
+    # Who took part when ``add`` is not told: every worker.
+    self.num_workers = num_workers
     self.tiers = tiers_of(channels)
     self.log_every = log_every
     # A default spacing may be re-spaced by a resume that extends the run.
@@ -66,6 +68,8 @@ class History:
     self.windows: dict[int, dict] = {}
     self.step = 0
     self.events = {name: 0 for name in channels}  # cumulative, per worker
+    # Cumulative worker-events: each event times the workers that took part.
+    self.taken = {name: 0 for name in channels}
     self._reset_carry()
     self.divergence = math.nan
     self.lr = math.nan
@@ -89,6 +93,7 @@ class History:
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
     return {"rows": self.rows, "step": self.step, "events": self.events,
+            "taken": self.taken,
             "log_every": self.log_every, "spacing_given": self.spacing_given,
             "carry": _carry_json(self.carry),
             "windows": [[s, _carry_json(w)] for s, w in self.windows.items()],
@@ -102,6 +107,9 @@ class History:
     self.rows = [dict(r) for r in d["rows"]]
     self.step = int(d["step"])
     self.events = {k: int(v) for k, v in d["events"].items()}
+    # A checkpoint from before "taken" was kept: every worker took part.
+    self.taken = {k: int(v) for k, v in d.get("taken", {
+        c: n * self.num_workers for c, n in self.events.items()}).items()}
     self.carry = _carry_from_json(d["carry"])
     self.windows = {int(s): _carry_from_json(w)
                     for s, w in d.get("windows", [])}
@@ -162,6 +170,22 @@ class History:
     """Wire bytes of each tier (two-tier strategies only)."""
     return {t: self._wire(events, t) for t in self.tiers}
 
+  def _fleet(self, taken: dict[str, int]) -> tuple[float, float]:
+    """Bytes sent and received by the workers that took part (``taken``:
+    channel -> worker-events), summed exactly and rounded once."""
+    def total(per_worker):
+      return float(sum((n * Fraction(per_worker(self.channels[c]))
+                        for c, n in taken.items()), Fraction(0)))
+    return total(lambda ch: ch.wire_bytes), total(received_wire)
+
+  @property
+  def sent_bytes(self) -> float:
+    return self._fleet(self.taken)[0]
+
+  @property
+  def received_bytes(self) -> float:
+    return self._fleet(self.taken)[1]
+
   @property
   def tier_wire_bytes(self) -> dict[str, float]:
     return self._tier_bytes(self.events)
@@ -190,7 +214,8 @@ class History:
 
   def add(self, *, loss, metrics, bad_worker, counts, round_end,
           divergence, lr, wall_time_s: float, sim_time=None,
-          participants=None, strategy=None, correlation=None) -> list[dict]:
+          participants=None, strategy=None, correlation=None,
+          taken=None) -> list[dict]:
     """Consumes n consecutive steps; returns the new rows (and keeps them).
 
     Args:
@@ -209,6 +234,9 @@ class History:
         that did not report them.
       correlation: (number of round ends,) the workers' correlation, nan
         where it was not due (with correlation_every).
+      taken: channel -> (n,) int worker-events per step: each event of
+        ``counts`` times the workers that took part in it; None: every
+        worker took part.
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
@@ -219,6 +247,10 @@ class History:
     stop = int(bad[0]) if bad.size else n
     events_cum = {c: np.cumsum(np.asarray(counts[c], np.int64))
                   for c in counts}
+    if taken is None:
+      taken = {c: np.asarray(k, np.int64) * self.num_workers
+               for c, k in counts.items()}
+    taken_cum = {c: np.cumsum(np.asarray(taken[c], np.int64)) for c in taken}
     loss_cum = _sums.ExactCumsum(np.asarray(loss)[:stop])
     metric_cum = {m: _sums.ExactCumsum(np.asarray(metrics[m])[:stop])
                   for m in self.metric_names}
@@ -254,12 +286,15 @@ class History:
         i = np.searchsorted(at_steps, j, side="right") - 1
         if i >= 0:
           self.strategy[m] = float(values[at_steps[i]])
-      return {c: self.events[c] + int(events_cum[c][j]) for c in events_cum}
+      return ({c: self.events[c] + int(events_cum[c][j]) for c in events_cum},
+              {c: self.taken[c] + int(taken_cum[c][j]) for c in taken_cum})
 
     new_rows, prev = [], -1
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])
-      row = self._bare_row(s, wall_time_s, {**self.events, **at(j)})
+      events, taken_now = at(j)
+      row = self._bare_row(s, wall_time_s, {**self.events, **events},
+                           {**self.taken, **taken_now})
       self._take(loss_cum, metric_cum, prev, j)
       self._train_means(row, self.carry)
       self.windows[s] = self.carry
@@ -273,7 +308,9 @@ class History:
     if last > prev:
       self._take(loss_cum, metric_cum, prev, last)
     if last >= 0:
-      self.events.update(at(last))
+      events, taken_now = at(last)
+      self.events.update(events)
+      self.taken.update(taken_now)
     self.step += stop
     self.rows += new_rows
     if bad.size:
@@ -328,13 +365,16 @@ class History:
     self._reset_carry()
     return row
 
-  def _bare_row(self, step, wall_time_s, events=None):
+  def _bare_row(self, step, wall_time_s, events=None, taken=None):
     events = self.events if events is None else events
+    taken = self.taken if taken is None else taken
     payload, wire = self._bytes(events)
+    sent, received = self._fleet(taken)
     row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step}
     if self.tokens_per_example:
       row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
     row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
+                names.SENT_BYTES: sent, names.RECEIVED_BYTES: received,
                 **{names.tier_wire_bytes(t): b
                    for t, b in self._tier_bytes(events).items()},
                 names.PEAK_STEP_BYTES: self.peak,
@@ -368,6 +408,27 @@ class History:
       nll = results.get("cross_entropy", results["loss"])
       row[names.EVAL_PERPLEXITY] = float(np.exp(nll))
     return row
+
+
+def worker_events(counts: dict, participants, sync_counts: dict = None,
+                  sync_participants=None, period: int = 1) -> dict:
+  """channel -> (n,) int64 worker-events per step: each event times the
+  workers that took part in its communication.
+
+  ``counts``/``participants``: the steps' events and how many took part in
+  each step's communication ((n,), -1 where none); ``sync_counts`` /
+  ``sync_participants``: the same for the syncs of n/period rounds, which
+  land at the rounds' last steps.
+  """
+  k = np.maximum(np.asarray(participants, np.int64), 0)
+  out = {c: np.asarray(v, np.int64) * k for c, v in counts.items()}
+  if sync_counts:
+    k_sync = np.maximum(np.asarray(sync_participants, np.int64), 0)
+    for c, v in sync_counts.items():
+      full = np.zeros(len(k), np.int64)
+      full[period - 1::period] = np.asarray(v, np.int64) * k_sync
+      out[c] = out.get(c, 0) + full
+  return out
 
 
 def _merge(carries: list[dict]) -> dict:

@@ -62,8 +62,9 @@ def check_names(field: str, values: dict) -> dict:
     if name not in KNOBS:
       raise _validate.fail(
           field, name, "not a traced hyperparameter; expected one of " +
-          ", ".join(KNOBS) + " (shapes such as num_workers, H or a codec's "
-          "size need a new lowbw.build)")
+          ", ".join(map(repr, KNOBS)) + _validate.suggest(name, KNOBS) +
+          " (shapes such as num_workers, H or a codec's size need a new "
+          "lowbw.build)")
   return dict(values)
 
 

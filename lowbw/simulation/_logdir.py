@@ -9,13 +9,15 @@ resuming continues the run it holds.
 import glob
 import os
 import shutil
+import unicodedata
 
-from lowbw import _validate
+from lowbw import _validate, telemetry
 
-# What runs and sweeps write in their folder.
-RUN_FILES = ("checkpoints", "config.json", "metrics.csv", "summary.json",
-             "tensorboard", "sweep.csv", "sweep.json", "sweep.png",
-             "plot.png", "wandb")  # wandb: W&B's local (offline) files
+# What runs and sweeps write in their folder (wandb: W&B's local, offline,
+# files).
+RUN_FILES = (telemetry.CHECKPOINTS, "config.json", "metrics.csv",
+             "summary.json", "tensorboard", "sweep.csv", "sweep.json",
+             "sweep.png", "plot.png", "wandb")
 _POINTS = "point_[0-9][0-9][0-9]*"
 
 
@@ -35,13 +37,24 @@ def prepare(log_dir: str | None, *, resuming: bool = False,
   process that writes).
 
   Raises:
-    ValueError: naming ``field``: not a folder, not writable, or holding
+    ValueError: naming ``field``: not a folder, not writable (no
+      permission, a full disk), or holding
       another run while neither resuming nor overwriting.
   """
   if log_dir is None:
     return
   if not isinstance(log_dir, (str, os.PathLike)):
     raise _validate.fail(field, log_dir, "expected a folder path")
+  text = os.fspath(log_dir)
+  if not text.strip():
+    raise _validate.fail(field, log_dir, "expected a folder path")
+  control = [c for c in text if unicodedata.category(c) == "Cc"]
+  if control:
+    # A newline or tab in a folder name is almost always a pasting
+    # mistake, and breaks every tool that lists the folder.
+    raise _validate.fail(field, log_dir, "contains the control character "
+                         f"{control[0]!r}; expected a folder path of "
+                         "printable characters")
   if not isinstance(overwrite, bool):
     raise _validate.fail("overwrite", overwrite, "expected True or False")
   if os.path.exists(log_dir) and not os.path.isdir(log_dir):
@@ -51,7 +64,7 @@ def prepare(log_dir: str | None, *, resuming: bool = False,
     raise _validate.fail(
         field, log_dir, f"holds another run ({', '.join(found[:4])}"
         f"{', ...' if len(found) > 4 else ''}); resume it, clear it "
-        "(overwrite=True, --overwrite) or choose another folder")
+        "(overwrite=True) or choose another folder")
   if not create:
     return
   for name in found:
@@ -62,5 +75,8 @@ def prepare(log_dir: str | None, *, resuming: bool = False,
   except OSError as e:
     raise _validate.fail(field, log_dir,
                          f"cannot be created ({e.strerror})") from None
-  if not os.access(log_dir, os.W_OK):
-    raise _validate.fail(field, log_dir, "is not writable")
+  try:  # a file written, not os.access: it says nothing of a full disk
+    telemetry.check_writable(log_dir)
+  except OSError as e:
+    raise _validate.fail(field, log_dir,
+                         f"is not writable ({e.strerror})") from None

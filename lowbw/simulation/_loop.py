@@ -15,6 +15,12 @@ import jax
 from lowbw.simulation._history import NonFiniteLossError
 
 
+# A chunk runs this many wall seconds at most (after the first, one round,
+# which measures the speed): Ctrl-C, which Python sees only between chunks,
+# then stops a run within seconds, and the first row comes out at once.
+CHUNK_SECONDS = 2.0
+
+
 class Executables(NamedTuple):
   """Compiled programs of one argument signature."""
 
@@ -43,10 +49,12 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
   period, steps, eval_every = c.period, c.steps, c.eval_every
   start = time.perf_counter() - wall_offset
   step, pending = start_step, None
+  pace = _Pace(c.rounds_per_chunk)
 
   def finish(p):
     kind, n, out, ev, end_step = p
     out, ev = fetch(out), None if ev is None else fetch(ev)
+    pace.done(n if kind == "rounds" else 0)
     wall = time.perf_counter() - start
     for i, track in enumerate(tracks):
       pick = (lambda t: jax.tree.map(lambda x: x[i], t)) if batched else (
@@ -65,7 +73,7 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
     return (every - step % every) // period
 
   while step + period <= steps:
-    n = min(c.rounds_per_chunk, (steps - step) // period,
+    n = min(pace.rounds(), (steps - step) // period,
             *(rounds_to(every) for every in (eval_every, checkpoint_every)
               if every))
     state, out = exe.chunk(state, sampler, n, net)
@@ -99,3 +107,23 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
   for i, track in enumerate(tracks):
     track.finalize(steps, wall, lambda i=i: final_eval(i))
   return state, time.perf_counter() - start
+
+
+class _Pace:
+  """How many rounds the next chunk runs: ``rounds_per_chunk`` at most, and
+  no more than ``CHUNK_SECONDS`` at the speed measured so far (one round
+  before anything is measured)."""
+
+  def __init__(self, rounds_per_chunk: int):
+    self.most = rounds_per_chunk
+    self.start = time.perf_counter()
+    self.finished = 0
+
+  def done(self, rounds: int) -> None:
+    self.finished += rounds
+
+  def rounds(self) -> int:
+    if self.finished == 0:
+      return 1
+    per_round = (time.perf_counter() - self.start) / self.finished
+    return max(1, min(self.most, int(CHUNK_SECONDS / max(per_round, 1e-9))))

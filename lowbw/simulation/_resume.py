@@ -30,18 +30,21 @@ def continues(log_dir, resume_from) -> bool:
 def saver(log_dir: str, track):
   """``save(step, state, wall_s)``: a checkpoint of the state and of
   ``track``'s host bookkeeping (rows, byte counters, clock, config) under
-  ``log_dir/checkpoints``; ``restore`` reads it back."""
+  ``log_dir/checkpoints``; ``restore`` reads it back. A save that cannot be
+  written raises ``telemetry.WriteError`` (an ``OSError``) at once, naming
+  the checkpoint; the checkpoints before it stay, to resume from."""
 
   def save(step, state, wall):
     meta = {"history": track.history.state_dict(), "wall_time_s": wall,
             "clock": track.clock.state_dict(), "config": track.config}
-    telemetry.save(os.path.join(log_dir, "checkpoints"), step, state, meta)
+    telemetry.save(os.path.join(log_dir, telemetry.CHECKPOINTS), step, state,
+                   meta)
 
   return save
 
 
 def _checkpoint_dir(root):
-  sub = os.path.join(root, "checkpoints")
+  sub = os.path.join(root, telemetry.CHECKPOINTS)
   return sub if os.path.isdir(sub) else root
 
 

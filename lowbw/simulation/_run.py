@@ -2,6 +2,7 @@
 
 from collections.abc import Callable
 
+from lowbw.simulation import _defaults
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import build
 
@@ -12,11 +13,11 @@ def simulate(
     model,
     data,
     strategy,
-    num_workers: int = 8,
-    batch_size: int = 32,
-    steps: int = 1000,
+    num_workers: int = _defaults.NUM_WORKERS,
+    batch_size: int = _defaults.BATCH_SIZE,
+    steps: int = _defaults.STEPS,
     seed: int = 0,
-    network=None,
+    network=_defaults.NETWORK,
     eval_every: int | None = None,
     log_every: int | None = None,
     log_dir: str | None = None,
@@ -39,6 +40,7 @@ def simulate(
     compile_cache: bool | str = True,
     overwrite: bool = False,
     wandb_project: str | None = None,
+    fail_on_divergence: bool = False,
 ) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
@@ -86,6 +88,10 @@ def simulate(
       compiling without it): the same metrics as the CSV at each row's step
       and config.json's configuration, run named after ``log_dir``.
       ``WANDB_MODE=offline`` needs no network.
+    fail_on_divergence: raise ``DivergenceError`` (after writing the
+      logs) when the loss ended far above its start or the accuracy at or
+      below chance; False (default): a ``RunWarning`` and the summary's
+      ``warnings`` say so.
     devices: spread the workers over this many devices (``shard_map`` over a
       ``"workers"`` mesh axis; must divide ``num_workers``); the trajectory is
       the same as on one device up to float rounding. Default: 1, or every
@@ -147,6 +153,9 @@ def simulate(
   Raises:
     ValueError: a bad argument, naming it.
     NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+    DivergenceError: with ``fail_on_divergence``, the loss ended far above
+      its start or accuracy at or below chance (the run finished and its logs
+      are kept); without it, a ``RunWarning`` says so.
   """
   sim = build(model, data, strategy, num_workers=num_workers,
               batch_size=batch_size, steps=steps, network=network,
@@ -161,4 +170,5 @@ def simulate(
   return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
                  checkpoint_every=checkpoint_every, resume_from=resume_from,
                  progress=progress, callback=callback, metadata=metadata,
-                 overwrite=overwrite, wandb_project=wandb_project)
+                 overwrite=overwrite, wandb_project=wandb_project,
+                 fail_on_divergence=fail_on_divergence)

@@ -19,11 +19,13 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
+from lowbw.models import check_contract
 from lowbw.network import _clock
 from lowbw.network._collectives import tiers_of
-from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
+from lowbw.simulation import (_compile_cache, _config, _defaults, _engine, _hparams,
                               _logdir, _memory, _mesh, _precision, _resume)
 from lowbw.simulation._loop import Executables, drive
+from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import RunWarning, Track
 from lowbw.telemetry import names
@@ -55,7 +57,8 @@ class Simulator:
     self.main_process = jax.process_index() == 0
     self.example = c.data.example_batch(c.batch_size)
     key = jax.random.PRNGKey(0)
-    self.abstract_params = jax.eval_shape(c.model.init, key, self.example)
+    self.abstract_params, self.metric_names = check_contract(
+        c.model, self.example, key)
     self.num_params = sum(x.size for x in jax.tree.leaves(
         self.abstract_params))
     self.abstract_state = jax.eval_shape(self._initial_state, key)
@@ -76,10 +79,9 @@ class Simulator:
       costs = self.prices(c.network)
       self.channels = {
           name: ch._replace(wire_bytes=costs[name].wire_bytes,
-                            collective=costs[name].algorithm)
+                            collective=costs[name].algorithm,
+                            received_bytes=costs[name].received_bytes)
           for name, ch in self.channels.items()}
-    self.metric_names = sorted(jax.eval_shape(
-        c.model.loss, self.abstract_params, self.example, key)[1])
     self.mesh = self.specs = None
     if c.devices > 1 or self.processes > 1:
       self._make_mesh(key)
@@ -116,9 +118,12 @@ class Simulator:
     """The shapes of what ``local`` and ``sync`` report (gradients have the
     parameters' shapes)."""
     strategy, st = self.config.strategy, self.abstract_state.strategy
-    local = jax.eval_shape(strategy.local, st, st.params_W)[1]
-    sync = {} if strategy.sync is None else jax.eval_shape(strategy.sync,
-                                                           st)[1]
+    # On the state the engine computes with: stored worker state widened.
+    wide = _precision.Precision(_narrow(self.config)).widen
+    local = jax.eval_shape(lambda s: strategy.local(
+        wide(s), wide(s).params_W), st)[1]
+    sync = {} if strategy.sync is None else jax.eval_shape(
+        lambda s: strategy.sync(wide(s)), st)[1]
     return {"local": local, "sync": sync}
 
   def _check_reports(self, reports: dict) -> list[str]:
@@ -334,7 +339,8 @@ class Simulator:
           resume_from: str | None = None, progress: bool | None = None,
           callback=None, metadata: dict | None = None,
           overwrite: bool = False,
-          wandb_project: str | None = None) -> Result:
+          wandb_project: str | None = None,
+          fail_on_divergence: bool = False) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -346,8 +352,13 @@ class Simulator:
     Raises:
       ValueError: a bad argument, naming it.
       NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+      DivergenceError: with ``fail_on_divergence``, the loss ended far above
+        its start or accuracy at or below chance; logs are kept.
     """
     c = self.config
+    if not isinstance(fail_on_divergence, bool):
+      raise _validate.fail("fail_on_divergence", fail_on_divergence,
+                           "expected True or False")
     seed = _config.check_seed(seed)
     checkpoint_every = _config.multiple_of_period(
         "checkpoint_every", checkpoint_every, c.period)
@@ -373,17 +384,27 @@ class Simulator:
            if show and self.main_process else None)
     save = _resume.saver(log_dir, track) if checkpoint_every else None
     track.open_writers(resume_from is not None, wandb_project)
+    started = time.perf_counter() - wall_offset
     try:
       state, elapsed = drive(self, exe, state, sampler, net, [track],
                              track.history.step, self.fetch,
                              checkpoint_every=checkpoint_every, save=save,
                              bar=bar, wall_offset=wall_offset)
+    except KeyboardInterrupt:
+      # Ctrl-C: the summary of what ran, next to the rows already written.
+      summary = track.summary(compile_s, time.perf_counter() - started)
+      summary["interrupted_at_step"] = track.history.step
+      track.write_summary(summary)
+      raise
     finally:
       track.close()
       if bar:
         bar.close()
     summary = track.summary(compile_s, elapsed)
     track.write_summary(summary)
+    diverged = track.divergence()
+    if fail_on_divergence and diverged is not None:
+      raise DivergenceError(diverged.text, diverged.step, summary)
     for text in summary["warnings"]:
       warnings.warn(text, RunWarning, stacklevel=2)
     params = exe.global_params(state)
@@ -437,7 +458,8 @@ class Simulator:
     if c.eval_local:
       cols += [names.EVAL_LOCAL_LOSS, names.EVAL_LOCAL_LOSS_STD] + [
           names.eval_metric("local_" + m) for m in self.metric_names]
-    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES]
+    cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.SENT_BYTES,
+             names.RECEIVED_BYTES]
     cols += [names.tier_wire_bytes(t) for t in tiers_of(self.channels)]
     cols += [names.PEAK_STEP_BYTES,
              names.WORKER_DIVERGENCE,
@@ -459,8 +481,10 @@ def _signature(tree):
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
-def build(model, data, strategy, num_workers: int = 8, batch_size: int = 32,
-          steps: int = 1000, network=None, eval_every: int | None = None,
+def build(model, data, strategy, num_workers: int = _defaults.NUM_WORKERS,
+          batch_size: int = _defaults.BATCH_SIZE,
+          steps: int = _defaults.STEPS, network=_defaults.NETWORK,
+          eval_every: int | None = None,
           log_every: int | None = None, eval_examples: int | None = None,
           rounds_per_chunk: int | None = None, devices: int | None = None,
           worker_dtype: str | None = None,

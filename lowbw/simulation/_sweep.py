@@ -205,6 +205,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     ...                      grid={"inner_lr": [1e-3, 3e-3]}, seeds=[0, 1, 2])
     >>> result.aggregate("final_eval_loss")
   """
+  _hparams.check_names("grid", grid or {})  # before anything compiles
   _logdir.prepare(log_dir, overwrite=overwrite,
                   create=jax.process_index() == 0)
   sim = build_args if isinstance(build_args, Simulator) else (

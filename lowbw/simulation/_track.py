@@ -12,7 +12,9 @@ import numpy as np
 
 from lowbw import telemetry
 from lowbw.network import _clock
-from lowbw.simulation._history import History, NonFiniteLossError
+from lowbw.simulation import _divergence
+from lowbw.simulation._history import (History, NonFiniteLossError,
+                                      worker_events)
 from lowbw.telemetry import names
 
 
@@ -43,7 +45,7 @@ class Track:
                            strategy_metrics=sim.strategy_metric_names,
                            spacing_given=c.log_every is not None,
                            correlation=c.correlation_every is not None,
-                           perplexity=c.is_lm)
+                           perplexity=c.is_lm, num_workers=c.num_workers)
     self.clock = _clock.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
@@ -90,11 +92,15 @@ class Track:
       divergence, lr = out.divergence[:n], out.lr[:n]
       correlation = (None if out.correlation is None
                      else out.correlation[:n])
-      sim_time = participants = None
+      sim_time = participants = taken = None
       if out.clock is not None:
         sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
                                      out.clock.compute_s[:n],
                                      out.clock.sync_s[:n])
+        taken = worker_events(
+            per_step.counts, per_step.clock.participants,
+            {c: v[:n] for c, v in out.sync_counts.items()},
+            out.clock.participants[:n], period)
         participants = per_step.clock.participants.copy()
         participants[period - 1::period] = out.clock.participants[:n]
       strategy = _strategy_metrics(per_step.strategy, out.sync_metrics, n,
@@ -105,17 +111,18 @@ class Track:
       counts = dict(per_step.counts)
       divergence = lr = np.zeros(0)
       correlation = None
-      sim_time = participants = None
+      sim_time = participants = taken = None
       if per_step.clock is not None:
         sim_time = self.clock.steps(per_step.clock.time_s)
         participants = per_step.clock.participants
+        taken = worker_events(per_step.counts, participants)
       strategy = _strategy_metrics(per_step.strategy, {}, n, 1)
     rows = self.history.add(
         loss=per_step.loss, metrics=per_step.metrics,
         bad_worker=per_step.first_bad_worker, counts=counts,
         round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
         sim_time=sim_time, participants=participants, strategy=strategy,
-        correlation=correlation)
+        correlation=correlation, taken=taken)
     if ev is not None:
       row = self.add_eval(end_step, ev, wall)
       if not rows or rows[-1] is not row:
@@ -186,6 +193,8 @@ class Track:
         "final_eval_loss": last(names.EVAL_LOSS),
         "payload_bytes": self.history.payload_bytes,
         "wire_bytes": self.history.wire_bytes,
+        "sent_bytes": self.history.sent_bytes,
+        "received_bytes": self.history.received_bytes,
         **{names.tier_wire_bytes(t): b
            for t, b in self.history.tier_wire_bytes.items()},
         "peak_step_bytes": self.history.peak,
@@ -207,6 +216,8 @@ class Track:
     summary.update(self.time_split())
     summary["warnings"] = self.warnings()
     summary["degenerate"] = self.degenerate()
+    diverged = self.divergence()
+    summary["diverged_at_step"] = None if diverged is None else diverged.step
     return summary
 
   def time_split(self) -> dict:
@@ -221,6 +232,12 @@ class Track:
     total = compute + comm
     return {"compute_s": compute, "comm_s": comm,
             "comm_share": comm / total if total > 0 else None}
+
+  def divergence(self) -> _divergence.Divergence | None:
+    """The loss ended far above its start, or accuracy at or below chance
+    (``_divergence.check``); None otherwise."""
+    return _divergence.check(self.history.as_arrays(),
+                             self.sim.config.data.num_classes)
 
   def degenerate(self) -> bool:
     """No worker took part in most of the run's communications (faults):
@@ -242,6 +259,10 @@ class Track:
           f"compute is {100 * (1 - split['comm_share']):.2g}% of the nominal "
           "time, so stragglers and jitter, which slow compute, barely change "
           f"sim_time_s{larger}")
+    diverged = self.divergence()
+    if diverged is not None:
+      out.append(f"the run diverged: {diverged.text} (a learning rate too "
+                 "high for this model and batch?)")
     if h.empty_syncs:
       out.append(
           f"{h.empty_syncs} of {h.syncs} communications had no participating "

@@ -1,5 +1,5 @@
 """Hierarchical DiLoCo: DiLoCo inside groups of workers, and DiLoCo across
-the groups (the two-tier mode of seed 001 §3.2: fast regional links inside a
+the groups (the two-tier mode of the Decentralized Training Simulator: Technical Documentation, §3.2: fast regional links inside a
 region, a slow wide-area network between regions).
 
 Workers ``[g*s, (g+1)*s)`` form group g, as the regions of
@@ -135,7 +135,7 @@ def hierarchical_diloco(
   tier, its outer SGD with Nesterov momentum (lr 0.7, momentum 0.9); the
   global tier averages the groups' models (outer SGD, lr 1) so that the
   momentum is applied once. Two groups unless ``group_size`` or ``groups``
-  says otherwise. R = 5 (seed 001's planner assumes 16 regional syncs per
+  says otherwise. R = 5 (that documentation's planner assumes 16 regional syncs per
   global one; fewer suit short simulations).
 
   Bytes per worker (payload M = the pseudo-gradient under ``codec``, 4 bytes
@@ -262,9 +262,11 @@ def hierarchical_diloco(
        **comp.config})
 
 
+_SOURCE = "Decentralized Training Simulator: Technical Documentation"
 SPEC = _spec.spec(
     hierarchical_diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
-    paper="seed 001 §3.2; DiLoCo, Douillard et al. 2023, arXiv 2311.08105",
+    paper="DiLoCo, Douillard et al. 2023, arXiv 2311.08105, in two tiers "
+          f"({_SOURCE}, §3.2)",
     help={"H": "inner steps per regional sync",
           "group_size": "workers per group (region); must divide the "
                         "workers; also the hierarchical topology's regions",

@@ -131,7 +131,11 @@ def _join(tree: PyTree, ids: list[int], p: int, part: list) -> PyTree:
 
 
 def _mix(alpha: float, local_W: list, global_: list) -> list:
-  return [alpha * x + (1.0 - alpha) * g[None] for x, g in zip(local_W, global_)]
+  # In each worker leaf's own type: the float32 global fragment must not
+  # promote a narrower worker state (the fragments' switch branches would
+  # then return different types).
+  return [(alpha * x + (1.0 - alpha) * g[None]).astype(x.dtype)
+          for x, g in zip(local_W, global_)]
 
 
 def streaming_diloco(

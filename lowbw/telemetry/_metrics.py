@@ -13,6 +13,13 @@ EVAL_PERPLEXITY = "eval_perplexity"
 PAYLOAD_BYTES = "payload_bytes"
 WIRE_BYTES = "wire_bytes"
 PEAK_STEP_BYTES = "peak_step_bytes"  # most wire bytes one step sent, per worker
+# Fleet totals, cumulative: the bytes the workers that took part in each
+# communication (those it averaged) sent and received under its collective,
+# each priced as one worker's share of ``wire_bytes``. Without faults or
+# stragglers, W x ``wire_bytes`` (sent; received too, except from a
+# parameter server, where a worker receives its download).
+SENT_BYTES = "sent_bytes"
+RECEIVED_BYTES = "received_bytes"
 SIM_TIME_S = "sim_time_s"
 SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
 WALL_TIME_S = "wall_time_s"

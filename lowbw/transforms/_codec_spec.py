@@ -16,9 +16,13 @@ A spec is a comma-separated chain of stages (``"topk:0.1,quant:4"`` is
 Every codec's ``name`` is its spec, so ``parse_codec(c.name)`` rebuilds ``c``.
 """
 
+import math
+
+import jax
+
 from lowbw import _validate
 from lowbw.transforms._cast import cast
-from lowbw.transforms._codec import Codec
+from lowbw.transforms._codec import Codec, payload_nbytes
 from lowbw.transforms._dct import dct_top_k
 from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._topk import random_k, top_k
@@ -38,6 +42,9 @@ def parse_codec(spec: str, field: str = "codec") -> Codec | None:
   for stage in spec.split(","):
     try:
       part = _stage(stage.strip())
+    except _validate.ConfigError as e:  # a known stage with a bad value
+      raise _validate.fail(field, spec, f"stage {stage.strip()!r}: {e}"
+                           ) from None
     except ValueError as e:
       raise _validate.fail(field, spec, f"stage {stage.strip()!r}: {e}; "
                            "stages are " + ", ".join(FORMS)) from None
@@ -56,6 +63,33 @@ def as_codec(field: str, value) -> Codec | None:
   raise _validate.fail(field, value, "expected a lowbw codec (lowbw.transforms"
                        ".top_k, quantize, ...), a codec spec such as "
                        "'topk:0.1,quant:4', or None")
+
+
+def float32_excess(codec: Codec | None, tree) -> str | None:
+  """A sentence when ``codec`` sends more bytes for ``tree`` (arrays or
+  ``jax.ShapeDtypeStruct``s) than the tree's float32 values would, else None.
+
+  Not an error: lossless settings (``topk:1``, a DCT keeping every
+  coefficient) are useful references, and whether a codec pays off depends
+  on the tensors' shapes (scales and indices cost more on small tensors).
+  Callers that know the model show it as a warning.
+
+  Example:
+    >>> import numpy as np
+    >>> w = {"w": np.zeros((64, 64), np.float32)}
+    >>> float32_excess(parse_codec("topk:0.1"), w) is None
+    True
+    >>> float32_excess(parse_codec("topk:1"), w)[:40]
+    'codec topk:1 sends 24,576 bytes per mess'
+  """
+  if codec is None:
+    return None
+  dense = 4 * sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))
+  sent = payload_nbytes(codec, tree)
+  if sent <= dense:
+    return None
+  return (f"codec {codec.name} sends {sent:,} bytes per message for these "
+          f"parameters, more than their {dense:,} bytes as float32")
 
 
 def _chain(first, second, field, spec):

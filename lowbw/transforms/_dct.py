@@ -75,8 +75,9 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
   Defaults are DeMo's (chunk 64, k 32; arXiv 2411.19870). Block sides are the
   largest divisors of each axis not above ``chunk`` (a 128 x 512 matrix gets
   64 x 64 blocks; a 384-vector gets 1 x 64 blocks). A block with fewer than k
-  coefficients is sent whole. With k >= chunk**2 nothing is dropped and
-  decode(encode(x)) = x up to float rounding.
+  coefficients (a small tensor's) is sent whole. k is at most chunk**2, the
+  coefficients of a full block; with k = chunk**2 nothing is dropped and
+  decode(encode(x)) = x up to float rounding (at more bytes than float32).
 
   Bytes per tensor: blocks x k' x (4 + index bytes), k' = min(k, block size);
   indices are uint8 for blocks of <= 256 coefficients, uint16 up to 65,536
@@ -85,10 +86,14 @@ def dct_top_k(chunk: int = 64, k: int = 32) -> Codec:
 
   Args:
     chunk: largest block side (>= 1).
-    k: coefficients kept per block (>= 1).
+    k: coefficients kept per block, in [1, chunk**2].
   """
   chunk = _validate.positive_int("chunk", chunk)
   k = _validate.positive_int("k", k)
+  if k > chunk * chunk:  # would be cut to chunk**2 without a word
+    raise _validate.fail(
+        "k", k, f"expected at most chunk**2 = {chunk * chunk}, the "
+        f"coefficients of one {chunk} x {chunk} block (chunk={chunk})")
 
   def encode(x, key, worker):
     del key, worker

@@ -165,6 +165,8 @@ def worker_mean(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   those workers only (zeros when none is): what an average computes when the
   others' messages are missing.
   """
+  if not jax.tree.leaves(tree_W):  # a model with no metrics: {}
+    return tree_W
   active_W = _mask(active_W)
   if active_W is None:
     count = jnp.asarray(total_workers(tree_W), jnp.float32)

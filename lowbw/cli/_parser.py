@@ -1,0 +1,125 @@
+"""The command line's parser: it knows its flags, and a bad flag value is a
+structured error, not a sentence to re-read.
+
+argparse checks a value with the option's ``type`` and ``choices`` and reports
+a failure as text. Here every option's type and choices are wrapped, when the
+option is added, into one check that raises ``FlagError`` (the flag, the
+value, what is allowed); argparse chains it under the ``ArgumentError`` it
+raises (``exit_on_error=False``), where ``main`` finds it. The options are
+recorded as they are added (``Parser.flags``), from the Action objects that
+``add_argument`` returns, so nothing reads argparse's private lists.
+"""
+
+import argparse
+from typing import Any
+
+from lowbw import _validate
+
+_KIND = {int: "an integer", float: "a number"}
+
+
+class FlagError(argparse.ArgumentTypeError):
+  """A flag's value is not allowed: ``flag`` (``--inner-lr``), ``value`` (the
+  text given) and ``allowed`` (a sentence)."""
+
+  def __init__(self, flag: str, value: Any, allowed: str):
+    self.flag, self.value, self.allowed = flag, value, allowed
+    super().__init__(f"{flag}={value!r} is invalid: {allowed}")
+
+
+def long_name(action: argparse.Action) -> str:
+  """The option's long form (``--inner-lr``)."""
+  longs = [o for o in action.option_strings if o.startswith("--")]
+  return (longs or action.option_strings)[0]
+
+
+def checked(flag: str, convert, choices) -> Any:
+  """``convert`` (a type function) and a choices check, failing with a
+  ``FlagError``; the original type stays reachable as ``.convert`` (config
+  files read its ``config_types`` and ``parse``)."""
+
+  def check(text):
+    try:
+      value = text if convert is None else convert(text)
+    except _validate.ConfigError as e:
+      raise FlagError(flag, text, e.allowed) from None
+    except FlagError:
+      raise
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as e:
+      allowed = (f"expected {_KIND[convert]}" if convert in _KIND
+                 else str(e))
+      raise FlagError(flag, text, allowed) from None
+    if choices is not None and value not in choices:
+      raise FlagError(flag, text, "expected one of " + ", ".join(
+          map(repr, choices)) + _validate.suggest(value, choices))
+    return value
+
+  check.convert = convert
+  return check
+
+
+class _Group:
+  """An argument group that records the options added to it."""
+
+  def __init__(self, group, record):
+    self._group, self._record = group, record
+
+  def add_argument(self, *args, **kwargs):
+    return self._record(self._group.add_argument(*args, **kwargs))
+
+  def __getattr__(self, name):
+    return getattr(self._group, name)
+
+
+class Parser(argparse.ArgumentParser):
+  """Usage errors as one line, not a usage block; every option's value
+  checked into a ``FlagError``; ``flags``: dest -> long option name."""
+
+  def __init__(self, *args, **kwargs):
+    kwargs.setdefault("exit_on_error", False)
+    super().__init__(*args, **kwargs)
+    self.flags: dict[str, str] = {}
+    self.types: dict[str, Any] = {}
+
+  def add_argument(self, *args, **kwargs):
+    return self._record(super().add_argument(*args, **kwargs))
+
+  def add_argument_group(self, *args, **kwargs):
+    return _Group(super().add_argument_group(*args, **kwargs), self._record)
+
+  def add_mutually_exclusive_group(self, **kwargs):
+    return _Group(super().add_mutually_exclusive_group(**kwargs),
+                  self._record)
+
+  def _record(self, action: argparse.Action) -> argparse.Action:
+    if not action.option_strings or action.dest == "help":
+      return action
+    flag = long_name(action)
+    self.flags[action.dest] = flag
+    if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+      self.types[action.dest] = bool
+      return action
+    self.types[action.dest] = action.type or str
+    if action.choices is not None and action.metavar is None:
+      action.metavar = "{" + ",".join(map(str, action.choices)) + "}"
+    action.type = checked(flag, action.type, action.choices)
+    action.choices = None
+    return action
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def flag_error(error: argparse.ArgumentError) -> str:
+  """One line for an argparse error: the ``FlagError`` behind it, or
+  argparse's own words (a missing value) prefixed with the flag."""
+  cause = error.__context__
+  while cause is not None and not isinstance(cause, FlagError):
+    cause = cause.__context__
+  if cause is not None:
+    return str(cause)
+  flag = error.argument_name
+  if flag and error.message.startswith("expected"):  # a value is missing
+    return (f"{flag} is invalid: {error.message}; a value that starts with "
+            f"'-' is written {flag}=-VALUE")
+  return str(error)
