@@ -1,7 +1,7 @@
 """A CNN trained with DiLoCo on two nodes against one (row 1.2 of the findings
 table in experiments/README.md).
 
-The claim (seed 000 §4.2, Figure 2): training a CNN with DiLoCo, one node needs
+The claim (EXO Gym paper §4.2, Figure 2): training a CNN with DiLoCo, one node needs
 about 6,000 steps to reach an eval loss that two nodes reach in under 4,000,
 so two nodes need at most 2/3 of the steps. Here: lowbw's CNN (16 and 32
 channels, 64 dense) on scikit-learn's 8x8 digits, each node a DiLoCo worker
@@ -96,7 +96,7 @@ def finding(results, args):
              "partly" if ratio < 1 else "does not")
   return {"row": "1.2", "claim": "a CNN with DiLoCo on 2 nodes reaches 1 "
           "node's loss in at most 2/3 of the steps (<4,000 vs ~6,000)",
-          "source": "seed 000 §4.2, Figure 2",
+          "source": "EXO Gym paper §4.2, Figure 2",
           "setting": f"CNN on digits, DiLoCo H={args.H}, batch "
           f"{args.batch_size} per node, {args.steps} steps, "
           f"{len(args.seeds)} seeds",

@@ -1,7 +1,7 @@
 """DeMo against AdamW data-parallel training, and against other methods
 sending the same bytes (row 4 of the findings table in experiments/README.md).
 
-The claim (seed 000 §2, from the DeMo paper): synchronizing only a compact
+The claim (EXO Gym paper §2, from the DeMo paper): synchronizing only a compact
 DCT signature of the momentum each step "slashes traffic several orders of
 magnitude yet still matches or beats AdamW". Here: lowbw's default GPT on the
 Python standard library's bytes, 4 workers x 4 windows, the same steps and
@@ -149,7 +149,7 @@ def finding(results, args):
   verdict = _report.verdict(matches + orders, 2)
   return {"row": "4", "claim": "DeMo matches or beats AdamW while sending "
           "several orders of magnitude fewer bytes",
-          "source": "seed 000 §2, DeMo paper",
+          "source": "EXO Gym paper §2, DeMo paper",
           "setting": f"default GPT, {args.workers} workers x "
           f"{args.batch_size} windows, {args.steps} steps, best of inner lr "
           f"{args.lrs}, {len(args.seeds)} seeds",

@@ -1,7 +1,7 @@
 """DiLoCo against DDP across workers W and sync interval H at one token
 budget (row 1 of the findings table in experiments/README.md).
 
-The claim (seed 000 §2, from the DiLoCo paper): 8 DiLoCo workers match
+The claim (EXO Gym paper §2, from the DiLoCo paper): 8 DiLoCo workers match
 data-parallel training while communicating 500x less (H = 500). Here: lowbw's
 default GPT (478,976 parameters) on the Python standard library's bytes, a
 global batch of 16 windows of 128 tokens split over W workers (16 / W each),
@@ -291,7 +291,7 @@ def finding(table, results, args):
             f"{top['final_eval_loss']:.3f} against "
             f"{paper['final_eval_loss']:.3f}")
   return {"row": "1", "claim": "8 DiLoCo workers match DDP with 500x less "
-          "communication (H=500)", "source": "seed 000 §2, DiLoCo paper",
+          "communication (H=500)", "source": "EXO Gym paper §2, DiLoCo paper",
           "setting": f"default GPT, {args.steps} steps x {args.global_batch} "
           f"windows split over W in {args.workers}, H in {args.H}, "
           f"{len(args.seeds)} seeds", "measured": measured,

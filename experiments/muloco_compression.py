@@ -1,7 +1,7 @@
 """MuLoCo's four claims at laptop scale (row 3 of the findings table in
 experiments/README.md).
 
-The MuLoCo paper (seed 004: Thérien et al., 2025, arXiv 2505.23725) claims:
+The MuLoCo paper (MuLoCo paper (arXiv 2505.23725): Thérien et al., 2025, arXiv 2505.23725) claims:
 (1) error feedback consistently improves top-k sparsified and quantized
 DiLoCo updates; (2) MuLoCo (Muon inner steps) converges faster and to a lower
 loss than DiLoCo (AdamW inner steps), with and without compression; (3) with
@@ -274,7 +274,7 @@ def findings(results, args):
   setting = (f"default GPT, W={args.workers}, H={args.H}, {args.steps} steps "
              f"({args.steps // args.H} outer), {len(args.seeds)} seeds, "
              f"outer Nesterov SGD tuned on float32 ({outer_text(results)})")
-  row = dict(source="seed 004", plot="muloco.png", command=COMMAND)
+  row = dict(source="MuLoCo paper (arXiv 2505.23725)", plot="muloco.png", command=COMMAND)
   out = [error_feedback_row(results, setting, args, row)]
   codecs = ["fp32"] + list(CODECS)
   wins = [c for c in codecs if lower(

@@ -1,7 +1,7 @@
 """The seed-000 Table 1 story, measured: the same DDP and DiLoCo runs replayed
 on a data-centre link, a metro link and an internet link.
 
-EXO Gym's paper (seed 000, Table 1) motivates low-communication training with
+EXO Gym's paper (EXO Gym paper, Table 1) motivates low-communication training with
 a back-of-the-envelope table: two GPUs in a data centre nearly halve a
 single-GPU run, the same two GPUs over the internet take 10x longer than one
 GPU, and DiLoCo (H = 500) over the internet is as fast as the data centre.

@@ -134,7 +134,7 @@ def findings(table, eta):
   rows = [{
       "row": "6.1", "claim": "a DiLoCo sync takes 2·bits/bandwidth + one "
       "round trip, times f(n); compute 6·P·tokens/(peak·MFU)",
-      "source": "seed 001 §1.2, §3.1, §5.1",
+      "source": "Decentralized Training Simulator documentation §1.2, §3.1, §5.1",
       "setting": f"DiLoCo H={H}, W in {list(WORKERS)}, 2 links, priced as "
       "0.48M and 1B parameters (MLP with clock_params), 3 seeds",
       "measured": f"compute per step equal in every setting; planner / "
@@ -156,7 +156,7 @@ def findings(table, eta):
     rows.append({
         "row": "6.2", "claim": "DiLoCo's token efficiency is "
         "max(0.4, 1 - alpha·log10 H), alpha from the model's size",
-        "source": "seed 001 §4.1-4.3",
+        "source": "Decentralized Training Simulator documentation §4.1-4.3",
         "setting": "planner eta for 0.48M parameters against row 1's "
         "measured eta (default GPT, 3 seeds)",
         "measured": pairs,

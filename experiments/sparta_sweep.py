@@ -1,7 +1,7 @@
 """SPARTA's sparsity sweep, alone and with DiLoCo, against DDP and DiLoCo at
 matched bytes (row 2 of the findings table in experiments/README.md).
 
-The claims (seed 000 §2 and §4.1, Figure 1): SPARTA trains a language model
+The claims (EXO Gym paper §2 and §4.1, Figure 1): SPARTA trains a language model
 on 4 nodes by averaging a random fraction p of the parameters every step
 (p down to 0.05%), more exchange bringing it closer to data-parallel
 training; combined with DiLoCo, SPARTA acts as a regularizer that lets DiLoCo
@@ -126,7 +126,7 @@ def findings(results, args):
   ddp = mean(results, "DDP")
   out = [{"row": "2.1", "claim": "SPARTA trains on 4 nodes averaging a "
           "fraction p of the parameters per step, more exchange bringing it "
-          "closer to DDP", "source": "seed 000 §4.1, Figure 1",
+          "closer to DDP", "source": "EXO Gym paper §4.1, Figure 1",
           "setting": setting, "measured": "eval loss by p: " + ", ".join(
               f"{p:g}: {_report.pm(loss(results, f'SPARTA p={p:g}'), 3)}"
               for p in PS) + f"; DDP {_report.pm(loss(results, 'DDP'), 3)}",
@@ -143,7 +143,7 @@ def findings(results, args):
   helped = [p for p in PS if clear_gain(p)]
   out.append({
       "row": "2.2", "claim": "with DiLoCo, SPARTA (p as low as 0.05%) acts "
-      "as a regularizer: longer H without a penalty", "source": "seed 000 §2",
+      "as a regularizer: longer H without a penalty", "source": "EXO Gym paper §2",
       "setting": setting + f", H={H}",
       "measured": f"DiLoCo H={H} {_report.pm(loss(results, f'DiLoCo H={H}'), 3)}"
       "; SPARTA-DiLoCo: " + ", ".join(
@@ -160,7 +160,7 @@ def findings(results, args):
   matched = [(p, round(1 / p)) for p in PS if round(1 / p) in DILOCO_H]
   out.append({
       "row": "2.3", "claim": "SPARTA against DiLoCo at matched bytes (H = "
-      "1/p)", "source": "issue 18 (no published figure)", "setting": setting,
+      "1/p)", "source": "no published figure", "setting": setting,
       "measured": "; ".join(
           f"p={p:g}: SPARTA {mean(results, f'SPARTA p={p:g}'):.3f} vs "
           f"DiLoCo H={h} {mean(results, f'DiLoCo H={h}'):.3f}"

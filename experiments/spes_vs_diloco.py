@@ -256,7 +256,7 @@ def finding_rows(results, args):
                for W, g in gaps.items())
   return [
       {"row": "7.5", "claim": "SPES (each worker trains E/W experts) is "
-       "slower early, then close to DiLoCo", "source": "seed 002 Fig. 4, "
+       "slower early, then close to DiLoCo", "source": "SPES paper (arXiv 2602.11543) Fig. 4, "
        "Table 1", "setting": setting, "measured": loss,
        "verdict": "reproduces" if closed else "not testable at this scale",
        "why": f"the gap ({', '.join(f'{g:.2f}' for g in gaps.values())}) "
@@ -264,7 +264,7 @@ def finding_rows(results, args):
        "paper's runs are 10^5 times longer",
        **row},
       {"row": "7.6", "claim": "the expert-merging warm-up helps",
-       "source": "seed 002 Table 4", "setting": setting + ", merges in the "
+       "source": "SPES paper (arXiv 2602.11543) Table 4", "setting": setting + ", merges in the "
        "first quarter", "measured": "; ".join(
            f"W={W}: {d:+.4f} (seeds' std {sd:.3f})"
            for W, (d, sd) in merge.items()),
@@ -274,7 +274,7 @@ def finding_rows(results, args):
        "spread across seeds, with 4 merges of strength <= 0.08", **row},
       {"row": "7.7", "claim": "SPES keeps optimizer state and uploads for "
        "its trained share only (up to 33.3% fewer bytes up + down)",
-       "source": "seed 002 §3, Table 2", "setting": setting,
+       "source": "SPES paper (arXiv 2602.11543) §3, Table 2", "setting": setting,
        "measured": "; ".join(state) + "; the paper's 2B/16 nodes by its "
        "formulas: 33.3% (spes_vs_diloco.md)",
        "verdict": "reproduces" if max(off) < 0.005 else "does not",

@@ -1,11 +1,11 @@
 """Stragglers and faults, measured (row 5 of the findings table in
 experiments/README.md).
 
-The claims (seed 001 §4.5, §5): waiting for the slowest of n workers costs a
+The claims (Decentralized Training Simulator documentation §4.5, §5): waiting for the slowest of n workers costs a
 factor f(n) = 1 + 0.05·log2(n); proceeding with the fastest 90% (threshold)
 removes the wait but costs 15% in token efficiency; 10% backup workers remove
 70% of the straggler delay. And the question EXO Gym leaves to future work
-(seed 000 §5): how much does DiLoCo lose when 1 to 3 of its 8 workers fail
+(EXO Gym paper §5): how much does DiLoCo lose when 1 to 3 of its 8 workers fail
 for good?
 
 Here, on an MLP on scikit-learn's digits, every figure through the simulated
@@ -261,7 +261,7 @@ def findings(results, args):
   setting = (f"MLP on digits, clock only, DDP on n in {list(FLEET)} workers,"
              f" {len(args.seeds)} seeds")
   rows = [{"row": "5.1", "claim": "waiting for the slowest of n costs "
-           "f(n) = 1 + 0.05·log2 n", "source": "seed 001 §5.1",
+           "f(n) = 1 + 0.05·log2 n", "source": "Decentralized Training Simulator documentation §5.1",
            "setting": setting, "measured": fit_text,
            "verdict": "partly" if log_shape else "does not",
            "why": ("the slowdown grows as log2 n on lognormal jitter, but "
@@ -278,7 +278,7 @@ def findings(results, args):
   rows.append({
       "row": "5.2", "claim": "threshold (fastest 90%) removes the straggler "
       "wait, at a 15% token-efficiency cost (efficiency 1/1.15 = 0.87)",
-      "source": "seed 001 §4.5, §5.2", "setting": fleet,
+      "source": "Decentralized Training Simulator documentation §4.5, §5.2", "setting": fleet,
       "measured": "; ".join(
           f"{k}: delay removed "
           f"{_report.pm(v['threshold']['delay_removed'], 2)}, token efficiency "
@@ -294,7 +294,7 @@ def findings(results, args):
              for k, v in t.items()}
   rows.append({
       "row": "5.3", "claim": "10% backup workers remove 70% of the "
-      "straggler delay", "source": "seed 001 §5.2", "setting": fleet,
+      "straggler delay", "source": "Decentralized Training Simulator documentation §5.2", "setting": fleet,
       "measured": "delay removed " + "; ".join(
           f"{k}: {_report.pm(v['backup']['delay_removed'], 2)}"
           for k, v in t.items()) + " (claim 0.70)",
@@ -307,7 +307,7 @@ def findings(results, args):
   losses = {k: results[f"DiLoCo {k} failed"]["runs"] for k in FAILED}
   rows.append({
       "row": "5.4", "claim": "DiLoCo keeps training when workers fail for "
-      "good", "source": "seed 000 §5 (future work: fault simulation)",
+      "good", "source": "EXO Gym paper §5 (future work: fault simulation)",
       "setting": f"DiLoCo H=20, 8 workers, k failed from step "
       f"{args.steps // 4} of {args.steps}, MLP on digits, "
       f"{len(args.seeds)} seeds",

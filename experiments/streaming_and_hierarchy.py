@@ -314,7 +314,7 @@ def finding_rows(results, args):
              command="python experiments/streaming_and_hierarchy.py")
   return [
       {"row": "7.1", "claim": "Streaming DiLoCo's P fragments cut the peak "
-       "bandwidth by about P", "source": "seed 000 §2 (Streaming DiLoCo)",
+       "bandwidth by about P", "source": "EXO Gym paper §2 (Streaming DiLoCo)",
        "setting": setting, "measured": f"peak per step vs DiLoCo: P=2 "
        f"{peak[2]:.3f}, P=4 {peak[4]:.3f}", "verdict": (
            "reproduces" if all(v <= 1.2 / P for P, v in peak.items()) else
@@ -323,8 +323,8 @@ def finding_rows(results, args):
        "~41% of the parameters, so P=4 cannot go below it (a leaf-level "
        "partition reaches 0.27)", **row},
       {"row": "7.2", "claim": "merging tau steps after the sync hides the "
-       "communication behind compute", "source": "seed 000 §2 (Streaming "
-       "DiLoCo); seed 001 §3.1", "setting": setting,
+       "communication behind compute", "source": "EXO Gym paper §2 (Streaming "
+       "DiLoCo); Decentralized Training Simulator documentation §3.1", "setting": setting,
        "measured": f"simulated s: DiLoCo {t['DiLoCo fp32']:.1f}, P=4 tau=0 "
        f"{t['Streaming P=4 tau=0 fp32']:.1f}, tau=5 "
        f"{t['Streaming P=4 tau=5 fp32']:.1f} ({compute:.0f} s compute): "
@@ -336,7 +336,7 @@ def finding_rows(results, args):
        "why": "tau=5 of H=40 overlaps only part of a 10 Mbit/s sync; the "
        "direction holds at a loss cost within the seeds' spread", **row},
       {"row": "7.3", "claim": "4-bit (E3M0) outer gradients cost little "
-       "loss", "source": "seed 000 §2 (Streaming DiLoCo)", "setting": setting,
+       "loss", "source": "EXO Gym paper §2 (Streaming DiLoCo)", "setting": setting,
        "measured": f"DiLoCo E3M0 {_report.pm(runs('DiLoCo E3M0'), 3)} vs "
        f"fp32 {_report.pm(runs('DiLoCo fp32'), 3)} with 4x fewer bytes; "
        "Streaming P=4 tau=5 "
@@ -348,7 +348,7 @@ def finding_rows(results, args):
        **row},
       {"row": "7.4", "claim": "hierarchical DiLoCo: regional syncs anchor "
        "the drift (H_eff = H_inner·H_regional^0.5), so it loses less than "
-       "flat DiLoCo with the same WAN interval", "source": "seed 001 §3.2, "
+       "flat DiLoCo with the same WAN interval", "source": "Decentralized Training Simulator documentation §3.2, "
        "§4.4", "setting": setting + ", regional sync every H/2",
        "measured": f"hierarchical {_report.pm(runs('Hierarchical fp32'), 3)}"
        f" vs flat {_report.pm(runs('DiLoCo fp32'), 3)}; simulated s "
