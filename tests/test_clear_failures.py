@@ -366,3 +366,12 @@ def test_a_sweep_prints_each_points_warnings(capsys, tmp_path):
   err = capsys.readouterr().err
   assert "lowbw: warning: inner_lr=1000, seed 0: the run diverged" in err
   assert "inner_lr=0.1," not in err
+
+
+def test_fail_on_divergence_must_be_a_boolean():
+  sim = lowbw.build(model=models.mlp(hidden=(8,)),
+                    **{k: v for k, v in _RUN.items() if k != "progress"},
+                    compile=False)
+  with pytest.raises(lowbw.ConfigError, match="fail_on_divergence='yes' is "
+                     "invalid: expected True or False"):
+    sim.run(fail_on_divergence="yes")

@@ -35,8 +35,8 @@ def long_name(action: argparse.Action) -> str:
 
 def checked(flag: str, convert, choices) -> Any:
   """``convert`` (a type function) and a choices check, failing with a
-  ``FlagError``; the original type stays reachable as ``.convert`` (config
-  files read its ``config_types`` and ``parse``)."""
+  ``FlagError`` (config files read the original type, kept in
+  ``Parser.types``)."""
 
   def check(text):
     try:
@@ -54,7 +54,6 @@ def checked(flag: str, convert, choices) -> Any:
           map(repr, choices)) + _validate.suggest(value, choices))
     return value
 
-  check.convert = convert
   return check
 
 

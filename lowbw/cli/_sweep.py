@@ -8,7 +8,6 @@ from lowbw import _validate
 from lowbw.cli import _plot, _train
 from lowbw.simulation import _logdir, sweep
 from lowbw.simulation import _hparams
-from lowbw.simulation._hparams import KNOBS
 
 
 def add_parser(subparsers) -> None:
@@ -25,7 +24,7 @@ def add_parser(subparsers) -> None:
   g = p.add_argument_group("sweep")
   g.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
                  help="swept values of one traced setting; repeat for a "
-                 "product of several. Names: " + ", ".join(KNOBS))
+                 "product of several. Names: " + ", ".join(_hparams.KNOBS))
   g.add_argument("--seeds", help="comma-separated seeds every combination "
                  "runs with (default: --seed)")
   g.add_argument("--points-per-batch", type=int, help="points computed at "

@@ -522,8 +522,8 @@ def run(args: argparse.Namespace) -> int:
   for key in ("data", "data_root"):  # resumable from another directory
     if saved[key] and os.path.exists(saved[key]):
       saved[key] = os.path.abspath(saved[key])
-  say(f"compiling {s['workers']} workers' program (cached for the next "
-      f"run), then {s['steps']} steps; logs in {out}")
+  say(f"compiling {s['workers']} workers' program (kept in the compilation "
+      f"cache for later runs), then {s['steps']} steps; logs in {out}")
   result = simulate(
       **run_args, seed=s["seed"], log_dir=out,
       checkpoint_every=s["checkpoint_every"], resume_from=args.resume,
