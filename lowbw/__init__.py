@@ -16,12 +16,13 @@ Example:
 
 from lowbw import data, models, network, strategies, telemetry, transforms
 from lowbw._validate import ConfigError
-from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result, RunWarning,
-                              Simulator, SweepResult, build, initialize,
-                              simulate, sweep)
+from lowbw.config import Config, build, simulate
+from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
+                              RunWarning, Simulator, SweepResult, initialize,
+                              sweep)
 
 __version__ = "0.1.0"
 
-__all__ = ["ConfigError", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
+__all__ = ["Config", "ConfigError", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

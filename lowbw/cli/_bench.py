@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from lowbw import _validate
-from lowbw.cli import _plot, _strategy, _train
+from lowbw import config as config_lib
+from lowbw.cli import _plot, _train
 
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
@@ -46,8 +47,10 @@ def add_parser(subparsers) -> None:
   add("--child", help=argparse.SUPPRESS)
   g = p.add_argument_group("strategy", "as in lowbw train; the baseline "
                            "uses the same inner optimizer")
-  _strategy.add_flags(g, g)
-  _strategy.add_optimizer_flags(g)
+  for field in config_lib.FIELDS.values():
+    if field.group in ("strategy", "compression", "optimizers") and \
+        field.name != "workers":
+      g.add_argument(field.flag, **config_lib.flag_kwargs(field))
   _train.add_scale_flags(p)
   p.set_defaults(run=run)
 
@@ -56,11 +59,10 @@ def _settings(args) -> dict:
   s = dict(_train.DEFAULTS)
   s.update({"data": "text"})
   s.update(BENCH_DEFAULTS)
-  names = set(s) | _strategy.flag_names()
   given = {k: v for k, v in vars(args).items()
-           if v is not None and k in names}
-  s = _strategy.fill({**s, **given}, set(given))
-  s["model"] = s["model"] or _strategy.spec_of(s).model or "gpt"
+           if v is not None and k in s}
+  s = config_lib.fill({**s, **given}, set(given))
+  s["model"] = s["model"] or config_lib.spec_of(s).model or "gpt"
   if s["model"] in ("mlp", "cnn"):
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
@@ -70,11 +72,11 @@ def _settings(args) -> dict:
 
 def _measure(s: dict, workers: int) -> dict:
   from lowbw import bench
-  source = _train.build_data(s)
-  model = _train.build_model(s, source)
-  strategy = _strategy.build(s)
+  source = config_lib.build_data(s)
+  model = config_lib.build_model(s, source)
+  strategy = config_lib.build_strategy(s)
   return bench.measure(
-      model, source, strategy, _strategy.build_inner(s), workers,
+      model, source, strategy, config_lib.build_inner(s), workers,
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
       warmup=s["warmup"], devices=s["devices"],
       worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
@@ -89,10 +91,10 @@ def run(args: argparse.Namespace) -> int:
     print("BENCH " + json.dumps(_measure(s, s["workers"])))
     return 0
   s = _settings(args)
-  counts = _train._ints("workers", s["workers"])
+  counts = config_lib.ints("workers", s["workers"])
   # Validate everything once, here, before any child process starts.
-  _strategy.build(s)
-  _train.build_model(s, _train.build_data(s))
+  config_lib.build_strategy(s)
+  config_lib.build_model(s, config_lib.build_data(s))
   import jax
   from lowbw.simulation import _config, _mesh
   from lowbw.simulation import _memory

@@ -6,7 +6,7 @@ import json
 import math
 
 from lowbw import _validate
-from lowbw.cli._config import read_config
+from lowbw.config import read_config
 from lowbw.network import _units
 from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS, plan,
                                     resolve_inputs, unit)

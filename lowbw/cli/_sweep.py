@@ -69,7 +69,8 @@ def parse_seeds(text, default: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
   grid = _hparams.check_names("grid", parse_grid(args.grid))
-  s, explicit = _train.settings(args)
+  config = _train.settings(args)
+  s = _train.resolved(config)
   if s["checkpoint_every"] is not None:
     raise _validate.fail("checkpoint_every", s["checkpoint_every"],
                          "a sweep does not checkpoint; run a point with "
@@ -82,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
   seeds = parse_seeds(args.seeds, s["seed"])
   out = _train.default_out(s, "sweep-")
   _logdir.prepare(out, overwrite=args.overwrite, create=False, field="out")
-  result = sweep(_train.build_args(s, explicit), grid, seeds,
+  result = sweep(config.build_args(), grid, seeds,
                  points_per_batch=args.points_per_batch, log_dir=out,
                  progress=s["progress"], overwrite=args.overwrite)
   print(format_table(result))

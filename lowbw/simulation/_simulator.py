@@ -12,6 +12,7 @@ a shape (Dirichlet shards of another size) compiles again.
 
 import dataclasses
 import math
+import os
 import time
 import warnings
 
@@ -340,7 +341,8 @@ class Simulator:
           callback=None, metadata: dict | None = None,
           overwrite: bool = False,
           wandb_project: str | None = None,
-          fail_on_divergence: bool = False) -> Result:
+          fail_on_divergence: bool = False,
+          config_yaml: str | None = None) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -354,6 +356,10 @@ class Simulator:
       NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
       DivergenceError: with ``fail_on_divergence``, the loss ended far above
         its start or accuracy at or below chance; logs are kept.
+
+    ``config_yaml``: the run's ``lowbw.Config`` as YAML, written to
+    ``log_dir/config.yaml`` before the first step (``lowbw train --config``
+    repeats the run from it).
     """
     c = self.config
     if not isinstance(fail_on_divergence, bool):
@@ -370,6 +376,8 @@ class Simulator:
       _validate.non_empty_str("wandb_project", wandb_project)
       telemetry.import_wandb("wandb_project", wandb_project)
     state, sampler, net, network = self.initial(seed, hparams)
+    if config_yaml is not None and log_dir and self.main_process:
+      telemetry.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
     track = Track(self, c.default_log_every, network, log_dir, callback,
                   config)

@@ -7,7 +7,7 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, broadcast_to_workers, compression,
+from lowbw.transforms import (UNCOMPRESSED, Codec, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
                               init_residual, num_workers, participants,
                               transmit, where_workers, worker_sum)
@@ -113,7 +113,7 @@ def demo(
   if weight_decay:
     inner = optax.chain(optax.add_decayed_weights(weight_decay), inner)
   decay = _validate.momentum("decay", decay)
-  if isinstance(codec, str) and codec.strip().lower() == "none":
+  if isinstance(codec, str) and codec.strip().lower() in UNCOMPRESSED:
     raise _validate.fail("codec", codec, "DeMo always sends compressed "
                          "momentum; leave codec unset for dct_top_k(chunk, k)")
   codec = as_codec("codec", codec)

@@ -6,11 +6,12 @@ from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
 from lowbw.telemetry._progress import ProgressBar, is_terminal
 from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      WandbWriter, WriteError, check_writable,
-                                     import_wandb, quiet_logs, write_json)
+                                     import_wandb, quiet_logs, write_json,
+                                     write_text)
 
 __all__ = [
     "CHECKPOINTS", "CSVWriter", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_wandb", "is_terminal", "latest_step", "names", "quiet_logs",
-    "read_meta", "restore", "save", "write_json",
+    "read_meta", "restore", "save", "write_json", "write_text",
 ]

@@ -319,7 +319,12 @@ def write_json(path: str, obj: Any, run_dir: str | None = None) -> None:
     WriteError: naming ``path`` (``run_dir``: the folder to resume, default
       the file's).
   """
-  text = json.dumps(obj, indent=2, sort_keys=True, default=_jsonable) + "\n"
+  write_text(path, json.dumps(obj, indent=2, sort_keys=True,
+                              default=_jsonable) + "\n", run_dir)
+
+
+def write_text(path: str, text: str, run_dir: str | None = None) -> None:
+  """Writes ``text`` atomically; errors as ``write_json``'s."""
   run_dir = run_dir or os.path.dirname(path) or "."
   tmp = path + ".tmp"
   try:

@@ -6,7 +6,7 @@ from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
                                      check_codec, collective, compress,
                                      decode_tree, encode_tree, make_codec,
                                      payload_nbytes, roundtrip)
-from lowbw.transforms._codec_spec import as_codec, parse_codec
+from lowbw.transforms._codec_spec import UNCOMPRESSED, as_codec, parse_codec
 from lowbw.transforms._compression import (AGGREGATIONS, Compression,
                                            aggregate, comm_channel,
                                            compression, init_residual,
@@ -32,7 +32,7 @@ from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
                                       sparse_indices, sparse_payload_bytes)
 from lowbw.transforms._topk import index_dtype, random_k, top_k
 
-__all__ = [
+__all__ = ["UNCOMPRESSED", 
     "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
     "AGGREGATIONS", "aggregate", "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",

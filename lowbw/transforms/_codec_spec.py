@@ -28,15 +28,18 @@ from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._topk import random_k, top_k
 
 FORMS = ("topk:F", "randk:F", "quant:BITS[:statistical[:muloco]][:stochastic]"
-         "[:chunk=N]", "sign", "e3m0[:chunk=N]", "cast:DTYPE", "dct[:CHUNK[:K]]", "none")
+         "[:chunk=N]", "sign", "e3m0[:chunk=N]", "cast:DTYPE", "dct[:CHUNK[:K]]", "none", "float32")
+# Specs that mean no codec: the values are sent as they are (float32).
+UNCOMPRESSED = ("none", "float32", "fp32")
 
 
 def parse_codec(spec: str, field: str = "codec") -> Codec | None:
-  """The codec a spec names (None for ``"none"``); errors name ``field``."""
+  """The codec a spec names (None for ``"none"`` or ``"float32"``: the
+  values as they are); errors name ``field``."""
   if not isinstance(spec, str) or not spec.strip():
     raise _validate.fail(field, spec, "expected a codec spec such as "
                          "'topk:0.1,quant:4'")
-  if spec.strip().lower() == "none":
+  if spec.strip().lower() in UNCOMPRESSED:
     return None
   codec = None
   for stage in spec.split(","):

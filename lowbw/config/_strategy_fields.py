@@ -1,7 +1,7 @@
-"""The strategy and optimizer flags of ``lowbw train``, ``sweep`` and
-``bench``, made from the strategies' specs (``lowbw.strategies.SPECS``).
+"""The strategy and optimizer settings of a run, made from the strategies'
+specs (``lowbw.strategies.SPECS``).
 
-Nothing here knows a strategy by name: each flag, its type, its help, its
+Nothing here knows a strategy by name: each setting, its type, its help, its
 per-strategy default, which strategies use it, and how the strategy is built
 from the settings come from the spec its module declares.
 """
@@ -9,6 +9,7 @@ from the settings come from the spec its module declares.
 import optax
 
 from lowbw import _validate
+from lowbw.config import _fields
 from lowbw import strategies as strategies_lib
 from lowbw.strategies import _optim, _spec
 from lowbw.transforms import Codec, as_codec
@@ -22,6 +23,9 @@ OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
 SCHEDULE_DEFAULTS = {"warmup_steps": 0, "schedule": "constant"}
 OUTER = ("outer_lr", "outer_momentum")
 _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
+# Strategy parameters whose value is traced (the error feedback's beta lives
+# in the state) -> the hyperparameter's name.
+TRACED = {"ef": "ef_beta"}
 _TYPES = {int: int, float: float, str: str, Codec: str}
 
 
@@ -130,20 +134,22 @@ def _help(entries) -> str:
   return text + (f" ({' | '.join(choices)})" if choices else "")
 
 
-def add_flags(strategy_group, compression_group) -> None:
-  """``--strategy`` and every strategy parameter's flag."""
-  strategy_group.add_argument(
-      "--strategy", choices=sorted(specs()),
-      help=f"default {DEFAULT_STRATEGY}")
+def _param_fields() -> list[_fields.Field]:
+  """A field per strategy parameter flag (``H``, ``codec``, ``ef``, ...)."""
+  out = []
   for flag, entries in sorted(_by_flag().items(), key=_flag_order):
-    if flag in OPTIMIZER:  # defined by add_optimizer_flags
+    if flag in OPTIMIZER:  # an optimizer field, below
       continue
     p = entries[0][1]
-    group = (compression_group if p.kind is Codec or flag in _COMPRESSION
-             else strategy_group)
-    help = f"{_help(entries)} [{_default_text(entries)}]"
-    group.add_argument("--" + flag.replace("_", "-"), type=_TYPES[p.kind],
-                       help=help.replace("%", "%%"))
+    group = ("compression" if p.kind is Codec or flag in _COMPRESSION
+             else "strategy")
+    kind, knob = _fields.SHAPE, None
+    if flag in TRACED:  # beta of the error feedback: a traced value
+      kind, knob = _fields.TRACED, TRACED[flag]
+    out.append(_fields.Field(
+        flag, None, kind, group, f"{_help(entries)} [{_default_text(entries)}]",
+        _TYPES[p.kind], knob=knob))
+  return out
 
 
 def _flag_order(item):
@@ -151,52 +157,70 @@ def _flag_order(item):
   return (-len(entries), flag.lower())
 
 
-def add_optimizer_flags(group) -> None:
-  def per_strategy(get):
-    values = {}
-    for name, spec in specs().items():
-      value = get(spec)
-      if value is not None:
-        values.setdefault(value, []).append(name)
-    return "; ".join(f"{', '.join(n)}: {v:g}" if isinstance(v, float) else
-                     f"{', '.join(n)}: {v}" for v, n in values.items())
+def _per_strategy(get) -> str:
+  values = {}
+  for name, spec in specs().items():
+    value = get(spec)
+    if value is not None:
+      values.setdefault(value, []).append(name)
+  return "; ".join(f"{', '.join(n)}: {v:g}" if isinstance(v, float) else
+                   f"{', '.join(n)}: {v}" for v, n in values.items())
 
-  add = group.add_argument
-  add("--inner", choices=_optim.INNER_KINDS, help="inner optimizer [" +
-      per_strategy(lambda s: s.inner.kind) + "]")
-  add("--inner-lr", type=float, help="(peak) inner learning rate [" +
-      per_strategy(lambda s: s.inner.lr) + "]")
-  add("--weight-decay", type=float, help="decoupled weight decay: adamw "
-      "and muon inners, and DeMo's sign step [default: the strategy's paper "
-      "optimizer's; " + per_strategy(
-          lambda s: s.inner.weight_decay if s.inner.kind in ("adamw", "muon")
-          or s.name == "demo" else None) + "]")
-  add("--momentum", type=float, help="sgd inner momentum, 0 for none "
-      "[default: the strategy's paper optimizer's, 0 unless it is sgd]")
-  add("--warmup-steps", type=int, help="linear learning-rate warm-up "
-      f"[default {SCHEDULE_DEFAULTS['warmup_steps']}]")
-  add("--schedule", choices=SCHEDULES, help="after warm-up [default "
-      f"{SCHEDULE_DEFAULTS['schedule']}]")
-  add("--min-lr-ratio", type=float, help="cosine schedule's floor, a "
-      "fraction of the peak in [0, 1] [" +
-      per_strategy(lambda s: s.inner.min_lr_ratio) + "]")
-  add("--max-norm", type=float, help="clip each worker's gradient to this "
-      "global norm before the inner optimizer [default: none]")
-  add("--outer-lr", type=float, help="outer SGD learning rate [" +
-      per_strategy(lambda s: s.outer and s.outer.lr) + "]")
-  add("--outer-momentum", type=float, help="outer Nesterov momentum, 0 for "
-      "plain SGD [" + per_strategy(lambda s: s.outer and s.outer.momentum)
-      + "]")
+
+def _optimizer_fields() -> list[_fields.Field]:
+  F, S, T, O = (_fields.Field, _fields.SHAPE, _fields.TRACED,
+                "optimizers")
+  out = [
+      F("inner", None, S, O, "inner optimizer [" +
+        _per_strategy(lambda s: s.inner.kind) + "]",
+        choices=_optim.INNER_KINDS),
+      F("inner_lr", None, T, O, "(peak) inner learning rate [" +
+        _per_strategy(lambda s: s.inner.lr) + "]", float, knob="inner_lr"),
+      F("weight_decay", None, T, O, "decoupled weight decay: adamw and muon "
+        "inners, and DeMo's sign step [default: the strategy's paper "
+        "optimizer's; " + _per_strategy(
+            lambda s: s.inner.weight_decay if s.inner.kind in
+            ("adamw", "muon") or s.name == "demo" else None) + "]", float,
+        knob="inner_weight_decay"),
+      F("momentum", None, T, O, "sgd inner momentum, 0 for none [default: "
+        "the strategy's paper optimizer's, 0 unless it is sgd]", float,
+        knob="inner_momentum"),
+      F("warmup_steps", None, S, O, "linear learning-rate warm-up [default "
+        f"{SCHEDULE_DEFAULTS['warmup_steps']}]", int, unit="steps"),
+      F("schedule", None, S, O, "after warm-up [default "
+        f"{SCHEDULE_DEFAULTS['schedule']}]", choices=SCHEDULES),
+      F("min_lr_ratio", None, S, O, "cosine schedule's floor, a fraction of "
+        "the peak in [0, 1] [" + _per_strategy(
+            lambda s: s.inner.min_lr_ratio) + "]", float),
+      F("max_norm", None, S, O, "clip each worker's gradient to this global "
+        "norm before the inner optimizer [default: none]", float),
+      F("outer_lr", None, T, O, "outer SGD learning rate [" +
+        _per_strategy(lambda s: s.outer and s.outer.lr) + "]", float,
+        knob="outer_lr"),
+      F("outer_momentum", None, T, O, "outer Nesterov momentum, 0 for plain "
+        "SGD [" + _per_strategy(lambda s: s.outer and s.outer.momentum) +
+        "]", float, knob="outer_momentum"),
+  ]
   for name in _extra_outer_names():
-    flag = "--" + name.replace("_", "-")
     # Only the strategies with this optimizer have a default to show.
-    add(flag + "-lr", type=float, help=f"{name} SGD learning rate [" +
-        per_strategy(lambda s: s.optimizers[name].lr
-                     if name in s.optimizers else None) + "]")
-    add(flag + "-momentum", type=float, help=f"{name} Nesterov momentum, 0 "
-        "for plain SGD [" + per_strategy(
-            lambda s: s.optimizers[name].momentum
-            if name in s.optimizers else None) + "]")
+    out.append(F(name + "_lr", None, S, O, f"{name} SGD learning rate [" +
+                 _per_strategy(lambda s: s.optimizers[name].lr
+                               if name in s.optimizers else None) + "]",
+                 float))
+    out.append(F(name + "_momentum", None, S, O, f"{name} Nesterov "
+                 "momentum, 0 for plain SGD [" + _per_strategy(
+                     lambda s: s.optimizers[name].momentum
+                     if name in s.optimizers else None) + "]", float))
+  return out
+
+
+def fields() -> tuple[_fields.Field, ...]:
+  """``strategy``, every strategy parameter's field and the optimizers'
+  (their defaults are the chosen strategy's, filled by ``fill``)."""
+  return (_fields.Field("strategy", DEFAULT_STRATEGY, _fields.SHAPE,
+                        "strategy", f"default {DEFAULT_STRATEGY}",
+                        choices=tuple(sorted(specs()))),
+          *_param_fields(), *_optimizer_fields())
 
 
 def build_inner(s: dict) -> optax.GradientTransformation:

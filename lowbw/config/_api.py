@@ -1,0 +1,81 @@
+"""``lowbw.simulate`` and ``lowbw.build`` taking a ``Config`` as well as
+keywords."""
+
+import functools
+
+from lowbw import _validate
+from lowbw import simulation
+from lowbw.config._config import Config
+
+# Arguments of a run that are not settings (what to do with the folder,
+# hooks, values for one run of a build).
+RUN_ONLY = ("overwrite", "callback", "metadata", "hparams", "resume_from",
+            "compile_cache")
+
+
+def _only(kwargs: dict, allowed, what: str) -> None:
+  for name in kwargs:
+    if name not in allowed:
+      raise _validate.fail(
+          name, kwargs[name], f"with a lowbw.Config, {what} takes only "
+          + ", ".join(allowed) + "; set the run's settings in the config "
+          f"(config.replace({name}=...))")
+
+
+def build_config(config: Config, compile: bool = True,
+                 compile_cache=True) -> simulation.Simulator:
+  """The simulator of ``config`` (its shape fields; seed and log folder are
+  ``run_config``'s)."""
+  return simulation.build(**config.build_args(), compile=compile,
+                          compile_cache=compile_cache)
+
+
+def run_config(sim: simulation.Simulator, config: Config, **kwargs):
+  """Runs ``sim`` (built from ``config``) with the config's run fields,
+  writing ``config.yaml`` to the log folder when the config can be."""
+  try:
+    text = config.to_yaml()
+  except _validate.ConfigError:  # a Python object: config.json only
+    text = None
+  return sim.run(seed=config.seed, log_dir=config.out,
+                 checkpoint_every=config.checkpoint_every,
+                 progress=config.progress,
+                 wandb_project=config.wandb_project,
+                 fail_on_divergence=config.fail_on_divergence,
+                 config_yaml=text, **kwargs)
+
+
+@functools.wraps(simulation.simulate)
+def simulate(*args, **kwargs):
+  if args and isinstance(args[0], Config):
+    if len(args) > 1:
+      raise _validate.fail("simulate", args[1:], "takes one lowbw.Config "
+                           "and keywords")
+    _only(kwargs, RUN_ONLY, "simulate")
+    cache = kwargs.pop("compile_cache", True)
+    sim = build_config(args[0], compile=False, compile_cache=cache)
+    return run_config(sim, args[0], **kwargs)
+  return simulation.simulate(*args, **kwargs)
+
+
+@functools.wraps(simulation.build)
+def build(*args, **kwargs):
+  if args and isinstance(args[0], Config):
+    if len(args) > 1:
+      raise _validate.fail("build", args[1:], "takes one lowbw.Config and "
+                           "keywords")
+    _only(kwargs, ("compile", "compile_cache"), "build")
+    return build_config(args[0], **kwargs)
+  return simulation.build(*args, **kwargs)
+
+
+_CONFIG_NOTE = """
+  ``lowbw.simulate(config)`` runs a ``lowbw.Config`` (the keywords above
+  are then its fields; ``overwrite``, ``callback``, ``metadata``,
+  ``hparams``, ``resume_from`` and ``compile_cache`` may still be given) and
+  writes it to ``log_dir/config.yaml``.
+"""
+simulate.__doc__ = (simulation.simulate.__doc__ or "") + _CONFIG_NOTE
+build.__doc__ = (simulation.build.__doc__ or "") + _CONFIG_NOTE.replace(
+    "simulate", "build").replace("runs", "builds").replace(
+    " and\n  writes it to ``log_dir/config.yaml``", "")

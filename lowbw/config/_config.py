@@ -1,0 +1,231 @@
+"""``lowbw.Config``: a whole run as one frozen, validated value.
+
+Its fields are the table in ``_fields`` plus the strategies' parameters
+(``_strategy_fields``); each carries its help, default and kind. A ``Config``
+remembers which fields were given: the others take their defaults, which for
+strategy parameters and optimizers are the chosen strategy's (its papers'),
+so ``config.replace(strategy="sparta")`` takes SPARTA's defaults, not the
+previous strategy's.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Any
+
+import yaml
+
+from lowbw import _validate
+from lowbw.config import _fields, _files, _resolve
+from lowbw.config import _strategy_fields as strategy_fields
+
+# Python names some settings have elsewhere (``lowbw.simulate``'s keywords,
+# a strategy factory's) -> the setting.
+ALIASES = {"num_workers": "workers", "log_dir": "out",
+           "error_feedback": "ef"}
+GROUPS = {
+    "strategy": "defaults are each strategy's paper's (see "
+                "docs/strategies/)",
+    "compression": "codec specs chain stages with commas: topk:F, randk:F, "
+                   "quant:BITS[:statistical][:stochastic][:chunk=N], sign, "
+                   "cast:DTYPE (bf16, fp16, fp8, e5m2), dct[:CHUNK[:K]], "
+                   "none; e.g. topk:0.1,quant:4",
+    "optimizers": None,
+    "model and data": None,
+    "network (the simulated clock, sim_time_s)":
+        "per step: the slowest participating worker's compute, plus the "
+        "collective's time on the links (latency per message hop + bytes / "
+        "bandwidth); see docs/network.md",
+    "run": None, "compute": None, "devices and hosts": None,
+}
+# Fields that take a user object (a Model, a DataSource, a Strategy) as
+# well as a name; such a config runs but cannot be written to a file.
+OBJECT_FIELDS = ("model", "data", "strategy")
+
+
+def _all_fields() -> dict[str, _fields.Field]:
+  own = strategy_fields.fields()
+  # A strategy parameter that is also a network setting (hierarchical
+  # DiLoCo's group_size, the hierarchical topology's regions) is one field.
+  taken = {f.name for f in own}
+  fields = [*own, *(f for f in _fields.RUN_FIELDS if f.name not in taken)]
+  order = list(GROUPS)
+  fields.sort(key=lambda f: (order.index(f.group),
+                             f.name not in ("strategy", "workers")))
+  return {f.name: f for f in fields}
+
+
+FIELDS = _all_fields()
+_UNSET = object()
+
+
+def _check_type(field: _fields.Field, value):
+  """``value`` if it has the field's type (an int is a valid float; a
+  quantity is checked by its parser); else a ConfigError naming it."""
+  if value is None or (field.name in OBJECT_FIELDS and
+                       not isinstance(value, str)):
+    return value
+  want = field.type
+  kinds = getattr(want, "config_types", want)
+  ok = isinstance(value, kinds) and not (kinds is not bool and
+                                         isinstance(value, bool))
+  if kinds is float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+  if isinstance(value, (dict, list, tuple)):
+    raise _validate.fail(field.name, value, "expected a single value, not a "
+                         + type(value).__name__)
+  if hasattr(want, "parse"):  # a bare number: the forms with units
+    want.parse(value if ok else str(value), field.name)
+  if not ok:
+    raise _validate.fail(field.name, value,
+                         f"expected {_files.KINDS.get(kinds, kinds)}")
+  if field.choices and value not in field.choices:
+    raise _validate.fail(field.name, value, "expected one of " + ", ".join(
+        map(str, field.choices)) + _validate.suggest(value, field.choices))
+  return float(value) if kinds is float else value
+
+
+def canonical(name: str) -> str:
+  """A setting's name from a key of a file, a grid or a keyword ('-' or
+  '_', or an alias such as ``num_workers``); a ConfigError if unknown."""
+  key = str(name).replace("-", "_")
+  key = ALIASES.get(key, key)
+  if key not in FIELDS:
+    raise _validate.fail("config", name, "not a setting"
+                         + _validate.suggest(key, [*FIELDS, *ALIASES])
+                         + "; see lowbw.Config.help() or lowbw train --help")
+  return key
+
+
+class _ConfigBase:
+  """The methods of ``Config`` (its fields are made from ``FIELDS``)."""
+
+  def __init__(self, **values):
+    given = {}
+    for name, value in values.items():
+      key = canonical(name)
+      if key in given:
+        raise _validate.fail(name, value, f"{key} is given twice")
+      given[key] = _check_type(FIELDS[key], value)
+    resolved = resolve(given)
+    for name in FIELDS:
+      object.__setattr__(self, name, resolved[name])
+    object.__setattr__(self, "given", frozenset(given))
+
+  def __repr__(self):
+    shown = ", ".join(f"{k}={_show(v)}" for k, v in self.to_dict().items()
+                      if k in self.given)
+    return f"lowbw.Config({shown})"
+
+  def __eq__(self, other):
+    return (isinstance(other, _ConfigBase) and
+            self.to_dict() == other.to_dict())
+
+  def __hash__(self):
+    return hash(json.dumps(self.to_dict(), sort_keys=True, default=id))
+
+  def values(self) -> dict[str, Any]:
+    """The fields given explicitly (what ``replace`` starts from)."""
+    return {name: getattr(self, name) for name in FIELDS
+            if name in self.given}
+
+  def replace(self, **changes) -> "Config":
+    """A new config with ``changes``; defaults follow the new choices."""
+    return type(self)(**{**self.values(), **changes})
+
+  def to_dict(self) -> dict[str, Any]:
+    """Every setting the run reads, resolved (defaults filled in)."""
+    s = {name: getattr(self, name) for name in FIELDS}
+    used = _resolve.used(s)
+    return {name: value for name, value in s.items() if name in used}
+
+  def to_yaml(self) -> str:
+    """The resolved settings as YAML; ``Config.load`` reads it back."""
+    values = self.to_dict()
+    for name in OBJECT_FIELDS:
+      if not isinstance(values[name], (str, type(None))):
+        raise _validate.fail(name, type(values[name]).__name__,
+                             "a Python object cannot be written to a file; "
+                             "give a registry name to save the config")
+    return yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
+
+  def save(self, path: str) -> str:
+    """Writes ``to_yaml()`` to ``path`` (atomically); returns the path."""
+    text = self.to_yaml()
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+    return path
+
+  @classmethod
+  def load(cls, path: str, **changes) -> "Config":
+    """A config from a YAML, TOML or JSON file (by extension), with
+    ``changes`` on top."""
+    values = _files.read_config(path, [*FIELDS, *ALIASES])
+    try:
+      return cls(**{**values, **changes})
+    except _validate.ConfigError as e:
+      if e.field in values and e.field not in changes:
+        raise _validate.fail(e.field, e.value, f"{e.allowed} (in config "
+                             f"file {path})") from None
+      raise
+
+  def build_args(self) -> dict:
+    """The ``lowbw.build`` arguments this config describes (data loaded,
+    model and strategy made)."""
+    return _resolve.build_args({n: getattr(self, n) for n in FIELDS})
+
+  @staticmethod
+  def help() -> str:
+    """Every field: name, default, kind and help."""
+    return "\n".join(
+        f"{f.name} = {f.default!r} [{f.kind}] {f.help}"
+        for f in FIELDS.values())
+
+
+def _show(value) -> str:
+  return repr(value) if isinstance(value, (str, int, float, type(None))) \
+      else type(value).__name__
+
+
+def resolve(given: dict) -> dict:
+  """Every field's value: the given ones, the strategy's defaults for its
+  parameters, the table's for the rest; checks that every given setting is
+  used and that the strategy and the network can be made."""
+  s = {name: f.default for name, f in FIELDS.items()}
+  s.update(given)
+  if isinstance(s["strategy"], str):
+    s = strategy_fields.fill(s, set(given))
+  _resolve.check_used(s, set(given))
+  strategy = _resolve.build_strategy(s)
+  if s["eval_every"] is None:
+    s["eval_every"] = _resolve.default_eval_every(strategy.period)
+  if s["model"] is None:
+    s["model"] = _resolve.model_name(s)
+  if s["clock"]:
+    _resolve.build_network(s)
+  return s
+
+
+Config = dataclasses.make_dataclass(
+    "Config", [(name, Any, dataclasses.field(
+        default=_UNSET, metadata={"field": f})) for name, f in FIELDS.items()],
+    bases=(_ConfigBase,), init=False, repr=False, eq=False, frozen=True)
+Config.__module__ = "lowbw"
+Config.__doc__ = """A whole run: model, data, strategy and its parameters,
+workers, batch, steps, network, faults, precision and logging, validated on
+construction.
+
+Every field has a default (the papers'; a strategy's parameters default to
+its own, see ``lowbw.strategies.spec``) and a kind: ``shape`` (a new value
+needs a new compiled program), ``traced`` (a value of the compiled program,
+changed without compiling) or ``run`` (the seed, the log folder).
+``Config.help()`` lists them; ``lowbw train --help`` shows the same as flags.
+
+Example:
+  >>> config = lowbw.Config(strategy="diloco", H=50, data="digits",
+  ...                       workers=8, steps=200)
+  >>> config.replace(strategy="sparta", p=0.005).to_yaml()
+  >>> lowbw.simulate(config)
+"""

@@ -1,0 +1,279 @@
+"""Every setting of a run, once: its name, default, type, help and kind.
+
+``lowbw.Config`` is made from this table and the strategies' specs
+(``_strategy_fields``); ``lowbw train``'s flags, their help, the config-file
+keys and ``lowbw.study``'s grid names all read it. A new run option is one
+``Field`` here plus the code that uses it.
+
+Kinds say what changing a value costs:
+
+* ``shape``: a new compiled program (W, H, a codec's size, the model's size);
+* ``traced``: a value of the compiled program (learning rates, momentum,
+  bandwidth): runs that differ only so share one program (``knob`` names the
+  traced hyperparameter, ``lowbw.simulation``'s ``hparams``);
+* ``run``: neither (the seed, where the logs go).
+"""
+
+import argparse
+import inspect
+from typing import Any, NamedTuple
+
+from lowbw import network as network_lib
+from lowbw.simulation import _backward, _defaults, _memory
+
+SHAPE, TRACED, RUN = "shape", "traced", "run"
+
+
+class Field(NamedTuple):
+  """One setting.
+
+  Attributes:
+    name: the setting's name: the ``Config`` attribute, the config-file key
+      and (with ``-`` for ``_``) the flag.
+    default: used when the setting is not given (None: unset; the run's own
+      default, which the help says).
+    kind: ``shape``, ``traced`` or ``run`` (see the module docstring).
+    group: the ``--help`` section.
+    help: one line for ``--help`` and the docs (without the default).
+    type: the parser of a flag's text (int, float, str, bool for on/off, or
+      a function); its ``config_types`` say what a file may give.
+    choices: the allowed values, when there is a fixed set.
+    knob: for traced settings, the hyperparameter ``Simulator.run`` takes.
+    unit: what the number counts, for the docs ("steps", "bit/s", ...).
+  """
+
+  name: str
+  default: Any
+  kind: str
+  group: str
+  help: str
+  type: Any = str
+  choices: tuple = ()
+  knob: str | None = None
+  unit: str = ""
+
+  @property
+  def flag(self) -> str:
+    return "--" + self.name.replace("_", "-")
+
+
+def quantity(parse, field: str):
+  """The type of a setting with units ("50ms", "100Mbps"): the text, checked
+  by ``parse(text, field)`` (which names the accepted forms); a config file
+  gives it as a string too, never a bare number."""
+
+  def check(text):
+    parse(text, field)  # a ConfigError names what is accepted
+    return text
+
+  check.config_types = (str,)
+  check.parse = parse
+  return check
+
+
+def _count(field):
+  check = quantity(network_lib._units.count, field)
+  check.config_types = (int, float, str)
+  return check
+
+
+def _hardware(text, field):
+  return network_lib.hardware(text)
+
+
+def _budget(text, field):
+  return _memory.check_budget(text)
+
+
+def _group_size(text: str) -> str:
+  """``worker_batch``: kept as given ("auto", "all" or digits; checked at
+  build); a config file may give an integer."""
+  return text
+
+
+_group_size.config_types = (int, str)
+
+_CAP_MIB = _memory.CPU_ACTIVATION_CAP // 2 ** 20
+_STRAGGLERS = network_lib.Stragglers._field_defaults
+
+
+def _net(name):
+  """The network's own default for ``name`` (``lowbw.network.network``)."""
+  return inspect.signature(network_lib.network).parameters[name].default
+
+
+_M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
+                          "network (the simulated clock, sim_time_s)", "run",
+                          "compute", "strategy")
+
+RUN_FIELDS = (
+    Field("workers", _defaults.NUM_WORKERS, SHAPE, _H,
+          "number of simulated workers W", int, unit="workers"),
+    # -- model and data
+    Field("model", None, SHAPE, _M, "gpt | moe_gpt | mlp | cnn (default: gpt "
+          "for text, moe_gpt for strategy spes, mlp for classification)"),
+    Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
+    Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
+    Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),
+    Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
+    Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
+    Field("expert_hidden", 256, SHAPE, _M,
+          "moe_gpt: SwiGLU width of each expert", int),
+    Field("seq_len", 128, SHAPE, _M, "gpt context and text window", int,
+          unit="tokens"),
+    Field("hidden", "64", SHAPE, _M, "mlp hidden sizes, comma-separated"),
+    Field("channels", "16,32", SHAPE, _M, "cnn channels, comma-separated"),
+    Field("data", "text", SHAPE, _M, "text | digits | PATH (.npz arrays, "
+          ".bin uint16 tokens, or a folder of text files); text: the Python "
+          "standard library's sources"),
+    Field("data_root", None, SHAPE, _M, "folder of text files for data text"),
+    Field("sharding", "iid", SHAPE, _M, "how examples are split over workers",
+          choices=("contiguous", "dirichlet", "iid")),
+    Field("alpha", 0.5, SHAPE, _M, "dirichlet concentration", float),
+    # -- network
+    Field("bandwidth", _net("bandwidth"), TRACED, _N,
+          "each worker's link, e.g. 100Mbps, 1Gbps",
+          quantity(network_lib.bandwidth, "bandwidth"), knob="bandwidth",
+          unit="bit/s"),
+    Field("latency", _net("latency"), TRACED, _N,
+          "one-way latency per message hop, e.g. 50ms",
+          quantity(network_lib.duration, "latency"), knob="latency",
+          unit="s"),
+    Field("topology", _net("topology"), SHAPE, _N,
+          "the collectives' algorithm",
+          choices=("hierarchical", "parameter_server", "ring")),
+    Field("group_size", None, SHAPE, _N, "hierarchical: workers per region "
+          "(on the regional links)", int),
+    Field("regional_bandwidth", _net("regional_bandwidth"), SHAPE, _N,
+          "hierarchical: the links inside a region",
+          quantity(network_lib.bandwidth, "regional_bandwidth"),
+          unit="bit/s"),
+    Field("regional_latency", _net("regional_latency"), SHAPE, _N,
+          "hierarchical: one-way latency inside a region",
+          quantity(network_lib.duration, "regional_latency"), unit="s"),
+    Field("hardware", _net("hardware"), SHAPE, _N,
+          "per worker: a preset (" + ", ".join(sorted(network_lib.PRESETS))
+          + "), a peak such as 312TFLOPS, or a time per step such as 0.5s",
+          quantity(_hardware, "hardware")),
+    Field("mfu", _net("mfu"), SHAPE, _N, "model-FLOP utilisation", float),
+    Field("speeds", _net("speeds"), SHAPE, _N, "per-worker speed "
+          "multipliers, comma-separated (one per worker; 0.5 = half as "
+          "fast)"),
+    Field("clock_params", _net("clock_params"), SHAPE, _N,
+          "time compute and messages as if the model had this many "
+          "parameters, e.g. 1B or 350M (FLOPs and bytes scaled from the "
+          "model's; the bytes logged stay the model's)",
+          _count("clock_params")),
+    Field("clock", True, SHAPE, _N, "simulate the clock (sim_time_s); "
+          "--no-clock: bytes and losses only", bool),
+    Field("overlap", _net("overlap"), SHAPE, _N, "overlap sync "
+          "communication with the next round's compute (Streaming DiLoCo's "
+          "schedule)", bool),
+    Field("jitter", None, TRACED, _N, "stragglers: lognormal sigma of every "
+          "step's time (default none)", float, knob="jitter"),
+    Field("mitigation", "none", SHAPE, _N, "stragglers",
+          choices=("backup", "none", "threshold")),
+    Field("keep_fraction", _STRAGGLERS["fraction"], SHAPE, _N, "threshold: "
+          "fraction of the workers aggregated, fastest first", float),
+    Field("backups", _STRAGGLERS["backups"], SHAPE, _N, "backup: spare "
+          "workers, the slowest dropped each round", int),
+    Field("drop_prob", None, TRACED, _N, "faults: probability a worker is "
+          "down for a round", float, knob="drop_prob"),
+    Field("message_loss", None, TRACED, _N, "faults: probability a worker's "
+          "message is lost", float, knob="message_loss"),
+    Field("failures", None, SHAPE, _N, "faults: permanent failures, "
+          "WORKER@STEP,... e.g. 3@500"),
+    Field("windows", None, SHAPE, _N, "faults: down windows, "
+          "WORKER:START-END,... e.g. 1:100-200"),
+    # -- run
+    Field("steps", _defaults.STEPS, SHAPE, _R, "inner steps per worker", int,
+          unit="steps"),
+    Field("batch_size", _defaults.BATCH_SIZE, SHAPE, _R,
+          "examples per worker and step", int, unit="examples"),
+    Field("seed", 0, RUN, _R, "seeds initialisation, sharding, sampling and "
+          "the strategy's keys", int),
+    Field("eval_every", None, SHAPE, _R, "a multiple of H (default: the "
+          "first multiple of H >= 100)", int, unit="steps"),
+    Field("log_every", None, SHAPE, _R, "default: the power of two giving "
+          "200 to 400 rows", int, unit="steps"),
+    Field("checkpoint_every", None, RUN, _R, "save a checkpoint every N "
+          "steps", int, unit="steps"),
+    Field("eval_examples", None, SHAPE, _R, "held-out examples per "
+          "evaluation", int),
+    Field("eval_local", False, SHAPE, _R, "also evaluate every worker's own "
+          "parameters (eval_local_loss: their mean; eval_local_loss_std: the "
+          "spread)", bool),
+    Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
+          "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
+          "network)"),
+    Field("correlation_every", None, SHAPE, _R, "log worker_correlation, the "
+          "workers' mean pairwise parameter correlation, every N steps (a "
+          "multiple of H)", int, unit="steps"),
+    Field("out", None, RUN, _R, "log folder (default runs/<time>-<strategy>); "
+          "one holding another run is refused unless --overwrite"),
+    Field("progress", None, RUN, _R, "progress bar (default: on a terminal)",
+          bool),
+    Field("fail_on_divergence", False, RUN, _R, "fail (exit code 3, after "
+          "writing the logs) when the loss ends far above its start or the "
+          "accuracy at or below chance; by default a warning says so", bool),
+    # -- compute
+    Field("minibatch_size", None, SHAPE, _C, "gradient accumulation: compute "
+          "each worker's batch in micro-batches of this size (must divide "
+          "batch_size; the same gradient, one micro-batch's activations in "
+          "memory); default the batch", int),
+    Field("autocast", None, SHAPE, _C, "run forward and backward passes in "
+          "this type, with float32 parameters, gradients and optimizer state "
+          "(mixed precision); default float32",
+          choices=tuple(_backward.AUTOCAST)),
+    # -- devices
+    Field("devices", None, SHAPE, _D, "spread the workers over N devices "
+          "(must divide workers; default 1, or all devices of a "
+          "multi-process run)", int),
+    Field("worker_dtype", None, SHAPE, _D, "bfloat16: keep every worker's "
+          "parameters and optimizer state in bf16 (half the memory); default "
+          "float32"),
+    Field("worker_batch", "auto", SHAPE, _D, "compute the inner steps of "
+          "this many workers at a time (memory for activations and gradients "
+          "of one group only; diloco, muloco, fedavg); 'all': every worker "
+          "at once; 'auto': all at once while their activations fit "
+          f"{_CAP_MIB} MiB (CPU; a quarter of the budget on a GPU) and the "
+          "memory budget", _group_size),
+    Field("memory_budget", None, SHAPE, _D, "memory the run may use: '8GB', "
+          "'512MiB' or a share of free memory, '60%' (default 80% of free "
+          "memory); a run estimated to need more is refused before compiling",
+          quantity(_budget, "memory_budget")),
+)
+
+# Settings that only some choices use: choice kind -> choice -> settings.
+# Giving one that the run ignores is an error rather than a silent no-op.
+USED_BY = {
+    "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
+              "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
+                          "top_k", "expert_hidden"},
+              "mlp": {"hidden"},
+              "cnn": {"channels"}},
+    "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
+             "folder": {"seq_len"}, "classification": set()},
+    "sharding": {"dirichlet": {"alpha"}, "iid": set(), "contiguous": set()},
+    "topology": {"hierarchical": {"group_size", "regional_bandwidth",
+                                  "regional_latency"},
+                 "ring": set(), "parameter_server": set()},
+    "mitigation": {"threshold": {"keep_fraction"}, "backup": {"backups"},
+                   "none": set()},
+}
+
+
+def flag_kwargs(field: Field) -> dict:
+  """``add_argument`` keywords of ``field``'s flag (its help with the
+  default)."""
+  default = ("" if field.default is None or "default" in field.help else
+             f" (default {field.default})")
+  help = (field.help + default).replace("%", "%%")
+  if field.type is bool:
+    return dict(action=argparse.BooleanOptionalAction, help=help)
+  kwargs = dict(help=help)
+  if field.choices:
+    kwargs["choices"] = field.choices
+  elif field.type is not str:
+    kwargs["type"] = field.type
+  return kwargs

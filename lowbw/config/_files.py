@@ -1,0 +1,69 @@
+"""Config files: YAML, TOML or JSON tables of settings, the format told by
+the file's extension."""
+
+import json
+import os
+import re
+import tomllib
+from collections.abc import Iterable
+
+import yaml
+
+from lowbw import _validate
+
+
+def _yaml(text: bytes):
+  # Safe loading: plain values only. YAML 1.1 reads "1e-3" as a string; a
+  # number spelled so is meant as one.
+  values = yaml.safe_load(text)
+  if isinstance(values, dict):
+    values = {k: _yaml_number(v) for k, v in values.items()}
+  return values
+
+
+_EXPONENT = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+
+
+def _yaml_number(value):
+  return (float(value) if isinstance(value, str) and _EXPONENT.fullmatch(value)
+          else value)
+
+
+# Extension -> (format's name, reader of the file's bytes).
+FORMATS = {".yaml": ("YAML", _yaml), ".yml": ("YAML", _yaml),
+           ".toml": ("TOML", lambda text: tomllib.loads(text.decode())),
+           ".json": ("JSON", json.loads)}
+
+
+def read_config(path: str, allowed: Iterable[str]) -> dict:
+  """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``."""
+  if not os.path.isfile(path):
+    raise _validate.fail("config", path, "no such file")
+  ext = os.path.splitext(path)[1].lower()
+  if ext not in FORMATS:
+    raise _validate.fail("config", path, "expected a file ending in " +
+                         ", ".join(FORMATS) + " (YAML, TOML or JSON)")
+  kind, read = FORMATS[ext]
+  with open(path, "rb") as f:
+    text = f.read()
+  try:
+    values = read(text)
+  except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise _validate.fail("config", path, f"not valid {kind} ({first})"
+                         ) from None
+  if not isinstance(values, dict):
+    raise _validate.fail("config", path, "expected a table of options")
+  values = {str(k).replace("-", "_"): v for k, v in values.items()}
+  allowed = list(allowed)
+  unknown = sorted(set(values) - set(allowed))
+  if unknown:
+    hints = "".join(_validate.suggest(k, allowed) for k in unknown[:1])
+    raise _validate.fail("config", path, f"unknown keys {unknown}{hints}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+  return values
+
+
+KINDS = {int: "an integer", float: "a number", str: "a string",
+         bool: "true or false", (int, str): "an integer or a string",
+         (str,): "a string", (int, float, str): "a number or a string"}

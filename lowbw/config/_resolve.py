@@ -1,0 +1,225 @@
+"""A run's settings -> the objects ``lowbw.build`` takes (model, data,
+strategy, network) and which settings the chosen options use."""
+
+import os
+import re
+
+from lowbw import _validate
+from lowbw import data as data_lib
+from lowbw import models as models_lib
+from lowbw import network as network_lib
+from lowbw import transforms
+from lowbw.config import _fields, _strategy_fields as strategy_fields
+from lowbw.strategies import _optim
+
+# Owner kind -> choice -> the settings only that choice uses.
+USED_BY = {
+    **_fields.USED_BY,
+    "strategy": strategy_fields.used_by(),
+    "inner": {kind: set(names) for kind, names in _optim.USES.items()},
+    "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
+}
+OWNED = {name for options in USED_BY.values() for names in options.values()
+         for name in names}
+
+
+def data_kind(s: dict) -> str:
+  """"text", "folder", "tokens", "classification" or "object" (a
+  ``DataSource`` given directly), from the settings alone."""
+  data = s["data"]
+  if not isinstance(data, str):
+    return "object"
+  if data == "text":
+    return "text"
+  if data == "digits" or data.endswith(".npz"):
+    return "classification"
+  if os.path.isdir(data):
+    return "folder"
+  return "tokens" if data.endswith(".bin") else "classification"
+
+
+def model_name(s: dict) -> str:
+  """The model the settings train: the given name, the strategy's language
+  model (SPES: moe_gpt), gpt for text, mlp for classification."""
+  if s["model"] is not None:
+    return s["model"] if isinstance(s["model"], str) else "object"
+  if data_kind(s) == "object":
+    lm = s["data"].task == "lm"
+  else:
+    lm = data_kind(s) != "classification"
+  if not lm:
+    return "mlp"
+  if not isinstance(s["strategy"], str):
+    return "gpt"
+  return strategy_fields.spec_of(s).model or "gpt"
+
+
+def choices(s: dict) -> dict:
+  """Owner kind -> the option these settings choose."""
+  return {"strategy": s["strategy"] if isinstance(s["strategy"], str)
+          else "object", "inner": s["inner"], "model": model_name(s),
+          "data": data_kind(s), "sharding": s["sharding"],
+          "topology": s["topology"], "mitigation": s["mitigation"],
+          "schedule": s["schedule"]}
+
+
+def used(s: dict) -> set[str]:
+  """The settings the run reads: every setting no choice owns, and those
+  the chosen options use."""
+  chosen = choices(s)
+  return (set(s) - OWNED) | set().union(*(
+      options.get(chosen[kind], set()) for kind, options in USED_BY.items()))
+
+
+def check_used(s: dict, explicit) -> None:
+  """Raises for an explicitly given setting that the chosen run ignores."""
+  if "compress" in explicit and (s["codec"] is None or str(
+      s["codec"]).lower() in transforms.UNCOMPRESSED):
+    raise _validate.fail("compress", s["compress"],
+                         "says what codec encodes; give a codec")
+  chosen = choices(s)
+  for name in sorted(set(explicit) - used(s)):
+    owners = [kind for kind, options in USED_BY.items()
+              if any(name in names for names in options.values())]
+    raise _validate.fail(
+        name, s[name], "not used by " + ", ".join(
+            f"{kind} {chosen[kind]!r}" for kind in owners))
+
+
+def ints(field, text):
+  try:
+    values = tuple(int(v) for v in str(text).split(",") if v.strip())
+  except ValueError:
+    values = ()
+  if not values or min(values) < 1:
+    raise _validate.fail(field, text,
+                         "expected positive integers, comma-separated")
+  return values
+
+
+def build_data(s: dict):
+  """The settings' dataset; a bad file is reported under ``data``."""
+  if not isinstance(s["data"], str):
+    return s["data"]
+  try:
+    return _build_data(s)
+  except _validate.ConfigError as e:
+    if e.field in ("data", "data_root", "sharding", "alpha", "seq_len"):
+      raise
+    allowed = e.allowed if e.field == "path" else str(e)
+    raise _validate.fail("data", s["data"], allowed) from None
+
+
+def _build_data(s: dict):
+  name = s["data"]
+  common = {"sharding": s["sharding"]}
+  labelled = ({**common, "alpha": s["alpha"]} if s["sharding"] == "dirichlet"
+              else common)
+  if name == "text":
+    return data_lib.text_bytes(seq_len=s["seq_len"], root=s["data_root"],
+                               **common)
+  if name == "digits":
+    return data_lib.digits(**labelled)
+  if os.path.isdir(name):
+    return data_lib.text_bytes(seq_len=s["seq_len"], root=name, **common)
+  if name.endswith(".npz"):
+    return data_lib.arrays(name, **labelled)
+  if name.endswith(".bin"):
+    return data_lib.token_file(name, seq_len=s["seq_len"], **common)
+  raise _validate.fail("data", name, "expected text, digits, a folder, an "
+                       ".npz file or a .bin token file")
+
+
+def build_model(s: dict, source):
+  if s["model"] is not None and not isinstance(s["model"], str):
+    return s["model"]
+  name = model_name(s)
+  if name in ("gpt", "moe_gpt"):
+    shape = dict(layers=s["layers"], d_model=s["d_model"], heads=s["heads"],
+                 seq_len=s["seq_len"], vocab=max(256, source.vocab_size or 0))
+    if name == "gpt":
+      return models_lib.gpt(**shape)
+    return models_lib.moe_gpt(**shape, num_experts=s["experts"],
+                              top_k=s["top_k"],
+                              expert_hidden=s["expert_hidden"])
+  num_classes = getattr(source, "num_classes", None) or 10
+  if name == "mlp":
+    return models_lib.mlp(hidden=ints("hidden", s["hidden"]),
+                          num_classes=num_classes)
+  if name == "cnn":
+    return models_lib.cnn(channels=ints("channels", s["channels"]),
+                          num_classes=num_classes)
+  return models_lib.get(name)  # raises the registry's error
+
+
+def build_strategy(s: dict):
+  if not isinstance(s["strategy"], str):
+    return s["strategy"]
+  return strategy_fields.build(s)
+
+
+def _pairs(field, text, pattern, size):
+  """"3@500,5@800" or "1:100-200" -> tuples of ints."""
+  out = []
+  for item in str(text).split(","):
+    match = re.fullmatch(pattern, item.strip())
+    if not match:
+      raise _validate.fail(field, text, "expected " + (
+          "WORKER@STEP" if size == 2 else "WORKER:START-END") +
+          " items, comma-separated")
+    out.append(tuple(int(v) for v in match.groups()))
+  return tuple(out)
+
+
+def build_network(s: dict) -> network_lib.Network:
+  stragglers = faults = None
+  if s["jitter"] is not None or s["mitigation"] != "none":
+    stragglers = network_lib.Stragglers(
+        jitter=0.0 if s["jitter"] is None else s["jitter"],
+        mitigation=s["mitigation"], fraction=s["keep_fraction"],
+        backups=s["backups"])
+  fault_settings = ("drop_prob", "message_loss", "failures", "windows")
+  if any(s[k] is not None for k in fault_settings):
+    faults = network_lib.Faults(
+        drop_prob=s["drop_prob"] or 0.0, message_loss=s["message_loss"] or 0.0,
+        failures=_pairs("failures", s["failures"], r"(\d+)@(\d+)", 2)
+        if s["failures"] else (),
+        windows=_pairs("windows", s["windows"], r"(\d+):(\d+)-(\d+)", 3)
+        if s["windows"] else ())
+  overlap = s["overlap"]
+  if not isinstance(overlap, bool):
+    raise _validate.fail("overlap", overlap, "expected true or false")
+  return network_lib.network(
+      s["bandwidth"], s["latency"], topology=s["topology"],
+      group_size=s["group_size"] if s["topology"] == "hierarchical" else None,
+      regional_bandwidth=s["regional_bandwidth"],
+      regional_latency=s["regional_latency"], hardware=s["hardware"],
+      mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
+      overlap=overlap, clock_params=s["clock_params"])
+
+
+def default_eval_every(period: int) -> int:
+  """The first multiple of the period H at or after 100 steps."""
+  return period * -(-100 // period)
+
+
+# ``lowbw.build`` arguments named as the settings are.
+BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
+                  "devices", "worker_dtype", "worker_batch", "memory_budget",
+                  "minibatch_size", "autocast", "correlation_every",
+                  "eval_local")
+
+
+def build_args(s: dict) -> dict:
+  """``lowbw.build`` arguments from resolved settings."""
+  source = build_data(s)
+  model = build_model(s, source)
+  strategy = build_strategy(s)
+  eval_every = s["eval_every"]
+  if eval_every is None:
+    eval_every = default_eval_every(strategy.period)
+  return dict(model=model, data=source, strategy=strategy,
+              num_workers=s["workers"],
+              network=build_network(s) if s.get("clock", True) else None,
+              eval_every=eval_every,
+              **{name: s[name] for name in BUILD_SETTINGS})

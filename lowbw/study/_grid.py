@@ -1,0 +1,154 @@
+"""A study's points: a grid over any ``Config`` field, expanded, checked and
+grouped by the program they compile to."""
+
+import itertools
+import json
+from typing import Any, NamedTuple
+
+from lowbw import _validate
+from lowbw import strategies as strategies_lib
+from lowbw.config import FIELDS, RUN, TRACED, Config, canonical
+from lowbw.config import strategy_traced
+
+
+class Point(NamedTuple):
+  """One run of a study.
+
+  Attributes:
+    index: its place in the study (its folder ``points/NNNN``).
+    values: the grid's values for it, e.g. ``{"H": 50, "codec": "quant:4"}``.
+    seed: its seed.
+    config: the whole run's ``Config`` (the base with the values and seed).
+  """
+
+  index: int
+  values: dict[str, Any]
+  seed: int
+  config: Config
+
+
+def check_grid(grid) -> list[dict[str, list]]:
+  """``grid`` as a list of sub-grids (a dict is one), names canonical and
+  each value a non-empty list."""
+  subgrids = grid if isinstance(grid, (list, tuple)) else [grid]
+  if not subgrids:
+    raise _validate.fail("grid", grid, "expected a dict of name -> values "
+                         "or a list of such dicts")
+  out = []
+  for sub in subgrids:
+    if not isinstance(sub, dict):
+      raise _validate.fail("grid", sub, "expected a dict of name -> list "
+                           "of values")
+    clean = {}
+    for name, values in sub.items():
+      key = canonical(name)
+      if key == "seed":
+        raise _validate.fail("grid", name, "give seeds with seeds=[...] "
+                             "(every point runs with each)")
+      if isinstance(values, (str, bytes)) or not hasattr(values,
+                                                         "__iter__"):
+        values = [values]
+      values = list(values)
+      if not values:
+        raise _validate.fail(name, values, "expected at least one value")
+      clean[key] = values
+    out.append(clean)
+  return out
+
+
+def check_seeds(seeds) -> list[int]:
+  if isinstance(seeds, int):
+    seeds = [seeds]
+  seeds = list(seeds)
+  if not seeds:
+    raise _validate.fail("seeds", seeds, "expected at least one seed")
+  if len(set(seeds)) != len(seeds):
+    raise _validate.fail("seeds", seeds, "has a seed twice")
+  for s in seeds:
+    if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2 ** 32:
+      raise _validate.fail("seeds", s, "expected integers in [0, 2**32)")
+  return seeds
+
+
+def describe(values: dict) -> str:
+  return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "the base"
+
+
+def point_config(base: Config, values: dict, seed: int) -> Config:
+  """The base config with ``values`` and ``seed``. A base setting that
+  the point's choices do not use (the base's H at a DDP point) is left
+  out; a grid value they do not use is an error naming the point."""
+  given = {**base.values(), **values, "seed": seed}
+  while True:
+    try:
+      return Config(**given)
+    except _validate.ConfigError as e:
+      unused = e.field in base.given and e.field not in values and (
+          "not used by" in e.allowed)
+      if not unused:
+        raise _validate.fail(e.field, e.value, f"{e.allowed} (at grid point "
+                             f"{describe(values)})") from None
+      del given[e.field]
+
+
+def expand(base: Config, grid, seeds) -> list[Point]:
+  """Every point: each sub-grid's product of values, each with every seed,
+  in order; a combination given twice runs once."""
+  points, seen = [], set()
+  for sub in check_grid(grid):
+    for combo in itertools.product(*sub.values()):
+      values = dict(zip(sub, combo))
+      key = json.dumps(values, sort_keys=True, default=repr)
+      if key in seen:
+        continue
+      seen.add(key)
+      for seed in check_seeds(seeds):
+        points.append(Point(len(points), values, seed,
+                            point_config(base, values, seed)))
+  return points
+
+
+def traced(config: Config) -> dict[str, str]:
+  """field -> hyperparameter name of the config's settings that one build
+  runs with other values (``Simulator.run(hparams=...)``)."""
+  settings = config.to_dict()
+  strategy = config.strategy
+  own, extra_optimizers = set(), False
+  if isinstance(strategy, str):
+    spec = strategies_lib.spec(strategy)
+    own = {p.flag for p in spec.params} - set(strategy_traced)
+    extra_optimizers = bool(spec.optimizers)
+  out = {}
+  for name, field in FIELDS.items():
+    if field.kind != TRACED or settings.get(name) is None or name in own:
+      continue
+    if extra_optimizers and name.startswith("outer_"):
+      continue  # two tiers of outer optimizers: set apart, not by a search
+    if not config.clock and field.group.startswith("network"):
+      continue
+    out[name] = field.knob
+  return out
+
+
+def shape_key(config: Config) -> str:
+  """Equal for configs that compile to the same programs: every setting
+  but the traced ones (whose presence still counts) and the run's own."""
+  skip = traced(config)
+  key = {name: value for name, value in config.to_dict().items()
+         if name not in skip and FIELDS[name].kind != RUN}
+  return json.dumps(key, sort_keys=True,
+                    default=lambda o: f"<{type(o).__name__} {id(o)}>")
+
+
+def groups(points: list[Point]) -> list[list[Point]]:
+  """The points by compiled shape, in order of their first point."""
+  out: dict[str, list[Point]] = {}
+  for p in points:
+    out.setdefault(shape_key(p.config), []).append(p)
+  return list(out.values())
+
+
+def hparams(point: Point) -> dict[str, Any]:
+  """The point's traced values, as ``Simulator.run`` takes them."""
+  return {knob: getattr(point.config, name)
+          for name, knob in traced(point.config).items()}
