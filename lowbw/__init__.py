@@ -20,9 +20,10 @@ from lowbw.config import Config, build, simulate
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, Simulator, SweepResult, initialize,
                               sweep)
+from lowbw.study import Study, study
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
+__all__ = ["Config", "ConfigError", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

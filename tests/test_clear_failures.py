@@ -44,10 +44,10 @@ def test_a_bad_value_is_a_config_error_with_its_parts():
 def test_the_cli_names_the_flag_from_the_error_not_its_wording(
     monkeypatch, capsys, tmp_path):
   # Any wording: the flag comes from the error's field.
-  def refuse(s, explicit):
+  def refuse(*args, **kwargs):
     raise lowbw.ConfigError("num_workers", 3, "a sentence in other words "
                             "about batch_size=4")
-  monkeypatch.setattr(_train, "build_args", refuse)
+  monkeypatch.setattr(lowbw.config, "build", refuse)
   assert cli.main(_TINY + ["--out", str(tmp_path / "r")]) == 2
   assert _err(capsys) == ("lowbw: error: --workers=3 is invalid: a sentence in "
                           "other words about --batch-size=4")
@@ -228,7 +228,7 @@ def test_yaml_toml_and_json_configs_mean_the_same(tmp_path):
     path = tmp_path / name
     path.write_text(text)
     args = cli.build_parser().parse_args(["train", "--config", str(path)])
-    seen.append(_train.settings(args)[0])
+    seen.append(_train.resolved(_train.settings(args)))
   assert seen[0] == seen[1] == seen[2]
   assert seen[0]["inner_lr"] == 1e-3 and seen[0]["strategy"] == "sparta"
 

@@ -7,8 +7,11 @@ import sys
 
 import pytest
 
+import lowbw
+
 from lowbw import cli
-from lowbw.cli import _strategy, _train
+from lowbw import config as config_lib
+from lowbw.cli import _train
 
 BASE = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
         "--batch-size", "4", "--steps", "10", "--no-progress"]
@@ -69,11 +72,11 @@ def test_resume_continues_with_more_steps(tmp_path):
 
 
 def test_no_arguments_means_the_documented_default_run():
-  s, explicit = _train.settings(cli.build_parser().parse_args(["train"]))
-  assert explicit == set()
-  source = _train.build_data(s)
-  model = _train.build_model(s, source)
-  strategy = _strategy.build(s)
+  config = _train.settings(cli.build_parser().parse_args(["train"]))
+  assert config.given == set()
+  s = _train.resolved(config)
+  args = config.build_args()
+  source, model, strategy = args["data"], args["model"], args["strategy"]
   assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 100, 8)
   assert model.name == "gpt" and source.task == "lm" and source.seq_len == 128
   assert s["steps"] == 200  # about a minute on a 2-core CPU
@@ -117,7 +120,7 @@ def test_no_arguments_means_the_documented_default_run():
     (["--strategy", "fedavg", "--codec", "topk:0.1", "--compress", "grads"],
      "lowbw: error: --compress='grads' is invalid"),
     (["--strategy", "fedavg", "--compress", "deltas"],
-     "lowbw: error: --compress='deltas' is invalid: says what --codec"),
+     "lowbw: error: --compress='deltas' is invalid: says what codec"),
     (["--strategy", "fedavg", "--H", "5", "--codec", "topk:0.1",
       "--island-size", "1"],
      "lowbw: error: --island-size=1 is invalid"),
@@ -227,20 +230,19 @@ def test_config_values_of_the_wrong_type_are_named(tmp_path, capsys, text,
 def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
   def broken(args):
     raise TypeError("a bug")
-  monkeypatch.setattr(_train, "build_args", lambda *a: broken(a))
+  monkeypatch.setattr(config_lib, "build", lambda *a, **k: broken(a))
   with pytest.raises(TypeError, match="a bug"):
     cli.main(TINY)
 
 
 def test_version_and_config_types_of_scale_flags(capsys):
   from lowbw import __version__
-  from lowbw.cli import _config, _train
   assert cli.main(["--version"]) == 0
   assert capsys.readouterr().out.strip() == f"lowbw {__version__}"
-  types = _config.flag_types(_train.add_scale_flags)
   for ok in ({"worker_batch": 2}, {"worker_batch": "auto"},
              {"memory_budget": "8GB"}):
-    assert _config.check_types(ok, types, "c.toml") == ok
+    config = lowbw.Config(data="digits", **ok)
+    assert {k: getattr(config, k) for k in ok} == ok
   with pytest.raises(ValueError, match="^worker_batch=2.5 is invalid: "
                      "expected an integer or a string"):
-    _config.check_types({"worker_batch": 2.5}, types, "c.toml")
+    lowbw.Config(worker_batch=2.5)

@@ -8,14 +8,15 @@ import optax
 import pytest
 
 from lowbw import cli, strategies, transforms
-from lowbw.cli import _bench, _strategy, _train
+from lowbw import config as config_lib
+from lowbw.cli import _bench, _train
 from lowbw.strategies import _optim, _spec
 
 
 def cli_strategy(*argv):
   args = cli.build_parser().parse_args(["train", *argv])
-  s, _ = _train.settings(args)
-  return _strategy.build(s), s
+  s = _train.resolved(_train.settings(args))
+  return config_lib.build_strategy(s), s
 
 
 @pytest.mark.parametrize("name", sorted(strategies.SPECS))
@@ -32,7 +33,7 @@ def test_the_command_line_builds_the_factory_defaults(name):
 def test_the_bench_reads_the_same_defaults():
   args = cli.build_parser().parse_args(["bench", "--strategy", "muloco"])
   s = _bench._settings(args)
-  assert _strategy.build(s).config == strategies.muloco().config
+  assert config_lib.build_strategy(s).config == strategies.muloco().config
 
 
 def test_flags_override_the_spec_and_reach_the_factory():

@@ -12,7 +12,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, data, models, strategies
-from lowbw.cli import _strategy
+from lowbw.config import _strategy_fields as strategy_fields
 
 KEY = jax.random.PRNGKey(0)
 _BUILD = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
@@ -108,8 +108,8 @@ def test_a_runs_learning_rate_ends_at_the_floor():
 
 
 def test_muloco_decays_to_a_tenth_by_default():
-  assert _strategy.defaults(strategies.spec("muloco"))["min_lr_ratio"] == 0.1
-  assert _strategy.defaults(strategies.spec("diloco"))["min_lr_ratio"] == 0.0
+  assert strategy_fields.defaults(strategies.spec("muloco"))["min_lr_ratio"] == 0.1
+  assert strategy_fields.defaults(strategies.spec("diloco"))["min_lr_ratio"] == 0.0
 
 
 # ------------------------------------------------------------------ DeMo

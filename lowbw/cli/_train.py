@@ -118,9 +118,13 @@ def settings(args: argparse.Namespace) -> Config:
     saved = _saved(os.path.join(args.resume, "config.json"))
     merged.update(saved)
   if args.config:
-    from_file = config_lib.read_config(
-        args.config, [*FIELDS, *config_lib.ALIASES])
-    from_file = {config_lib.canonical(k): v for k, v in from_file.items()}
+    from_file = config_lib.read_config(args.config, FIELDS)
+    for key, value in from_file.items():  # a flag may override it
+      try:
+        config_lib.check_value(key, value)
+      except _validate.ConfigError as e:
+        raise _validate.fail(e.field, e.value, f"{e.allowed} (in config "
+                             f"file {args.config})") from None
   flags = {k: v for k, v in vars(args).items()
            if k in FIELDS and v is not None}
   if args.resume:

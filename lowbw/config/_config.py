@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from lowbw import _validate
+from lowbw import strategies as strategies_lib
 from lowbw.config import _fields, _files, _resolve
 from lowbw.config import _strategy_fields as strategy_fields
 
@@ -79,10 +80,17 @@ def _check_type(field: _fields.Field, value):
   if not ok:
     raise _validate.fail(field.name, value,
                          f"expected {_files.KINDS.get(kinds, kinds)}")
+  if field.name == "strategy":
+    strategies_lib.spec(value)  # names the registered strategies
   if field.choices and value not in field.choices:
     raise _validate.fail(field.name, value, "expected one of " + ", ".join(
         map(str, field.choices)) + _validate.suggest(value, field.choices))
   return float(value) if kinds is float else value
+
+
+def check_value(name: str, value):
+  """``value`` checked against the type and choices of setting ``name``."""
+  return _check_type(FIELDS[canonical(name)], value)
 
 
 def canonical(name: str) -> str:
@@ -162,7 +170,7 @@ class _ConfigBase:
   def load(cls, path: str, **changes) -> "Config":
     """A config from a YAML, TOML or JSON file (by extension), with
     ``changes`` on top."""
-    values = _files.read_config(path, [*FIELDS, *ALIASES])
+    values = _files.read_config(path, FIELDS)
     try:
       return cls(**{**values, **changes})
     except _validate.ConfigError as e:

@@ -110,8 +110,9 @@ RUN_FIELDS = (
     Field("workers", _defaults.NUM_WORKERS, SHAPE, _H,
           "number of simulated workers W", int, unit="workers"),
     # -- model and data
-    Field("model", None, SHAPE, _M, "gpt | moe_gpt | mlp | cnn (default: gpt "
-          "for text, moe_gpt for strategy spes, mlp for classification)"),
+    Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
+          "strategy spes, mlp for classification",
+          choices=("gpt", "moe_gpt", "mlp", "cnn")),
     Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
     Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
     Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),
@@ -266,7 +267,8 @@ USED_BY = {
 def flag_kwargs(field: Field) -> dict:
   """``add_argument`` keywords of ``field``'s flag (its help with the
   default)."""
-  default = ("" if field.default is None or "default" in field.help else
+  default = ("" if field.default in (None, False) or "default" in field.help
+             else " (default on)" if field.default is True else
              f" (default {field.default})")
   help = (field.help + default).replace("%", "%%")
   if field.type is bool:

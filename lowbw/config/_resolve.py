@@ -12,15 +12,20 @@ from lowbw import transforms
 from lowbw.config import _fields, _strategy_fields as strategy_fields
 from lowbw.strategies import _optim
 
-# Owner kind -> choice -> the settings only that choice uses.
-USED_BY = {
-    **_fields.USED_BY,
-    "strategy": strategy_fields.used_by(),
-    "inner": {kind: set(names) for kind, names in _optim.USES.items()},
-    "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
-}
-OWNED = {name for options in USED_BY.values() for names in options.values()
-         for name in names}
+def used_by() -> dict[str, dict[str, set[str]]]:
+  """Owner kind -> choice -> the settings only that choice uses (read at
+  each call: a strategy registered at run time is included)."""
+  return {
+      **_fields.USED_BY,
+      "strategy": strategy_fields.used_by(),
+      "inner": {kind: set(names) for kind, names in _optim.USES.items()},
+      "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
+  }
+
+
+def _owned(table) -> set[str]:
+  return {name for options in table.values() for names in options.values()
+          for name in names}
 
 
 def data_kind(s: dict) -> str:
@@ -66,9 +71,9 @@ def choices(s: dict) -> dict:
 def used(s: dict) -> set[str]:
   """The settings the run reads: every setting no choice owns, and those
   the chosen options use."""
-  chosen = choices(s)
-  return (set(s) - OWNED) | set().union(*(
-      options.get(chosen[kind], set()) for kind, options in USED_BY.items()))
+  chosen, table = choices(s), used_by()
+  return (set(s) - _owned(table)) | set().union(*(
+      options.get(chosen[kind], set()) for kind, options in table.items()))
 
 
 def check_used(s: dict, explicit) -> None:
@@ -77,9 +82,14 @@ def check_used(s: dict, explicit) -> None:
       s["codec"]).lower() in transforms.UNCOMPRESSED):
     raise _validate.fail("compress", s["compress"],
                          "says what codec encodes; give a codec")
-  chosen = choices(s)
+  if s["sharding"] == "dirichlet" and data_kind(s) in ("text", "folder",
+                                                       "tokens"):
+    raise _validate.fail("sharding", "dirichlet", "needs labelled "
+                         "(classification) data; text has no labels: "
+                         "expected iid or contiguous")
+  chosen, table = choices(s), used_by()
   for name in sorted(set(explicit) - used(s)):
-    owners = [kind for kind, options in USED_BY.items()
+    owners = [kind for kind, options in table.items()
               if any(name in names for names in options.values())]
     raise _validate.fail(
         name, s[name], "not used by " + ", ".join(

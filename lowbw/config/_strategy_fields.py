@@ -218,8 +218,9 @@ def fields() -> tuple[_fields.Field, ...]:
   """``strategy``, every strategy parameter's field and the optimizers'
   (their defaults are the chosen strategy's, filled by ``fill``)."""
   return (_fields.Field("strategy", DEFAULT_STRATEGY, _fields.SHAPE,
-                        "strategy", f"default {DEFAULT_STRATEGY}",
-                        choices=tuple(sorted(specs()))),
+                        "strategy", "one of " + ", ".join(sorted(specs()))
+                        + f" (default {DEFAULT_STRATEGY}; a strategy "
+                        "registered later is accepted too)"),
           *_param_fields(), *_optimizer_fields())
 
 

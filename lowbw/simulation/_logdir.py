@@ -15,10 +15,9 @@ from lowbw import _validate, telemetry
 
 # What runs and sweeps write in their folder (wandb: W&B's local, offline,
 # files).
-RUN_FILES = (telemetry.CHECKPOINTS, "config.json", "config.yaml",
-             "metrics.csv",
+RUN_FILES = (telemetry.CHECKPOINTS, "config.json", "metrics.csv",
              "summary.json", "tensorboard", "sweep.csv", "sweep.json",
-             "sweep.png", "plot.png", "wandb")
+             "sweep.png", "plot.png", "wandb", "config.yaml")
 _POINTS = "point_[0-9][0-9][0-9]*"
 
 

@@ -1,6 +1,8 @@
 """Metric names, log writers, progress bar and checkpoints: the I/O layer."""
 
 from lowbw.telemetry import _metrics as names
+from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
+                                   spans_decades)
 from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
                                          latest_step, read_meta, restore, save)
 from lowbw.telemetry._progress import ProgressBar, is_terminal
@@ -10,6 +12,7 @@ from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      write_text)
 
 __all__ = [
+    "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
     "CHECKPOINTS", "CSVWriter", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_wandb", "is_terminal", "latest_step", "names", "quiet_logs",

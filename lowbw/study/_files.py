@@ -1,0 +1,186 @@
+"""A study's folder: what it is (``study.json``), one folder per point
+(each finished point's ``point.json`` written last, atomically), and the
+tables.
+
+    OUT/study.json          base config, grid, seeds; summary when finished
+    OUT/points/NNNN/        the point's run: metrics.csv, config.yaml, ...
+    OUT/points/NNNN/point.json   written when the point has finished
+    OUT/study.csv           one row per point and logged step
+    OUT/final.csv           one row per combination: mean, std over seeds
+    OUT/points.csv          one row per point: its values, seed, finals
+"""
+
+import csv
+import json
+import math
+import os
+import shutil
+
+import numpy as np
+
+from lowbw import _validate, telemetry
+from lowbw.simulation import _logdir
+from lowbw.study import _grid
+from lowbw.study._result import FINAL, PointResult
+
+STUDY = "study.json"
+POINTS = "points"
+DONE = "point.json"
+TABLES = ("study.csv", "final.csv", "points.csv", "study.parquet",
+          "final.parquet")
+
+
+def _jsonable(value):
+  if isinstance(value, (str, int, float, bool, type(None))):
+    return value
+  if isinstance(value, dict):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  return f"<{type(value).__name__}>"
+
+
+def spec(base, grid, seeds) -> dict:
+  """What makes a study itself: equal specs resume each other."""
+  return {"base": _jsonable(base.to_dict()), "grid": _jsonable(
+      _grid.check_grid(grid)), "seeds": list(seeds)}
+
+
+def point_dir(out: str | None, index: int) -> str | None:
+  return None if out is None else os.path.join(out, POINTS, f"{index:04d}")
+
+
+def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
+  """Creates or reopens ``out``; returns the finished points' indices.
+
+  A folder holding this same study (its ``study.json``) resumes; one
+  holding another study or a run is refused unless ``overwrite``.
+  """
+  if out is None:
+    return set()
+  if not isinstance(out, (str, os.PathLike)):
+    raise _validate.fail("out", out, "expected a folder path or None")
+  out = os.fspath(out)
+  mine = spec(base, grid, seeds)
+  path = os.path.join(out, STUDY)
+  if os.path.isfile(path) and not overwrite:
+    with open(path) as f:
+      theirs = json.load(f).get("spec")
+    if theirs != mine:
+      raise _validate.fail("out", out, "holds another study (its base, "
+                           "grid or seeds differ); give another folder or "
+                           "overwrite=True (--overwrite)")
+    return _finished(out)
+  if overwrite:
+    for name in (STUDY, POINTS, *TABLES, *_plot_names(out)):
+      target = os.path.join(out, name)
+      if os.path.isdir(target):
+        shutil.rmtree(target)
+      elif os.path.exists(target):
+        os.remove(target)
+  _logdir.prepare(out, overwrite=overwrite, field="out")
+  telemetry.write_json(path, {"spec": mine})
+  return set()
+
+
+def _plot_names(out: str) -> list[str]:
+  if not os.path.isdir(out):
+    return []
+  return [n for n in os.listdir(out) if n.startswith("loss_vs_") and
+          n.endswith(".png")]
+
+
+def _finished(out: str) -> set[int]:
+  folder = os.path.join(out, POINTS)
+  if not os.path.isdir(folder):
+    return set()
+  return {int(name) for name in os.listdir(folder) if name.isdigit() and
+          os.path.isfile(os.path.join(folder, name, DONE))}
+
+
+def write_point(result: PointResult) -> None:
+  telemetry.write_json(os.path.join(result.log_dir, DONE), {
+      "index": result.index, "values": _jsonable(result.values),
+      "seed": result.seed, "summary": result.summary})
+
+
+def read_history(path: str) -> dict[str, np.ndarray]:
+  """``metrics.csv`` as metric -> float array (empty cells are NaN)."""
+  if not os.path.isfile(path):
+    return {}
+  with open(path, newline="") as f:
+    rows = list(csv.reader(f))
+  if not rows:
+    return {}
+  head, body = rows[0], rows[1:]
+  return {name: np.asarray([float(r[i]) if r[i] != "" else math.nan
+                            for r in body]) for i, name in enumerate(head)}
+
+
+def read_point(out: str, point: _grid.Point) -> PointResult:
+  folder = point_dir(out, point.index)
+  with open(os.path.join(folder, DONE)) as f:
+    saved = json.load(f)
+  history = read_history(os.path.join(folder, "metrics.csv"))
+  if "step" in history:
+    history["step"] = history["step"].astype(np.int64)
+  return PointResult(point.index, dict(point.values), point.seed,
+                     saved["summary"], history, folder, point.config)
+
+
+def _write_csv(path: str, columns: dict) -> None:
+  names = list(columns)
+  rows = len(next(iter(columns.values()), []))
+  writer = telemetry.CSVWriter(path, names)
+  for r in range(rows):
+    writer.write({k: _plain(columns[k][r]) for k in names})
+  writer.close()
+
+
+def _plain(value):
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, float) and math.isnan(value):
+    return None
+  return value
+
+
+def points_table(study) -> dict[str, list]:
+  cols = {"point": [], "seed": [], **{n: [] for n in study.names},
+          **{k: [] for k in FINAL}, "error": []}
+  for p in study.points:
+    cols["point"].append(p.index)
+    cols["seed"].append(p.seed)
+    for n in study.names:
+      cols[n].append(p.values.get(n))
+    for k in FINAL:
+      cols[k].append(p.summary.get(k))
+    cols["error"].append(p.summary.get("error"))
+  return cols
+
+
+def write_tables(study, out: str) -> None:
+  """study.csv, final.csv and points.csv (and Parquet copies of the first
+  two when pyarrow is installed); the summary into study.json."""
+  tidy, final = study.table(frame=False), study.final(frame=False)
+  _write_csv(os.path.join(out, "study.csv"), tidy)
+  _write_csv(os.path.join(out, "final.csv"), final)
+  _write_csv(os.path.join(out, "points.csv"), points_table(study))
+  _parquet(out, {"study": tidy, "final": final})
+  path = os.path.join(out, STUDY)
+  with open(path) as f:
+    record = json.load(f)
+  record["summary"] = _jsonable(study.summary)
+  record["names"] = study.names
+  telemetry.write_json(path, record)
+
+
+def _parquet(out: str, tables: dict) -> None:
+  try:
+    import pandas as pd
+    import pyarrow  # noqa: F401  (pandas' Parquet engine)
+  except ImportError:
+    return
+  for name, columns in tables.items():
+    pd.DataFrame({k: list(v) for k, v in columns.items()}).to_parquet(
+        os.path.join(out, f"{name}.parquet"), index=False)

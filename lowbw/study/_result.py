@@ -1,0 +1,133 @@
+"""What ``lowbw.study`` returns: its points and their tables."""
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from lowbw.config import Config
+
+# Final figures of a point (its summary's keys) in the final table, each as
+# mean and std over seeds.
+FINAL = ("final_eval_loss", "final_train_loss", "payload_bytes",
+         "wire_bytes", "sim_time_s", "wall_time_s")
+
+
+@dataclasses.dataclass
+class PointResult:
+  """One finished point of a study.
+
+  Attributes:
+    index: its place in the study (its folder ``points/NNNN``).
+    values: the grid's values at this point.
+    seed: its seed.
+    summary: the run's summary (``error`` holds a failed run's message).
+    history: metric -> numpy array over logged rows.
+    log_dir: its folder, or None.
+    config: the run's whole ``Config``.
+  """
+
+  index: int
+  values: dict[str, Any]
+  seed: int
+  summary: dict[str, Any]
+  history: dict[str, np.ndarray]
+  log_dir: str | None
+  config: Config
+
+
+def _frame(columns: dict):
+  """A pandas DataFrame when pandas is installed, else the dict of numpy
+  arrays."""
+  try:
+    import pandas as pd
+  except ImportError:
+    return {k: np.asarray(v) for k, v in columns.items()}
+  return pd.DataFrame(columns)
+
+
+def _num(value) -> float:
+  return math.nan if value is None else float(value)
+
+
+@dataclasses.dataclass
+class Study:
+  """A finished study (``lowbw.study``).
+
+  Attributes:
+    points: one ``PointResult`` per point, in the grid's order.
+    names: the swept fields.
+    seeds: the seeds.
+    base: the config every point starts from.
+    summary: points, groups (compiled shapes), builds, resumed points,
+      compile and wall seconds, the folder.
+  """
+
+  points: list[PointResult]
+  names: list[str]
+  seeds: list[int]
+  base: Config
+  summary: dict[str, Any]
+
+  def table(self, frame: bool = True):
+    """The tidy table: one row per point and logged step, with columns
+    ``point``, ``seed``, the swept fields, then every logged metric
+    (pandas DataFrame; ``frame=False`` or no pandas: a dict of arrays)."""
+    keys: list[str] = []
+    for p in self.points:
+      keys += [k for k in p.history if k not in keys]
+    cols: dict[str, list] = {"point": [], "seed": [],
+                             **{n: [] for n in self.names},
+                             **{k: [] for k in keys}}
+    for p in self.points:
+      rows = len(next(iter(p.history.values()), []))
+      cols["point"] += [p.index] * rows
+      cols["seed"] += [p.seed] * rows
+      for n in self.names:
+        cols[n] += [p.values.get(n)] * rows
+      for k in keys:
+        cols[k] += list(p.history.get(k, np.full(rows, np.nan)))
+    return _frame(cols) if frame else {k: np.asarray(v)
+                                       for k, v in cols.items()}
+
+  def combinations(self) -> list[tuple[dict, list[PointResult]]]:
+    """(values, the points of every seed) per combination, in order."""
+    groups: dict[str, tuple[dict, list]] = {}
+    for p in self.points:
+      key = repr(sorted(p.values.items()))
+      groups.setdefault(key, (p.values, []))[1].append(p)
+    return list(groups.values())
+
+  def final(self, frame: bool = True):
+    """One row per combination of swept values: for each final figure
+    (``FINAL``) its mean and std over seeds (ddof 0; failed points are
+    left out and counted in ``failed``)."""
+    rows = []
+    for values, points in self.combinations():
+      row = {n: values.get(n) for n in self.names}
+      ok = [p for p in points if not p.summary.get("error")]
+      row["seeds"] = len(ok)
+      row["failed"] = len(points) - len(ok)
+      for key in FINAL:
+        vals = np.asarray([_num(p.summary.get(key)) for p in ok])
+        vals = vals[np.isfinite(vals)]
+        row[f"{key}_mean"] = float(vals.mean()) if vals.size else math.nan
+        row[f"{key}_std"] = float(vals.std()) if vals.size else math.nan
+      rows.append(row)
+    columns = {k: [r[k] for r in rows] for k in (rows[0] if rows else {})}
+    return _frame(columns) if frame else columns
+
+  def plot(self, folder: str | None = None) -> list[str]:
+    """Draws the study's plots (final loss against bytes with the Pareto
+    front marked, against simulated time, and against each swept field)
+    into ``folder`` (default: the study's); returns their paths. Needs
+    matplotlib."""
+    from lowbw.study import _plots
+    return _plots.draw(self, folder or self.summary["out"])
+
+  def __repr__(self):
+    s = self.summary
+    return (f"Study({len(self.points)} points over {self.names or 'seeds'}, "
+            f"{len(self.seeds)} seeds, {s['groups']} compiled shapes, "
+            f"{s['resumed']} resumed, out={s['out']!r})")

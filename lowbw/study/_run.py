@@ -1,0 +1,129 @@
+"""``lowbw.study``: every point of a grid over any ``Config`` field, one
+compiled program per shape, resumable."""
+
+import sys
+import time
+from collections.abc import Callable
+
+from tqdm.auto import tqdm
+
+from lowbw import telemetry
+from lowbw.config import Config, build_config, run_config
+from lowbw.simulation import DivergenceError, NonFiniteLossError
+from lowbw.study import _files, _grid
+from lowbw.study._result import PointResult, Study
+
+
+def study(base, grid, seeds=(0,), out: str | None = None,
+          progress: bool | None = None, overwrite: bool = False,
+          on_point: Callable[[PointResult], None] | None = None) -> Study:
+  """Runs ``base`` at every point of ``grid`` with every seed.
+
+  Any ``Config`` field may be swept, the strategy itself included. Points
+  that compile to the same program (they differ only in traced values
+  such as learning rates or bandwidth, and in seeds) share one build;
+  compiled programs are also kept in the persistent compilation cache, so
+  a study run again in another process compiles nothing it compiled
+  before.
+
+  Args:
+    base: a ``lowbw.Config`` (or a dict of its fields): what every point
+      shares.
+    grid: field -> list of values, e.g. ``{"H": [10, 50, 100], "codec":
+      ["float32", "quant:4"]}`` (the product of the lists), or a list of
+      such dicts for an irregular grid, e.g. ``[{"strategy": ["ddp"]},
+      {"strategy": ["diloco"], "H": [10, 100]}]``. A base setting that a
+      point's strategy does not use (the base's ``H`` at a DDP point) is
+      left out; a grid value it does not use is an error naming the point.
+    seeds: the seeds every combination runs with.
+    out: the study's folder: ``points/NNNN/`` per point (a run's logs,
+      ``config.yaml`` and ``point.json``), ``study.json``, the tables
+      (``study.csv``: one row per point and logged step; ``final.csv``:
+      mean ± std over seeds per combination) and plots. Started again with
+      the same ``out``, grid and seeds, a study skips the points that
+      finished and runs the rest.
+    progress: a progress bar over points (default: on a terminal).
+    overwrite: clear what another study or run wrote in ``out``.
+    on_point: called with each ``PointResult`` as it finishes (or is found
+      finished).
+
+  Returns:
+    A ``Study``: its points, ``table()``, ``final()`` and ``plot()``.
+
+  Raises:
+    ConfigError: a bad name, value or point, before anything compiles.
+  """
+  base = base if isinstance(base, Config) else Config(**dict(base))
+  if base.out is not None:
+    base = base.replace(out=None)
+  points = _grid.expand(base, grid, seeds)
+  names = list(dict.fromkeys(n for sub in _grid.check_grid(grid)
+                             for n in sub))
+  done = _files.prepare(out, base, grid, seeds, overwrite)
+  groups = _grid.groups(points)
+  show = telemetry.is_terminal() if progress is None else progress
+  bar = _bar(len(points), len(done)) if show else None
+  results: dict[int, PointResult] = {}
+  start, builds = time.perf_counter(), 0
+  try:
+    for group in groups:
+      todo = [p for p in group if p.index not in done]
+      for p in group:
+        if p.index in done:
+          results[p.index] = _files.read_point(out, p)
+          _report(on_point, results[p.index])
+      if not todo:
+        continue
+      sim = build_config(todo[0].config, compile=False)
+      builds += 1
+      for p in todo:
+        results[p.index] = _run_point(sim, p, out)
+        _report(on_point, results[p.index])
+        if bar:
+          bar.update(1)
+  finally:
+    if bar:
+      bar.close()
+  ordered = [results[p.index] for p in points]
+  summary = {"points": len(points), "groups": len(groups), "builds": builds,
+             "resumed": len(done), "wall_time_s": time.perf_counter() - start,
+             "compile_s": sum(r.summary.get("compile_s") or 0.0
+                              for r in ordered
+                              if r.index not in done),
+             "out": out}
+  result = Study(ordered, names, list(_grid.check_seeds(seeds)), base,
+                 summary)
+  if out:
+    _files.write_tables(result, out)
+  return result
+
+
+def _bar(total: int, done: int):
+  return tqdm(total=total, initial=done, desc="study", unit="point",
+              file=sys.stderr, dynamic_ncols=True)
+
+
+def _report(on_point, result: PointResult) -> None:
+  if on_point is not None:
+    on_point(result)
+
+
+def _run_point(sim, point: _grid.Point, out: str | None) -> PointResult:
+  """One point on its group's build: its traced values as ``hparams``."""
+  folder = _files.point_dir(out, point.index)
+  config = point.config.replace(out=folder, progress=False)
+  error = None
+  try:
+    result = run_config(sim, config, hparams=_grid.hparams(point),
+                        overwrite=True)
+    history, summary = result.history, result.summary
+  except (NonFiniteLossError, DivergenceError) as e:
+    error = str(e).splitlines()[0]
+    history, summary = {}, dict(getattr(e, "summary", None) or {})
+  summary = {**summary, "error": error} if error else summary
+  res = PointResult(point.index, dict(point.values), point.seed, summary,
+                    history, folder, point.config)
+  if out:
+    _files.write_point(res)
+  return res
+
