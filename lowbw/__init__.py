@@ -20,7 +20,7 @@ from lowbw.config import Config, build, simulate
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, Simulator, SweepResult, initialize,
                               sweep)
-from lowbw.study import Study, study
+from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
 

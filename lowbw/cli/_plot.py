@@ -154,11 +154,27 @@ def _float(text):
 
 
 def run(args: argparse.Namespace) -> int:
+  if len(args.runs) == 1 and os.path.isfile(os.path.join(args.runs[0],
+                                                         "study.json")):
+    return _study(args.runs[0], args.out)
   smooth = _validate.positive_int("smooth", args.smooth)
   out, x_axis, y_axis = write(args.runs, args.x, args.y, smooth, args.log_x,
                               args.log_y, args.out)
   print(f"wrote {out}: {y_axis.label} against {x_axis.label}, "
         f"{len(args.runs)} run(s)")
+  return 0
+
+
+def _study(folder: str, out: str | None) -> int:
+  """A study folder: its plots (final loss against bytes, simulated time and
+  each swept setting) into ``out`` (default the folder)."""
+  from lowbw import studies
+  try:
+    paths = studies.load(folder).plot(out)
+  except ModuleNotFoundError:
+    raise ModuleNotFoundError("lowbw plot needs matplotlib: pip install "
+                              "'lowbw[plot]'") from None
+  print(f"wrote {len(paths)} plots of study {folder}: " + ", ".join(paths))
   return 0
 
 

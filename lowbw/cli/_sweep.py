@@ -1,60 +1,94 @@
-"""``lowbw sweep``: a grid of traced values and seeds as one compiled run."""
+"""``lowbw sweep``: a study over any setting (the strategy, H, W, p, a codec,
+learning rates, bandwidth) with seeds; resumable; tables and plots."""
 
 import argparse
 import os
 import sys
 
 from lowbw import _validate
-from lowbw.cli import _plot, _train
-from lowbw.simulation import _logdir, sweep
-from lowbw.simulation import _hparams
+from lowbw import config as config_lib
+from lowbw.cli import _train
+from lowbw.studies import study
 
 
 def add_parser(subparsers) -> None:
   p = subparsers.add_parser(
-      "sweep", help="run a grid of learning rates, network numbers and seeds "
-      "as one compiled program",
-      description="Run every combination of the --grid values, with every "
-      "seed, as one more vmapped axis of one compiled simulation (S points x "
-      "W workers). The other options are lowbw train's and set what the "
-      "points share. Writes a folder per point, sweep.csv (one row per point "
-      "and logged step), sweep.json (mean and std over seeds) and sweep.png.")
-  p.add_argument("--config", metavar="FILE", help="TOML or JSON file of "
-                 "lowbw train's options; flags override it")
+      "sweep", help="run a study: a grid over any setting, with seeds",
+      description="Run every combination of the --grid values (any setting "
+      "of lowbw train, the strategy itself included), each with every seed. "
+      "The other options are lowbw train's and set what the points share. "
+      "Points that differ only in traced values (learning rates, momentum, "
+      "bandwidth, latency) and seeds share one compiled program. Writes "
+      "OUT/points/NNNN/ per point, study.csv (one row per point and logged "
+      "step), final.csv (mean ± std over seeds), points.csv and plots of the "
+      "final loss against bytes, simulated time and each swept setting. Run "
+      "again with the same --out, a study skips the points that finished.")
+  p.add_argument("--config", metavar="FILE", help="YAML, TOML or JSON file "
+                 "of lowbw train's options: the base every point shares; "
+                 "flags override it")
   g = p.add_argument_group("sweep")
   g.add_argument("--grid", action="append", metavar="NAME=V1,V2,...",
-                 help="swept values of one traced setting; repeat for a "
-                 "product of several. Names: " + ", ".join(_hparams.KNOBS))
+                 help="the values of one setting; repeat for a product of "
+                 "several, e.g. --grid H=10,50,100 --grid codec=float32,quant:4")
+  g.add_argument("--grid-file", metavar="FILE", help="YAML, TOML or JSON: a "
+                 "grid (setting: [values]) or a list of grids run one after "
+                 "another (an irregular grid; in TOML: grid = [...]); "
+                 "--grid values multiply each of them")
   g.add_argument("--seeds", help="comma-separated seeds every combination "
                  "runs with (default: --seed)")
-  g.add_argument("--points-per-batch", type=int, help="points computed at "
-                 "once (default: every point on a GPU or TPU, as many as fit "
-                 "the memory budget; 1 on a CPU, where batching points is no "
-                 "faster)")
   _train.add_run_flags(p)
   p.set_defaults(run=run, resume=None)
 
 
-def _value(text: str):
-  try:
-    return float(text)
-  except ValueError:
-    return text.strip()  # a quantity with units: 100Mbps, 50ms
+def _value(name: str, text: str):
+  """A grid value typed as its setting: '10' for H is 10; 'none' is None
+  for a number."""
+  field = config_lib.FIELDS[name]
+  text = text.strip()
+  if field.type in (int, float) and text.lower() in ("none", "null"):
+    return None
+  if field.type is bool:
+    if text.lower() not in ("true", "false"):
+      raise _validate.fail(name, text, "expected true or false")
+    return text.lower() == "true"
+  if field.type in (int, float):
+    try:
+      return field.type(text)
+    except ValueError:
+      raise _validate.fail(name, text, "expected " + (
+          "an integer" if field.type is int else "a number")) from None
+  return text
 
 
 def parse_grid(items) -> dict:
-  """["inner_lr=1e-3,3e-3", ...] -> {"inner_lr": [0.001, 0.003]}."""
+  """["H=10,50", ...] -> {"H": [10, 50]}."""
   grid = {}
   for item in items or []:
     name, sep, values = item.partition("=")
-    name = name.strip().replace("-", "_")
-    if not sep or not name or not values.strip():
+    if not sep or not name.strip() or not values.strip():
       raise _validate.fail("grid", item, "expected NAME=V1,V2,... e.g. "
-                           "inner_lr=1e-3,3e-3")
+                           "H=10,50,100")
+    try:
+      name = config_lib.canonical(name.strip())
+    except _validate.ConfigError as e:
+      raise _validate.fail("grid", name.strip(), e.allowed) from None
     if name in grid:
       raise _validate.fail("grid", item, f"{name} is given twice")
-    grid[name] = [_value(v) for v in values.split(",") if v.strip()]
+    grid[name] = [_value(name, v) for v in values.split(",") if v.strip()]
   return grid
+
+
+def read_grid_file(path: str) -> list[dict]:
+  """The sub-grids of a grid file: a table, a list of tables, or a table
+  whose only key is ``grid``."""
+  values = config_lib.read_file(path, "grid_file")
+  if isinstance(values, dict) and list(values) == ["grid"]:
+    values = values["grid"]
+  values = values if isinstance(values, list) else [values]
+  if not values or not all(isinstance(v, dict) for v in values):
+    raise _validate.fail("grid_file", path, "expected a table of setting: "
+                         "[values] or a list of such tables")
+  return values
 
 
 def parse_seeds(text, default: int) -> list[int]:
@@ -67,84 +101,79 @@ def parse_seeds(text, default: int) -> list[int]:
                          ) from None
 
 
+def _grid(args) -> list[dict]:
+  flags = parse_grid(args.grid)
+  if not args.grid_file:
+    return [flags] if flags else [{}]
+  return [{**sub, **flags} for sub in read_grid_file(args.grid_file)]
+
+
 def run(args: argparse.Namespace) -> int:
-  grid = _hparams.check_names("grid", parse_grid(args.grid))
-  config = _train.settings(args)
-  s = _train.resolved(config)
-  if s["checkpoint_every"] is not None:
-    raise _validate.fail("checkpoint_every", s["checkpoint_every"],
-                         "a sweep does not checkpoint; run a point with "
-                         "lowbw train to checkpoint it")
-  if s["wandb_project"] is not None:
-    raise _validate.fail("wandb_project", s["wandb_project"],
-                         "lowbw sweep logs each point to CSV and "
-                         "TensorBoard only; log a point to W&B with lowbw "
-                         "train")
-  seeds = parse_seeds(args.seeds, s["seed"])
-  out = _train.default_out(s, "sweep-")
-  _logdir.prepare(out, overwrite=args.overwrite, create=False, field="out")
-  result = sweep(config.build_args(), grid, seeds,
-                 points_per_batch=args.points_per_batch, log_dir=out,
-                 progress=s["progress"], overwrite=args.overwrite)
+  grid = _grid(args)
+  base = _train.settings(args)
+  for name, value in (("checkpoint_every", base.checkpoint_every),
+                      ("wandb_project", base.wandb_project)):
+    if value is not None:
+      raise _validate.fail(name, value, "a sweep logs each point to CSV and "
+                           "TensorBoard only; run a point with lowbw train "
+                           "for that")
+  seeds = parse_seeds(args.seeds, base.seed)
+  out = _train.default_out(_train.resolved(base), "sweep-")
+  result = study(base, grid, seeds, out=out, progress=base.progress,
+                 overwrite=args.overwrite, on_point=_printer(base))
   print(format_table(result))
   for point in result.points:  # each point's warnings, e.g. a divergence
     where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())
     for text in point.summary.get("warnings", ()):
       print(f"lowbw: warning: {where or 'the run'}, seed {point.seed}: "
             f"{text}", file=sys.stderr)
-  plotted = plot(result, os.path.join(out, "sweep.png"))
-  print(f"  logs              {out}" + ("" if plotted else
-                                        " (no sweep.png: needs matplotlib)"))
+  try:
+    plots = result.plot()
+  except ModuleNotFoundError:
+    plots = []
+  print(f"  logs              {out}" + (
+      f" (plots: {', '.join(os.path.basename(p) for p in plots)})" if plots
+      else " (no plots: needs matplotlib)"))
   return 0
+
+
+def _printer(base):
+  """One line per finished point, unless a progress bar shows them."""
+  if base.progress:
+    return None
+
+  def show(point) -> None:
+    where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())
+    loss = point.summary.get("final_eval_loss")
+    tail = (point.summary["error"] if point.summary.get("error") else
+            f"eval loss {loss:.4f}" if loss is not None else "done")
+    print(f"point {point.index}: {where or 'base'}, seed {point.seed}: "
+          f"{tail}", flush=True)
+
+  return show
 
 
 def format_table(result) -> str:
   names = result.names
-  width = max([len(n) for n in names] + [8])
-  head = "  ".join(f"{n:>{width}}" for n in names)
-  lines = [f"{len(result.points)} points ({len(result.seeds)} seeds) in "
-           f"{result.summary['wall_time_s']:.1f} s, compile "
-           f"{result.summary['compile_s']:.1f} s",
-           f"{head}  final eval loss (mean ± std over seeds)"]
-  for row in result.aggregate("final_eval_loss"):
-    cells = "  ".join(f"{_fmt(row[n]):>{width}}" for n in names)
-    failed = f", {row['failed']} diverged" if row["failed"] else ""
-    lines.append(f"{cells}  {row['mean']:.4f} ± {row['std']:.4f} "
-                 f"(n={row['n']}{failed})")
+  final = result.final(frame=False)
+  width = {n: max([len(n)] + [len(_fmt(v)) for v in final.get(n, [])])
+           for n in names}
+  s = result.summary
+  lines = [f"{s['points']} points ({len(result.seeds)} seeds, "
+           f"{s['groups']} compiled shapes, {s['resumed']} resumed) in "
+           f"{s['wall_time_s']:.1f} s",
+           "  ".join(f"{n:>{width[n]}}" for n in names) +
+           "  final eval loss (mean ± std over seeds)  wire bytes/worker"]
+  rows = len(final.get("seeds", []))
+  for i in range(rows):
+    cells = "  ".join(f"{_fmt(final[n][i]):>{width[n]}}" for n in names)
+    failed = f", {final['failed'][i]} failed" if final["failed"][i] else ""
+    lines.append(f"{cells}  {final['final_eval_loss_mean'][i]:.4f} ± "
+                 f"{final['final_eval_loss_std'][i]:.4f} "
+                 f"(n={final['seeds'][i]}{failed})  "
+                 f"{final['wire_bytes_mean'][i]:,.0f}")
   return "\n".join(lines)
 
 
 def _fmt(v) -> str:
-  return f"{v:.4g}" if isinstance(v, float) else str(v)
-
-
-def plot(result, path: str) -> bool:
-  """Final eval loss against each swept value (mean ± std over seeds), one
-  line per combination of the other swept values; a log x axis where the
-  values are positive and span a factor of 10 or more (learning rates).
-  False without matplotlib."""
-  try:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-  except ImportError:
-    return False
-  names = result.names or ["seed"]
-  fig, axes = plt.subplots(1, len(names), figsize=(4.5 * len(names), 3.5),
-                           squeeze=False)
-  for ax, name in zip(axes[0], names):
-    lines, log = _plot.sweep_lines(result, name)
-    for label, xs, means, stds in lines:
-      ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=label)
-    if log:
-      ax.set_xscale("log")
-    ax.set_xlabel(name)
-    ax.set_ylabel("final eval loss")
-    if any(label for label, *_ in lines):
-      ax.legend(fontsize=7)
-  seeds = len(result.seeds)
-  fig.suptitle(f"final eval loss against {', '.join(names)} (mean ± std over "
-               f"{seeds} seed{'s' if seeds != 1 else ''})", fontsize=10)
-  fig.tight_layout()
-  _plot.save(fig, path, dpi=110)
-  return True
+  return "-" if v is None else f"{v:.4g}" if isinstance(v, float) else str(v)

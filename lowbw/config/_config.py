@@ -93,15 +93,25 @@ def check_value(name: str, value):
   return _check_type(FIELDS[canonical(name)], value)
 
 
+def _parts(word: str) -> str:
+  """" (did you mean 'inner_lr' or 'outer_lr'?)": settings with ``word``
+  as one of their parts."""
+  parts = [p for p in word.split("_") if p]
+  close = sorted((n for n in FIELDS if parts and
+                  all(p in n.split("_") for p in parts)), key=len)[:3]
+  return (" (did you mean " + " or ".join(map(repr, close)) + "?)"
+          if close else "")
+
+
 def canonical(name: str) -> str:
   """A setting's name from a key of a file, a grid or a keyword ('-' or
   '_', or an alias such as ``num_workers``); a ConfigError if unknown."""
   key = str(name).replace("-", "_")
   key = ALIASES.get(key, key)
   if key not in FIELDS:
-    raise _validate.fail("config", name, "not a setting"
-                         + _validate.suggest(key, [*FIELDS, *ALIASES])
-                         + "; see lowbw.Config.help() or lowbw train --help")
+    close = _validate.suggest(key, [*FIELDS, *ALIASES]) or _parts(key)
+    raise _validate.fail("config", name, "not a setting" + close +
+                         "; see lowbw.Config.help() or lowbw train --help")
   return key
 
 

@@ -35,23 +35,29 @@ FORMATS = {".yaml": ("YAML", _yaml), ".yml": ("YAML", _yaml),
            ".json": ("JSON", json.loads)}
 
 
-def read_config(path: str, allowed: Iterable[str]) -> dict:
-  """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``."""
+def read_file(path: str, field: str = "config"):
+  """What a YAML, TOML or JSON file holds (the format by extension); errors
+  name ``field``."""
   if not os.path.isfile(path):
-    raise _validate.fail("config", path, "no such file")
+    raise _validate.fail(field, path, "no such file")
   ext = os.path.splitext(path)[1].lower()
   if ext not in FORMATS:
-    raise _validate.fail("config", path, "expected a file ending in " +
+    raise _validate.fail(field, path, "expected a file ending in " +
                          ", ".join(FORMATS) + " (YAML, TOML or JSON)")
   kind, read = FORMATS[ext]
   with open(path, "rb") as f:
     text = f.read()
   try:
-    values = read(text)
+    return read(text)
   except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    raise _validate.fail("config", path, f"not valid {kind} ({first})"
+    raise _validate.fail(field, path, f"not valid {kind} ({first})"
                          ) from None
+
+
+def read_config(path: str, allowed: Iterable[str]) -> dict:
+  """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``."""
+  values = read_file(path)
   if not isinstance(values, dict):
     raise _validate.fail("config", path, "expected a table of options")
   values = {str(k).replace("-", "_"): v for k, v in values.items()}

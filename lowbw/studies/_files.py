@@ -20,8 +20,8 @@ import numpy as np
 
 from lowbw import _validate, telemetry
 from lowbw.simulation import _logdir
-from lowbw.study import _grid
-from lowbw.study._result import FINAL, PointResult
+from lowbw.studies import _grid
+from lowbw.studies._result import FINAL, PointResult
 
 STUDY = "study.json"
 POINTS = "points"
@@ -70,7 +70,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
       raise _validate.fail("out", out, "holds another study (its base, "
                            "grid or seeds differ); give another folder or "
                            "overwrite=True (--overwrite)")
-    return _finished(out)
+    return finished(out)
   if overwrite:
     for name in (STUDY, POINTS, *TABLES, *_plot_names(out)):
       target = os.path.join(out, name)
@@ -90,12 +90,22 @@ def _plot_names(out: str) -> list[str]:
           n.endswith(".png")]
 
 
-def _finished(out: str) -> set[int]:
+def finished(out: str) -> set[int]:
   folder = os.path.join(out, POINTS)
   if not os.path.isdir(folder):
     return set()
   return {int(name) for name in os.listdir(folder) if name.isdigit() and
           os.path.isfile(os.path.join(folder, name, DONE))}
+
+
+def read_record(out: str) -> dict:
+  """``study.json`` of the study in ``out``."""
+  path = os.path.join(out, STUDY)
+  if not os.path.isfile(path):
+    raise _validate.fail("study", out, "no study.json there (a lowbw sweep "
+                         "--out or lowbw.study(out=...) folder)")
+  with open(path) as f:
+    return json.load(f)
 
 
 def write_point(result: PointResult) -> None:

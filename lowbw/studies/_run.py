@@ -10,8 +10,8 @@ from tqdm.auto import tqdm
 from lowbw import telemetry
 from lowbw.config import Config, build_config, run_config
 from lowbw.simulation import DivergenceError, NonFiniteLossError
-from lowbw.study import _files, _grid
-from lowbw.study._result import PointResult, Study
+from lowbw.studies import _files, _grid
+from lowbw.studies._result import PointResult, Study
 
 
 def study(base, grid, seeds=(0,), out: str | None = None,
@@ -127,3 +127,20 @@ def _run_point(sim, point: _grid.Point, out: str | None) -> PointResult:
     _files.write_point(res)
   return res
 
+
+
+def load(out: str) -> Study:
+  """The study in folder ``out`` as it stands: its finished points (a
+  study still running, or killed, has fewer than its grid)."""
+  record = _files.read_record(out)
+  spec = record["spec"]
+  base = Config(**spec["base"])
+  points = _grid.expand(base, spec["grid"], spec["seeds"])
+  done = _files.finished(out)
+  results = [_files.read_point(out, p) for p in points if p.index in done]
+  names = record.get("names") or list(dict.fromkeys(
+      n for sub in spec["grid"] for n in sub))
+  summary = {"points": len(points), "groups": len(_grid.groups(points)),
+             "builds": 0, "resumed": len(results), "wall_time_s": 0.0,
+             "compile_s": 0.0, **record.get("summary", {}), "out": out}
+  return Study(results, names, list(spec["seeds"]), base, summary)

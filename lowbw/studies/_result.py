@@ -123,7 +123,7 @@ class Study:
     front marked, against simulated time, and against each swept field)
     into ``folder`` (default: the study's); returns their paths. Needs
     matplotlib."""
-    from lowbw.study import _plots
+    from lowbw.studies import _plots
     return _plots.draw(self, folder or self.summary["out"])
 
   def __repr__(self):

@@ -21,7 +21,8 @@ def _fmt(v) -> str:
 
 
 def label(row: dict, names: list[str]) -> str:
-  return ", ".join(f"{n}={_fmt(row[n])}" for n in names) or "base"
+  return ", ".join(f"{n}={_fmt(row[n])}" for n in names
+                   if row[n] is not None) or "base"
 
 
 def pareto(xs: list[float], ys: list[float]) -> list[int]:
@@ -87,6 +88,7 @@ def _swept(study, rows, name: str, loss: str, path: str) -> str:
   """Final loss against one swept field, a line per combination of the
   others (a category axis for names such as strategies or codecs)."""
   plt = _pyplot()
+  rows = [r for r in rows if r[name] is not None]  # a sub-grid without it
   others = [n for n in study.names if n != name]
   lines: dict = {}
   for r in rows:
