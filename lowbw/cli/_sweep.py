@@ -127,10 +127,7 @@ def run(args: argparse.Namespace) -> int:
     for text in point.summary.get("warnings", ()):
       print(f"lowbw: warning: {where or 'the run'}, seed {point.seed}: "
             f"{text}", file=sys.stderr)
-  try:
-    plots = result.plot()
-  except ModuleNotFoundError:
-    plots = []
+  plots = result.summary.get("plots", [])
   print(f"  logs              {out}" + (
       f" (plots: {', '.join(os.path.basename(p) for p in plots)})" if plots
       else " (no plots: needs matplotlib)"))

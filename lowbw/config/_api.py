@@ -32,17 +32,19 @@ def build_config(config: Config, compile: bool = True,
 
 def run_config(sim: simulation.Simulator, config: Config, **kwargs):
   """Runs ``sim`` (built from ``config``) with the config's run fields,
-  writing ``config.yaml`` to the log folder when the config can be."""
+  writing ``config.yaml`` to the log folder when the config can be;
+  ``kwargs`` are further ``Simulator.run`` arguments (or override one, such
+  as ``progress``)."""
   try:
     text = config.to_yaml()
   except _validate.ConfigError:  # a Python object: config.json only
     text = None
-  return sim.run(seed=config.seed, log_dir=config.out,
-                 checkpoint_every=config.checkpoint_every,
-                 progress=config.progress,
-                 wandb_project=config.wandb_project,
-                 fail_on_divergence=config.fail_on_divergence,
-                 config_yaml=text, **kwargs)
+  args = dict(seed=config.seed, log_dir=config.out,
+              checkpoint_every=config.checkpoint_every,
+              progress=config.progress, wandb_project=config.wandb_project,
+              fail_on_divergence=config.fail_on_divergence,
+              config_yaml=text)
+  return sim.run(**{**args, **kwargs})
 
 
 @functools.wraps(simulation.simulate)

@@ -151,6 +151,13 @@ class _ConfigBase:
     """A new config with ``changes``; defaults follow the new choices."""
     return type(self)(**{**self.values(), **changes})
 
+  def without(self, *names: str) -> "Config":
+    """A new config with ``names`` back to their defaults (a strategy's
+    parameters to the strategy's own)."""
+    drop = {canonical(n) for n in names}
+    return type(self)(**{k: v for k, v in self.values().items()
+                         if k not in drop})
+
   def to_dict(self) -> dict[str, Any]:
     """Every setting the run reads, resolved (defaults filled in)."""
     s = {name: getattr(self, name) for name in FIELDS}

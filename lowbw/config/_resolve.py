@@ -23,6 +23,11 @@ def used_by() -> dict[str, dict[str, set[str]]]:
   }
 
 
+def _owned_by_strategy(s: dict) -> set[str]:
+  """The settings the chosen strategy reads."""
+  return used_by()["strategy"].get(choices(s)["strategy"], set())
+
+
 def _owned(table) -> set[str]:
   return {name for options in table.values() for names in options.values()
           for name in names}
@@ -47,7 +52,8 @@ def model_name(s: dict) -> str:
   """The model the settings train: the given name, the strategy's language
   model (SPES: moe_gpt), gpt for text, mlp for classification."""
   if s["model"] is not None:
-    return s["model"] if isinstance(s["model"], str) else "object"
+    return (s["model"] if isinstance(s["model"], str) else
+            f"<{type(s['model']).__name__} object>")
   if data_kind(s) == "object":
     lm = s["data"].task == "lm"
   else:
@@ -62,7 +68,7 @@ def model_name(s: dict) -> str:
 def choices(s: dict) -> dict:
   """Owner kind -> the option these settings choose."""
   return {"strategy": s["strategy"] if isinstance(s["strategy"], str)
-          else "object", "inner": s["inner"], "model": model_name(s),
+          else f"<{type(s['strategy']).__name__} object>", "inner": s["inner"], "model": model_name(s),
           "data": data_kind(s), "sharding": s["sharding"],
           "topology": s["topology"], "mitigation": s["mitigation"],
           "schedule": s["schedule"]}
@@ -72,14 +78,22 @@ def used(s: dict) -> set[str]:
   """The settings the run reads: every setting no choice owns, and those
   the chosen options use."""
   chosen, table = choices(s), used_by()
-  return (set(s) - _owned(table)) | set().union(*(
+  out = (set(s) - _owned(table)) | set().union(*(
       options.get(chosen[kind], set()) for kind, options in table.items()))
+  if _uncompressed(s.get("codec")):  # compress says what a codec encodes
+    out.discard("compress")
+  return out
+
+
+def _uncompressed(codec) -> bool:
+  return codec is None or (isinstance(codec, str) and
+                           codec.strip().lower() in transforms.UNCOMPRESSED)
 
 
 def check_used(s: dict, explicit) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
-  if "compress" in explicit and (s["codec"] is None or str(
-      s["codec"]).lower() in transforms.UNCOMPRESSED):
+  if "compress" in explicit and _uncompressed(s["codec"]) and (
+      "compress" in _owned_by_strategy(s)):
     raise _validate.fail("compress", s["compress"],
                          "says what codec encodes; give a codec")
   if s["sharding"] == "dirichlet" and data_kind(s) in ("text", "folder",

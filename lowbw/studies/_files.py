@@ -19,6 +19,7 @@ import shutil
 import numpy as np
 
 from lowbw import _validate, telemetry
+from lowbw.config import FIELDS, RUN
 from lowbw.simulation import _logdir
 from lowbw.studies import _grid
 from lowbw.studies._result import FINAL, PointResult
@@ -41,8 +42,11 @@ def _jsonable(value):
 
 
 def spec(base, grid, seeds) -> dict:
-  """What makes a study itself: equal specs resume each other."""
-  return {"base": _jsonable(base.to_dict()), "grid": _jsonable(
+  """What makes a study itself: equal specs resume each other (how it is
+  shown or logged does not count)."""
+  settings = {k: v for k, v in base.to_dict().items()
+              if FIELDS[k].kind != RUN or k == "fail_on_divergence"}
+  return {"base": _jsonable(settings), "grid": _jsonable(
       _grid.check_grid(grid)), "seeds": list(seeds)}
 
 
@@ -69,7 +73,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
     if theirs != mine:
       raise _validate.fail("out", out, "holds another study (its base, "
                            "grid or seeds differ); give another folder or "
-                           "overwrite=True (--overwrite)")
+                           "overwrite=True")
     return finished(out)
   if overwrite:
     for name in (STUDY, POINTS, *TABLES, *_plot_names(out)):

@@ -16,7 +16,8 @@ from lowbw.studies._result import PointResult, Study
 
 def study(base, grid, seeds=(0,), out: str | None = None,
           progress: bool | None = None, overwrite: bool = False,
-          on_point: Callable[[PointResult], None] | None = None) -> Study:
+          on_point: Callable[[PointResult], None] | None = None,
+          plots: bool = True) -> Study:
   """Runs ``base`` at every point of ``grid`` with every seed.
 
   Any ``Config`` field may be swept, the strategy itself included. Points
@@ -46,6 +47,8 @@ def study(base, grid, seeds=(0,), out: str | None = None,
     overwrite: clear what another study or run wrote in ``out``.
     on_point: called with each ``PointResult`` as it finishes (or is found
       finished).
+    plots: draw the plots into ``out`` when matplotlib is installed
+      (``Study.plot()`` draws them later).
 
   Returns:
     A ``Study``: its points, ``table()``, ``final()`` and ``plot()``.
@@ -95,6 +98,11 @@ def study(base, grid, seeds=(0,), out: str | None = None,
                  summary)
   if out:
     _files.write_tables(result, out)
+    if plots:
+      try:
+        result.summary["plots"] = result.plot()
+      except ModuleNotFoundError:  # matplotlib is optional
+        result.summary["plots"] = []
   return result
 
 
@@ -111,11 +119,11 @@ def _report(on_point, result: PointResult) -> None:
 def _run_point(sim, point: _grid.Point, out: str | None) -> PointResult:
   """One point on its group's build: its traced values as ``hparams``."""
   folder = _files.point_dir(out, point.index)
-  config = point.config.replace(out=folder, progress=False)
+  config = point.config.replace(out=folder)
   error = None
   try:
     result = run_config(sim, config, hparams=_grid.hparams(point),
-                        overwrite=True)
+                        overwrite=True, progress=False)
     history, summary = result.history, result.summary
   except (NonFiniteLossError, DivergenceError) as e:
     error = str(e).splitlines()[0]

@@ -1,0 +1,236 @@
+"""lowbw.Config and lowbw.study: a run as a value, and grids over any field.
+
+Each study point is compared with a plain single run of the same config
+(``lowbw.simulate(point.config)``); a killed study resumes and skips what
+finished; irregular grids work from the API and from ``--grid-file``.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import lowbw
+from lowbw import cli, strategies
+
+TINY = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=8,
+            eval_examples=32, eval_every=4)
+
+
+@pytest.fixture(scope="module")
+def base():
+  return lowbw.Config(**TINY, H=2)
+
+
+@pytest.fixture(scope="module")
+def small_study(base, tmp_path_factory):
+  out = tmp_path_factory.mktemp("study")
+  grid = [{"H": [2, 4], "outer_lr": [0.5, 0.7]},
+          {"strategy": ["ddp"]},
+          {"strategy": ["sparta"], "p": [0.05]}]
+  return lowbw.study(base, grid, seeds=[0, 1], out=str(out), progress=False)
+
+
+# ------------------------------------------------------------------ Config
+def test_a_config_round_trips_through_yaml(tmp_path):
+  for name in sorted(strategies.SPECS):
+    config = lowbw.Config(strategy=name, data="digits")
+    path = config.save(str(tmp_path / f"{name}.yaml"))
+    again = lowbw.Config.load(path)
+    assert again == config and again.to_dict() == config.to_dict()
+
+
+def test_defaults_follow_the_strategy_and_unused_settings_are_errors():
+  config = lowbw.Config(strategy="diloco", H=50, data="digits")
+  assert (config.outer_lr, config.H, config.model) == (0.7, 50, "mlp")
+  assert config.without("H").H == strategies.spec("diloco").params[0].default
+  with pytest.raises(lowbw.ConfigError, match="^H=50 is invalid: not used "
+                     "by strategy 'sparta'"):
+    config.replace(strategy="sparta")
+  sparta = lowbw.Config(strategy="sparta", data="digits")
+  assert sparta.to_dict()["p"] == sparta.p and "H" not in sparta.to_dict()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"wokers": 3}, r"^config='wokers' is invalid: not a setting \(did you "
+                    r"mean 'workers'"),
+    ({"lr": 0.1}, "did you mean 'inner_lr'"),
+    ({"steps": "ten"}, "^steps='ten' is invalid: expected an integer"),
+    ({"bandwidth": "fast"}, "^bandwidth='fast' is invalid"),
+    ({"strategy": "dilocco"}, "^strategy='dilocco' is invalid"),
+    ({"sharding": "dirichlett"}, "did you mean 'dirichlet'"),
+    ({"layers": 3, "data": "digits"}, "not used by model 'mlp'"),
+    ({"H": 0}, "^H=0 is invalid"),
+])
+def test_bad_configs_are_one_clear_error(kwargs, message):
+  with pytest.raises(lowbw.ConfigError, match=message):
+    lowbw.Config(**kwargs)
+
+
+def test_a_config_with_a_python_object_runs_but_is_not_written(tmp_path):
+  tiny = {k: v for k, v in TINY.items() if k != "hidden"}
+  config = lowbw.Config(**tiny, model=lowbw.models.mlp(hidden=(8,)), H=2,
+                        out=str(tmp_path / "r"))
+  with pytest.raises(lowbw.ConfigError, match="^hidden='8' is invalid: not "
+                     "used by model '<Model object>'"):
+    config.replace(hidden="8")
+  with pytest.raises(lowbw.ConfigError, match="^model='Model' is invalid: a "
+                     "Python object cannot be written"):
+    config.to_yaml()
+  result = lowbw.simulate(config)
+  assert result.summary["steps"] == 8
+  assert not (tmp_path / "r" / "config.yaml").exists()
+
+
+def test_a_run_repeats_bit_for_bit_from_its_written_config(tmp_path, capsys):
+  first, again = tmp_path / "first", tmp_path / "again"
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+          "--H", "2", "--steps", "8", "--eval-every", "4", "--eval-examples",
+          "32", "--strategy", "sparta_diloco", "--no-progress", "--no-plot"]
+  assert cli.main(argv + ["--out", str(first)]) == 0
+  assert cli.main(["train", "--config", str(first / "config.yaml"), "--out",
+                   str(again), "--no-plot"]) == 0
+  capsys.readouterr()
+  a = lowbw.studies.read_history(str(first / "metrics.csv"))
+  b = lowbw.studies.read_history(str(again / "metrics.csv"))
+  for column in ("train_loss", "eval_loss", "payload_bytes", "wire_bytes",
+                 "sim_time_s"):
+    np.testing.assert_array_equal(a[column], b[column])
+  # --print-config writes what --config reads back.
+  assert cli.main(["train", "--config", str(first / "config.yaml"),
+                   "--print-config"]) == 0
+  printed = capsys.readouterr().out
+  (tmp_path / "printed.yaml").write_text(printed)
+  assert lowbw.Config.load(str(tmp_path / "printed.yaml")) == \
+      lowbw.Config.load(str(first / "config.yaml"))
+
+
+# ------------------------------------------------------------------- study
+def test_each_study_point_equals_its_single_run(small_study):
+  points = small_study.points
+  assert len(points) == 12 and small_study.summary["groups"] == 4
+  # A traced value (outer_lr) and the seeds share a build; H, the strategy
+  # and SPARTA's p do not.
+  assert small_study.summary["builds"] == 4
+  for point in (points[2], points[5], points[9], points[11]):
+    single = lowbw.simulate(point.config.replace(out=None))
+    for key in ("final_eval_loss", "final_train_loss", "wire_bytes",
+                "payload_bytes", "sim_time_s"):
+      np.testing.assert_allclose(point.summary[key], single.summary[key],
+                                 rtol=1e-6, err_msg=key)
+    np.testing.assert_allclose(point.history["train_loss"],
+                               single.history["train_loss"], rtol=1e-6)
+
+
+def test_a_study_writes_its_tables_and_plots(small_study):
+  out = small_study.summary["out"]
+  names = set(os.listdir(out))
+  assert {"study.json", "study.csv", "final.csv", "points.csv", "points",
+          "loss_vs_bytes.png", "loss_vs_time.png", "loss_vs_H.png",
+          "loss_vs_strategy.png"} <= names
+  final = small_study.final(frame=False)
+  assert len(final["seeds"]) == 6 and list(final["seeds"]) == [2] * 6
+  diloco = [i for i in range(6) if final["strategy"][i] is None]
+  assert len(diloco) == 4  # the base's strategy: the first sub-grid
+  tidy = small_study.table(frame=False)
+  assert set(tidy["point"]) == set(range(12))
+  # every point can be run again from its own written config
+  point = small_study.points[3]
+  written = lowbw.Config.load(os.path.join(point.log_dir, "config.yaml"))
+  assert written.replace(out=None) == point.config.replace(out=None)
+
+
+def test_lowbw_plot_draws_a_study_folder(small_study, capsys, tmp_path):
+  assert cli.main(["plot", small_study.summary["out"], "--out",
+                   str(tmp_path)]) == 0
+  assert "loss_vs_bytes.png" in os.listdir(tmp_path)
+
+
+def test_a_grid_value_the_point_does_not_use_names_the_point(base):
+  with pytest.raises(lowbw.ConfigError, match=r"^H=10 is invalid: not used "
+                     r"by strategy 'ddp' \(at grid point strategy='ddp', "
+                     "H=10\\)"):
+    lowbw.study(base, {"strategy": ["ddp"], "H": [10]})
+  with pytest.raises(lowbw.ConfigError, match="seeds=\\[0, 0\\]"):
+    lowbw.study(base, {"H": [2]}, seeds=[0, 0])
+  with pytest.raises(lowbw.ConfigError, match="give seeds with seeds="):
+    lowbw.study(base, {"seed": [1, 2]})
+
+
+_KILLED = r'''
+import os, signal, sys
+import lowbw
+base = lowbw.Config(data="digits", hidden="8", workers=2, batch_size=4,
+                    steps=8, eval_examples=32, H=2)
+def die(point):
+  if point.index == 1:   # two points finished: kill -9 the study
+    os.kill(os.getpid(), signal.SIGKILL)
+lowbw.study(base, {"H": [2, 4]}, seeds=[0, 1], out=sys.argv[1],
+            progress=False, on_point=die)
+'''
+
+
+def test_a_killed_study_resumes_and_skips_finished_points(tmp_path, capsys):
+  out = tmp_path / "killed"
+  proc = subprocess.run([sys.executable, "-c", _KILLED, str(out)],
+                        capture_output=True, text=True)
+  assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+  done = sorted(os.listdir(out / "points"))
+  assert all((out / "points" / d / "point.json").exists()
+             for d in done[:2])
+  # A point killed mid-run leaves no point.json: it runs again.
+  (out / "points" / "0002").mkdir()
+  (out / "points" / "0002" / "metrics.csv").write_text("step\n1\n")
+  assert cli.main(["sweep", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--batch-size", "4", "--steps", "8",
+                   "--eval-examples", "32", "--H", "2", "--grid", "H=2,4",
+                   "--seeds", "0,1", "--out", str(out), "--no-progress"]) == 0
+  text = capsys.readouterr().out
+  assert "4 points (2 seeds, 2 compiled shapes, 2 resumed)" in text
+  record = json.loads((out / "study.json").read_text())
+  assert record["summary"]["resumed"] == 2
+  study = lowbw.studies.load(str(out))
+  assert [p.index for p in study.points] == [0, 1, 2, 3]
+  # The resumed and the new points are the same runs as single runs.
+  single = lowbw.simulate(study.points[0].config.replace(out=None))
+  np.testing.assert_allclose(study.points[0].summary["final_eval_loss"],
+                             single.summary["final_eval_loss"], rtol=1e-6)
+  # Another grid in the same folder is refused.
+  assert cli.main(["sweep", "--data", "digits", "--grid", "H=3", "--out",
+                   str(out)]) == 2
+  assert "holds another study" in capsys.readouterr().err
+
+
+def test_an_irregular_grid_file(tmp_path, capsys):
+  grid = tmp_path / "grid.yaml"
+  grid.write_text("- strategy: [ddp]\n- strategy: [diloco]\n  H: [2, 4]\n")
+  out = tmp_path / "irregular"
+  assert cli.main(["sweep", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--batch-size", "4", "--steps", "8",
+                   "--eval-examples", "32", "--H", "4", "--grid-file",
+                   str(grid), "--out", str(out), "--no-progress"]) == 0
+  text = capsys.readouterr().out
+  assert "3 points (1 seeds, 3 compiled shapes, 0 resumed)" in text
+  rows = (out / "points.csv").read_text().splitlines()
+  assert rows[0].startswith("point,seed,strategy,H,")
+  assert [r.split(",")[2:4] for r in rows[1:]] == [
+      ["ddp", ""], ["diloco", "2"], ["diloco", "4"]]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--grid", "H"], "--grid='H' is invalid: expected NAME=V1"),
+    (["--grid", "lr=0.1"], "did you mean 'inner_lr'"),
+    (["--grid", "H=1", "--grid", "H=2"], "is given twice"),
+    (["--grid", "H=x"], "--H='x' is invalid: expected an integer"),
+    (["--seeds", "0,x"], "--seeds='0,x' is invalid"),
+    (["--checkpoint-every", "2"], "--checkpoint-every=2 is invalid: a sweep"),
+])
+def test_sweep_errors_are_one_line(argv, message, capsys, tmp_path):
+  code = cli.main(["sweep", "--data", "digits", "--out", str(tmp_path / "x"),
+                   *argv])
+  err = capsys.readouterr().err
+  assert code == 2 and message in err and len(err.strip().splitlines()) == 1
