@@ -1,4 +1,4 @@
-"""What ``lowbw plot`` and ``lowbw sweep``'s ``sweep.png`` draw: the data
+"""What ``lowbw plot`` and a study's plots draw: the data
 functions behind the figures, and that a PNG is written."""
 
 import math
@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from lowbw import cli
-from lowbw.cli import _plot, _sweep
+from lowbw.cli import _plot
+from lowbw.studies import pareto
+from lowbw.studies._plots import swept_lines
 
 # A DiLoCo-like log: H = 4, so the bytes stay flat for 4 steps, then grow.
 STEPS = list(range(1, 13))
@@ -97,48 +99,38 @@ def test_cli_plot_refuses_a_smoothing_window_below_one(tmp_path, capsys):
   assert "--smooth=0" in err and "expected an integer >= 1" in err
 
 
-class _FakeSweep:
-  """What ``plot`` reads of a ``SweepResult``: names, seeds, aggregate."""
-
-  def __init__(self, names, rows, seeds=(0, 1)):
-    self.names, self.seeds, self._rows = names, list(seeds), rows
-
-  def aggregate(self, metric):
-    assert metric == "final_eval_loss"
-    return self._rows
+def _rows(lrs, means, **others):
+  return [{"inner_lr": lr, "final_eval_loss_mean": m,
+           "final_eval_loss_std": 0.1, **{k: v[i] for k, v in others.items()}}
+          for i, (lr, m) in enumerate(zip(lrs, means))]
 
 
-def _lr_rows(values):
-  return [{"inner_lr": v, "mean": 2.0 + i, "std": 0.1, "n": 2, "failed": 0}
-          for i, v in enumerate(values)]
-
-
-def test_sweep_learning_rates_go_on_a_log_axis():
+def test_study_learning_rates_go_on_a_log_axis():
   # numpy floats, as a grid built with np.logspace gives them
-  result = _FakeSweep(["inner_lr"], _lr_rows(np.array([3e-3, 1e-3, 1e-2])))
-  lines, log = _plot.sweep_lines(result, "inner_lr")
-  assert log
-  assert lines == [(None, [1e-3, 3e-3, 1e-2], [3.0, 2.0, 4.0],
+  rows = _rows(np.array([3e-3, 1e-3, 1e-2]), [2.0, 3.0, 4.0])
+  lines, numeric, log = swept_lines(rows, ["inner_lr"], "inner_lr",
+                                    "final_eval_loss")
+  assert numeric and log
+  assert lines == [("base", [1e-3, 3e-3, 1e-2], [3.0, 2.0, 4.0],
                     [0.1, 0.1, 0.1])]
-  lines, log = _plot.sweep_lines(
-      _FakeSweep(["inner_lr"], _lr_rows([1e-3, 2e-3])), "inner_lr")
+  _, _, log = swept_lines(_rows([1e-3, 2e-3], [1.0, 2.0]), ["inner_lr"],
+                          "inner_lr", "final_eval_loss")
   assert not log  # less than a decade apart
 
 
-def test_sweep_lines_per_other_value_and_categories():
-  rows = [{"inner_lr": lr, "bandwidth": bw, "mean": m, "std": 0.0}
-          for lr, bw, m in [(1e-3, "10Mbps", 3.0), (1e-2, "10Mbps", 2.0),
-                            (1e-3, "1Gbps", 2.5), (1e-2, "1Gbps", 1.5)]]
-  result = _FakeSweep(["inner_lr", "bandwidth"], rows)
-  lines, log = _plot.sweep_lines(result, "inner_lr")
+def test_study_lines_per_other_value_and_categories():
+  rows = _rows([1e-3, 1e-2, 1e-3, 1e-2], [3.0, 2.0, 2.5, 1.5],
+               bandwidth=["10Mbps", "10Mbps", "1Gbps", "1Gbps"])
+  names = ["inner_lr", "bandwidth"]
+  lines, _, log = swept_lines(rows, names, "inner_lr", "final_eval_loss")
   assert log and [l[0] for l in lines] == ["bandwidth=10Mbps",
                                            "bandwidth=1Gbps"]
-  lines, log = _plot.sweep_lines(result, "bandwidth")
-  assert not log and lines[0][1] == ["10Mbps", "1Gbps"]
+  lines, numeric, log = swept_lines(rows, names, "bandwidth",
+                                    "final_eval_loss")
+  assert not numeric and not log and lines[0][1] == [0, 1]
 
 
-def test_sweep_png_is_written(tmp_path):
-  result = _FakeSweep(["inner_lr"], _lr_rows([1e-3, 1e-2, 1e-1]))
-  path = tmp_path / "sweep.png"
-  assert _sweep.plot(result, str(path))
-  assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+def test_the_pareto_front_keeps_what_nothing_beats_on_both():
+  xs = [10.0, 1.0, 5.0, 5.0, 20.0, math.nan]
+  ys = [1.0, 3.0, 2.0, 2.5, 0.5, 0.1]
+  assert pareto(xs, ys) == [1, 2, 0, 4]

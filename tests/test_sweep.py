@@ -301,14 +301,18 @@ def test_cli_sweep_writes_points_table_and_plot(tmp_path, capsys):
                    "--out", str(out), "--no-progress"])
   assert code == 0
   text = capsys.readouterr().out
-  assert "8 points (2 seeds)" in text and "± " in text
-  assert {"sweep.csv", "sweep.json", "sweep.png", "point_007"} <= set(
-      os.listdir(out))
+  # traced values and seeds: one compiled shape
+  assert "8 points (2 seeds, 1 compiled shapes, 0 resumed)" in text
+  assert "± " in text
+  assert {"study.csv", "final.csv", "study.json", "loss_vs_inner_lr.png",
+          "points"} <= set(os.listdir(out))
+  assert len(os.listdir(out / "points")) == 8
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--grid", "inner_lr"], "--grid='inner_lr' is invalid: expected NAME=V1"),
-    (["--grid", "momentum=0.1"], "--grid='momentum' is invalid: not a traced"),
+    (["--grid", "momentum=0.1"], "--momentum=0.1 is invalid: not used by "
+     "inner 'adamw' (at grid point --momentum=0.1)"),
     (["--grid", "inner_lr=1", "--grid", "inner_lr=2"], "is given twice"),
     (["--seeds", "0,x"], "--seeds='0,x' is invalid"),
     (["--checkpoint-every", "2"], "--checkpoint-every=2 is invalid: a sweep"),

@@ -4,7 +4,6 @@ import argparse
 import csv
 import json
 import math
-import numbers
 import os
 
 from lowbw import _validate, telemetry
@@ -57,36 +56,6 @@ def series(table: dict[str, list[float]], x: str, y: str,
   if is_staircase(x):
     xs, ys = at_sync_points(xs, ys)
   return xs, ys
-
-
-def sweep_lines(result, name: str) -> tuple[list, bool]:
-  """What ``lowbw sweep``'s ``sweep.png`` draws against ``name``:
-  ``[(label, xs, means, stds)]``, one per combination of the other swept
-  values (label None when there is none), and whether the x axis is
-  logarithmic. Numbers (numpy's too) stay numbers; anything else
-  (``"100Mbps"``) is a category."""
-  others = [n for n in result.names if n != name]
-  groups: dict = {}
-  for row in result.aggregate("final_eval_loss"):
-    groups.setdefault(tuple(row[n] for n in others), []).append(row)
-  xs_all = [r.get(name, 0) for g in groups.values() for r in g]
-  numeric = all(isinstance(x, numbers.Real) and not isinstance(x, bool)
-                for x in xs_all)
-  lines = []
-  for key, group in groups.items():
-    if numeric:
-      group = sorted(group, key=lambda r: float(r.get(name, 0)))
-    xs = [float(r.get(name, 0)) if numeric else str(r.get(name, 0))
-          for r in group]
-    label = ", ".join(f"{n}={_short(v)}" for n, v in zip(others, key)) or None
-    lines.append((label, xs, [r["mean"] for r in group],
-                  [r["std"] for r in group]))
-  log = numeric and spans_decades([float(x) for x in xs_all])
-  return lines, log
-
-
-def _short(value) -> str:
-  return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
 def _title(paths: list[str]) -> str:

@@ -63,18 +63,18 @@ _UNSET = object()
 def _check_type(field: _fields.Field, value):
   """``value`` if it has the field's type (an int is a valid float; a
   quantity is checked by its parser); else a ConfigError naming it."""
+  if isinstance(value, (dict, list)):
+    raise _validate.fail(field.name, value, "expected a single value, not a "
+                         + ("table" if isinstance(value, dict) else "list"))
   if value is None or (field.name in OBJECT_FIELDS and
                        not isinstance(value, str)):
-    return value
+    return value  # a model, dataset or strategy given as a Python object
   want = field.type
   kinds = getattr(want, "config_types", want)
   ok = isinstance(value, kinds) and not (kinds is not bool and
                                          isinstance(value, bool))
   if kinds is float:
     ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-  if isinstance(value, (dict, list, tuple)):
-    raise _validate.fail(field.name, value, "expected a single value, not a "
-                         + type(value).__name__)
   if hasattr(want, "parse"):  # a bare number: the forms with units
     want.parse(value if ok else str(value), field.name)
   if not ok:

@@ -84,32 +84,51 @@ def _numeric(values) -> bool:
              for v in values)
 
 
+def swept_lines(rows: list[dict], names: list[str], name: str,
+                loss: str) -> tuple[list, bool, bool]:
+  """What the plot against ``name`` draws: ``[(label, xs, means, stds)]``,
+  one line per combination of the other swept fields (rows without a value
+  of ``name`` left out), whether the values are numbers (numpy's too;
+  anything else, such as a strategy, is a category: its x is its place)
+  and whether a log axis suits them (learning rates)."""
+  rows = [r for r in rows if r[name] is not None]
+  others = [n for n in names if n != name]
+  values = list(dict.fromkeys(r[name] for r in rows))
+  numeric = _numeric(values)
+  groups: dict = {}
+  for r in rows:
+    groups.setdefault(tuple(r[n] for n in others), []).append(r)
+  lines = []
+  for key, members in groups.items():
+    members = sorted(members, key=lambda r: float(r[name]) if numeric
+                     else values.index(r[name]))
+    lines.append((label(dict(zip(others, key)), others),
+                  [float(r[name]) if numeric else values.index(r[name])
+                   for r in members],
+                  [r[f"{loss}_mean"] for r in members],
+                  [r[f"{loss}_std"] for r in members]))
+  log = numeric and telemetry.spans_decades([float(v) for v in values])
+  return lines, numeric, log
+
+
 def _swept(study, rows, name: str, loss: str, path: str) -> str:
   """Final loss against one swept field, a line per combination of the
   others (a category axis for names such as strategies or codecs)."""
   plt = _pyplot()
-  rows = [r for r in rows if r[name] is not None]  # a sub-grid without it
-  others = [n for n in study.names if n != name]
-  lines: dict = {}
-  for r in rows:
-    lines.setdefault(tuple(r[n] for n in others), []).append(r)
-  values = list(dict.fromkeys(r[name] for r in rows))
-  numeric = _numeric(values)
+  lines, numeric, log = swept_lines(rows, study.names, name, loss)
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
-  for key, members in lines.items():
-    members.sort(key=lambda r: r[name] if numeric else values.index(r[name]))
-    xs = [r[name] if numeric else values.index(r[name]) for r in members]
-    ax.errorbar(xs, [r[f"{loss}_mean"] for r in members],
-                yerr=[r[f"{loss}_std"] for r in members], marker="o",
-                capsize=3, label=label(dict(zip(others, key)), others))
-  if numeric and telemetry.spans_decades([float(v) for v in values]):
+  for text, xs, means, stds in lines:
+    ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=text)
+  if log:
     ax.set_xscale("log")
   if not numeric:
+    values = list(dict.fromkeys(r[name] for r in rows
+                                if r[name] is not None))
     ax.set_xticks(range(len(values)), [str(v) for v in values],
                   rotation=20, fontsize=8)
   ax.set_xlabel(name)
   ax.set_ylabel(loss.replace("_", " "))
-  if others:
+  if len(lines) > 1:
     ax.legend(fontsize=6, loc="best")
   fig.tight_layout()
   telemetry.save_figure(fig, path)

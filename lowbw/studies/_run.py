@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
-from lowbw import telemetry
+from lowbw import _validate, telemetry
 from lowbw.config import Config, build_config, run_config
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
@@ -75,15 +75,17 @@ def study(base, grid, seeds=(0,), out: str | None = None,
         if p.index in done:
           results[p.index] = _files.read_point(out, p)
           _report(on_point, results[p.index])
-      if not todo:
-        continue
-      sim = build_config(todo[0].config, compile=False)
-      builds += 1
-      for p in todo:
-        results[p.index] = _run_point(sim, p, out)
-        _report(on_point, results[p.index])
-        if bar:
-          bar.update(1)
+      while todo:  # one build, unless a traced value cannot be set on it
+        rep = todo[0]
+        sim = build_config(rep.config, compile=False)
+        builds += 1
+        now = [p for p in todo if _settable(sim, _diff(p, rep))]
+        todo = [p for p in todo if p not in now]
+        for p in now:
+          results[p.index] = _run_point(sim, p, out, _diff(p, rep))
+          _report(on_point, results[p.index])
+          if bar:
+            bar.update(1)
   finally:
     if bar:
       bar.close()
@@ -116,14 +118,33 @@ def _report(on_point, result: PointResult) -> None:
     on_point(result)
 
 
-def _run_point(sim, point: _grid.Point, out: str | None) -> PointResult:
-  """One point on its group's build: its traced values as ``hparams``."""
+def _diff(point: _grid.Point, rep: _grid.Point) -> dict:
+  """The point's traced values that differ from those ``rep``'s build
+  holds: the ``hparams`` that make one into the other."""
+  mine, built = _grid.hparams(point), _grid.hparams(rep)
+  return {k: v for k, v in mine.items() if built.get(k) != v}
+
+
+def _settable(sim, values: dict) -> bool:
+  """Whether ``sim`` takes ``values`` as traced values (an SGD inner
+  optimizer without momentum has none to set, for one)."""
+  try:
+    sim.check_hparams(values)
+  except _validate.ConfigError:
+    return False
+  return True
+
+
+def _run_point(sim, point: _grid.Point, out: str | None,
+               hparams: dict) -> PointResult:
+  """One point on its group's build, its own traced values as
+  ``hparams``."""
   folder = _files.point_dir(out, point.index)
   config = point.config.replace(out=folder)
   error = None
   try:
-    result = run_config(sim, config, hparams=_grid.hparams(point),
-                        overwrite=True, progress=False)
+    result = run_config(sim, config, hparams=hparams, overwrite=True,
+                        progress=False)
     history, summary = result.history, result.summary
   except (NonFiniteLossError, DivergenceError) as e:
     error = str(e).splitlines()[0]
