@@ -133,9 +133,12 @@ def _shorten(fn):
   import inspect
   defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
 
-  def short(model, data, strategy, num_workers=defaults["num_workers"],
+  def short(model, data=None, strategy=None,
+            num_workers=defaults["num_workers"],
             batch_size=defaults["batch_size"], steps=defaults["steps"],
             *args, **kwargs):
+    if isinstance(model, _CONFIG):  # capped when it was made
+      return fn(model, **kwargs)
     steps = min(steps, SYNCS * _period(strategy))
     batch_size = min(batch_size, BATCH)
     kwargs.setdefault("eval_examples", 8)
@@ -176,7 +179,30 @@ def _once(fn):
   return cached
 
 
+def _capped_config(*args, **kwargs):
+  """A lowbw.Config with the sizes capped as for simulate: at most SYNCS
+  syncs of BATCH examples, 8 evaluation examples, a one-layer GPT."""
+  config = _CONFIG(*args, **kwargs)
+  settings = {n: getattr(config, n) for n in lowbw.config.FIELDS}
+  period = _period(lowbw.config.build_strategy(settings))
+  used = config.to_dict()
+  caps = {"steps": SYNCS * period, "batch_size": BATCH,
+          "eval_examples": 8, **{k: v for k, v in _GPT.items() if k in used}}
+  return config.replace(**{k: min(getattr(config, k) or cap, cap)
+                           for k, cap in caps.items()})
+
+
+def _capped_study(base, grid, seeds=(0,), *args, **kwargs):
+  """A study of the capped base with its first seed (a size, like steps)."""
+  seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+  return _STUDY(base, grid, seeds[:1], *args, **kwargs)
+
+
 import inspect
+_CONFIG, _STUDY = lowbw.Config, lowbw.study
+lowbw.Config = _capped_config
+lowbw.Config.load = _CONFIG.load
+lowbw.study = _capped_study
 _SIMULATE, _BUILD = lowbw.simulate, lowbw.build
 _BUILD_ARGS = set(inspect.signature(_BUILD).parameters)
 BUILD_ONLY = [False]

@@ -19,7 +19,7 @@ import inspect
 from typing import Any, NamedTuple
 
 from lowbw import network as network_lib
-from lowbw.simulation import _backward, _defaults, _memory
+from lowbw import simulation
 
 SHAPE, TRACED, RUN = "shape", "traced", "run"
 
@@ -82,7 +82,7 @@ def _hardware(text, field):
 
 
 def _budget(text, field):
-  return _memory.check_budget(text)
+  return simulation.check_budget(text)
 
 
 def _group_size(text: str) -> str:
@@ -93,7 +93,7 @@ def _group_size(text: str) -> str:
 
 _group_size.config_types = (int, str)
 
-_CAP_MIB = _memory.CPU_ACTIVATION_CAP // 2 ** 20
+_CAP_MIB = simulation.CPU_ACTIVATION_CAP // 2 ** 20
 _STRAGGLERS = network_lib.Stragglers._field_defaults
 
 
@@ -107,7 +107,7 @@ _M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
                           "compute", "strategy")
 
 RUN_FIELDS = (
-    Field("workers", _defaults.NUM_WORKERS, SHAPE, _H,
+    Field("workers", simulation.NUM_WORKERS, SHAPE, _H,
           "number of simulated workers W", int, unit="workers"),
     # -- model and data
     Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
@@ -187,9 +187,9 @@ RUN_FIELDS = (
     Field("windows", None, SHAPE, _N, "faults: down windows, "
           "WORKER:START-END,... e.g. 1:100-200"),
     # -- run
-    Field("steps", _defaults.STEPS, SHAPE, _R, "inner steps per worker", int,
+    Field("steps", simulation.STEPS, SHAPE, _R, "inner steps per worker", int,
           unit="steps"),
-    Field("batch_size", _defaults.BATCH_SIZE, SHAPE, _R,
+    Field("batch_size", simulation.BATCH_SIZE, SHAPE, _R,
           "examples per worker and step", int, unit="examples"),
     Field("seed", 0, RUN, _R, "seeds initialisation, sharding, sampling and "
           "the strategy's keys", int),
@@ -225,7 +225,7 @@ RUN_FIELDS = (
     Field("autocast", None, SHAPE, _C, "run forward and backward passes in "
           "this type, with float32 parameters, gradients and optimizer state "
           "(mixed precision); default float32",
-          choices=tuple(_backward.AUTOCAST)),
+          choices=tuple(simulation.AUTOCAST)),
     # -- devices
     Field("devices", None, SHAPE, _D, "spread the workers over N devices "
           "(must divide workers; default 1, or all devices of a "

@@ -1,6 +1,10 @@
 """The simulation engine: compiled rounds of W workers and the host loop."""
 
+from lowbw.simulation._backward import AUTOCAST
 from lowbw.simulation._config import RunConfig
+from lowbw.simulation._defaults import BATCH_SIZE, NUM_WORKERS, STEPS
+from lowbw.simulation._logdir import prepare as prepare_log_dir
+from lowbw.simulation._memory import CPU_ACTIVATION_CAP, check_budget
 from lowbw.simulation._engine import RoundOut, SimState, StepOut
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._history import NonFiniteLossError
@@ -11,7 +15,8 @@ from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
 from lowbw.simulation._track import RunWarning
 
-__all__ = ["DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
+__all__ = ["AUTOCAST", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
+           "STEPS", "check_budget", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
            "initialize", "simulate", "sweep"]

@@ -20,7 +20,7 @@ import numpy as np
 
 from lowbw import _validate, telemetry
 from lowbw.config import FIELDS, RUN
-from lowbw.simulation import _logdir
+from lowbw.simulation import prepare_log_dir
 from lowbw.studies import _grid
 from lowbw.studies._result import FINAL, PointResult
 
@@ -82,7 +82,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
         shutil.rmtree(target)
       elif os.path.exists(target):
         os.remove(target)
-  _logdir.prepare(out, overwrite=overwrite, field="out")
+  prepare_log_dir(out, overwrite=overwrite, field="out")
   telemetry.write_json(path, {"spec": mine})
   return set()
 
