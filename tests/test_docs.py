@@ -195,6 +195,9 @@ def _capped_config(*args, **kwargs):
 def _capped_study(base, grid, seeds=(0,), *args, **kwargs):
   """A study of the capped base with its first seed (a size, like steps)."""
   seeds = [seeds] if isinstance(seeds, int) else list(seeds)
+  periods = [h for sub in (grid if isinstance(grid, list) else [grid])
+             for h in sub.get("H", [])]
+  base = base.replace(steps=max([base.steps, *periods]))  # one sync each
   return _STUDY(base, grid, seeds[:1], *args, **kwargs)
 
 

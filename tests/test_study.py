@@ -227,7 +227,8 @@ def test_an_irregular_grid_file(tmp_path, capsys):
     (["--grid", "H=1", "--grid", "H=2"], "is given twice"),
     (["--grid", "H=x"], "--H='x' is invalid: expected an integer"),
     (["--seeds", "0,x"], "--seeds='0,x' is invalid"),
-    (["--checkpoint-every", "2"], "--checkpoint-every=2 is invalid: a sweep"),
+    (["--checkpoint-every", "2", "--H", "2"],
+     "--checkpoint-every=2 is invalid: a sweep"),
 ])
 def test_sweep_errors_are_one_line(argv, message, capsys, tmp_path):
   code = cli.main(["sweep", "--data", "digits", "--out", str(tmp_path / "x"),

@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from lowbw import _validate
+from lowbw import simulation
 from lowbw import strategies as strategies_lib
 from lowbw.config import _fields, _files, _resolve
 from lowbw.config import _strategy_fields as strategy_fields
@@ -228,9 +229,24 @@ def resolve(given: dict) -> dict:
     s["eval_every"] = _resolve.default_eval_every(strategy.period)
   if s["model"] is None:
     s["model"] = _resolve.model_name(s)
-  if s["clock"]:
-    _resolve.build_network(s)
+  _check_run(s, strategy)
   return s
+
+
+def _check_run(s: dict, strategy) -> None:
+  """What the build and the run will check without data or a model: sizes
+  against the strategy's period, the network, precision, the seed."""
+  network = _resolve.build_network(s) if s["clock"] else None
+  try:
+    simulation.check_settings(
+        strategy, num_workers=s["workers"], network=network,
+        eval_every=s["eval_every"],
+        **{n: s[n] for n in _resolve.BUILD_SETTINGS})
+  except _validate.ConfigError as e:  # the API's name -> the setting's
+    raise _validate.renamed(e, ALIASES) from None
+  simulation.check_seed(s["seed"])
+  simulation.multiple_of_period("checkpoint_every", s["checkpoint_every"],
+                                strategy.period)
 
 
 Config = dataclasses.make_dataclass(

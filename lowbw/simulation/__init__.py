@@ -1,7 +1,8 @@
 """The simulation engine: compiled rounds of W workers and the host loop."""
 
 from lowbw.simulation._backward import AUTOCAST
-from lowbw.simulation._config import RunConfig
+from lowbw.simulation._config import (RunConfig, check_seed, check_settings,
+                                      multiple_of_period)
 from lowbw.simulation._defaults import BATCH_SIZE, NUM_WORKERS, STEPS
 from lowbw.simulation._logdir import prepare as prepare_log_dir
 from lowbw.simulation._memory import CPU_ACTIVATION_CAP, check_budget
@@ -16,7 +17,8 @@ from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
 from lowbw.simulation._track import RunWarning
 
 __all__ = ["AUTOCAST", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
-           "STEPS", "check_budget", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
+           "STEPS", "check_budget", "check_seed", "check_settings",
+           "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
            "initialize", "simulate", "sweep"]

@@ -160,7 +160,7 @@ def multiple_of_period(field, value, period):
   if value is not None and value % period:
     raise _validate.fail(
         field, value,
-        f"must be a multiple of the strategy's period H={period} (global "
+        f"must be a multiple of the strategy's period, H = {period} (global "
         "parameters only change at syncs)")
   return value
 
@@ -192,6 +192,32 @@ def configure(model, data, strategy,
   Raises:
     ValueError: a bad argument, naming it, before anything is compiled.
   """
+  model = (models_lib.get(model) if isinstance(model, str)
+           else models_lib.as_model(model))
+  data = _resolve("data", data, data_lib.get, data_lib.DataSource)
+  strategy = _resolve("strategy", strategy, strategies_lib.get,
+                      strategies_lib.Strategy)
+  settings = check_settings(
+      strategy, num_workers=num_workers, batch_size=batch_size, steps=steps,
+      network=network, eval_every=eval_every, log_every=log_every,
+      eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
+      devices=devices, worker_dtype=worker_dtype, worker_batch=worker_batch,
+      memory_budget=memory_budget, minibatch_size=minibatch_size,
+      autocast=autocast, correlation_every=correlation_every,
+      eval_local=eval_local)
+  _check_model_fits_data(model, data)
+  return RunConfig(model, data, strategy, **settings)
+
+
+def check_settings(strategy, *, num_workers, batch_size, steps, network,
+                   eval_every=None, log_every=None, eval_examples=None,
+                   rounds_per_chunk=None, devices=None, worker_dtype=None,
+                   worker_batch="auto", memory_budget=None,
+                   minibatch_size=None, autocast=None, correlation_every=None,
+                   eval_local=False) -> dict:
+  """Every build setting but the model and the data, checked against the
+  strategy (its period H): ``RunConfig``'s other fields. Needs no data, so
+  ``lowbw.Config`` runs it when it is made."""
   num_workers = _validate.positive_int("num_workers", num_workers)
   batch_size = _validate.positive_int("batch_size", batch_size)
   steps = _validate.positive_int("steps", steps)
@@ -201,11 +227,6 @@ def configure(model, data, strategy,
   autocast = check_autocast(autocast)
   if network is not None:
     network = _clock.check_network(network, num_workers)
-  model = (models_lib.get(model) if isinstance(model, str)
-           else models_lib.as_model(model))
-  data = _resolve("data", data, data_lib.get, data_lib.DataSource)
-  strategy = _resolve("strategy", strategy, strategies_lib.get,
-                      strategies_lib.Strategy)
   period = strategy.period
   if steps < period:
     raise _validate.fail(
@@ -214,26 +235,26 @@ def configure(model, data, strategy,
         f"model never changes; give steps >= {period} or a smaller H")
   if network is not None and network.faults is not None:
     _faults.check_windows(network.faults, period)
-  eval_every = multiple_of_period("eval_every", eval_every, period)
-  correlation_every = multiple_of_period("correlation_every",
-                                         correlation_every, period)
   if not isinstance(eval_local, bool):
     raise _validate.fail("eval_local", eval_local, "expected True or False")
-  log_every = _validate.optional_positive_int("log_every", log_every)
-  eval_examples = _validate.optional_positive_int("eval_examples",
-                                                  eval_examples)
-  worker_batch = check_worker_batch(worker_batch, num_workers // devices)
-  memory_budget = _memory.check_budget(memory_budget)
   default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))
-  rounds_per_chunk = (
-      _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
-      if rounds_per_chunk is not None else default_rpc)
-  _check_model_fits_data(model, data)
-  return RunConfig(model, data, strategy, num_workers, batch_size, steps,
-                   network, eval_every, log_every, eval_examples,
-                   rounds_per_chunk, devices, worker_dtype, worker_batch,
-                   memory_budget, minibatch_size, autocast,
-                   correlation_every, eval_local)
+  return dict(
+      num_workers=num_workers, batch_size=batch_size, steps=steps,
+      network=network,
+      eval_every=multiple_of_period("eval_every", eval_every, period),
+      log_every=_validate.optional_positive_int("log_every", log_every),
+      eval_examples=_validate.optional_positive_int("eval_examples",
+                                                    eval_examples),
+      rounds_per_chunk=(
+          _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
+          if rounds_per_chunk is not None else default_rpc),
+      devices=devices, worker_dtype=worker_dtype,
+      worker_batch=check_worker_batch(worker_batch, num_workers // devices),
+      memory_budget=_memory.check_budget(memory_budget),
+      minibatch_size=minibatch_size, autocast=autocast,
+      correlation_every=multiple_of_period("correlation_every",
+                                           correlation_every, period),
+      eval_local=eval_local)
 
 
 def check_worker_batch(worker_batch, per_device: int) -> int | str | None:
