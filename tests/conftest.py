@@ -16,9 +16,12 @@ import tempfile
 # CPU backend compiles about 1.3x faster and runs such programs as fast.
 # Tests compare runs compiled alike, or a compiled run with a reference to
 # float tolerance. Subprocesses inherit it unless they set their own flags.
+FAST_COMPILE = ("--xla_backend_optimization_level=0 "
+                "--xla_llvm_disable_expensive_passes=true")
 os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-    os.environ.get("XLA_FLAGS"), "--xla_backend_optimization_level=0",
-    "--xla_llvm_disable_expensive_passes=true"]))
+    os.environ.get("XLA_FLAGS"), FAST_COMPILE]))
+# For tests that give a subprocess flags of their own (several CPU devices).
+os.environ["LOWBW_TEST_FAST_COMPILE"] = FAST_COMPILE
 
 import jax  # noqa: E402  (after XLA_FLAGS)
 

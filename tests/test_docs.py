@@ -193,12 +193,15 @@ def _capped_config(*args, **kwargs):
 
 
 def _capped_study(base, grid, seeds=(0,), *args, **kwargs):
-  """A study of the capped base with its first seed (a size, like steps)."""
+  """Every point of the study is checked (its config made); its first seed
+  and the first value of each list run (sizes, like steps)."""
   seeds = [seeds] if isinstance(seeds, int) else list(seeds)
-  periods = [h for sub in (grid if isinstance(grid, list) else [grid])
-             for h in sub.get("H", [])]
+  subgrids = grid if isinstance(grid, list) else [grid]
+  periods = [h for sub in subgrids for h in sub.get("H", [])]
   base = base.replace(steps=max([base.steps, *periods]))  # one sync each
-  return _STUDY(base, grid, seeds[:1], *args, **kwargs)
+  lowbw.studies.expand(base, grid, seeds)
+  first = [{k: list(v)[:1] for k, v in sub.items()} for sub in subgrids]
+  return _STUDY(base, first, seeds[:1], *args, **kwargs)
 
 
 import inspect

@@ -51,7 +51,7 @@ def test_the_cli_reports_the_label_not_a_memory_estimate(tmp_path, capsys):
   y = np.arange(20) % 3
   y[0] = 10 ** 9
   path = _npz(tmp_path, x=_x(), y=y)
-  assert cli.main(["train", "--data", path, "--steps", "1",
+  assert cli.main(["train", "--data", path, "--steps", "1", "--H", "1",
                    "--out", str(tmp_path / "run")]) == 2
   err = capsys.readouterr().err
   assert "1000000000" in err and "[0, 2**20)" in err

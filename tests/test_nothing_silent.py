@@ -209,8 +209,8 @@ def test_a_checkpoint_from_four_devices_resumes_in_a_one_device_process(
   args = ["--data", "digits", "--hidden", "8", "--workers", "4",
           "--batch-size", "4", "--H", "5", "--eval-every", "10",
           "--no-progress"]
-  env = {**os.environ,
-         "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+  env = {**os.environ, "XLA_FLAGS": os.environ.get(
+      "LOWBW_TEST_FAST_COMPILE", "") + " --xla_force_host_platform_device_count=4"}
   subprocess.run([sys.executable, "-m", "lowbw", "train", *args, "--steps",
                   "10", "--devices", "4", "--checkpoint-every", "10",
                   "--out", str(first)], check=True, env=env, timeout=300,

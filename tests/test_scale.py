@@ -25,8 +25,12 @@ import scale_cases  # noqa: E402
 
 
 def _env(**extra):
+  """The environment with ``extra``; XLA_FLAGS are the session's fast
+  compile flags (conftest) and the given ones."""
   env = dict(os.environ)
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = " ".join(filter(None, [
+      os.environ.get("LOWBW_TEST_FAST_COMPILE"), extra.pop("XLA_FLAGS",
+                                                           None)]))
   env.update(extra)
   return env
 
