@@ -63,6 +63,9 @@ def test_a_folder_holding_another_run_is_refused_unless_overwritten(
   assert cli.main(_TINY + ["--out", str(out)]) == 0
   (out / "notes.txt").write_text("mine")
   old_events = set(os.listdir(out / "tensorboard"))
+  for name in old_events:  # marked: a file named alike in the same second
+    with open(out / "tensorboard" / name, "ab") as f:
+      f.write(b"OLD-RUN")
   capsys.readouterr()
   assert cli.main(_TINY + ["--out", str(out)]) == 2
   err = capsys.readouterr().err.strip()
@@ -71,7 +74,9 @@ def test_a_folder_holding_another_run_is_refused_unless_overwritten(
   assert "--overwrite" in err and "\n" not in err
   assert cli.main(_TINY + ["--out", str(out), "--overwrite"]) == 0
   events = set(os.listdir(out / "tensorboard"))
-  assert len(events) == 1 and not events & old_events  # one run's events
+  assert len(events) == 1  # one run's events: the old file is gone
+  assert all(b"OLD-RUN" not in (out / "tensorboard" / n).read_bytes()
+             for n in events)
   assert (out / "notes.txt").read_text() == "mine"  # not ours: kept
 
 
