@@ -235,3 +235,18 @@ def test_sweep_errors_are_one_line(argv, message, capsys, tmp_path):
                    *argv])
   err = capsys.readouterr().err
   assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_simulate_and_build_take_a_config_and_only_run_arguments(base):
+  with pytest.raises(lowbw.ConfigError, match="^steps=3 is invalid: with a "
+                     r"lowbw.Config, simulate takes only overwrite"):
+    lowbw.simulate(base, steps=3)
+  with pytest.raises(lowbw.ConfigError, match="takes one lowbw.Config"):
+    lowbw.build(base, 3)
+  strategy = strategies.diloco(H=2)
+  config = lowbw.Config(**TINY, strategy=strategy)
+  with pytest.raises(lowbw.ConfigError, match="not used by strategy "
+                     "'<Strategy object>'"):
+    config.replace(H=4)
+  sim = lowbw.build(config, compile=False)
+  assert sim.config.strategy is strategy and sim.config.num_workers == 2

@@ -13,15 +13,6 @@ RUN_ONLY = ("overwrite", "callback", "metadata", "hparams", "resume_from",
             "compile_cache")
 
 
-def _only(kwargs: dict, allowed, what: str) -> None:
-  for name in kwargs:
-    if name not in allowed:
-      raise _validate.fail(
-          name, kwargs[name], f"with a lowbw.Config, {what} takes only "
-          + ", ".join(allowed) + "; set the run's settings in the config "
-          f"(config.replace({name}=...))")
-
-
 def build_config(config: Config, compile: bool = True,
                  compile_cache=True) -> simulation.Simulator:
   """The simulator of ``config`` (its shape fields; seed and log folder are
@@ -47,28 +38,39 @@ def run_config(sim: simulation.Simulator, config: Config, **kwargs):
   return sim.run(**{**args, **kwargs})
 
 
+def _config_of(what: str, args: tuple, kwargs: dict, allowed) -> Config | None:
+  """The ``Config`` a call was given first, its keywords checked; None for
+  the keyword style."""
+  if not (args and isinstance(args[0], Config)):
+    return None
+  if len(args) > 1:
+    raise _validate.fail(what, args[1:], "takes one lowbw.Config and "
+                         "keywords")
+  for name in kwargs:
+    if name not in allowed:
+      raise _validate.fail(
+          name, kwargs[name], f"with a lowbw.Config, {what} takes only "
+          + ", ".join(allowed) + "; set the run's settings in the config "
+          f"(config.replace({name}=...))")
+  return args[0]
+
+
 @functools.wraps(simulation.simulate)
 def simulate(*args, **kwargs):
-  if args and isinstance(args[0], Config):
-    if len(args) > 1:
-      raise _validate.fail("simulate", args[1:], "takes one lowbw.Config "
-                           "and keywords")
-    _only(kwargs, RUN_ONLY, "simulate")
-    cache = kwargs.pop("compile_cache", True)
-    sim = build_config(args[0], compile=False, compile_cache=cache)
-    return run_config(sim, args[0], **kwargs)
-  return simulation.simulate(*args, **kwargs)
+  config = _config_of("simulate", args, kwargs, RUN_ONLY)
+  if config is None:
+    return simulation.simulate(*args, **kwargs)
+  cache = kwargs.pop("compile_cache", True)
+  sim = build_config(config, compile=False, compile_cache=cache)
+  return run_config(sim, config, **kwargs)
 
 
 @functools.wraps(simulation.build)
 def build(*args, **kwargs):
-  if args and isinstance(args[0], Config):
-    if len(args) > 1:
-      raise _validate.fail("build", args[1:], "takes one lowbw.Config and "
-                           "keywords")
-    _only(kwargs, ("compile", "compile_cache"), "build")
-    return build_config(args[0], **kwargs)
-  return simulation.build(*args, **kwargs)
+  config = _config_of("build", args, kwargs, ("compile", "compile_cache"))
+  if config is None:
+    return simulation.build(*args, **kwargs)
+  return build_config(config, **kwargs)
 
 
 _CONFIG_NOTE = """
