@@ -20,8 +20,8 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from lowbw.simulation import _engine, _mesh, _precision
-from lowbw.simulation._simulator import build
+from lowbw import simulation
+from lowbw.simulation import build
 
 
 def _proc_status(field: str) -> int | None:
@@ -154,8 +154,8 @@ def _time_sync(strategy, state, repeats: int) -> float | None:
   if strategy.sync is None:
     return None
   sync = jax.jit(lambda st: strategy.sync(
-      _precision.cast_workers(st, jnp.float32))[0], donate_argnums=0)
-  st = jax.tree.map(jnp.copy, _precision.cast_workers(state.strategy,
+      simulation.cast_workers(st, jnp.float32))[0], donate_argnums=0)
+  st = jax.tree.map(jnp.copy, simulation.cast_workers(state.strategy,
                                                       jnp.float32))
   sync = sync.lower(st).compile()
   st = jax.block_until_ready(sync(st))
@@ -187,13 +187,13 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
   c = sim.config
   st = (sim.abstract_state.strategy if strategy_state is None
         else strategy_state)
-  specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
+  specs = simulation.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
                                jax.random.PRNGKey(0))
-  per_worker = PartitionSpec(_engine.MESH_AXIS)
+  per_worker = PartitionSpec(simulation.MESH_AXIS)
 
   def part(spec_tree, tree):
     sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
-                         else 0, spec_tree, tree, is_leaf=_mesh.is_spec)
+                         else 0, spec_tree, tree, is_leaf=simulation.is_spec)
     return sum(jax.tree.leaves(sizes)) / c.num_workers
 
   return {"params": part(specs.params_W, st.params_W),

@@ -9,6 +9,7 @@ import sys
 
 from lowbw import _validate
 from lowbw import config as config_lib
+from lowbw import simulation
 from lowbw.cli import _plot, _train
 
 # Bench settings besides the train settings it shares (model, strategy, ...).
@@ -93,21 +94,20 @@ def run(args: argparse.Namespace) -> int:
   s = _settings(args)
   counts = config_lib.ints("workers", s["workers"])
   # Validate everything once, here, before any child process starts.
-  config_lib.build_strategy(s)
   config_lib.build_model(s, config_lib.build_data(s))
   import jax
-  from lowbw.simulation import _config, _mesh
-  from lowbw.simulation import _memory
-  _memory.check_budget(s["memory_budget"])
-  for w in counts:
-    devices = _mesh.check_devices(s["devices"], w)
+  strategy = config_lib.build_strategy(s)
+  for w in counts:  # the build's own checks, before any child starts
     try:
-      _config.check_worker_batch(s["worker_batch"], w // devices)
-    except ValueError as e:
-      raise ValueError(f"{e} at --workers {w}") from None
-  _config.check_worker_dtype(s["worker_dtype"])
-  _config.check_minibatch_size(s["minibatch_size"], s["batch_size"])
-  _config.check_autocast(s["autocast"])
+      simulation.check_settings(
+          strategy, num_workers=w, batch_size=s["batch_size"],
+          steps=s["rounds"] * strategy.period, network=None,
+          **{k: s[k] for k in ("devices", "worker_dtype", "worker_batch",
+                               "memory_budget", "minibatch_size",
+                               "autocast")})
+    except _validate.ConfigError as e:
+      raise _validate.fail(e.field, e.value, f"{e.allowed} (at --workers "
+                           f"{w})") from None
   rows = []
   isolate = jax.process_count() == 1
   for i, w in enumerate(counts):

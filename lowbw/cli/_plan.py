@@ -7,9 +7,11 @@ import math
 
 from lowbw import _validate
 from lowbw.config import read_config
-from lowbw.network import _units
-from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS, plan,
-                                    resolve_inputs, unit)
+from lowbw import network as net_lib
+from lowbw.network import PLAN_DEFAULTS, plan
+from lowbw.network import PLAN_DEPRECATED as DEPRECATED
+from lowbw.network import plan_unit as unit
+from lowbw.network import resolve_plan_inputs as resolve_inputs
 
 # What each input means, for --help; the unit comes from the planner's table.
 _HELP = {
@@ -49,9 +51,9 @@ _HELP = {
 # Field names whose errors the CLI renames to flags (see cli._one_line).
 FLAG_NAMES = frozenset(PLAN_DEFAULTS) | frozenset(DEPRECATED) | {"sweep"}
 # Inputs given with units, checked by lowbw train's parsers.
-_QUANTITIES = {"bandwidth": _units.bandwidth, "latency": _units.duration,
-               "regional_bandwidth": _units.bandwidth,
-               "regional_latency": _units.duration}
+_QUANTITIES = {"bandwidth": net_lib.bandwidth, "latency": net_lib.duration,
+               "regional_bandwidth": net_lib.bandwidth,
+               "regional_latency": net_lib.duration}
 
 # The columns of a sweep table, after the swept input.
 SWEEP_COLUMNS = ("mode", "pipeline_stages", "groups", "memory_per_node_gb",
@@ -215,9 +217,9 @@ def _with_unit(name: str, value) -> str:
   if value is None or isinstance(value, (str, bool)):
     return _fmt(value)
   if name.endswith("bandwidth"):
-    return _units.format_bandwidth(value)
+    return net_lib.format_bandwidth(value)
   if name.endswith("latency"):
-    return _units.format_duration(value) + " one-way"
+    return net_lib.format_duration(value) + " one-way"
   return f"{_fmt(value)} {unit(name)}".rstrip()
 
 

@@ -17,7 +17,7 @@ from lowbw import config as config_lib
 from lowbw import network as network_lib
 from lowbw.cli import _plot
 from lowbw.config import FIELDS, Config
-from lowbw.simulation import _logdir, initialize
+from lowbw.simulation import initialize, prepare_log_dir
 from lowbw.telemetry import names
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
@@ -190,7 +190,7 @@ def run(args: argparse.Namespace) -> int:
   s = resolved(config)
   out = default_out(s)
   config = config.replace(out=out)
-  _logdir.prepare(out, resuming=bool(args.resume), overwrite=args.overwrite,
+  prepare_log_dir(out, resuming=bool(args.resume), overwrite=args.overwrite,
                   create=False, field="out")
   say = _status(s)
   say(f"loading data ({s['data']}) and building the {s['strategy']} run")
@@ -272,7 +272,7 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:,.2f} h"
   if seconds >= 60:
     return f"{seconds / 60:.1f} min"
-  return network_lib._units.format_duration(seconds)
+  return network_lib.format_duration(seconds)
 
 
 def format_summary(summary: dict, s: dict) -> str:
@@ -301,9 +301,9 @@ def format_summary(summary: dict, s: dict) -> str:
     steps = max(1, summary["steps"])
     lines.append(
         f"  time per step     compute "
-        f"{network_lib._units.format_duration(summary['compute_s'] / steps)}, "
+        f"{network_lib.format_duration(summary['compute_s'] / steps)}, "
         "communication "
-        f"{network_lib._units.format_duration(summary['comm_s'] / steps)} "
+        f"{network_lib.format_duration(summary['comm_s'] / steps)} "
         f"({summary['comm_share']:.1%} of the nominal time"
         + (f"; clock as if {s['clock_params']} parameters"
            if s.get("clock_params") else "") + ")")

@@ -72,7 +72,7 @@ def quantity(parse, field: str):
 
 
 def _count(field):
-  check = quantity(network_lib._units.count, field)
+  check = quantity(network_lib.count, field)
   check.config_types = (int, float, str)
   return check
 

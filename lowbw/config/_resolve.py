@@ -10,7 +10,7 @@ from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import transforms
 from lowbw.config import _fields, _strategy_fields as strategy_fields
-from lowbw.strategies import _optim
+from lowbw import strategies as strategies_lib
 
 def used_by() -> dict[str, dict[str, set[str]]]:
   """Owner kind -> choice -> the settings only that choice uses (read at
@@ -18,7 +18,7 @@ def used_by() -> dict[str, dict[str, set[str]]]:
   return {
       **_fields.USED_BY,
       "strategy": strategy_fields.used_by(),
-      "inner": {kind: set(names) for kind, names in _optim.USES.items()},
+      "inner": {kind: set(names) for kind, names in strategies_lib.USES.items()},
       "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
   }
 

@@ -11,11 +11,11 @@ import optax
 from lowbw import _validate
 from lowbw.config import _fields
 from lowbw import strategies as strategies_lib
-from lowbw.strategies import _optim, _spec
+from lowbw.strategies import Param, WithCodec, with_codec
 from lowbw.transforms import Codec, as_codec
 
 DEFAULT_STRATEGY = "diloco"
-SCHEDULES = _optim.SCHEDULES
+SCHEDULES = strategies_lib.SCHEDULES
 # Optimizer settings every strategy reads: the inner optimizer's default to
 # the spec's paper optimizer, the schedule's to SCHEDULE_DEFAULTS.
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
@@ -38,7 +38,7 @@ def _cli(spec):
   return [p for p in spec.params if p.flag is not None]
 
 
-def _by_flag() -> dict[str, list[tuple[str, _spec.Param]]]:
+def _by_flag() -> dict[str, list[tuple[str, Param]]]:
   """flag -> [(strategy, param)] over every registered strategy."""
   out = {}
   for name, spec in specs().items():
@@ -47,7 +47,7 @@ def _by_flag() -> dict[str, list[tuple[str, _spec.Param]]]:
   return out
 
 
-def _extra_outer(spec) -> dict[str, _optim.Optimizer]:
+def _extra_outer(spec) -> dict[str, strategies_lib.Optimizer]:
   """The settings of ``spec``'s further outer optimizers: name_lr,
   name_momentum -> (name, its default)."""
   out = {}
@@ -94,8 +94,8 @@ def fill(s: dict, keep) -> dict:
     if name not in keep:
       s[name] = value
   for p in _cli(spec):
-    if isinstance(s[p.flag], _spec.WithCodec):
-      s[p.flag] = _spec.with_codec(s[p.flag], as_codec("codec", s["codec"]))
+    if isinstance(s[p.flag], WithCodec):
+      s[p.flag] = with_codec(s[p.flag], as_codec("codec", s["codec"]))
   return s
 
 
@@ -119,7 +119,7 @@ def _default_text(entries) -> str:
 
 def _show(value) -> str:
   return "none" if value is None else repr(value) if isinstance(
-      value, _spec.WithCodec) else str(value)
+      value, WithCodec) else str(value)
 
 
 def _help(entries) -> str:
@@ -173,7 +173,7 @@ def _optimizer_fields() -> list[_fields.Field]:
   out = [
       F("inner", None, S, O, "inner optimizer [" +
         _per_strategy(lambda s: s.inner.kind) + "]",
-        choices=_optim.INNER_KINDS),
+        choices=strategies_lib.INNER_KINDS),
       F("inner_lr", None, T, O, "(peak) inner learning rate [" +
         _per_strategy(lambda s: s.inner.lr) + "]", float, knob="inner_lr"),
       F("weight_decay", None, T, O, "decoupled weight decay: adamw and muon "
@@ -227,7 +227,7 @@ def fields() -> tuple[_fields.Field, ...]:
 def build_inner(s: dict) -> optax.GradientTransformation:
   """The settings' inner optimizer; its peak learning rate is a state leaf
   (``peak_schedule``), so sweeps of inner_lr work."""
-  return _optim.inner_optimizer(
+  return strategies_lib.inner_optimizer(
       s["inner"], s["inner_lr"], weight_decay=s["weight_decay"],
       momentum=s["momentum"], max_norm=s["max_norm"],
       schedule=s["schedule"], warmup_steps=s["warmup_steps"],
@@ -244,10 +244,10 @@ def build(s: dict) -> strategies_lib.Strategy:
   spec = strategies_lib.spec(s["strategy"])
   kwargs = {p.name: s[p.flag] for p in _cli(spec)}
   if spec.outer is not None:
-    kwargs["outer"] = _optim.outer(_optim.Optimizer(
+    kwargs["outer"] = strategies_lib.outer(strategies_lib.Optimizer(
         "sgd", s["outer_lr"], momentum=s["outer_momentum"]))
   for name in spec.optimizers:
-    kwargs[name] = _optim.outer(_optim.Optimizer(
+    kwargs[name] = strategies_lib.outer(strategies_lib.Optimizer(
         "sgd", s[name + "_lr"], momentum=s[name + "_momentum"]), name)
   try:
     return spec.factory(inner=build_inner(s), **kwargs)

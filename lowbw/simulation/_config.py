@@ -18,7 +18,7 @@ from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
-from lowbw.network import _clock, _faults
+from lowbw import network as net_lib
 from lowbw.simulation import _defaults, _memory, _mesh
 from lowbw.simulation._backward import AUTOCAST, Backward
 
@@ -226,7 +226,7 @@ def check_settings(strategy, *, num_workers, batch_size, steps, network,
   minibatch_size = check_minibatch_size(minibatch_size, batch_size)
   autocast = check_autocast(autocast)
   if network is not None:
-    network = _clock.check_network(network, num_workers)
+    network = net_lib.check_network(network, num_workers)
   period = strategy.period
   if steps < period:
     raise _validate.fail(
@@ -234,7 +234,7 @@ def check_settings(strategy, *, num_workers, batch_size, steps, network,
         "period, H), so with fewer steps no sync happens and the shared "
         f"model never changes; give steps >= {period} or a smaller H")
   if network is not None and network.faults is not None:
-    _faults.check_windows(network.faults, period)
+    net_lib.check_windows(network.faults, period)
   if not isinstance(eval_local, bool):
     raise _validate.fail("eval_local", eval_local, "expected True or False")
   default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))

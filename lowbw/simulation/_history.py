@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from lowbw.network import Channel
-from lowbw.network._collectives import received_wire, tiers_of
+from lowbw.network import received_wire, tiers_of
 from lowbw.simulation import _sums
 from lowbw.telemetry import names
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate
-from lowbw.network import _faults, _topology, _units
+from lowbw import network as net_lib
 from lowbw.strategies import PeakScheduleState
 from lowbw.transforms import ErrorFeedbackState
 
@@ -195,14 +195,14 @@ def set_network(net, values: dict):
     raise _validate.fail(name, values[name],
                          "needs a network= at build (the run has no clock)")
   topo = net.topology
-  wan = topo.link if isinstance(topo, _topology.Flat) else topo.wan
+  wan = topo.link if isinstance(topo, net_lib.Flat) else topo.wan
   for name, value in values.items():
     if name == "bandwidth":
-      wan = wan._replace(bandwidth_bps=_units.bandwidth(value, name))
+      wan = wan._replace(bandwidth_bps=net_lib.bandwidth(value, name))
     elif name == "latency":
-      wan = wan._replace(latency_s=_units.duration(value, name))
+      wan = wan._replace(latency_s=net_lib.duration(value, name))
     elif name == "jitter":
-      stragglers = net.stragglers or _faults.Stragglers()
+      stragglers = net.stragglers or net_lib.Stragglers()
       net = net._replace(stragglers=stragglers._replace(jitter=value))
     else:
       if net.faults is None:
@@ -211,7 +211,7 @@ def set_network(net, values: dict):
             "masks are compiled in only then; Faults() with zero "
             "probabilities compiles them)")
       net = net._replace(faults=net.faults._replace(**{name: value}))
-  topo = (topo._replace(link=wan) if isinstance(topo, _topology.Flat)
+  topo = (topo._replace(link=wan) if isinstance(topo, net_lib.Flat)
           else topo._replace(wan=wan))
   return net._replace(topology=topo)
 

@@ -36,7 +36,7 @@ import numpy as np
 from jax.extend import core as jex_core
 
 from lowbw import _validate
-from lowbw.network import _units
+from lowbw import network as net_lib
 
 DEFAULT_FRACTION = 0.8
 # In-flight bytes above which the workers compute in groups, on a CPU: there
@@ -116,15 +116,15 @@ def check_budget(value) -> Budget | None:
     return _share_of_free(share, given=True)
   if value is None:
     return _share_of_free(DEFAULT_FRACTION, given=False)
-  size = _units.memory(value, field)
-  return Budget(size, f"memory_budget={_units.format_bytes(size)}", True)
+  size = net_lib.memory(value, field)
+  return Budget(size, f"memory_budget={net_lib.format_bytes(size)}", True)
 
 
 def _share_of_free(share: float, given: bool) -> Budget | None:
   free, where = free_bytes()
   if free is None:
     return None
-  return Budget(share * free, f"{share:.0%} of the {_units.format_bytes(free)}"
+  return Budget(share * free, f"{share:.0%} of the {net_lib.format_bytes(free)}"
                 f" of {where} free at build", given)
 
 
@@ -263,7 +263,7 @@ def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
   """The refusal: the estimate, its parts, the budget, and what to lower,
   starting with the largest part. Names ``memory_budget`` only when it was
   given (the default is a share of free memory)."""
-  fmt = _units.format_bytes
+  fmt = net_lib.format_bytes
   parts = {
       "activations and gradients": (size * flight, (
           "batch_size or the model's size (a GPT's seq_len, d_model, layers)"

@@ -21,8 +21,8 @@ import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
 from lowbw.models import check_contract
-from lowbw.network import _clock
-from lowbw.network._collectives import tiers_of
+from lowbw import network as net_lib
+from lowbw.network import tiers_of
 from lowbw.simulation import (_compile_cache, _config, _defaults, _engine, _hparams,
                               _logdir, _memory, _mesh, _precision, _resume)
 from lowbw.simulation._loop import Executables, drive
@@ -75,7 +75,7 @@ class Simulator:
         c, worker_batch=self.memory.worker_batch)
     self.channels = dict(self.strategy_channels)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
-    self.flops_per_step = _clock.flops_per_step(self.num_params, tokens)
+    self.flops_per_step = net_lib.flops_per_step(self.num_params, tokens)
     if c.network is not None:  # what each worker sends under the topology
       costs = self.prices(c.network)
       self.channels = {
@@ -259,7 +259,7 @@ class Simulator:
                                state_values)
     network = _hparams.set_network(self.config.network, net_values)
     if net_values:
-      network = _clock.check_network(network, self.config.num_workers)
+      network = net_lib.check_network(network, self.config.num_workers)
     return state_values, network
 
   def sampler(self, seed: int):
@@ -276,7 +276,7 @@ class Simulator:
     event under ``network``'s topology and links: the one place a run's
     messages are priced (the wire bytes logged, the seconds on the clock and
     in config.json all come from here)."""
-    return _clock.channel_costs(network, self.strategy_channels,
+    return net_lib.channel_costs(network, self.strategy_channels,
                                 self.config.num_workers)
 
   def clock_scale(self, network) -> float:
@@ -296,7 +296,7 @@ class Simulator:
         payload_bytes=ch.payload_bytes * scale,
         down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
         for name, ch in self.strategy_channels.items()}
-    return _clock.channel_costs(network, channels, self.config.num_workers)
+    return net_lib.channel_costs(network, channels, self.config.num_workers)
 
   def clock_flops(self, network) -> float:
     """One worker's FLOPs per inner step as the clock prices them."""
@@ -305,7 +305,7 @@ class Simulator:
   def net_params(self, network, seed: int):
     if network is None:
       return None
-    return _clock.net_params(network, self.config.num_workers,
+    return net_lib.net_params(network, self.config.num_workers,
                              self.clock_flops(network),
                              self.clock_prices(network), seed)
 

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from lowbw._types import Array
-from lowbw.network import _clock
-from lowbw.strategies._base import nothing_reported
+from lowbw import network as net_lib
+from lowbw.strategies import nothing_reported
 from lowbw.transforms import (any_worker, broadcast_to_workers,
                               call_participating, local_workers,
                               participating, where_workers)
@@ -103,7 +103,7 @@ class Clocked(Untimed):
   def local(self, st, step_fn, carry, active):
     net = self.net
     up_W, ready_W = carry
-    ready_W = ready_W + jnp.where(up_W, _clock.step_seconds(net, st.step), 0)
+    ready_W = ready_W + jnp.where(up_W, net_lib.step_seconds(net, st.step), 0)
     if self.communicates(jax.eval_shape(step_fn, st)[1]):
       # Communication every step: a barrier of the workers waited for.
       fn, start, n, active = self.take_part(step_fn, Carry(up_W, ready_W),
@@ -114,12 +114,12 @@ class Clocked(Untimed):
       # it is no barrier and nobody is counted.
       sent = sum(jnp.sum(c) for c in counts.values()) > 0
       ready_W = jnp.where(sent, jnp.full_like(
-          ready_W, start + _clock.comm_seconds(net, counts)), ready_W)
+          ready_W, start + net_lib.comm_seconds(net, counts)), ready_W)
       n = jnp.where(sent, n, -1)
     else:
       st, report = self.freeze_down(step_fn, st, up_W)
       n = jnp.int32(-1)
-    clock = StepClock(_clock.waited_for(net, ready_W, up_W), n)
+    clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n)
     return st, report, Carry(up_W, ready_W), clock, active
 
   def freeze_down(self, step_fn, st, up_W):
@@ -128,12 +128,12 @@ class Clocked(Untimed):
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
     net = self.net
-    start = _clock.waited_for(net, carry.ready_W, carry.up_W)
+    start = net_lib.waited_for(net, carry.ready_W, carry.up_W)
     sync_s, n, report = jnp.float32(0), steps_clock.participants[-1], {}
     if sync_fn is not None:
       fn, start, n, active = self.take_part(sync_fn, carry, st.step, 1, active)
       st, report = fn(st)
-      sync_s = _clock.comm_seconds(net, split_report(report,
+      sync_s = net_lib.comm_seconds(net, split_report(report,
                                                      self.channels)[0])
     return st, report, RoundClock(start, sync_s, n), active
 
@@ -142,10 +142,10 @@ class Masked(Clocked):
   """The clock with faults and stragglers."""
 
   def up(self, step):
-    return _clock.up_mask(self.net, step)
+    return net_lib.up_mask(self.net, step)
 
   def take_part(self, fn, carry, step, salt, active):
-    active_W, start = _clock.participants(self.net, carry.ready_W, carry.up_W,
+    active_W, start = net_lib.participants(self.net, carry.ready_W, carry.up_W,
                                           step, salt)
     active = local_workers(active_W)
 

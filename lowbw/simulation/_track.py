@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from lowbw import telemetry
-from lowbw.network import _clock
+from lowbw import network as net_lib
 from lowbw.simulation import _divergence
 from lowbw.simulation._history import (History, NonFiniteLossError,
                                       worker_events)
@@ -46,7 +46,7 @@ class Track:
                            spacing_given=c.log_every is not None,
                            correlation=c.correlation_every is not None,
                            perplexity=c.is_lm, num_workers=c.num_workers)
-    self.clock = _clock.Clock(clock_overlap(sim.config.strategy, network))
+    self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
     self.config = config or {}

@@ -12,11 +12,13 @@ from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
-from lowbw.strategies._optim import (INNER_KINDS, SCHEDULES, Optimizer,
-                                     inner_optimizer, outer_optimizer,
+from lowbw.strategies._base import nothing_reported
+from lowbw.strategies._optim import (DILOCO_INNER, DILOCO_OUTER, INNER_KINDS,
+                                     SCHEDULES, USES, Optimizer,
+                                     inner_optimizer, outer, outer_optimizer,
                                      unit_schedule)
 from lowbw.strategies._schedule import PeakScheduleState, peak_schedule
-from lowbw.strategies._spec import Param, Spec
+from lowbw.strategies._spec import Param, Spec, WithCodec, with_codec
 from lowbw.strategies._spes import spes
 from lowbw.strategies._sparta import sparta
 from lowbw.strategies._sparta_diloco import sparta_diloco
@@ -58,4 +60,6 @@ __all__ = [
     "unit_schedule",
     "hidden_matrices", "muloco", "muon_inner", "PeakScheduleState",
     "peak_schedule", "spes", "sparta", "sparta_diloco", "streaming_diloco",
+    "DILOCO_INNER", "DILOCO_OUTER", "USES", "WithCodec", "nothing_reported",
+    "outer", "with_codec",
 ]

@@ -12,7 +12,7 @@ from lowbw.transforms._compression import (AGGREGATIONS, Compression,
                                            compression, init_residual,
                                            message_bytes,
                                            roundtrip_workers, transmit)
-from lowbw.transforms._dct import dct_top_k
+from lowbw.transforms._dct import dct_blocks, dct_top_k, idct_blocks
 from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
 from lowbw.transforms._per_worker import per_worker
@@ -32,7 +32,7 @@ from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
                                       sparse_indices, sparse_payload_bytes)
 from lowbw.transforms._topk import index_dtype, random_k, top_k
 
-__all__ = ["UNCOMPRESSED", 
+__all__ = ["dct_blocks", "idct_blocks", "UNCOMPRESSED", 
     "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
     "AGGREGATIONS", "aggregate", "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
