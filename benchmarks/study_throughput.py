@@ -28,6 +28,7 @@ Usage:
   python benchmarks/study_throughput.py                 # both workloads
   python benchmarks/study_throughput.py --workload mlp --repeats 3
   python benchmarks/study_throughput.py --json docs/benchmarks/study_throughput_cpu.json
+  LOWBW_COMPILE_CACHE=$(mktemp -d) python benchmarks/study_throughput.py --workload mlp --phases
 """
 
 import argparse
@@ -72,6 +73,45 @@ def child(workload: str, arm: str) -> dict:
   losses = [lowbw.simulate(p.config).summary["final_eval_loss"]
             for p in points]
   return {"seconds": time.perf_counter() - start, "losses": losses}
+
+
+def phases(workload: str) -> dict:
+  """The study once, in this process, with its time split into compiling,
+  running, the first and later initial states and builds, and the rest."""
+  import collections
+  import lowbw
+  from lowbw.simulation import Simulator
+  from lowbw.studies import _run
+  seconds = collections.defaultdict(list)
+
+  def timed(owner, name, key):
+    original = getattr(owner, name)
+
+    def wrapper(*args, **kwargs):
+      start = time.perf_counter()
+      try:
+        return original(*args, **kwargs)
+      finally:
+        seconds[key].append(time.perf_counter() - start)
+    setattr(owner, name, wrapper)
+
+  timed(_run, "build_config", "builds")
+  timed(Simulator, "initial", "initial states")
+  w = WORKLOADS[workload]
+  base = lowbw.Config(**w["base"], progress=False)
+  start = time.perf_counter()
+  with tempfile.TemporaryDirectory() as out:
+    result = lowbw.study(base, w["grid"], w["seeds"], out=out,
+                         progress=False, plots=False)
+  total = time.perf_counter() - start
+  compile_s = sum(p.summary["compile_s"] for p in result.points)
+  run_s = sum(p.summary["wall_time_s"] for p in result.points)
+  out = {"total_s": total, "compile_s": compile_s, "run_s": run_s,
+         "other_s": total - compile_s - run_s}
+  for key, values in seconds.items():
+    out[f"first of the {key}_s"] = values[0]
+    out[f"other {key}_s"] = sum(values[1:])
+  return out
 
 
 def run_arm(workload: str, arm: str) -> dict:
@@ -120,10 +160,20 @@ def main():
                       default="all")
   parser.add_argument("--repeats", type=int, default=1)
   parser.add_argument("--json", help="write the figures here")
+  parser.add_argument("--phases", action="store_true", help="run the "
+                      "study once in this process and split its time "
+                      "(compiling, running, first and later builds and "
+                      "initial states); start with LOWBW_COMPILE_CACHE "
+                      "set to an empty folder")
   parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     print(json.dumps(child(*args.child)))
+    return
+  if args.phases:
+    for name in (list(WORKLOADS) if args.workload == "all"
+                 else [args.workload]):
+      print(name, {k: round(v, 2) for k, v in phases(name).items()})
     return
   import jax
   names = list(WORKLOADS) if args.workload == "all" else [args.workload]
