@@ -250,3 +250,22 @@ def test_simulate_and_build_take_a_config_and_only_run_arguments(base):
     config.replace(H=4)
   sim = lowbw.build(config, compile=False)
   assert sim.config.strategy is strategy and sim.config.num_workers == 2
+
+
+def test_two_tiers_of_outer_optimizers_are_not_swept_as_one():
+  """Hierarchical DiLoCo's state holds its outer and global outer
+  optimizers alike: a traced outer_lr would set both. lowbw.sweep refuses
+  it; a study gives each value its own build."""
+  tiers = dict(**TINY, strategy="hierarchical_diloco", group_size=1, H=2,
+               global_every=1)
+  sim = lowbw.build(lowbw.Config(**tiers), compile=False)
+  with pytest.raises(lowbw.ConfigError, match="^outer_lr=0.5 is invalid: "
+                     "strategy 'hierarchical_diloco' has more than one outer "
+                     "optimizer"):
+    lowbw.sweep(sim, grid={"outer_lr": [0.5, 0.7]})
+  study = lowbw.study(lowbw.Config(**tiers), {"outer_lr": [0.5, 0.7]},
+                      progress=False)
+  assert study.summary["builds"] == 2
+  single = lowbw.simulate(study.points[0].config)
+  np.testing.assert_allclose(study.points[0].summary["final_train_loss"],
+                             single.summary["final_train_loss"], rtol=1e-6)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw import network as net_lib
+from lowbw import strategies as strategies_lib
 from lowbw.strategies import PeakScheduleState
 from lowbw.transforms import ErrorFeedbackState
 
@@ -111,6 +112,21 @@ def _feedback(tree) -> list:
           if _is_feedback(x)]
 
 
+def _check_one_tier(name: str, value, knob: Knob, strategy_name: str) -> None:
+  """An outer knob of a strategy with further outer optimizers (hierarchical
+  DiLoCo's ``global_outer``) is refused: the state holds both tiers alike,
+  and setting one by searching it would set the other too."""
+  if knob.where != "outer" or strategy_name not in strategies_lib.SPECS:
+    return
+  extra = strategies_lib.spec(strategy_name).optimizers
+  if extra:
+    raise _validate.fail(
+        name, value, f"strategy {strategy_name!r} has more than one outer "
+        f"optimizer (outer and {', '.join(extra)}), and a traced {name} "
+        "would set them all; give each value its own build (lowbw.study "
+        "does)")
+
+
 def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
   """Each state knob has a place in ``sim_state`` (abstract is fine)."""
   for name, value in values.items():
@@ -118,6 +134,7 @@ def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
         not math.isfinite(value)):
       raise _validate.fail(name, value, "expected a finite number")
     knob = KNOBS[name]
+    _check_one_tier(name, value, knob, strategy_name)
     if knob.key == "learning_rate":
       _validate.positive_float(name, value)
     elif knob.key == "weight_decay":
