@@ -12,6 +12,11 @@ from lowbw import config as config_lib
 from lowbw import simulation
 from lowbw.cli import _plot, _train
 
+# The model and run settings the bench shares with lowbw train (text data
+# for the language models, the digits for mlp and cnn).
+_MODEL_FIELDS = ("model", "layers", "d_model", "heads", "seq_len", "experts",
+                 "top_k", "expert_hidden", "hidden", "channels", "batch_size",
+                 "seed")
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
 
@@ -25,26 +30,16 @@ def add_parser(subparsers) -> None:
       "memory); figures are medians over --repeats timed calls after "
       "--warmup calls. See docs/performance.md.")
   add = p.add_argument
-  add("--model", help="gpt | moe_gpt | mlp | cnn (default gpt; moe_gpt for "
-      "--strategy spes)")
-  add("--layers", type=int, help="gpt layers (default 2)")
-  add("--d-model", type=int, help="gpt width (default 128)")
-  add("--heads", type=int, help="gpt heads (default 4)")
-  add("--seq-len", type=int, help="gpt context (default 128)")
-  add("--experts", type=int, help="moe_gpt experts (default 8)")
-  add("--top-k", type=int, help="moe_gpt experts per token (default 2)")
-  add("--expert-hidden", type=int, help="moe_gpt expert width (default 256)")
-  add("--hidden", help="mlp hidden sizes (default 64)")
-  add("--channels", help="cnn channels (default 16,32)")
+  for name in _MODEL_FIELDS:  # lowbw train's, from the Config's table
+    field = config_lib.FIELDS[name]
+    add(field.flag, **config_lib.flag_kwargs(field))
   add("--workers", help="worker counts, comma-separated (default 1,8,32)")
-  add("--batch-size", type=int, help="examples per worker and step (default 8)")
   add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
   add("--repeats", type=int, help="timed calls per program (default 3)")
   add("--warmup", type=int, help="untimed calls first (default 1)")
   add("--json", help="write every configuration's figures here")
   add("--plot", help="write tokens/s and memory vs W here (.png; needs "
       "matplotlib)")
-  add("--seed", type=int, help="default 0")
   add("--child", help=argparse.SUPPRESS)
   g = p.add_argument_group("strategy", "as in lowbw train; the baseline "
                            "uses the same inner optimizer")
