@@ -157,8 +157,11 @@ def test_a_grid_value_the_point_does_not_use_names_the_point(base):
     lowbw.study(base, {"strategy": ["ddp"], "H": [10]})
   with pytest.raises(lowbw.ConfigError, match="seeds=\\[0, 0\\]"):
     lowbw.study(base, {"H": [2]}, seeds=[0, 0])
-  with pytest.raises(lowbw.ConfigError, match="give seeds with seeds="):
+  with pytest.raises(lowbw.ConfigError, match="seeds are not a grid field"):
     lowbw.study(base, {"seed": [1, 2]})
+  with pytest.raises(lowbw.ConfigError, match="^grid='foo' is invalid: not "
+                     "a setting"):
+    lowbw.study(base, [{"foo": [1]}])
 
 
 _KILLED = r'''
@@ -219,6 +222,19 @@ def test_an_irregular_grid_file(tmp_path, capsys):
   assert rows[0].startswith("point,seed,strategy,H,")
   assert [r.split(",")[2:4] for r in rows[1:]] == [
       ["ddp", ""], ["diloco", "2"], ["diloco", "4"]]
+
+
+def test_the_base_need_only_be_valid_with_each_points_values(tmp_path,
+                                                             capsys):
+  # --steps 8 alone is below DiLoCo's default H of 100; every point sets H.
+  assert cli.main(["sweep", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--steps", "8", "--eval-examples", "32", "--grid",
+                   "H=2,8", "--out", str(tmp_path / "s"), "--no-progress"]
+                  ) == 0
+  assert "2 points (1 seeds, 2 compiled shapes" in capsys.readouterr().out
+  assert cli.main(["sweep", "--data", "digits", "--steps", "8", "--grid",
+                   "H=2,16", "--out", str(tmp_path / "t")]) == 2
+  assert "(at grid point --H=16)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -110,17 +110,21 @@ def _grid(args) -> list[dict]:
 
 def run(args: argparse.Namespace) -> int:
   grid = _grid(args)
-  base = _train.settings(args)
-  for name, value in (("checkpoint_every", base.checkpoint_every),
-                      ("wandb_project", base.wandb_project)):
-    if value is not None:
-      raise _validate.fail(name, value, "a sweep logs each point to CSV and "
-                           "TensorBoard only; run a point with lowbw train "
-                           "for that")
-  seeds = parse_seeds(args.seeds, base.seed)
-  out = _train.default_out(_train.resolved(base), "sweep-")
-  result = study(base, grid, seeds, out=out, progress=base.progress,
-                 overwrite=args.overwrite, on_point=_printer(base))
+  # The base need only be a run with each point's values (--steps 20 with
+  # --grid H=10,20 and H's default of 100).
+  base, _ = _train.setting_values(args)
+  for name in ("checkpoint_every", "wandb_project"):
+    if base.get(name) is not None:
+      raise _validate.fail(name, base[name], "a sweep logs each point to CSV "
+                           "and TensorBoard only; run a point with lowbw "
+                           "train for that")
+  seeds = parse_seeds(args.seeds, base.get("seed", 0))
+  out = base.pop("out", None) or _train.default_out(
+      {"out": None, "strategy": str(base.get(
+          "strategy", config_lib.DEFAULT_STRATEGY))}, "sweep-")
+  progress = base.get("progress")
+  result = study(base, grid, seeds, out=out, progress=progress,
+                 overwrite=args.overwrite, on_point=_printer(progress))
   print(format_table(result))
   for point in result.points:  # each point's warnings, e.g. a divergence
     where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())
@@ -134,9 +138,9 @@ def run(args: argparse.Namespace) -> int:
   return 0
 
 
-def _printer(base):
+def _printer(progress):
   """One line per finished point, unless a progress bar shows them."""
-  if base.progress:
+  if progress:
     return None
 
   def show(point) -> None:

@@ -111,8 +111,9 @@ def _saved(path: str) -> dict:
           v != FIELDS[k].default}
 
 
-def settings(args: argparse.Namespace) -> Config:
-  """The run's ``Config``: resumed run's settings < config file < flags."""
+def setting_values(args: argparse.Namespace) -> tuple[dict, dict]:
+  """The given settings, each checked alone: resumed run's < config file <
+  flags. Returns (the merged values, those from the config file)."""
   merged, saved, from_file = {}, {}, {}
   if args.resume:
     saved = _saved(os.path.join(args.resume, "config.json"))
@@ -135,10 +136,16 @@ def settings(args: argparse.Namespace) -> Config:
   for key in ("data", "data_root"):  # the same files from any folder
     if isinstance(merged.get(key), str) and os.path.exists(merged[key]):
       merged[key] = os.path.abspath(merged[key])
+  return merged, {k: v for k, v in from_file.items() if k not in flags}
+
+
+def settings(args: argparse.Namespace) -> Config:
+  """The run's ``Config`` (``setting_values`` made into one)."""
+  merged, from_file = setting_values(args)
   try:
     return Config(**merged)
   except _validate.ConfigError as e:
-    if e.field in from_file and e.field not in flags:
+    if e.field in from_file:
       raise _validate.fail(e.field, e.value, f"{e.allowed} (in config file "
                            f"{args.config})") from None
     raise

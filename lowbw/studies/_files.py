@@ -44,7 +44,7 @@ def _jsonable(value):
 def spec(base, grid, seeds) -> dict:
   """What makes a study itself: equal specs resume each other (how it is
   shown or logged does not count)."""
-  settings = {k: v for k, v in base.to_dict().items()
+  settings = {k: v for k, v in base.items()
               if FIELDS[k].kind != RUN or k == "fail_on_divergence"}
   return {"base": _jsonable(settings), "grid": _jsonable(
       _grid.check_grid(grid)), "seeds": list(seeds)}

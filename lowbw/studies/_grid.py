@@ -7,7 +7,8 @@ from typing import Any, NamedTuple
 
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
-from lowbw.config import FIELDS, RUN, TRACED, Config, canonical
+from lowbw.config import (FIELDS, RUN, TRACED, Config, canonical,
+                          check_value)
 from lowbw.config import strategy_traced
 
 
@@ -41,10 +42,14 @@ def check_grid(grid) -> list[dict[str, list]]:
                            "of values")
     clean = {}
     for name, values in sub.items():
-      key = canonical(name)
+      try:
+        key = canonical(name)
+      except _validate.ConfigError as e:  # a grid's key, not a config's
+        raise _validate.fail("grid", name, e.allowed) from None
       if key == "seed":
-        raise _validate.fail("grid", name, "give seeds with seeds=[...] "
-                             "(every point runs with each)")
+        raise _validate.fail("grid", name, "seeds are not a grid field: "
+                             "give them as seeds=[...] (lowbw sweep "
+                             "--seeds); every point runs with each")
       if isinstance(values, (str, bytes)) or not hasattr(values,
                                                          "__iter__"):
         values = [values]
@@ -74,16 +79,31 @@ def describe(values: dict) -> str:
   return ", ".join(f"{k}={v!r}" for k, v in values.items()) or "the base"
 
 
-def point_config(base: Config, values: dict, seed: int) -> Config:
-  """The base config with ``values`` and ``seed``. A base setting that
+def base_values(base) -> dict:
+  """The settings every point starts from: a ``Config``'s given fields, or
+  a dict's (checked by name and type; only each point, with its grid values,
+  has to be a valid run: ``--steps 20`` with ``H`` swept over 10 and 20)."""
+  if isinstance(base, Config):
+    values = base.values()
+  elif isinstance(base, dict):
+    values = {canonical(k): check_value(k, v) for k, v in base.items()}
+  else:
+    raise _validate.fail("base", type(base).__name__, "expected a "
+                         "lowbw.Config or a dict of its settings")
+  values.pop("out", None)  # the study's folder holds the points' own
+  return values
+
+
+def point_config(base: dict, values: dict, seed: int) -> Config:
+  """The base settings with ``values`` and ``seed``. A base setting that
   the point's choices do not use (the base's H at a DDP point) is left
   out; a grid value they do not use is an error naming the point."""
-  given = {**base.values(), **values, "seed": seed}
+  given = {**base, **values, "seed": seed}
   while True:
     try:
       return Config(**given)
     except _validate.ConfigError as e:
-      unused = e.field in base.given and e.field not in values and (
+      unused = e.field in base and e.field not in values and (
           "not used by" in e.allowed)
       if not unused:
         raise _validate.fail(e.field, e.value, f"{e.allowed} (at grid point "
@@ -91,10 +111,10 @@ def point_config(base: Config, values: dict, seed: int) -> Config:
       del given[e.field]
 
 
-def expand(base: Config, grid, seeds) -> list[Point]:
+def expand(base, grid, seeds) -> list[Point]:
   """Every point: each sub-grid's product of values, each with every seed,
   in order; a combination given twice runs once."""
-  points, seen = [], set()
+  points, seen, base = [], set(), base_values(base)
   for sub in check_grid(grid):
     for combo in itertools.product(*sub.values()):
       values = dict(zip(sub, combo))

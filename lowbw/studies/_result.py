@@ -59,7 +59,8 @@ class Study:
     points: one ``PointResult`` per point, in the grid's order.
     names: the swept fields.
     seeds: the seeds.
-    base: the config every point starts from.
+    base: the settings every point starts from (the given fields of the
+      base config).
     summary: points, groups (compiled shapes), builds, resumed points,
       compile and wall seconds, the folder.
   """
@@ -67,7 +68,7 @@ class Study:
   points: list[PointResult]
   names: list[str]
   seeds: list[int]
-  base: Config
+  base: dict[str, Any]
   summary: dict[str, Any]
 
   def table(self, frame: bool = True):

@@ -29,7 +29,8 @@ def study(base, grid, seeds=(0,), out: str | None = None,
 
   Args:
     base: a ``lowbw.Config`` (or a dict of its fields): what every point
-      shares.
+      shares. As a dict it need not be a valid run alone, only with each
+      point's values (``{"steps": 20}`` with ``H`` swept over 10 and 20).
     grid: field -> list of values, e.g. ``{"H": [10, 50, 100], "codec":
       ["float32", "quant:4"]}`` (the product of the lists), or a list of
       such dicts for an irregular grid, e.g. ``[{"strategy": ["ddp"]},
@@ -56,9 +57,7 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   Raises:
     ConfigError: a bad name, value or point, before anything compiles.
   """
-  base = base if isinstance(base, Config) else Config(**dict(base))
-  if base.out is not None:
-    base = base.replace(out=None)
+  base = _grid.base_values(base)
   points = _grid.expand(base, grid, seeds)
   names = list(dict.fromkeys(n for sub in _grid.check_grid(grid)
                              for n in sub))
@@ -163,7 +162,7 @@ def load(out: str) -> Study:
   study still running, or killed, has fewer than its grid)."""
   record = _files.read_record(out)
   spec = record["spec"]
-  base = Config(**spec["base"])
+  base = spec["base"]
   points = _grid.expand(base, spec["grid"], spec["seeds"])
   done = _files.finished(out)
   results = [_files.read_point(out, p) for p in points if p.index in done]
