@@ -308,6 +308,24 @@ def test_digits():
   assert data.get("digits", sharding="contiguous").sharding == "contiguous"
 
 
+@pytest.mark.parametrize("read_file", [True, False])
+def test_digits_are_scikit_learns_with_or_without_its_file(read_file,
+                                                           monkeypatch):
+  """The digits are read from scikit-learn's shipped file without importing
+  scikit-learn; without the file, through ``load_digits``; both give
+  scikit-learn's images and labels."""
+  from sklearn.datasets import load_digits
+  from lowbw.data import _digits
+  if not read_file:
+    monkeypatch.setattr(_digits, "_digits_file", lambda: None)
+  else:
+    assert _digits._digits_file() is not None
+  images, target = _digits._read()
+  reference = load_digits()
+  np.testing.assert_array_equal(images, reference.images)
+  np.testing.assert_array_equal(target, reference.target)
+
+
 def test_text_bytes_default_corpus():
   _text._CACHE.clear()
   first = _text.load_corpus(None, 20)
