@@ -203,12 +203,7 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
 
 def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
             rounds: int = 2, repeats: int = 3, warmup: int = 1,
-            devices: int | None = None, worker_dtype: str | None = None,
-            worker_batch: int | str | None = "auto", memory_budget=None,
-            minibatch_size: int | None = None, autocast: str | None = None,
-            correlation_every: int | None = None,
-            sync_cost: bool = True,
-            seed: int = 0) -> dict:
+            sync_cost: bool = True, seed: int = 0, **options) -> dict:
   """Figures for one configuration (see the module docstring).
 
   Args:
@@ -218,37 +213,34 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     rounds: rounds (of H steps) per timed call.
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
-    devices, worker_dtype, worker_batch, memory_budget, minibatch_size,
-      autocast, correlation_every: as for ``lowbw.simulate``.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
+    seed: the run's seed (the baseline's too).
+    **options: further ``lowbw.build`` settings that say how the workers
+      compute (``devices``, ``worker_dtype``, ``worker_batch``,
+      ``memory_budget``, ``minibatch_size``, ``autocast``, ...).
 
   Returns:
     A JSON-able dict of figures.
   """
   memory = _Memory()
   simulator = build(model, data, strategy, num_workers=num_workers,
-              batch_size=batch_size, steps=rounds * strategy.period,
-              rounds_per_chunk=rounds, devices=devices,
-              worker_dtype=worker_dtype, worker_batch=worker_batch,
-              memory_budget=memory_budget, minibatch_size=minibatch_size,
-              autocast=autocast, correlation_every=correlation_every,
-              compile=False)
-  c = simulator.config
+                    batch_size=batch_size, steps=rounds * strategy.period,
+                    rounds_per_chunk=rounds, compile=False, **options)
   state, sampler, _, _ = simulator.initial(seed)
   memory.built()
-  steps = rounds * c.period
   start = time.perf_counter()
   exe, state = simulator.executables(state, sampler, None)
   compile_s = time.perf_counter() - start
-  sync_s = _time_sync(c.strategy, state, repeats) if sync_cost else None
+  sync_s = (_time_sync(simulator.config.strategy, state, repeats)
+            if sync_cost else None)
   memory.after_compile()
   for _ in range(max(warmup, 1)):
     state, out = exe.chunk(state, sampler, rounds, None)
   jax.block_until_ready(state)
   peak = memory.peak()  # the simulator's own: before the baseline exists
-  base = baseline(c.model, sampler, inner, num_workers * batch_size,
-                  steps, seed)
+  base = baseline(simulator.config.model, sampler, inner,
+                  num_workers * batch_size, rounds * strategy.period, seed)
   for _ in range(warmup - 1):
     base()
   sim_s, base_s = [], []
@@ -258,50 +250,77 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
     jax.block_until_ready(out)
     sim_s.append(time.perf_counter() - start)
     base_s.append(base())
-  out = simulator.fetch(out)
-  per_round = {}
-  for name, channel in simulator.channels.items():
-    events = int(np.sum(out.steps.counts.get(name, np.zeros(1))[0]))
-    events += int(out.sync_counts.get(name, np.zeros(1))[0])
-    per_round[name] = events * channel.wire_bytes
-  tokens = c.data.tokens_per_example or 1
-  sim, base_t = statistics.median(sim_s), statistics.median(base_s)
-  worker_steps = num_workers * steps
-  total_state = _per_worker_bytes(simulator, state)
-  analysis = exe.chunk.memory_analysis()
+  figures = {"compile_s": compile_s, "sync_s": sync_s,
+             "sync_share": None if sync_s is None
+             else sync_s * rounds / statistics.median(sim_s)}
+  return {**_settings(simulator, rounds), **figures,
+          **_speed(simulator, sim_s, base_s, rounds),
+          **_memory_figures(simulator, memory, peak, state, exe),
+          **_bytes(simulator, simulator.fetch(out))}
+
+
+def _settings(sim, rounds: int) -> dict:
+  """What was measured: the run's shape and how its workers computed."""
+  c = sim.config
   return {
-      "workers": num_workers, "batch_size": batch_size,
-      "H": c.period, "rounds": rounds, "steps": steps,
-      "devices": c.devices, "processes": simulator.processes,
+      "workers": c.num_workers, "batch_size": c.batch_size,
+      "H": c.period, "rounds": rounds, "steps": rounds * c.period,
+      "devices": c.devices, "processes": sim.processes,
       "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
       "minibatch_size": c.minibatch_size, "autocast": c.autocast,
-      "num_params": simulator.num_params,
-      "worker_steps_per_s": worker_steps / sim,
-      "examples_per_s": worker_steps * batch_size / sim,
-      "tokens_per_s": (worker_steps * batch_size * tokens / sim
-                       if c.data.tokens_per_example else None),
-      "baseline_examples_per_s": worker_steps * batch_size / base_t,
-      "baseline_tokens_per_s": (worker_steps * batch_size * tokens / base_t
-                                if c.data.tokens_per_example else None),
+      "num_params": sim.num_params,
+      "flops_per_token": 6 * sim.num_params,
+      "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
+  }
+
+
+def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
+  """Throughput of the simulator and of the baseline, from the timed calls
+  (medians; the efficiency is the median of each pair's ratio)."""
+  c = sim.config
+  tokens = c.data.tokens_per_example
+  examples = c.num_workers * rounds * c.period * c.batch_size
+  run, base = statistics.median(sim_s), statistics.median(base_s)
+  return {
+      "worker_steps_per_s": c.num_workers * rounds * c.period / run,
+      "examples_per_s": examples / run,
+      "tokens_per_s": examples * tokens / run if tokens else None,
+      "baseline_examples_per_s": examples / base,
+      "baseline_tokens_per_s": examples * tokens / base if tokens else None,
       "efficiency": statistics.median(b / s for s, b in zip(sim_s, base_s)),
       "efficiencies": [b / s for s, b in zip(sim_s, base_s)],
-      "round_s": sim / rounds,
-      "sync_s": sync_s,
-      "sync_share": None if sync_s is None else sync_s * rounds / sim,
-      "compile_s": compile_s,
+      "round_s": run / rounds,
+  }
+
+
+def _memory_figures(sim, memory, peak: int, state, exe) -> dict:
+  """The process's memory against the state it holds, and XLA's analysis
+  of the chunk program."""
+  W = sim.config.num_workers
+  total_state = _per_worker_bytes(sim, state)
+  analysis = exe.chunk.memory_analysis()
+  return {
       "memory_source": memory.source,
       "peak_bytes": peak,
       "base_bytes": memory.base,
       "run_bytes": memory.used(peak),
-      "memory_per_worker": memory.used(peak) / num_workers,
-      "theoretical_per_worker": total_state / num_workers,
-      "state_per_worker": state_bytes(simulator, state.strategy),
+      "memory_per_worker": memory.used(peak) / W,
+      "theoretical_per_worker": total_state / W,
+      "state_per_worker": state_bytes(sim, state.strategy),
       "memory_ratio": memory.used(peak) / total_state,
-      "memory_estimate_bytes": simulator.memory.estimate_bytes,
+      "memory_estimate_bytes": sim.memory.estimate_bytes,
       "xla_argument_bytes": getattr(analysis, "argument_size_in_bytes", None),
       "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
-      "wire_bytes_per_round": sum(per_round.values()),
-      "wire_bytes_per_round_by_channel": per_round,
-      "flops_per_token": 6 * simulator.num_params,
-      "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
   }
+
+
+def _bytes(sim, out) -> dict:
+  """Wire bytes one worker sends in a timed call, per channel: the events
+  the call reported times each channel's exact size."""
+  per_round = {}
+  for name, channel in sim.channels.items():
+    events = int(np.sum(out.steps.counts.get(name, np.zeros(1))[0]))
+    events += int(out.sync_counts.get(name, np.zeros(1))[0])
+    per_round[name] = events * channel.wire_bytes
+  return {"wire_bytes_per_round": sum(per_round.values()),
+          "wire_bytes_per_round_by_channel": per_round}

@@ -74,10 +74,13 @@ def _measure(s: dict, workers: int) -> dict:
   return bench.measure(
       model, source, strategy, config_lib.build_inner(s), workers,
       s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
-      warmup=s["warmup"], devices=s["devices"],
-      worker_dtype=s["worker_dtype"], worker_batch=s["worker_batch"],
-      memory_budget=s["memory_budget"], minibatch_size=s["minibatch_size"],
-      autocast=s["autocast"], seed=s["seed"])
+      warmup=s["warmup"], seed=s["seed"], **_compute(s))
+
+
+def _compute(s: dict) -> dict:
+  """How the workers compute (devices, precision, memory), from the
+  settings."""
+  return {k: s[k] for k in config_lib.COMPUTE_SETTINGS}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,9 +100,7 @@ def run(args: argparse.Namespace) -> int:
       simulation.check_settings(
           strategy, num_workers=w, batch_size=s["batch_size"],
           steps=s["rounds"] * strategy.period, network=None,
-          **{k: s[k] for k in ("devices", "worker_dtype", "worker_batch",
-                               "memory_budget", "minibatch_size",
-                               "autocast")})
+          **_compute(s))
     except _validate.ConfigError as e:
       raise _validate.fail(e.field, e.value, f"{e.allowed} (at --workers "
                            f"{w})") from None

@@ -10,13 +10,14 @@ from lowbw.config._config import (ALIASES, FIELDS, GROUPS, Config, canonical,
                                   check_value)
 from lowbw.config._fields import RUN, SHAPE, TRACED, Field, flag_kwargs
 from lowbw.config._files import FORMATS, read_config, read_file
-from lowbw.config._resolve import build_data, build_model, ints, used
+from lowbw.config._resolve import (COMPUTE_SETTINGS, build_data, build_model,
+                                   ints, used)
 from lowbw.config._strategy_fields import (DEFAULT_STRATEGY, build_inner,
                                            fill, spec_of)
 from lowbw.config._strategy_fields import TRACED as strategy_traced
 from lowbw.config._strategy_fields import build as build_strategy
 
-__all__ = ["DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
+__all__ = ["COMPUTE_SETTINGS", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
            "build_strategy", "fill", "ints", "spec_of", "strategy_traced", "used",
            "ALIASES", "Config", "build", "build_config", "run_config", "simulate", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
            "SHAPE", "TRACED", "canonical", "check_value", "flag_kwargs", "read_config", "read_file"]

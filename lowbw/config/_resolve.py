@@ -228,10 +228,13 @@ def default_eval_every(period: int) -> int:
 
 
 # ``lowbw.build`` arguments named as the settings are.
+# How the workers compute (devices, precision, memory), not what: what
+# ``lowbw bench`` takes besides the model, the strategy and the sizes.
+COMPUTE_SETTINGS = ("devices", "worker_dtype", "worker_batch",
+                    "memory_budget", "minibatch_size", "autocast",
+                    "correlation_every")
 BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
-                  "devices", "worker_dtype", "worker_batch", "memory_budget",
-                  "minibatch_size", "autocast", "correlation_every",
-                  "eval_local")
+                  *COMPUTE_SETTINGS, "eval_local")
 
 
 def build_args(s: dict) -> dict:
