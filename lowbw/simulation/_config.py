@@ -19,7 +19,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import network as net_lib
-from lowbw.simulation import _defaults, _memory, _mesh
+from lowbw.simulation import _defaults, _memory, _mesh, _options
 from lowbw.simulation._backward import AUTOCAST, Backward
 
 _TARGET_CHUNKS = 25
@@ -174,42 +174,29 @@ def _resolve(field, value, registry_get, cls):
   return value
 
 
-def configure(model, data, strategy,
-              num_workers: int = _defaults.NUM_WORKERS,
-              batch_size: int = _defaults.BATCH_SIZE,
-              steps: int = _defaults.STEPS, network=_defaults.NETWORK,
-              eval_every: int | None = None, log_every: int | None = None,
-              eval_examples: int | None = None,
-              rounds_per_chunk: int | None = None, devices: int | None = None,
-              worker_dtype: str | None = None,
-              worker_batch: int | str | None = "auto",
-              memory_budget=None, minibatch_size: int | None = None,
-              autocast: str | None = None,
-              correlation_every: int | None = None,
-              eval_local: bool = False) -> RunConfig:
-  """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``.
+def configure(model, data, strategy, **settings) -> RunConfig:
+  """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``:
+  the model, the data, the strategy and ``check_settings``'s settings.
 
   Raises:
     ValueError: a bad argument, naming it, before anything is compiled.
   """
+  _options.check("build", settings, SETTINGS)
   model = (models_lib.get(model) if isinstance(model, str)
            else models_lib.as_model(model))
   data = _resolve("data", data, data_lib.get, data_lib.DataSource)
   strategy = _resolve("strategy", strategy, strategies_lib.get,
                       strategies_lib.Strategy)
-  settings = check_settings(
-      strategy, num_workers=num_workers, batch_size=batch_size, steps=steps,
-      network=network, eval_every=eval_every, log_every=log_every,
-      eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
-      devices=devices, worker_dtype=worker_dtype, worker_batch=worker_batch,
-      memory_budget=memory_budget, minibatch_size=minibatch_size,
-      autocast=autocast, correlation_every=correlation_every,
-      eval_local=eval_local)
+  settings = check_settings(strategy, **settings)
   _check_model_fits_data(model, data)
   return RunConfig(model, data, strategy, **settings)
 
 
-def check_settings(strategy, *, num_workers, batch_size, steps, network,
+# The one list of build settings (with their defaults): ``lowbw.build`` and
+# ``lowbw.simulate`` take and show these (``_options``).
+def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
+                   batch_size: int = _defaults.BATCH_SIZE,
+                   steps: int = _defaults.STEPS, network=_defaults.NETWORK,
                    eval_every=None, log_every=None, eval_examples=None,
                    rounds_per_chunk=None, devices=None, worker_dtype=None,
                    worker_batch="auto", memory_budget=None,
@@ -301,3 +288,7 @@ def check_processes(checkpoint_every, resume_from) -> None:
         "checkpoint_every" if checkpoint_every else "resume_from",
         checkpoint_every or resume_from,
         "checkpoints are not supported in multi-process runs yet")
+
+
+# The build settings' names, in check_settings' order.
+SETTINGS = tuple(_options.keywords(check_settings, skip=("strategy",)))

@@ -1,47 +1,13 @@
 """``lowbw.simulate``: build a simulator, run it once."""
 
-from collections.abc import Callable
-
-from lowbw.simulation import _defaults
+from lowbw.simulation import _options
 from lowbw.simulation._result import Result
-from lowbw.simulation._simulator import build
+from lowbw.simulation._simulator import Simulator, build
 
 __all__ = ["Result", "simulate"]
 
 
-def simulate(
-    model,
-    data,
-    strategy,
-    num_workers: int = _defaults.NUM_WORKERS,
-    batch_size: int = _defaults.BATCH_SIZE,
-    steps: int = _defaults.STEPS,
-    seed: int = 0,
-    network=_defaults.NETWORK,
-    eval_every: int | None = None,
-    log_every: int | None = None,
-    log_dir: str | None = None,
-    checkpoint_every: int | None = None,
-    resume_from: str | None = None,
-    eval_examples: int | None = None,
-    rounds_per_chunk: int | None = None,
-    progress: bool | None = None,
-    callback: Callable[[dict], None] | None = None,
-    metadata: dict | None = None,
-    devices: int | None = None,
-    worker_dtype: str | None = None,
-    worker_batch: int | str | None = "auto",
-    memory_budget=None,
-    minibatch_size: int | None = None,
-    autocast: str | None = None,
-    correlation_every: int | None = None,
-    eval_local: bool = False,
-    hparams: dict | None = None,
-    compile_cache: bool | str = True,
-    overwrite: bool = False,
-    wandb_project: str | None = None,
-    fail_on_divergence: bool = False,
-) -> Result:
+def simulate(model, data, strategy, **options) -> Result:
   """Simulates ``num_workers`` workers training ``model`` with ``strategy``.
 
   All workers run in one compiled JAX program: their parameters are stacked on
@@ -157,18 +123,15 @@ def simulate(
       its start or accuracy at or below chance (the run finished and its logs
       are kept); without it, a ``RunWarning`` says so.
   """
-  sim = build(model, data, strategy, num_workers=num_workers,
-              batch_size=batch_size, steps=steps, network=network,
-              eval_every=eval_every, log_every=log_every,
-              eval_examples=eval_examples, rounds_per_chunk=rounds_per_chunk,
-              devices=devices, worker_dtype=worker_dtype,
-              worker_batch=worker_batch, memory_budget=memory_budget,
-              minibatch_size=minibatch_size, autocast=autocast,
-              correlation_every=correlation_every, eval_local=eval_local,
-              compile=False,
-              compile_cache=compile_cache)
-  return sim.run(seed=seed, hparams=hparams, log_dir=log_dir,
-                 checkpoint_every=checkpoint_every, resume_from=resume_from,
-                 progress=progress, callback=callback, metadata=metadata,
-                 overwrite=overwrite, wandb_project=wandb_project,
-                 fail_on_divergence=fail_on_divergence)
+  _options.check("simulate", options, _NAMES)
+  run, settings = _options.split(options, _RUN)
+  sim = build(model, data, strategy, compile=False, **settings)
+  return sim.run(**run)
+
+
+# simulate's options: Simulator.run's, then build's (one list each, where
+# they are checked).
+_RUN = _options.keywords(Simulator.run, skip=("config_yaml",))
+_BUILD = _options.keywords(build, skip=("compile",))
+_NAMES = (*_RUN, *_BUILD)
+_options.compose(simulate, _BUILD, _RUN)

@@ -23,8 +23,9 @@ from lowbw import _validate, telemetry
 from lowbw.models import check_contract
 from lowbw import network as net_lib
 from lowbw.network import tiers_of
-from lowbw.simulation import (_compile_cache, _config, _defaults, _engine, _hparams,
-                              _logdir, _memory, _mesh, _precision, _resume)
+from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
+                              _logdir, _memory, _mesh, _options, _precision,
+                              _resume)
 from lowbw.simulation._loop import Executables, drive
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
@@ -489,18 +490,8 @@ def _signature(tree):
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
 
 
-def build(model, data, strategy, num_workers: int = _defaults.NUM_WORKERS,
-          batch_size: int = _defaults.BATCH_SIZE,
-          steps: int = _defaults.STEPS, network=_defaults.NETWORK,
-          eval_every: int | None = None,
-          log_every: int | None = None, eval_examples: int | None = None,
-          rounds_per_chunk: int | None = None, devices: int | None = None,
-          worker_dtype: str | None = None,
-          worker_batch: int | str | None = "auto", memory_budget=None,
-          minibatch_size: int | None = None, autocast: str | None = None,
-          correlation_every: int | None = None, eval_local: bool = False,
-          compile: bool = True, compile_cache: bool | str = True
-          ) -> Simulator:
+def build(model, data, strategy, *, compile: bool = True,
+          compile_cache: bool | str = True, **settings) -> Simulator:
   """Validates a run configuration and compiles its programs, once.
 
   The arguments are ``lowbw.simulate``'s that fix the compiled program
@@ -525,14 +516,11 @@ def build(model, data, strategy, num_workers: int = _defaults.NUM_WORKERS,
     >>> a = sim.run(seed=0, hparams={"inner_lr": 1e-3})
     >>> b = sim.run(seed=1, hparams={"inner_lr": 3e-3})   # no compilation
   """
-  config = _config.configure(
-      model, data, strategy, num_workers=num_workers, batch_size=batch_size,
-      steps=steps, network=network, eval_every=eval_every,
-      log_every=log_every, eval_examples=eval_examples,
-      rounds_per_chunk=rounds_per_chunk, devices=devices,
-      worker_dtype=worker_dtype, worker_batch=worker_batch,
-      memory_budget=memory_budget, minibatch_size=minibatch_size,
-      autocast=autocast, correlation_every=correlation_every,
-      eval_local=eval_local)
+  config = _config.configure(model, data, strategy, **settings)
   _compile_cache.enable(_compile_cache.check(compile_cache))
   return Simulator(config, compile=compile)
+
+
+# The settings (``check_settings``'s, one list) show in build's signature.
+_options.compose(build, _options.keywords(_config.check_settings,
+                                          skip=("strategy",)))
