@@ -268,6 +268,30 @@ def test_simulate_and_build_take_a_config_and_only_run_arguments(base):
   assert sim.config.strategy is strategy and sim.config.num_workers == 2
 
 
+def test_the_keyword_style_shows_and_checks_the_one_list_of_options():
+  """simulate's and build's keywords are check_settings' and
+  Simulator.run's, read from them: each shows in the signature, and an
+  unknown one is refused with the nearest names."""
+  import inspect
+  from lowbw import simulation
+  from lowbw.simulation import _config
+  settings = set(inspect.signature(_config.check_settings).parameters) - {
+      "strategy"}
+  run = set(inspect.signature(simulation.Simulator.run).parameters) - {
+      "self", "config_yaml"}
+  shown = set(inspect.signature(lowbw.simulate).parameters)
+  assert shown == settings | run | {"model", "data", "strategy",
+                                    "compile_cache"}
+  assert set(inspect.signature(lowbw.build).parameters) == settings | {
+      "model", "data", "strategy", "compile", "compile_cache"}
+  with pytest.raises(TypeError, match="simulate.. got an unexpected keyword "
+                     "argument 'num_worker' .did you mean 'num_workers'"):
+    lowbw.simulate(model="mlp", data="digits", strategy="ddp", num_worker=2)
+  with pytest.raises(TypeError, match="build.. got an unexpected keyword "
+                     "argument 'seed'"):
+    lowbw.build("mlp", "digits", "ddp", seed=1)
+
+
 def test_two_tiers_of_outer_optimizers_are_not_swept_as_one():
   """Hierarchical DiLoCo's state holds its outer and global outer
   optimizers alike: a traced outer_lr would set both. lowbw.sweep refuses
