@@ -126,6 +126,40 @@ def test_each_study_point_equals_its_single_run(small_study):
                                single.history["train_loss"], rtol=1e-6)
 
 
+def test_points_of_a_build_batched_as_a_vmapped_axis_equal_the_study(
+    base, small_study, tmp_path, monkeypatch):
+  """points_per_batch=3 runs a build's points as one vmapped program (what
+  an accelerator does by default), the last batch padded; each point
+  equals the point of the one-at-a-time study, and its folder holds its
+  own logs and config."""
+  grid = [{"H": [2], "outer_lr": [0.5, 0.7]}, {"strategy": ["ddp"]}]
+  out = tmp_path / "batched"
+  sizes, run_batch = [], lowbw.simulation.run_batch
+  monkeypatch.setattr(lowbw.simulation, "run_batch", lambda sim, points, *a:
+                      sizes.append(len(points)) or run_batch(sim, points, *a))
+  batched = lowbw.study(base, grid, seeds=[0, 1], out=str(out),
+                        progress=False, plots=False, points_per_batch=3)
+  by_key = {(tuple(sorted(p.values.items())), p.seed): p
+            for p in small_study.points}
+  assert len(batched.points) == 6
+  assert sizes == [3, 3, 3]  # 4 DiLoCo points in 2 batches, 2 DDP in 1
+  for point in batched.points:
+    one = by_key[(tuple(sorted(point.values.items())), point.seed)]
+    for key in ("final_eval_loss", "final_train_loss", "wire_bytes",
+                "sim_time_s"):
+      np.testing.assert_allclose(point.summary[key], one.summary[key],
+                                 rtol=1e-5, err_msg=key)
+    np.testing.assert_allclose(point.history["train_loss"],
+                               one.history["train_loss"], rtol=1e-5)
+    assert lowbw.Config.load(os.path.join(point.log_dir, "config.yaml")) == \
+        point.config.replace(out=point.log_dir)
+  again = lowbw.studies.load(str(out))  # read back from the folder
+  assert [p.summary["final_eval_loss"] for p in again.points] == \
+      [p.summary["final_eval_loss"] for p in batched.points]
+  with pytest.raises(lowbw.ConfigError, match="^points_per_batch=0"):
+    lowbw.study(base, grid, points_per_batch=0)
+
+
 def test_a_study_writes_its_tables_and_plots(small_study):
   out = small_study.summary["out"]
   names = set(os.listdir(out))
@@ -245,6 +279,8 @@ def test_the_base_need_only_be_valid_with_each_points_values(tmp_path,
     (["--seeds", "0,x"], "--seeds='0,x' is invalid"),
     (["--checkpoint-every", "2", "--H", "2"],
      "--checkpoint-every=2 is invalid: a sweep"),
+    (["--points-per-batch", "0", "--grid", "H=2"],
+     "--points-per-batch=0 is invalid: expected an integer >= 1"),
 ])
 def test_sweep_errors_are_one_line(argv, message, capsys, tmp_path):
   code = cli.main(["sweep", "--data", "digits", "--out", str(tmp_path / "x"),

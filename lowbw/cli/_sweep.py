@@ -36,6 +36,11 @@ def add_parser(subparsers) -> None:
                  "--grid values multiply each of them")
   g.add_argument("--seeds", help="comma-separated seeds every combination "
                  "runs with (default: --seed)")
+  g.add_argument("--points-per-batch", type=int, metavar="N",
+                 help="points of one compiled shape computed at once, as one "
+                 "vmapped program (memory grows with N). Default: all that "
+                 "fit the memory budget on a GPU, 1 on a CPU (measured no "
+                 "faster there)")
   _train.add_run_flags(p)
   p.set_defaults(run=run, resume=None)
 
@@ -124,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
           "strategy", config_lib.DEFAULT_STRATEGY))}, "sweep-")
   progress = base.get("progress")
   result = study(base, grid, seeds, out=out, progress=progress,
-                 overwrite=args.overwrite, on_point=_printer(progress))
+                 overwrite=args.overwrite, on_point=_printer(progress),
+                 points_per_batch=args.points_per_batch)
   print(format_table(result))
   for point in result.points:  # each point's warnings, e.g. a divergence
     where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())

@@ -16,7 +16,9 @@ from lowbw.simulation._mesh import initialize
 from lowbw.simulation._result import Result
 from lowbw.simulation._run import simulate
 from lowbw.simulation._simulator import Simulator, build
-from lowbw.simulation._sweep import SweepPoint, SweepResult, sweep
+from lowbw.simulation._sweep import (SweepPoint, SweepResult,
+                                     default_points_per_batch, run_batch,
+                                     sweep)
 from lowbw.simulation._track import RunWarning
 
 __all__ = ["AUTOCAST", "MESH_AXIS", "cast_workers", "is_spec",
@@ -25,4 +27,5 @@ __all__ = ["AUTOCAST", "MESH_AXIS", "cast_workers", "is_spec",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
-           "initialize", "simulate", "sweep"]
+           "default_points_per_batch", "initialize", "run_batch", "simulate",
+           "sweep"]

@@ -231,7 +231,10 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     bar = (telemetry.ProgressBar(c.steps, desc=f"sweep {b + 1}/{batches}")
            if show else None)
     try:
-      results += _run_batch(sim, padded, len(chunk), b * size, log_dir, bar)
+      dirs = [os.path.join(log_dir, f"point_{b * size + i:03d}")
+              if log_dir and i < len(chunk) else None
+              for i in range(len(padded))]
+      results += run_batch(sim, padded, dirs, bar=bar)[:len(chunk)]
     finally:
       if bar:
         bar.close()
@@ -278,7 +281,24 @@ def _build(args) -> Simulator:
   return build(**{"compile": False, **args})
 
 
-def _run_batch(sim, points, real: int, first: int, log_dir, bar):
+def run_batch(sim, points: list, dirs: list, texts: list | None = None,
+              bar=None) -> list[SweepPoint]:
+  """``points`` (``(hparams, seed)`` pairs) run as one program: vmapped over
+  the points, or the single-run program for one point.
+
+  Args:
+    sim: the build every point runs on.
+    points: each point's traced values and seed (a batch padded with
+      repeats, so that one program serves every batch, gives the repeats
+      ``None`` folders).
+    dirs: each point's log folder, or None.
+    texts: each point's ``config.yaml`` text (a ``lowbw.Config``), or None.
+    bar: a progress bar over steps.
+
+  Returns:
+    One ``SweepPoint`` per point (a point whose loss became non-finite has
+    its error in ``summary["error"]``).
+  """
   if len(points) == 1:  # the single-run program, shared with Simulator.run
     (values, seed), = points
     state, sampler, net, network = sim.initial(seed, values)
@@ -293,14 +313,7 @@ def _run_batch(sim, points, real: int, first: int, log_dir, bar):
         jitted=sim.jit_points(batch.sampler_axes, batch.net_axes),
         key=("sweep", str(batch.sampler_axes), str(batch.net_axes)))
     batched = True
-  tracks = []
-  for i, ((values, seed), network) in enumerate(zip(points, networks)):
-    point_dir = (os.path.join(log_dir, f"point_{first + i:03d}")
-                 if log_dir and i < real else None)
-    track = Track(sim, sim.config.default_log_every, network, point_dir,
-                  config=sim.describe(seed, network, values))
-    track.open_writers()
-    tracks.append(track)
+  tracks = _tracks(sim, points, networks, dirs, texts or [None] * len(dirs))
   try:
     state, elapsed = drive(sim, exe, state, sampler, net, tracks, 0,
                            sim.fetch, batched=batched, raise_errors=False,
@@ -312,14 +325,30 @@ def _run_batch(sim, points, real: int, first: int, log_dir, bar):
   if not batched:
     params_S = jax.tree.map(lambda x: x[None], params_S)
   out = []
-  for i, ((values, seed), track) in enumerate(zip(points[:real], tracks)):
+  for i, ((values, seed), track) in enumerate(zip(points, tracks)):
     summary = track.summary(0.0, elapsed)
     summary["seed"], summary["values"] = seed, _hparams.jsonable(values)
     track.write_summary(summary)
     out.append(SweepPoint(dict(values), seed, track.history.as_arrays(),
-                          jax.tree.map(lambda x: x[i], params_S), summary,
-                          track.log_dir))
+                          jax.tree.map(lambda x, i=i: x[i], params_S),
+                          summary, track.log_dir))
   return out
+
+
+def _tracks(sim, points, networks, dirs, texts) -> list[Track]:
+  """One open ``Track`` per point, its folder holding its ``config.yaml``
+  when given."""
+  tracks = []
+  for (values, seed), network, folder, text in zip(points, networks, dirs,
+                                                   texts):
+    if folder and text is not None:
+      os.makedirs(folder, exist_ok=True)
+      telemetry.write_text(os.path.join(folder, "config.yaml"), text)
+    track = Track(sim, sim.config.default_log_every, network, folder,
+                  config=sim.describe(seed, network, values))
+    track.open_writers()
+    tracks.append(track)
+  return tracks
 
 
 def _write(result: SweepResult, log_dir: str) -> None:
