@@ -110,24 +110,61 @@ def results_for(args, cache_name: str, run_all) -> dict:
 CURVE = ("step", "tokens", "eval_loss", "sim_time_s", "payload_bytes")
 
 
+# Studies' folders (each point's logs; what a killed script resumes from).
+STUDIES = os.path.join(ROOT, "experiments", "studies")
+
+
 def seeded(build_args, seeds, grid=None) -> list[dict]:
   """Every seed (and grid point) of one build through ``lowbw.sweep``: per
   point its values, seed, summary figures and eval-loss curve (rows with an
   evaluation), plain JSON."""
   import lowbw
-  import numpy as np
   result = lowbw.sweep(build_args, grid=grid, seeds=list(seeds),
                        progress=False)
-  out = []
-  for p in result.points:
-    h = p.history
-    rows = ~np.isnan(h["eval_loss"]) if "eval_loss" in h else slice(0, 0)
-    curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
-    keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
-            "wire_bytes", "sim_time_s", "peak_step_bytes", "error")
-    out.append({"values": p.values, "seed": p.seed, "curve": curve,
-                **{k: p.summary.get(k) for k in keep}})
-  return out
+  return [_entry(p.values, p.seed, p.history, p.summary)
+          for p in result.points]
+
+
+def studied(name: str, base, grid, seeds) -> tuple[list[dict], float]:
+  """Every point of ``lowbw.study(base, grid, seeds)`` as ``seeded``'s
+  entries, and the compute seconds they took (compiling and running, summed
+  over points). The study's folder is ``experiments/studies/NAME``: a
+  killed script started again skips the points that finished."""
+  import lowbw
+
+  def show(point):
+    loss = point.summary.get("final_eval_loss")
+    print(f"  point {point.index}: {point.values}, seed {point.seed}: "
+          + (f"eval loss {loss:.4f}" if loss is not None else "failed"),
+          flush=True)
+
+  result = lowbw.study(base, grid, list(seeds),
+                       out=os.path.join(STUDIES, name), progress=False,
+                       plots=False, on_point=show)
+  seconds = sum((p.summary.get("compile_s") or 0.0) +
+                (p.summary.get("wall_time_s") or 0.0) for p in result.points)
+  return [_entry(p.values, p.seed, p.history, p.summary)
+          for p in result.points], seconds
+
+
+def _entry(values, seed, history, summary) -> dict:
+  """One run's values, seed, summary figures and eval-loss curve (rows with
+  an evaluation), plain JSON."""
+  import numpy as np
+  h = history
+  rows = ~np.isnan(h["eval_loss"]) if "eval_loss" in h else slice(0, 0)
+  curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
+  keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
+          "wire_bytes", "sim_time_s", "peak_step_bytes", "error")
+  return {"values": dict(values), "seed": seed, "curve": curve,
+          **{k: summary.get(k) for k in keep}}
+
+
+def save_results(cache_path: str, results: dict) -> dict:
+  """Writes the results (what ``--report-only`` reads) and returns them."""
+  with open(cache_path, "w") as f:
+    json.dump(results, f, indent=1)
+  return results
 
 
 def mean_std(values) -> tuple[float, float]:

@@ -21,7 +21,6 @@ import numpy as np
 
 import _report
 import lowbw
-from lowbw import data, models, strategies
 
 CACHE = "cnn_two_nodes_results.json"
 COMMAND = "python experiments/cnn_two_nodes.py"
@@ -29,18 +28,24 @@ NODES = (1, 2, 4)
 CLAIM = 4000 / 6000
 
 
+def label(W: int) -> str:
+  return f"DiLoCo {W} node{'s' * (W > 1)}"
+
+
 def run_all(args, cache_path):
-  def run(W):
-    strategy = strategies.diloco(
-        strategies.inner_optimizer("adamw", args.lr), H=args.H)
-    sim = lowbw.build(model=models.cnn(), data=data.digits(),
-                      strategy=strategy, num_workers=W,
-                      batch_size=args.batch_size, steps=args.steps,
+  """One study over the number of nodes (``experiments/studies/
+  cnn_two_nodes``, resumable), its runs grouped by node count."""
+  base = lowbw.Config(model="cnn", data="digits", strategy="diloco",
+                      inner="adamw", inner_lr=args.lr, weight_decay=0.0,
+                      H=args.H, batch_size=args.batch_size, steps=args.steps,
                       eval_every=args.H)
-    return {"runs": _report.seeded(sim, args.seeds)}
-  return _report.run_resumable(
-      cache_path, [(f"DiLoCo {W} node{'s' * (W > 1)}", W) for W in NODES],
-      _report.timed(run), "final_eval_loss")
+  runs, seconds = _report.studied("cnn_two_nodes", base,
+                                  {"workers": list(NODES)}, args.seeds)
+  results = {label(W): {"runs": [r for r in runs
+                                 if r["values"]["workers"] == W]}
+             for W in NODES}
+  results[label(NODES[0])]["seconds"] = seconds  # the study's compute
+  return _report.save_results(cache_path, results)
 
 
 def steps_to_target(results):
