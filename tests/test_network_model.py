@@ -786,3 +786,24 @@ def test_clock_overlap_steps_at_the_extremes():
     a, b = Clock(k), Clock(same_as)
     np.testing.assert_allclose(a.rounds(*rounds), b.rounds(*rounds))
     assert a.elapsed == pytest.approx(b.elapsed)
+
+
+def test_price_is_the_costs_and_the_clocks_scaled_costs_in_one_call():
+  """network.price: the logged costs are the model's own; with
+  clock_params the clock's bytes and FLOPs scale by clock_params /
+  num_params (a ring's seconds priced by hand), without it they are the
+  same costs."""
+  channels = {"sync": ring_allreduce(1_000_000, 4)}
+  plain = check_network(network(bandwidth="1Gbps", latency="10ms",
+                                hardware="h100"), 4)
+  p = _clock.price(plain, channels, 4, 250_000, 6e9)
+  assert p.clock_costs is p.costs and p.flops_per_step == 6e9
+  assert p.step_s == pytest.approx(6e9 / (989e12 * 0.4))
+  big = plain._replace(clock_params=2_500_000)       # 10x the model
+  q = _clock.price(big, channels, 4, 250_000, 6e9)
+  assert q.costs == p.costs and q.flops_per_step == pytest.approx(6e10)
+  # a ring of 4: 2(W-1) hops of payload/W each
+  expected = 6 * hop(1e9, 0.01, 10_000_000 / 4)
+  assert q.clock_costs["sync"].seconds == pytest.approx(expected)
+  assert p.costs["sync"].seconds == pytest.approx(6 * hop(1e9, 0.01,
+                                                          1_000_000 / 4))

@@ -1,7 +1,8 @@
 """Network model: collectives and their bytes, links and topologies, hardware,
 stragglers and faults (the simulated clock), and the analytical planner."""
 
-from lowbw.network._clock import (Clock, Network, NetParams, channel_costs,
+from lowbw.network._clock import (Clock, Network, NetParams, Pricing,
+                                  channel_costs, price,
                                   check_network, comm_seconds, flops_per_step,
                                   net_params, network, participants,
                                   step_seconds, up_mask, waited_for)
@@ -24,7 +25,7 @@ from lowbw.network._units import (bandwidth, count, duration, flops,
 __all__ = [
     "COLLECTIVES", "Channel", "Clock", "Cost", "Faults", "Flat", "Hardware",
     "Hierarchical", "Link", "MITIGATIONS", "NetParams", "Network", "PRESETS",
-    "Stragglers", "all_gather", "bandwidth", "channel", "duration", "flat",
+    "Pricing", "Stragglers", "all_gather", "price", "bandwidth", "channel", "duration", "flat",
     "flops", "hardware", "hierarchical", "link", "network", "plan",
     "ring_allreduce", "PLAN_DEFAULTS", "PLAN_DEPRECATED", "channel_costs",
     "check_network", "check_windows", "comm_seconds", "count",

@@ -180,6 +180,46 @@ def channel_costs(net: Network, channels: dict[str, Channel],
           for name, c in channels.items()}
 
 
+class Pricing(NamedTuple):
+  """A network's prices for one run, made in one call (``price``).
+
+  Attributes:
+    costs: channel -> ``Cost`` of one event for the model as it is: the
+      wire bytes a run logs.
+    clock_costs: the same as the clock times them: the bytes scaled to
+      ``clock_params`` when given (else ``costs`` itself).
+    flops_per_step: one worker's FLOPs per inner step as the clock prices
+      them (scaled likewise).
+    step_s: seconds of one inner step at speed 1 (None without hardware).
+  """
+
+  costs: dict
+  clock_costs: dict
+  flops_per_step: float
+  step_s: float | None
+
+
+def price(net: Network, channels: dict[str, Channel], num_workers: int,
+          num_params: int, flops_per_step: float) -> Pricing:
+  """Everything ``net`` charges for a run whose messages are ``channels``
+  and whose model has ``num_params`` parameters, ``flops_per_step`` FLOPs
+  per worker step. ``net.clock_params`` prices a larger model than the one
+  trained: the clock's bytes and FLOPs scale by ``clock_params /
+  num_params``, the logged bytes do not."""
+  costs = channel_costs(net, channels, num_workers)
+  scale = 1.0 if net.clock_params is None else net.clock_params / num_params
+  clock = costs
+  if scale != 1.0:
+    clock = channel_costs(net, {name: ch._replace(
+        payload_bytes=ch.payload_bytes * scale,
+        down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
+        for name, ch in channels.items()}, num_workers)
+  flops = flops_per_step * scale
+  hw = net.hardware
+  return Pricing(costs, clock, flops,
+                 None if hw is None else hw.step_seconds(flops))
+
+
 def net_params(net: Network, num_workers: int, flops_per_step: float,
                costs: dict, seed: int) -> NetParams:
   """The arrays of ``net`` for a run; ``flops_per_step``: one worker's FLOPs

@@ -75,10 +75,11 @@ class Simulator:
     c = self.config = dataclasses.replace(
         c, worker_batch=self.memory.worker_batch)
     self.channels = dict(self.strategy_channels)
+    self._pricings: dict = {}  # id(network) -> (network, Pricing)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_step = net_lib.flops_per_step(self.num_params, tokens)
     if c.network is not None:  # what each worker sends under the topology
-      costs = self.prices(c.network)
+      costs = self.pricing(c.network).costs
       self.channels = {
           name: ch._replace(wire_bytes=costs[name].wire_bytes,
                             collective=costs[name].algorithm,
@@ -272,43 +273,26 @@ class Simulator:
       self._samplers[seed] = c.data.build(c.num_workers, c.batch_size, seed)
     return self._samplers[seed]
 
-  def prices(self, network) -> dict:
-    """Channel name -> ``Cost`` (seconds, wire bytes, algorithm) of one
-    event under ``network``'s topology and links: the one place a run's
-    messages are priced (the wire bytes logged, the seconds on the clock and
-    in config.json all come from here)."""
-    return net_lib.channel_costs(network, self.strategy_channels,
-                                self.config.num_workers)
-
-  def clock_scale(self, network) -> float:
-    """How much larger the clock prices the model than it is
-    (``network.clock_params`` / the model's parameters; 1 without)."""
-    if network is None or network.clock_params is None:
-      return 1.0
-    return network.clock_params / self.num_params
-
-  def clock_prices(self, network) -> dict:
-    """``prices`` of the messages the clock times: the channels' bytes
-    scaled by ``clock_scale`` (the wire bytes logged are ``prices``')."""
-    scale = self.clock_scale(network)
-    if scale == 1.0:
-      return self.prices(network)
-    channels = {name: ch._replace(
-        payload_bytes=ch.payload_bytes * scale,
-        down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
-        for name, ch in self.strategy_channels.items()}
-    return net_lib.channel_costs(network, channels, self.config.num_workers)
-
-  def clock_flops(self, network) -> float:
-    """One worker's FLOPs per inner step as the clock prices them."""
-    return self.flops_per_step * self.clock_scale(network)
+  def pricing(self, network) -> net_lib.Pricing:
+    """What ``network`` charges for this run, in one call
+    (``network.price``): the logged wire bytes, the clock's seconds per
+    message and per step. The one place a run's messages are priced (the
+    bytes logged, the clock and config.json all read it)."""
+    key = id(network)
+    if key not in self._pricings:  # keyed by identity: networks are values
+      if len(self._pricings) >= 8:
+        self._pricings.pop(next(iter(self._pricings)))
+      self._pricings[key] = (network, net_lib.price(
+          network, self.strategy_channels, self.config.num_workers,
+          self.num_params, self.flops_per_step))
+    return self._pricings[key][1]
 
   def net_params(self, network, seed: int):
     if network is None:
       return None
+    p = self.pricing(network)
     return net_lib.net_params(network, self.config.num_workers,
-                             self.clock_flops(network),
-                             self.clock_prices(network), seed)
+                              p.flops_per_step, p.clock_costs, seed)
 
   def initial(self, seed: int = 0, hparams: dict | None = None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with
@@ -436,11 +420,10 @@ class Simulator:
         "channels": {k: ch._asdict() for k, ch in self.channels.items()},
         "network": None if network is None else {
             **network.describe(),
-            "compute_s_per_step": None if network.hardware is None
-            else network.hardware.step_seconds(self.clock_flops(network)),
+            "compute_s_per_step": self.pricing(network).step_s,
             "comm_s_per_event": {
                 name: cost.seconds
-                for name, cost in self.clock_prices(network).items()}},
+                for name, cost in self.pricing(network).clock_costs.items()}},
         "jax_version": jax.__version__, "backend": jax.default_backend(),
         "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
         # only when set: configurations (and checkpoints) from before match
