@@ -151,10 +151,11 @@ def _shorten(fn):
       # Nothing reads the result: validating and building (every name,
       # argument and the model contract) is what the block can show.
       kwargs = {k: v for k, v in kwargs.items() if k in _BUILD_ARGS}
-      return _BUILD(model, data, strategy, num_workers, batch_size, steps,
-                    *args, compile=False, **kwargs)
-    return fn(model, data, strategy, num_workers, batch_size, steps, *args,
-              **kwargs)
+      return _BUILD(model, data, strategy, *args, num_workers=num_workers,
+                    batch_size=batch_size, steps=steps, compile=False,
+                    **kwargs)
+    return fn(model, data, strategy, *args, num_workers=num_workers,
+              batch_size=batch_size, steps=steps, **kwargs)
   return short
 
 

@@ -328,20 +328,27 @@ def test_the_keyword_style_shows_and_checks_the_one_list_of_options():
     lowbw.build("mlp", "digits", "ddp", seed=1)
 
 
-def test_two_tiers_of_outer_optimizers_are_not_swept_as_one():
-  """Hierarchical DiLoCo's state holds its outer and global outer
-  optimizers alike: a traced outer_lr would set both. lowbw.sweep refuses
-  it; a study gives each value its own build."""
+def test_each_tier_of_outer_optimizers_is_traced_where_the_strategy_says():
+  """Hierarchical DiLoCo declares where its two outer optimizers live
+  (Strategy.outer_places): outer_lr sets the regional tier only,
+  global_outer_lr the wide-area tier only. A study of both shares one
+  build, and each point equals a single run built with its values; a
+  strategy without the tier says so."""
   tiers = dict(**TINY, strategy="hierarchical_diloco", group_size=1, H=2,
                global_every=1)
-  sim = lowbw.build(lowbw.Config(**tiers), compile=False)
-  with pytest.raises(lowbw.ConfigError, match="^outer_lr=0.5 is invalid: "
-                     "strategy 'hierarchical_diloco' has more than one outer "
-                     "optimizer"):
-    lowbw.sweep(sim, grid={"outer_lr": [0.5, 0.7]})
-  study = lowbw.study(lowbw.Config(**tiers), {"outer_lr": [0.5, 0.7]},
-                      progress=False)
-  assert study.summary["builds"] == 2
-  single = lowbw.simulate(study.points[0].config)
-  np.testing.assert_allclose(study.points[0].summary["final_train_loss"],
-                             single.summary["final_train_loss"], rtol=1e-6)
+  base = lowbw.Config(**tiers)
+  study = lowbw.study(base, {"outer_lr": [0.5, 0.7],
+                             "global_outer_lr": [0.3, 1.0]}, progress=False)
+  assert study.summary["builds"] == 1
+  losses = set()
+  for point in study.points:
+    single = lowbw.simulate(point.config)
+    np.testing.assert_allclose(point.summary["final_train_loss"],
+                               single.summary["final_train_loss"], rtol=1e-6)
+    losses.add(round(point.summary["final_train_loss"], 7))
+  assert len(losses) == 4  # each tier's value changes the run
+  diloco = lowbw.build(lowbw.Config(**TINY, H=2), compile=False)
+  with pytest.raises(lowbw.ConfigError, match="^global_outer_lr=0.1 is "
+                     "invalid: strategy 'diloco' has no global outer"):
+    lowbw.sweep(diloco, grid={"global_outer_lr": [0.1]})
+

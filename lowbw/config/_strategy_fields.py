@@ -203,14 +203,17 @@ def _optimizer_fields() -> list[_fields.Field]:
   ]
   for name in _extra_outer_names():
     # Only the strategies with this optimizer have a default to show.
-    out.append(F(name + "_lr", None, S, O, f"{name} SGD learning rate [" +
+    # Traced like outer_lr: the strategy says where this optimizer lives
+    # (Strategy.outer_places), and the knob has the field's name.
+    out.append(F(name + "_lr", None, T, O, f"{name} SGD learning rate [" +
                  _per_strategy(lambda s: s.optimizers[name].lr
                                if name in s.optimizers else None) + "]",
-                 float))
-    out.append(F(name + "_momentum", None, S, O, f"{name} Nesterov "
+                 float, knob=name + "_lr"))
+    out.append(F(name + "_momentum", None, T, O, f"{name} Nesterov "
                  "momentum, 0 for plain SGD [" + _per_strategy(
                      lambda s: s.optimizers[name].momentum
-                     if name in s.optimizers else None) + "]", float))
+                     if name in s.optimizers else None) + "]", float,
+                 knob=name + "_momentum"))
   return out
 
 

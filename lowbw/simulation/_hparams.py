@@ -22,13 +22,12 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw import network as net_lib
-from lowbw import strategies as strategies_lib
 from lowbw.strategies import PeakScheduleState
 from lowbw.transforms import ErrorFeedbackState
 
 
 class Knob(NamedTuple):
-  where: str   # "inner" | "outer" | "message" | "network"
+  where: str   # "inner" | "outer" | "global_outer" | "message" | "network"
   key: str     # the injected hyperparameter, or the network quantity
   help: str
 
@@ -41,6 +40,11 @@ KNOBS = {
     "inner_momentum": Knob("inner", "momentum", "inner SGD momentum"),
     "outer_lr": Knob("outer", "learning_rate", "outer learning rate"),
     "outer_momentum": Knob("outer", "momentum", "outer momentum"),
+    "global_outer_lr": Knob("global_outer", "learning_rate",
+                            "global outer learning rate (hierarchical "
+                            "DiLoCo's wide-area tier)"),
+    "global_outer_momentum": Knob("global_outer", "momentum",
+                                  "global outer momentum"),
     "ef_beta": Knob("message", "beta",
                     "error-feedback beta in [0, 1] (DeMo: momentum decay)"),
     "bandwidth": Knob("network", "bandwidth",
@@ -98,9 +102,36 @@ def _scheduled(tree, key: str) -> bool:
              key in n.hyperparams_states for n in _nodes(tree))
 
 
-def _part(sim_state, where: str):
+def _place(strategy, where: str) -> str | None:
+  """The ``comm`` field holding optimizer ``where``'s state, as the strategy
+  declares it (``Strategy.outer_places``); "" for a strategy that does not
+  say (its whole ``comm`` is searched for ``outer``); None if it has no such
+  optimizer."""
+  places = strategy.outer_places
+  if places is None:
+    return "" if where == "outer" else None
+  return places.get(where)
+
+
+def _part(sim_state, where: str, strategy):
+  """The part of the state holding knob place ``where`` (None: absent)."""
   st = sim_state.strategy
-  return st.inner_W if where == "inner" else st.comm
+  if where == "inner":
+    return st.inner_W
+  field = _place(strategy, where)
+  return None if field is None else (getattr(st.comm, field) if field
+                                     else st.comm)
+
+
+def _with_part(sim_state, where: str, strategy, part):
+  st = sim_state.strategy
+  if where == "inner":
+    st = st._replace(inner_W=part)
+  else:
+    field = _place(strategy, where)
+    st = st._replace(comm=st.comm._replace(**{field: part}) if field
+                     else part)
+  return sim_state._replace(strategy=st)
 
 
 def _is_feedback(x) -> bool:
@@ -112,29 +143,15 @@ def _feedback(tree) -> list:
           if _is_feedback(x)]
 
 
-def _check_one_tier(name: str, value, knob: Knob, strategy_name: str) -> None:
-  """An outer knob of a strategy with further outer optimizers (hierarchical
-  DiLoCo's ``global_outer``) is refused: the state holds both tiers alike,
-  and setting one by searching it would set the other too."""
-  if knob.where != "outer" or strategy_name not in strategies_lib.SPECS:
-    return
-  extra = strategies_lib.spec(strategy_name).optimizers
-  if extra:
-    raise _validate.fail(
-        name, value, f"strategy {strategy_name!r} has more than one outer "
-        f"optimizer (outer and {', '.join(extra)}), and a traced {name} "
-        "would set them all; give each value its own build (lowbw.study "
-        "does)")
-
-
-def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
-  """Each state knob has a place in ``sim_state`` (abstract is fine)."""
+def check_state_knobs(sim_state, strategy, values: dict) -> None:
+  """Each state knob has a place in ``sim_state`` (abstract is fine), where
+  ``strategy`` says its optimizers live."""
+  strategy_name = strategy.name
   for name, value in values.items():
     if (isinstance(value, bool) or not isinstance(value, (int, float)) or
         not math.isfinite(value)):
       raise _validate.fail(name, value, "expected a finite number")
     knob = KNOBS[name]
-    _check_one_tier(name, value, knob, strategy_name)
     if knob.key == "learning_rate":
       _validate.positive_float(name, value)
     elif knob.key == "weight_decay":
@@ -148,7 +165,10 @@ def check_state_knobs(sim_state, strategy_name: str, values: dict) -> None:
             name, value, f"strategy {strategy_name!r} runs no error feedback "
             "(give it a codec and error_feedback=)")
       continue
-    part = _part(sim_state, knob.where)
+    part = _part(sim_state, knob.where, strategy)
+    if part is None:
+      raise _validate.fail(name, value, f"strategy {strategy_name!r} has no "
+                           f"{knob.where.replace('_', ' ')} optimizer")
     if knob.key == "learning_rate" and _scheduled(part, knob.key):
       raise _validate.fail(
           name, values[name], f"the {knob.where} learning rate is an optax "
@@ -187,19 +207,20 @@ def _like(old, value):
   return jnp.broadcast_to(jnp.asarray(value, old.dtype), old.shape)
 
 
-def set_state(sim_state, values: dict):
-  """``sim_state`` with each state knob set (traceable; values may be
-  traced scalars)."""
-  st = sim_state.strategy
+def set_state(sim_state, values: dict, strategy):
+  """``sim_state`` with each state knob set where ``strategy`` says it lives
+  (traceable; values may be traced scalars)."""
   for name, value in values.items():
     knob = KNOBS[name]
-    if knob.where == "inner":
-      st = st._replace(inner_W=_set(st.inner_W, knob.key, value))
-    elif knob.where == "message":
-      st = st._replace(comm=_set_beta(st.comm, value))
-    else:
-      st = st._replace(comm=_set(st.comm, knob.key, value))
-  return sim_state._replace(strategy=st)
+    if knob.where == "message":
+      st = sim_state.strategy
+      sim_state = sim_state._replace(strategy=st._replace(
+          comm=_set_beta(st.comm, value)))
+      continue
+    part = _part(sim_state, knob.where, strategy)
+    sim_state = _with_part(sim_state, knob.where, strategy,
+                           _set(part, knob.key, value))
+  return sim_state
 
 
 # --------------------------------------------------------------- the network

@@ -257,7 +257,7 @@ class Simulator:
     """(state values, network) for ``hparams``; one-line errors."""
     values = _hparams.check_names(field, hparams or {})
     state_values, net_values = _hparams.split(values)
-    _hparams.check_state_knobs(self.abstract_state, self.config.strategy.name,
+    _hparams.check_state_knobs(self.abstract_state, self.config.strategy,
                                state_values)
     network = _hparams.set_network(self.config.network, net_values)
     if net_values:
@@ -305,7 +305,7 @@ class Simulator:
     state_values, network = self.check_hparams(hparams)
     state = self._init(jax.random.PRNGKey(seed))
     if state_values:  # a few small arrays: not worth compiling a program
-      state = _hparams.set_state(state, state_values)
+      state = _hparams.set_state(state, state_values, self.config.strategy)
     sampler, net = self.sampler(seed), self.net_params(network, seed)
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs

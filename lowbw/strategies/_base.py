@@ -82,6 +82,12 @@ class Strategy(NamedTuple):
       needed (Streaming DiLoCo's delay tau): the simulated clock overlaps the
       sync's communication with that many steps. None: the strategy needs it
       at once, and the network's ``overlap`` decides.
+    outer_places: where each outer optimizer's state lives: optimizer name
+      (``"outer"``, hierarchical DiLoCo's ``"global_outer"``) -> the field
+      of the ``comm`` state holding it; ``{}`` for a strategy without one.
+      Traced outer hyperparameters (``outer_lr``, ``global_outer_lr``) are
+      set there and nowhere else. None (a strategy that does not say): the
+      whole ``comm`` state is searched for ``outer_lr``.
     replicated: every worker applies the plain mean of the workers' raw
       gradients every step (DDP without a codec), so all workers hold the
       same parameters and optimizer state. The engine may then keep one
@@ -102,6 +108,7 @@ class Strategy(NamedTuple):
   config: dict[str, Any]
   overlap_steps: int | None = None
   replicated: bool = False
+  outer_places: dict[str, str] | None = None
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -209,10 +216,12 @@ def compose_step(local, sync, period: int):
 
 def make(name: str, period: int, init, local, sync, global_params, channels,
          config: dict[str, Any], overlap_steps: int | None = None,
-         replicated: bool = False) -> Strategy:
+         replicated: bool = False,
+         outer_places: dict[str, str] | None = None) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
-                  config, overlap_steps, replicated)
+                  config, overlap_steps, replicated,
+                  {} if outer_places is None else dict(outer_places))
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

@@ -126,7 +126,8 @@ def build(name: str, inner, outer, H: int, comp: Compression,
       diloco_sync(outer, comp), global_of, diloco_channels(comp),
       {"name": name, "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
-       **(extra_config or {})})
+       **(extra_config or {})},
+      outer_places={"outer": "outer_state"})
 
 
 def diloco(

@@ -259,7 +259,9 @@ def hierarchical_diloco(
        "outer": _base.describe(outer),
        "global_outer": _base.describe(global_outer), "H": H,
        "group_size": group_size, "groups": groups, "global_every": R,
-       **comp.config})
+       **comp.config},
+      outer_places={"outer": "regional_outer_W",
+                    "global_outer": "global_outer"})
 
 
 _SOURCE = "Decentralized Training Simulator: Technical Documentation"

@@ -70,7 +70,8 @@ def sparta_diloco(
        "outer": _base.describe(outer), "H": H, "p": p, "selector": selector,
        **({"sparta_interval": interval} if interval != 1 else {}),
        **comp.config,
-       "sparse_codec": None if sparse_codec is None else sparse_codec.name})
+       "sparse_codec": None if sparse_codec is None else sparse_codec.name},
+      outer_places={"outer": "outer_state"})
 
 
 SPEC = _spec.spec(

@@ -319,7 +319,8 @@ def spes(
        "experts_per_worker": experts_per_worker,
        "assignment": None if assignment is None else list(assignment),
        "merge_warmup_steps": merging[1], "merge_every": merging[2],
-       "merge_alpha": merging[0], "merge_top_k": merging[3], **comp.config})
+       "merge_alpha": merging[0], "merge_top_k": merging[3], **comp.config},
+      outer_places={"outer": "outer_state"})
 
 
 def _owners(assignment) -> tuple[int, ...]:

@@ -270,7 +270,7 @@ def streaming_diloco(
        "outer": _base.describe(outer), "H": H, "fragments": P,
        "pattern": "user" if partition is not None else pattern,
        "delay": delay, "alpha": alpha, **comp.config},
-      overlap_steps=delay)
+      overlap_steps=delay, outer_places={"outer": "outer_states"})
 
 
 def _channel(p: int) -> str:

@@ -133,17 +133,14 @@ def traced(config: Config) -> dict[str, str]:
   runs with other values (``Simulator.run(hparams=...)``)."""
   settings = config.to_dict()
   strategy = config.strategy
-  own, extra_optimizers = set(), False
+  own = set()
   if isinstance(strategy, str):
     spec = strategies_lib.spec(strategy)
     own = {p.flag for p in spec.params} - set(strategy_traced)
-    extra_optimizers = bool(spec.optimizers)
   out = {}
   for name, field in FIELDS.items():
     if field.kind != TRACED or settings.get(name) is None or name in own:
       continue
-    if extra_optimizers and name.startswith("outer_"):
-      continue  # two tiers of outer optimizers: set apart, not by a search
     if not config.clock and field.group.startswith("network"):
       continue
     out[name] = field.knob
