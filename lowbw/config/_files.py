@@ -12,10 +12,24 @@ import yaml
 from lowbw import _validate
 
 
+class _UniqueKeys(yaml.SafeLoader):
+  """Safe loading (plain values only) that refuses a key given twice in one
+  table, which PyYAML would resolve silently to the last."""
+
+  def construct_mapping(self, node, deep=False):
+    seen = set()
+    for key_node, _ in node.value:
+      key = self.construct_object(key_node, deep=True)
+      if key in seen:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"key {key!r} is given twice", key_node.start_mark)
+      seen.add(key)
+    return super().construct_mapping(node, deep)
+
+
 def _yaml(text: bytes):
-  # Safe loading: plain values only. YAML 1.1 reads "1e-3" as a string; a
-  # number spelled so is meant as one.
-  values = yaml.safe_load(text)
+  # YAML 1.1 reads "1e-3" as a string; a number spelled so is meant as one.
+  values = yaml.load(text, Loader=_UniqueKeys)
   if isinstance(values, dict):
     values = {k: _yaml_number(v) for k, v in values.items()}
   return values
@@ -29,10 +43,22 @@ def _yaml_number(value):
           else value)
 
 
-# Extension -> (format's name, reader of the file's bytes).
+def _unique(pairs: list) -> dict:
+  """A JSON object, refusing a key given twice (json keeps the last)."""
+  out = {}
+  for key, value in pairs:
+    if key in out:
+      raise ValueError(f"key {key!r} is given twice")
+    out[key] = value
+  return out
+
+
+# Extension -> (format's name, reader of the file's bytes). TOML itself
+# refuses a key given twice.
 FORMATS = {".yaml": ("YAML", _yaml), ".yml": ("YAML", _yaml),
            ".toml": ("TOML", lambda text: tomllib.loads(text.decode())),
-           ".json": ("JSON", json.loads)}
+           ".json": ("JSON", lambda text: json.loads(
+               text, object_pairs_hook=_unique))}
 
 
 def read_file(path: str, field: str = "config"):
@@ -50,7 +76,8 @@ def read_file(path: str, field: str = "config"):
   try:
     return read(text)
   except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
-    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    first = (getattr(e, "problem", None) or str(e).splitlines()[0]
+             if str(e) else type(e).__name__)
     raise _validate.fail(field, path, f"not valid {kind} ({first})"
                          ) from None
 
@@ -60,6 +87,16 @@ def read_config(path: str, allowed: Iterable[str]) -> dict:
   values = read_file(path)
   if not isinstance(values, dict):
     raise _validate.fail("config", path, "expected a table of options")
+  if not values:
+    raise _validate.fail("config", path, "holds no options; give at least "
+                         "one, or leave out --config for the defaults")
+  spelled: dict[str, str] = {}
+  for key in values:
+    name = str(key).replace("-", "_")
+    if name in spelled:  # inner-lr and inner_lr are one setting
+      raise _validate.fail("config", path, f"{spelled[name]!r} and {key!r} "
+                           "are the same setting, given twice")
+    spelled[name] = str(key)
   values = {str(k).replace("-", "_"): v for k, v in values.items()}
   allowed = list(allowed)
   unknown = sorted(set(values) - set(allowed))

@@ -5,7 +5,7 @@ from lowbw.simulation._engine import MESH_AXIS
 from lowbw.simulation._mesh import is_spec, strategy_specs
 from lowbw.simulation._precision import cast_workers
 from lowbw.simulation._config import (RunConfig, check_seed, check_settings,
-                                      multiple_of_period)
+                                      configure, multiple_of_period)
 from lowbw.simulation._defaults import BATCH_SIZE, NUM_WORKERS, STEPS
 from lowbw.simulation._logdir import prepare as prepare_log_dir
 from lowbw.simulation._memory import CPU_ACTIVATION_CAP, check_budget
@@ -23,7 +23,7 @@ from lowbw.simulation._track import RunWarning
 
 __all__ = ["AUTOCAST", "MESH_AXIS", "cast_workers", "is_spec",
            "strategy_specs", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
-           "STEPS", "check_budget", "check_seed", "check_settings",
+           "STEPS", "check_budget", "check_seed", "check_settings", "configure",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",

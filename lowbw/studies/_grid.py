@@ -46,22 +46,51 @@ def check_grid(grid) -> list[dict[str, list]]:
         key = canonical(name)
       except _validate.ConfigError as e:  # a grid's key, not a config's
         raise _validate.fail("grid", name, e.allowed) from None
-      if key == "seed":
-        raise _validate.fail("grid", name, "seeds are not a grid field: "
-                             "give them as seeds=[...] (lowbw sweep "
-                             "--seeds); every point runs with each")
-      if isinstance(values, (str, bytes)) or not hasattr(values,
-                                                         "__iter__"):
-        values = [values]
-      values = list(values)
-      if not values:
-        raise _validate.fail(name, values, "expected at least one value")
-      clean[key] = values
+      _check_sweepable(name, key)
+      clean[key] = _values(key, values)
     out.append(clean)
   return out
 
 
+def _check_sweepable(name: str, key: str) -> None:
+  """Seeds and the run's own settings (where and how a point logs) are not
+  grid fields."""
+  if key == "seed":
+    raise _validate.fail("grid", name, "seeds are not a grid field: give "
+                         "them as seeds=[...] (lowbw sweep --seeds); every "
+                         "point runs with each")
+  if FIELDS[key].kind == RUN:
+    raise _validate.fail("grid", name, "a setting of how the study runs "
+                         "and logs, not of a point: give it once, for the "
+                         "whole study (each point logs to its own folder "
+                         "under the study's)")
+
+
+def _values(key: str, values) -> list:
+  """A grid field's values: a list (one value alone is a list of one),
+  non-empty, none twice."""
+  if isinstance(values, dict):
+    raise _validate.fail(key, values, "expected a list of values, not a "
+                         "table")
+  if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
+    values = [values]
+  values = list(values)
+  if not values:
+    raise _validate.fail(key, values, "expected at least one value")
+  seen = []
+  for v in values:
+    if any(v == w and type(v) is type(w) for w in seen):
+      raise _validate.fail(key, v, "given twice in the grid (each value "
+                           "runs once)")
+    seen.append(v)
+  return values
+
+
 def check_seeds(seeds) -> list[int]:
+  if isinstance(seeds, (str, bytes)) or not (
+      isinstance(seeds, int) or hasattr(seeds, "__iter__")):
+    raise _validate.fail("seeds", seeds, "expected a list of integers, or "
+                         "one integer")
   if isinstance(seeds, int):
     seeds = [seeds]
   seeds = list(seeds)

@@ -64,14 +64,17 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   Raises:
     ConfigError: a bad name, value or point, before anything compiles.
   """
+  seeds = _grid.check_seeds(seeds)
   base = _grid.base_values(base)
   points = _grid.expand(base, grid, seeds)
   points_per_batch = _validate.optional_positive_int("points_per_batch",
                                                      points_per_batch)
   names = list(dict.fromkeys(n for sub in _grid.check_grid(grid)
                              for n in sub))
-  done = _files.prepare(out, base, grid, seeds, overwrite)
   groups = _grid.groups(points)
+  for group in groups:  # what a build checks with the data, before any runs
+    _check_build(group[0])
+  done = _files.prepare(out, base, grid, seeds, overwrite)
   show = telemetry.is_terminal() if progress is None else progress
   bar = _bar(len(points), len(done)) if show else None
   results: dict[int, PointResult] = {}
@@ -117,6 +120,17 @@ def study(base, grid, seeds=(0,), out: str | None = None,
       except ModuleNotFoundError:  # matplotlib is optional
         result.summary["plots"] = []
   return result
+
+
+def _check_build(point: _grid.Point) -> None:
+  """The build's checks of ``point`` that need its data and model (enough
+  examples for the workers, a model for the data's task), without tracing
+  or compiling; an error names the grid point."""
+  try:
+    simulation.configure(**point.config.build_args())
+  except _validate.ConfigError as e:
+    raise _validate.fail(e.field, e.value, f"{e.allowed} (at grid point "
+                         f"{_grid.describe(point.values)})") from None
 
 
 def _bar(total: int, done: int):
