@@ -87,3 +87,63 @@ def test_the_cli_refuses_a_grid_value_given_twice(capsys, tmp_path):
                  str(tmp_path / "s")], capsys)
   assert line == "lowbw: error: --H=2 is invalid: given twice in the grid " \
                  "(each value runs once)"
+
+
+# ------------------------------------------------------- out and resume
+def test_an_empty_out_is_refused_not_replaced_by_a_default(capsys):
+  assert _error(["train", *TINY, "--out", ""], capsys) == \
+      "lowbw: error: --out='' is invalid: expected a folder path"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "not the log folder of a lowbw train run"),
+    ("{bad", "its config.json is not valid JSON (Expecting property name"),
+])
+def test_resume_from_a_folder_whose_record_is_not_a_run(text, message,
+                                                        tmp_path, capsys):
+  (tmp_path / "config.json").write_text(text)
+  line = _error(["train", "--resume", str(tmp_path)], capsys)
+  assert line.startswith(f"lowbw: error: --resume='{tmp_path}' is invalid: ")
+  assert message in line
+
+
+@pytest.fixture(scope="module")
+def checkpointed(tmp_path_factory):
+  out = tmp_path_factory.mktemp("run") / "r"
+  assert cli.main(["train", *TINY, "--checkpoint-every", "4", "--out",
+                   str(out)]) == 0
+  return out
+
+
+def test_resume_names_the_setting_that_changed_not_what_follows(
+    checkpointed, tmp_path, capsys):
+  capsys.readouterr()
+  run = tmp_path / "r"
+  import shutil
+  shutil.copytree(checkpointed, run)
+  record = json.loads((run / "config.json").read_text())
+  (settings,) = record["metadata"].values()
+  settings["workers"] = 4  # the channels' sizes change with it
+  (run / "config.json").write_text(json.dumps(record))
+  line = _error(["train", "--resume", str(run), "--steps", "12"], capsys)
+  assert "the checkpoint was made with --workers=2 but this run has " \
+         "--workers=4; only steps, eval_every, log_every, " \
+         "checkpoint_every, eval_examples, devices, worker_batch may " \
+         "change on resume" in line
+
+
+def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_its_step(
+    checkpointed, monkeypatch, capsys):
+  from lowbw import telemetry
+
+  def damaged(*args, **kwargs):
+    raise RuntimeError("Error reading ...: DATA_LOSS\nspec: {...}\nmore")
+
+  monkeypatch.setattr(telemetry, "restore", damaged)
+  capsys.readouterr()
+  line = _error(["train", "--resume", str(checkpointed), "--steps", "12"],
+                capsys)
+  assert line.endswith("its checkpoint at step 8 cannot be read (Error "
+                       "reading ...: DATA_LOSS); if it is damaged, delete "
+                       "that step's folder under checkpoints/ to resume "
+                       "from the one before")

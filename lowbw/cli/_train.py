@@ -102,8 +102,14 @@ def _saved(path: str) -> dict:
   saved = None
   if os.path.isfile(path):
     with open(path) as f:
-      saved = json.load(f).get("metadata", {}).get(METADATA_KEY)
-  if saved is None:
+      try:
+        record = json.load(f)
+      except ValueError as e:  # a damaged file, not a run's record
+        raise _validate.fail("resume", os.path.dirname(path), "its "
+                             f"config.json is not valid JSON ({e})") from None
+    if isinstance(record, dict) and isinstance(record.get("metadata"), dict):
+      saved = record["metadata"].get(METADATA_KEY)
+  if not isinstance(saved, dict):
     raise _validate.fail("resume", os.path.dirname(path),
                          "not the log folder of a lowbw train run "
                          "(no config.json with its settings)")
@@ -183,7 +189,11 @@ def resolved(config: Config) -> dict:
 
 
 def default_out(s: dict, kind: str = "") -> str:
-  return s["out"] or os.path.join(
+  """``--out``, or a new folder under runs/ when it is not given (an empty
+  ``--out ''`` is given: the log folder's check refuses it)."""
+  if s["out"] is not None:
+    return s["out"]
+  return os.path.join(
       "runs", datetime.datetime.now().strftime("%Y%m%d-%H%M%S") + "-" + kind +
       s["strategy"])
 

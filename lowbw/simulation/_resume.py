@@ -48,15 +48,31 @@ def _checkpoint_dir(root):
   return sub if os.path.isdir(sub) else root
 
 
+# What follows from the settings (a change of W changes them all): named
+# only when no setting differs.
+_DERIVED = ("channels", "num_params", "network")
+# The settings a user may change on resume, as the message lists them.
+_SHOWN = ("steps", "eval_every", "log_every", "checkpoint_every",
+          "eval_examples", "devices", "worker_batch")
+
+
+def _short(value) -> str:
+  text = repr(value)
+  return text if len(text) <= 60 else text[:57] + "..."
+
+
 def _check_same(resume_from, saved: dict, current: dict) -> None:
   current = json.loads(json.dumps(current, default=repr))
-  for key in sorted(set(saved) | set(current)):
-    if key not in MAY_CHANGE and saved.get(key) != current.get(key):
-      raise _validate.fail(
-          "resume_from", resume_from,
-          f"the checkpoint was made with {key}={saved.get(key)!r} but this "
-          f"run has {key}={current.get(key)!r}; only "
-          f"{', '.join(MAY_CHANGE[:4])} may change on resume")
+  differ = [key for key in sorted(set(saved) | set(current))
+            if key not in MAY_CHANGE and saved.get(key) != current.get(key)]
+  if not differ:
+    return
+  key = ([k for k in differ if k not in _DERIVED] or differ)[0]
+  raise _validate.fail(
+      "resume_from", resume_from,
+      f"the checkpoint was made with {key}={_short(saved.get(key))} but this "
+      f"run has {key}={_short(current.get(key))}; only "
+      f"{', '.join(_SHOWN)} may change on resume")
 
 
 def restore(sim, resume_from, track, initial_state, log_every_given: bool):
@@ -76,10 +92,13 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
   del initial_state
   try:
     step, state, meta = telemetry.restore(directory, abstract, step)
-  except Exception as e:  # same configuration, yet a different structure
+  except Exception as e:  # same configuration: the files are damaged
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     raise _validate.fail(
         "resume_from", resume_from,
-        f"its checkpoint does not match this run's state ({e})") from e
+        f"its checkpoint at step {step} cannot be read ({first}); if it is "
+        "damaged, delete that step's folder under checkpoints/ to resume "
+        "from the one before") from e
   c = sim.config
   if step > c.steps:
     raise _validate.fail("steps", c.steps,
