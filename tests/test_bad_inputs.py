@@ -147,3 +147,16 @@ def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_its_step(
                        "reading ...: DATA_LOSS); if it is damaged, delete "
                        "that step's folder under checkpoints/ to resume "
                        "from the one before")
+
+
+# ------------------------------------------------------------------- faults
+def test_faults_after_the_last_step_are_warned_about(tmp_path, capsys):
+  """A failure or window past the end changes nothing in this run (a run
+  resumed to more steps meets it), so it is a warning, not an error."""
+  assert cli.main(["train", *TINY, "--failures", "1@500", "--windows",
+                   "0:3-5,1:40-50", "--out", str(tmp_path / "r")]) == 0
+  err = capsys.readouterr().err
+  assert "lowbw: warning: worker 1's failure at step 500, worker 1's " \
+         "window from step 40 start after the run's last step (7): no " \
+         "effect in this run" in err
+  assert "window from step 3" not in err

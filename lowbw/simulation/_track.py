@@ -269,7 +269,23 @@ class Track:
           "worker (faults: every worker down or its message lost)"
           + ("; the shared model hardly trained: this run is degenerate"
              if self.degenerate() else ""))
+    out += self._late_faults()
     return out
+
+  def _late_faults(self) -> list[str]:
+    """Scheduled failures and windows that start after the last step: they
+    change nothing in this run (a longer run resumed from it meets them)."""
+    faults = self.network and self.network.faults
+    if not faults:
+      return []
+    steps = self.sim.config.steps
+    late = [f"worker {w}'s failure at step {s}" for w, s in faults.failures
+            if s >= steps]
+    late += [f"worker {w}'s window from step {a}" for w, a, _ in
+             faults.windows if a >= steps]
+    return [f"{', '.join(late)} start{'s' if len(late) == 1 else ''} after "
+            f"the run's last step ({steps - 1}): no effect in this run"] \
+        if late else []
 
   def write_summary(self, summary: dict) -> None:
     if self.log_dir and self.sim.main_process:
