@@ -284,6 +284,7 @@ def test_resuming_after_a_full_disk_equals_an_uninterrupted_run(
 
 
 def test_a_csv_row_cut_short_by_a_full_disk_is_removed(tmp_path, monkeypatch):
+  (tmp_path / "config.json").write_text("{}")  # a run's folder
   path = tmp_path / "sweep.csv"
   Fault(monkeypatch, "sweep.csv", after=2)  # the header and one row
   writer = telemetry.CSVWriter(str(path), ["step", "loss"])
@@ -297,6 +298,23 @@ def test_a_csv_row_cut_short_by_a_full_disk_is_removed(tmp_path, monkeypatch):
       f"cannot write {path}: {NO_SPACE}; free space and run again "
       f"with overwrite=True (it replaces what {tmp_path} holds)")
   assert path.read_text() == "step,loss\n1,0.5\n"
+
+
+def test_the_hint_fits_the_folder_a_write_failed_in(tmp_path):
+  """A study's point or table: run the study again (finished points
+  resume; overwriting would clear them); a folder that holds no run (a
+  plot's): only the cause."""
+  study = tmp_path / "study"
+  (study / "points" / "0002").mkdir(parents=True)
+  (study / "study.json").write_text("{}")
+  for folder in (study / "points" / "0002", study):
+    error = telemetry.WriteError(str(folder / "metrics.csv"),
+                                 OSError(errno.ENOSPC, "full"))
+    assert error.hint == (f"free space and run the study again with the "
+                          f"same out ({study}): its finished points resume")
+  plain = telemetry.WriteError(str(tmp_path / "plot.png"),
+                               OSError(errno.EACCES, "denied"))
+  assert plain.hint == f"make {tmp_path} writable"
 
 
 def test_a_json_file_that_cannot_be_replaced_keeps_its_old_copy(

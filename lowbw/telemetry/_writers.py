@@ -66,12 +66,29 @@ def _hint(code: int | None, run_dir: str) -> str:
     fix = f"make {run_dir} writable"
   else:
     fix = "fix the cause"
+  study = _study_of(run_dir)
+  if study is not None:  # a point's logs or the study's tables
+    return (f"{fix} and run the study again with the same out ({study}): "
+            "its finished points resume")
   from lowbw.telemetry import _checkpoint  # imports orbax: only when needed
   # In API words; the command line names these settings by their flags.
   if _checkpoint.has_checkpoint(run_dir):
     return f"{fix} and resume with resume_from={run_dir!r}"
+  if not os.path.exists(os.path.join(run_dir, "config.json")):
+    return fix  # not a run's folder (a plot, a table, a bench's JSON)
   return (f"{fix} and run again with overwrite=True (it replaces what "
           f"{run_dir} holds)")
+
+
+def _study_of(folder: str) -> str | None:
+  """The study folder that ``folder`` is (its ``study.json``) or a point
+  of (``points/NNNN``), else None."""
+  parent = os.path.dirname(os.path.abspath(folder))
+  for candidate in (folder, os.path.dirname(parent)):
+    if os.path.exists(os.path.join(candidate, "study.json")) and (
+        candidate == folder or os.path.basename(parent) == "points"):
+      return candidate
+  return None
 
 
 def check_writable(folder: str, run_dir: str | None = None) -> None:
