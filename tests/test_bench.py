@@ -76,3 +76,51 @@ def test_bad_flags_are_one_line_errors(argv, flag, capsys):
   err = capsys.readouterr().err
   assert code == 2
   assert err.startswith(f"lowbw: error: {flag}=") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("flag, name", [("--json", "b.json"),
+                                        ("--plot", "b.png")])
+def test_an_unwritable_output_is_refused_before_measuring(tmp_path, capsys,
+                                                          flag, name):
+  regular = tmp_path / "file"
+  regular.write_text("")
+  path = str(regular / name)  # under a regular file: never writable
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
+                   "2", flag, path])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err == (f"lowbw: error: {flag}={path!r} is invalid: cannot be "
+                 "written (Not a directory)\n")  # one line, nothing measured
+
+
+def test_a_plot_file_matplotlib_cannot_write_is_refused(tmp_path, capsys):
+  path = str(tmp_path / "b.txt")
+  assert cli.main(["bench", "--model", "mlp", "--plot", path]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"lowbw: error: --plot={path!r} is invalid: "
+                        "expected an image file ending in .png")
+  assert err.count("\n") == 1
+
+
+def test_checking_an_output_leaves_no_file(tmp_path, capsys):
+  out = tmp_path / "b.json"
+  assert cli.main(["bench", "--model", "mlp", "--json", str(out),
+                   "--workers", "0"]) == 2
+  assert "--workers=" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_failed_final_write_names_the_flag(tmp_path, capsys, monkeypatch,
+                                             figures):
+  from lowbw.cli import _bench
+  # The folder goes away while the benchmark runs: the early check passes.
+  monkeypatch.setattr(_bench, "_check_outputs", lambda args: None,
+                      raising=False)
+  monkeypatch.setattr(_bench, "_child", lambda s, w: dict(figures))
+  path = str(tmp_path / "gone" / "b.json")
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
+                   "2", "--H", "2", "--batch-size", "4", "--json", path])
+  captured = capsys.readouterr()
+  assert code == 2 and "efficiency" in captured.out
+  assert captured.err.splitlines()[-1] == (
+      f"lowbw: error: --json={path!r} is invalid: cannot be written (No such "
+      "file or directory)")

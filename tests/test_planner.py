@@ -422,3 +422,40 @@ def test_cli_bad_values_are_one_line_errors_naming_the_flag(flags, flag,
   err = capsys.readouterr().err
   assert err.startswith("lowbw: error: " + flag)
   assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name,text,flag", [
+    ("plan.toml", "bandwidth = 100\n", "--bandwidth='100'"),
+    ("plan.json", '{"latency": 50}', "--latency='50'"),
+    ("plan.toml", "regional-latency = 0.5\n", "--regional-latency='0.5'"),
+])
+def test_cli_config_quantities_need_their_units(tmp_path, capsys, name,
+                                                text, flag):
+  cfg = tmp_path / name
+  cfg.write_text(text)
+  assert cli.main(["plan", "--config", str(cfg)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"lowbw: error: {flag} is invalid: a number needs "
+                        "its unit, such as")
+  assert err.rstrip().endswith(f"(in config file {cfg})")
+  assert err.count("\n") == 1
+
+
+def test_cli_config_quantities_with_units_match_the_flags(tmp_path, capsys):
+  cfg = tmp_path / "plan.toml"
+  cfg.write_text('bandwidth = "1Gbps"\nlatency = 0\n')  # a zero needs none
+  assert cli.main(["plan", "--json", "--config", str(cfg)]) == 0
+  from_file = json.loads(capsys.readouterr().out)["inputs"]
+  assert cli.main(["plan", "--json", "--bandwidth", "1Gbps", "--latency",
+                   "0"]) == 0
+  assert from_file == json.loads(capsys.readouterr().out)["inputs"]
+  assert from_file["bandwidth"] == 1e9 and from_file["latency"] == 0
+
+
+def test_cli_one_sweep_at_a_time(capsys):
+  assert cli.main(["plan", "--sweep", "num_nodes=8", "--sweep",
+                   "mfu=0.1,0.2"]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith("lowbw: error: --sweep='mfu=0.1,0.2' is invalid: "
+                        "one --sweep at a time (the first is 'num_nodes=8')")
+  assert err.count("\n") == 1

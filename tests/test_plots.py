@@ -99,6 +99,40 @@ def test_cli_plot_refuses_a_smoothing_window_below_one(tmp_path, capsys):
   assert "--smooth=0" in err and "expected an integer >= 1" in err
 
 
+@pytest.mark.parametrize("text", ["", "step,train_loss,eval_loss\n"])
+def test_cli_plot_says_a_run_without_rows_has_none_yet(tmp_path, capsys,
+                                                       text):
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "metrics.csv").write_text(text)
+  assert cli.main(["plot", str(run)]) == 2
+  err = capsys.readouterr().err
+  assert err == (f"lowbw: error: runs={str(run)!r} is invalid: "
+                 f"{run / 'metrics.csv'} has no rows yet (plot the run once "
+                 "it has logged a step)\n")
+
+
+def test_read_metrics_takes_the_columns_from_the_header(tmp_path):
+  csv_path = tmp_path / "metrics.csv"
+  csv_path.write_text("step,train_loss\n1,2.5,extra\n2,2.0\n")
+  assert _plot.read_metrics(str(csv_path)) == {"step": [1.0, 2.0],
+                                                "train_loss": [2.5, 2.0]}
+
+
+@pytest.mark.parametrize("name", ["p.txt", "p"])
+def test_cli_plot_refuses_an_extension_matplotlib_cannot_write(
+    tmp_path, capsys, name):
+  run = tmp_path / "run"
+  _write_run(str(run))
+  out = tmp_path / name
+  assert cli.main(["plot", str(run), "--out", str(out)]) == 2
+  err = capsys.readouterr().err
+  assert err.startswith(f"lowbw: error: --out={str(out)!r} is invalid: "
+                        "expected an image file ending in .png, .pdf, .svg, ")
+  assert err.count("\n") == 1 and not out.exists()
+  assert ".txt" not in err.partition("is invalid:")[2]
+
+
 def _rows(lrs, means, **others):
   return [{"inner_lr": lr, "final_eval_loss_mean": m,
            "final_eval_loss_std": 0.1, **{k: v[i] for k, v in others.items()}}

@@ -90,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
     print("BENCH " + json.dumps(_measure(s, s["workers"])))
     return 0
   s = _settings(args)
+  _check_outputs(args)
   counts = config_lib.ints("workers", s["workers"])
   # Validate everything once, here, before any child process starts.
   config_lib.build_model(s, config_lib.build_data(s))
@@ -117,11 +118,42 @@ def run(args: argparse.Namespace) -> int:
   if jax.process_index() == 0:
     print(format_table(s, rows))
     if args.json:
-      with open(args.json, "w") as f:
-        json.dump({"settings": s, "configurations": rows}, f, indent=2)
+      try:
+        with open(args.json, "w") as f:
+          json.dump({"settings": s, "configurations": rows}, f, indent=2)
+      except OSError as e:  # the table above is printed: name the flag
+        raise _unwritable("json", args.json, e) from None
     if args.plot:
-      plot(rows, args.plot, s)
+      try:
+        plot(rows, args.plot, s)
+      except OSError as e:
+        raise _unwritable("plot", args.plot, e) from None
   return 0
+
+
+def _unwritable(field: str, path: str, error: OSError):
+  reason = error.strerror or str(error) or type(error).__name__
+  return _validate.fail(field, path, f"cannot be written ({reason})")
+
+
+def _check_outputs(args) -> None:
+  """Refuses, before anything is measured, a --json or --plot file that
+  could not be written at the end (no such folder, no permission, a
+  folder's name), so no benchmark runs for figures that would be lost."""
+  if args.plot:
+    _plot.check_image_file("plot", args.plot)
+  for field in ("json", "plot"):
+    path = getattr(args, field)
+    if not path:
+      continue
+    existed = os.path.lexists(path)
+    try:
+      with open(path, "a"):  # appends nothing: an existing file is kept
+        pass
+    except OSError as e:
+      raise _unwritable(field, path, e) from None
+    if not existed:
+      os.remove(path)
 
 
 def _child(s: dict, workers: int) -> dict:

@@ -100,8 +100,11 @@ def add_parser(subparsers) -> None:
   p.add_argument("--config", metavar="FILE", help="TOML or JSON file of these "
                  "inputs (keys as the long option names, '-' or '_'); flags "
                  "override it")
-  p.add_argument("--sweep", metavar="NAME=V1,V2,...", help="one row per "
-                 "value of one input, e.g. num_nodes=8,72,512")
+  # Appended, so that a second --sweep is refused rather than silently
+  # replacing the first.
+  p.add_argument("--sweep", metavar="NAME=V1,V2,...", action="append",
+                 help="one row per value of one input, e.g. "
+                 "num_nodes=8,72,512 (one --sweep at a time)")
   p.add_argument("--json", action="store_true", help="print JSON (a list "
                  "with --sweep) instead of a table")
   g = p.add_argument_group("inputs")
@@ -121,11 +124,26 @@ def add_parser(subparsers) -> None:
   p.set_defaults(run=run)
 
 
+def _file_quantity(name: str, value, path: str) -> None:
+  """A quantity from the config file, checked as its flag would be: a bare
+  number there is text on the command line ("50" could be seconds or
+  milliseconds), so it needs its unit too, as in lowbw train's files."""
+  number = isinstance(value, (int, float)) and not isinstance(value, bool)
+  try:
+    _QUANTITIES[name](str(value) if number else value, name)
+  except _validate.ConfigError as e:
+    raise _validate.fail(e.field, e.value, f"{e.allowed} (in config file "
+                         f"{path})") from None
+
+
 def given_inputs(args: argparse.Namespace) -> dict:
   """Config file < flags; only what was given, so plan() knows the rest are
   defaults."""
   names = [*PLAN_DEFAULTS, *DEPRECATED]
   given = read_config(args.config, names) if args.config else {}
+  for name, value in given.items():
+    if name in _QUANTITIES:
+      _file_quantity(name, value, args.config)
   flags = {k: v for k, v in vars(args).items() if k in names and v is not None}
   for old, (new, _, _) in DEPRECATED.items():  # a flag beats the file's
     if old in flags and new in given:        # other spelling
@@ -170,10 +188,20 @@ def parse_sweep(spec: str, given: dict) -> tuple[str, list]:
   return name, [_sweep_value(name, w, spec) for w in words]
 
 
+def one_sweep(specs: list[str] | None) -> str | None:
+  """The one ``--sweep`` given (a table has one swept column), or None."""
+  if specs and len(specs) > 1:
+    raise _validate.fail("sweep", specs[1], f"one --sweep at a time (the "
+                         f"first is {specs[0]!r}); run lowbw plan once per "
+                         "value of the other input")
+  return specs[0] if specs else None
+
+
 def run(args: argparse.Namespace) -> int:
+  sweep = one_sweep(args.sweep)
   given = given_inputs(args)
-  if args.sweep:
-    name, values = parse_sweep(args.sweep, given)
+  if sweep:
+    name, values = parse_sweep(sweep, given)
     rows = [(value, plan(**given, **{name: value})) for value in values]
     if args.json:
       print(json.dumps([{"inputs": resolve_inputs(**given, **{name: value}),

@@ -110,9 +110,13 @@ def read_metrics(path: str) -> dict[str, list[float]]:
     raise _validate.fail("runs", path, "no metrics.csv there (a lowbw train "
                          "--out folder or a metrics.csv file)")
   with open(csv_path, newline="") as f:
-    rows = list(csv.DictReader(f))
-  columns = list(rows[0]) if rows else []
-  return {c: [_float(r.get(c)) for r in rows] for c in columns}
+    reader = csv.DictReader(f)
+    rows = list(reader)
+  if not rows:  # a run before its first logged row, or an empty file
+    raise _validate.fail("runs", path, f"{csv_path} has no rows yet (plot "
+                         "the run once it has logged a step)")
+  # The header's columns: a row with extra cells would add a None key.
+  return {c: [_float(r.get(c)) for r in rows] for c in reader.fieldnames}
 
 
 def _float(text):
@@ -122,11 +126,39 @@ def _float(text):
     return math.nan
 
 
+# The formats matplotlib writes, where it is not installed (drawing then
+# says it is needed); the common ones, listed first in errors.
+_FORMATS = ("png", "pdf", "svg", "eps", "ps")
+
+
+def image_formats() -> list[str]:
+  """The file extensions matplotlib can write, without drawing anything."""
+  try:
+    from matplotlib.backend_bases import FigureCanvasBase
+  except ModuleNotFoundError:
+    return list(_FORMATS)
+  found = FigureCanvasBase.get_supported_filetypes()
+  return [f for f in _FORMATS if f in found] + sorted(set(found) -
+                                                      set(_FORMATS))
+
+
+def check_image_file(field: str, path: str) -> None:
+  """Refuses a file whose extension matplotlib cannot write, before any
+  work: its own error comes only when saving, and names no flag."""
+  formats = image_formats()
+  if os.path.splitext(path)[1][1:].lower() not in formats:
+    raise _validate.fail(field, path, "expected an image file ending in " +
+                         ", ".join("." + f for f in formats) +
+                         " (the extension picks the format)")
+
+
 def run(args: argparse.Namespace) -> int:
   if len(args.runs) == 1 and os.path.isfile(os.path.join(args.runs[0],
                                                          "study.json")):
     return _study(args.runs[0], args.out)
   smooth = _validate.positive_int("smooth", args.smooth)
+  if args.out is not None:
+    check_image_file("out", args.out)
   out, x_axis, y_axis = write(args.runs, args.x, args.y, smooth, args.log_x,
                               args.log_y, args.out)
   print(f"wrote {out}: {y_axis.label} against {x_axis.label}, "
