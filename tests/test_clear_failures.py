@@ -73,6 +73,9 @@ def test_the_cli_reads_no_private_argparse_state_nor_error_text():
      "(did you mean --inner-lr or --outer-lr"),
     (["--minibatch-size", "3"], "--minibatch-size=3 is invalid: must divide "
      "--batch-size=4"),
+    # named as the user gave it, not by its kind ('classification')
+    (["--data-root", "nowhere"], "lowbw: error: --data-root='nowhere' is "
+     "invalid: not used by data 'digits'"),
 ])
 def test_flag_errors_name_the_flag_and_suggest(argv, message, capsys,
                                                tmp_path):
@@ -142,6 +145,16 @@ def _logits(p, b):
     ((lambda k, b: {"w": jnp.zeros((64, 10), jnp.int32)},
       lambda p, b, k: (_logits(p, b).mean(), {})),
      "init returned parameter ['w'] of dtype int32"),
+    ((lambda k, b: {"w": jnp.zeros((64, 10)), "s": 1.0},
+      lambda p, b, k: (_logits(p, b).mean() * p["s"], {})),
+     "init returned parameter ['s'] as a Python float"),
+    ((lambda k, b: {}, lambda p, b, k: (b["x"].mean(), {})),
+     "init returned no parameters"),
+    ((_init, lambda p, b, k: (_logits(p, b).mean(), {"acc": "x"})),
+     "its metric 'acc' is a Python str; expected a numeric scalar"),
+    ((lambda k, b: {"w": jnp.zeros((64, 10), jnp.float16)},
+      lambda p, b, k: (_logits(p, b).astype(jnp.float32).mean(), {})),
+     "float16 parameters are not supported"),
 ])
 def test_the_model_contract_is_checked_at_build(model, said):
   with pytest.raises(lowbw.ConfigError) as info:
@@ -149,6 +162,17 @@ def test_the_model_contract_is_checked_at_build(model, said):
                                 if k != "progress"}, compile=False)
   assert info.value.field == "model" and said in str(info.value), info.value
   assert "expected" in str(info.value) or "must" in str(info.value)
+
+
+def test_an_npz_without_features_is_one_line(capsys, tmp_path):
+  path = tmp_path / "z.npz"
+  np.savez(path, x=np.zeros((100, 0), np.float32), y=np.arange(100) % 3)
+  argv = [*_TINY, "--data", str(path), "--out", str(tmp_path / "r")]
+  assert cli.main(argv) == 2
+  assert _err(capsys) == (
+      f"lowbw: error: --data='{path}' is invalid: x='<array float32 "
+      "(100, 0)>' is invalid: expected at least 1 feature (every axis after "
+      "the first must be non-empty)")
 
 
 def test_a_bug_in_the_models_own_code_keeps_its_traceback_with_a_note():

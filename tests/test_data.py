@@ -3,12 +3,14 @@
 import dataclasses
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lowbw
 from lowbw import data
 from lowbw._random import random_bijection
 from lowbw.data import _sampler
@@ -376,6 +378,21 @@ def test_arrays_npz_and_npy(tmp_path):
                        eval_fraction=0.2)
   assert len(source.train["y"]) == 40 and source.train["x"].dtype == np.float32
   json.dumps(source.config)
+
+
+def test_arrays_refuse_empty_axes_by_name(tmp_path):
+  x, y = np.zeros((10, 8), np.float32), np.zeros(10, int)
+  with pytest.raises(lowbw.ConfigError, match=re.escape(
+      "x='<array float32 (0, 8)>' is invalid: expected at least 1 example")):
+    data.arrays(x[:0], y[:0])
+  with pytest.raises(lowbw.ConfigError, match=re.escape(
+      "x='<array float32 (10, 0)>' is invalid: expected at least 1 feature")):
+    data.arrays(x[:, :0], y)
+  np.savez(tmp_path / "d.npz", x=x, y=y, x_eval=x[:0], y_eval=y[:0])
+  with pytest.raises(lowbw.ConfigError, match=re.escape(
+      "x_eval='<array float32 (0, 8)>' is invalid: expected at least 1 "
+      "example")):
+    data.arrays(tmp_path / "d.npz")
 
 
 def test_token_file(tmp_path):

@@ -2,6 +2,7 @@
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from lowbw import models
+from lowbw import ConfigError, models
 from lowbw.models import _cnn
 from lowbw.models import _gpt
 
@@ -363,3 +364,40 @@ def test_bad_batches_raise():
   with pytest.raises(ValueError, match="cnn expects images"):
     models.cnn().init(jax.random.key(0), _classification_batch(
         np.random.default_rng(0), 2, (4,)))
+
+
+def _linear_loss(params, batch, key):
+  del key
+  return jnp.mean(batch["x"] @ params["w"]), {}
+
+
+@pytest.mark.parametrize("init, loss, message", [
+    (lambda k, b: {"w": jnp.zeros((3,)), "s": 1.0}, _linear_loss,
+     "init returned parameter ['s'] as a Python float; every parameter must "
+     "be a floating-point array (jnp.asarray(value, jnp.float32) makes one)"),
+    (lambda k, b: {}, lambda p, b, k: (jnp.mean(b["x"]), {}),
+     "init returned no parameters; expected at least one floating-point "
+     "array to train"),
+    (lambda k, b: {"w": jnp.zeros((3,))},
+     lambda p, b, k: (_linear_loss(p, b, k)[0], {"acc": "x"}),
+     "its metric 'acc' is a Python str; expected a numeric scalar"),
+    (lambda k, b: {"w": jnp.zeros((3,), jnp.float16)}, _linear_loss,
+     "init returned parameter ['w'] of dtype float16; float16 parameters are "
+     "not supported"),
+])
+def test_check_contract_refuses_what_training_cannot_use(init, loss, message):
+  batch = {"x": np.ones((4, 3), np.float32), "y": np.zeros((4,), np.int32)}
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    models.check_contract(models.as_model((init, loss)), batch,
+                          jax.random.key(0))
+
+
+def test_check_contract_accepts_numpy_leaves_and_python_metrics():
+  def loss(params, batch, key):
+    return _linear_loss(params, batch, key)[0], {"one": 1.0}
+
+  batch = {"x": np.ones((4, 3), np.float32), "y": np.zeros((4,), np.int32)}
+  params, names = models.check_contract(models.as_model((
+      lambda k, b: {"w": np.zeros(3, np.float32)}, loss)), batch,
+      jax.random.key(0))
+  assert params["w"].shape == (3,) and names == ["one"]

@@ -107,7 +107,16 @@ def check_used(s: dict, explicit) -> None:
               if any(name in names for names in options.values())]
     raise _validate.fail(
         name, s[name], "not used by " + ", ".join(
-            f"{kind} {chosen[kind]!r}" for kind in owners))
+            f"{kind} {_named(s, kind, chosen)!r}" for kind in owners))
+
+
+def _named(s: dict, kind: str, chosen: dict) -> str:
+  """The chosen option as the user gave it: the data by its name ('digits',
+  'd.npz'), not by the kind of data it is, which they never wrote."""
+  if kind != "data":
+    return chosen[kind]
+  data = s["data"]
+  return data if isinstance(data, str) else f"<{type(data).__name__} object>"
 
 
 def ints(field, text):

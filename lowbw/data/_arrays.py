@@ -127,6 +127,14 @@ def _features(x: np.ndarray, field: str) -> np.ndarray:
         field, f"<array {x.dtype} {x.shape}>",
         "expected a real-valued array shaped (N, features...)")
   described = f"<array {x.dtype} {x.shape}>"
+  # Refused here, by name: later an empty axis fails far from its cause
+  # (numpy's reshape, or a zero-fan-in initializer dividing by zero).
+  if not len(x):
+    raise _validate.fail(field, described, "expected at least 1 example")
+  if 0 in x.shape[1:]:
+    raise _validate.fail(
+        field, described, "expected at least 1 feature (every axis after "
+        "the first must be non-empty)")
   x = x.astype(np.float32)
   bad = np.flatnonzero(~np.isfinite(x.reshape(len(x), -1)).all(axis=1))
   if bad.size:

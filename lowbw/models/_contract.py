@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from lowbw import _validate
@@ -240,11 +241,100 @@ _LOSS_CONTRACT = ("loss(params, batch, key) must return (loss, metrics): a "
                   "scalar float loss and a dict of scalar metrics ({} for "
                   "none)")
 
+_NUMBERS = (bool, int, float, complex)
+
+
+def _array(leaf: Any) -> bool:
+  """A jax or numpy array (or numpy scalar) of a type jax can trace."""
+  if isinstance(leaf, jax.Array):
+    return True
+  return (isinstance(leaf, (np.ndarray, np.generic))
+          and leaf.dtype.kind in "biufc")
+
+
+def _kind(leaf: Any) -> str:
+  """"Python float", "numpy array of dtype <U1", "Foo"."""
+  if isinstance(leaf, (*_NUMBERS, str)):
+    return f"Python {type(leaf).__name__}"
+  if isinstance(leaf, (np.ndarray, np.generic)):
+    return f"numpy array of dtype {leaf.dtype}"
+  return type(leaf).__name__
+
+
+def _checked_init(model: Model) -> Callable:
+  """``model.init``, refusing leaves that are not arrays: ``eval_shape``
+  would pass a Python float as float32[] and the transforms, which index
+  every leaf, would then fail on it; a str is no jax type at all."""
+
+  def init(key: PRNGKey, batch: Batch) -> Params:
+    params = model.init(key, batch)
+    for path, leaf in jax.tree_util.tree_leaves_with_path(params):
+      if not _array(leaf):
+        raise _validate.fail(
+            "model", model.name, f"init returned parameter "
+            f"{jax.tree_util.keystr(path) or 'params'} as a "
+            f"{_kind(leaf)}; every parameter must be a floating-point "
+            "array (jnp.asarray(value, jnp.float32) makes one)")
+    return params
+
+  return init
+
+
+def _checked_loss(model: Model) -> Callable:
+  """``model.loss``, refusing outputs jax cannot trace (a str metric) with
+  the contract, rather than jax's "not a valid JAX type"."""
+
+  def loss(*args):
+    out = model.loss(*args)
+    if not all(_array(leaf) or isinstance(leaf, _NUMBERS)
+               for leaf in jax.tree.leaves(out)):
+      raise _validate.fail("model", model.name, _untraceable(out))
+    return out
+
+  return loss
+
+
+def _untraceable(out: Any) -> str:
+  """What is wrong with a loss output holding a non-numeric leaf."""
+  if (isinstance(out, (tuple, list)) and len(out) == 2
+      and isinstance(out[1], Mapping)):
+    for key, value in out[1].items():
+      if not (_array(value) or isinstance(value, _NUMBERS)):
+        return (f"{_LOSS_CONTRACT}; its metric {key!r} is a "
+                f"{_kind(value)}; expected a numeric scalar")
+  return f"{_LOSS_CONTRACT}; it returned {_shown(out)}"
+
+
+def _check_params(params: Params, name: str) -> None:
+  """Float parameters, at least one, none float16."""
+  leaves = jax.tree_util.tree_leaves_with_path(params)
+  if not leaves:
+    raise _validate.fail(
+        "model", name, "init returned no parameters; expected at least one "
+        "floating-point array to train")
+  for path, leaf in leaves:
+    where = jax.tree_util.keystr(path) or "params"
+    if not jnp.issubdtype(leaf.dtype, jnp.floating):
+      raise _validate.fail(
+          "model", name, f"init returned parameter {where} of dtype "
+          f"{leaf.dtype}; every parameter must be a floating-point array "
+          "(optimizers update all of them; keep integer constants out of "
+          "params)")
+    # Measured: the default AdamW goes NaN at step 2 (its epsilon and small
+    # squared gradients underflow in float16); bfloat16 has float32's range.
+    if leaf.dtype == jnp.float16:
+      raise _validate.fail(
+          "model", name, f"init returned parameter {where} of dtype float16; "
+          "float16 parameters are not supported (optimizer terms such as "
+          "Adam's epsilon underflow and training goes NaN): parameters must "
+          "be float32; for low precision use worker_dtype='bfloat16' or "
+          "autocast='bfloat16'")
+
 
 def check_contract(model: Model, batch: Batch,
                    key: PRNGKey) -> tuple[Params, list[str]]:
   """Checks ``model`` against the contract on an abstract evaluation
-  (``jax.eval_shape``: nothing runs): float parameter leaves, and a loss
+  (``jax.eval_shape``: nothing runs): float parameter arrays, and a loss
   returning ``(scalar float, {name: scalar})``.
 
   Returns:
@@ -254,16 +344,11 @@ def check_contract(model: Model, batch: Batch,
     ValueError: naming ``model``, with what was returned and what is expected.
   """
   name = model.name
-  params = _abstract(model.init, "init(key, batch)", name, key, batch)
-  for path, leaf in jax.tree_util.tree_leaves_with_path(params):
-    if not jnp.issubdtype(leaf.dtype, jnp.floating):
-      raise _validate.fail(
-          "model", name, f"init returned parameter "
-          f"{jax.tree_util.keystr(path) or 'params'} of dtype {leaf.dtype}; "
-          "every parameter must be a floating-point array (optimizers update "
-          "all of them; keep integer constants out of params)")
-  out = _abstract(model.loss, "loss(params, batch, key)", name, params,
-                  batch, key)
+  params = _abstract(_checked_init(model), "init(key, batch)", name, key,
+                     batch)
+  _check_params(params, name)
+  out = _abstract(_checked_loss(model), "loss(params, batch, key)", name,
+                  params, batch, key)
   if not (isinstance(out, (tuple, list)) and len(out) == 2):
     raise _validate.fail("model", name, f"{_LOSS_CONTRACT}; it returned "
                          f"{_shown(out)}")
