@@ -169,6 +169,16 @@ class DataSource:
         "y": np.asarray(self.train["y"][:batch_size], np.int32),
     }
 
+  def check_workers(self, num_workers: int) -> None:
+    """Every worker needs a training example (the build checks it before
+    anything runs; ``build`` again when it shards)."""
+    total = self.num_examples()
+    if total < num_workers:
+      raise _validate.fail(
+          "num_workers", num_workers,
+          f"expected at most {total}, the number of training examples of "
+          f"{self.name!r}")
+
   def build(self, num_workers: int, batch_size: int, seed: int) -> WorkerSampler:
     """Shards the training set over workers and moves it to device.
 
@@ -202,12 +212,8 @@ class DataSource:
     # Also checked at construction; repeated because `build` is the boundary
     # the engine relies on, whatever happened to the source since.
     self._check()
+    self.check_workers(num_workers)
     total = self.num_examples()
-    if total < num_workers:
-      raise _validate.fail(
-          "num_workers", num_workers,
-          f"expected at most {total}, the number of training examples of "
-          f"{self.name!r}")
     shards = _sharding.shard_indices(
         self.sharding, total, num_workers, int(seed),
         labels=self.train.get("y"), alpha=self.alpha)

@@ -189,7 +189,7 @@ def configure(model, data, strategy, **settings) -> RunConfig:
                       strategies_lib.Strategy)
   settings = check_settings(strategy, **settings)
   _check_model_fits_data(model, data)
-  _check_enough_examples(data, settings["num_workers"])
+  data.check_workers(settings["num_workers"])
   return RunConfig(model, data, strategy, **settings)
 
 
@@ -281,17 +281,6 @@ def _check_model_fits_data(model, data) -> None:
                          f"data {data.name!r} has labels up to "
                          f"{data_classes - 1}; needs num_classes >= "
                          f"{data_classes}")
-
-
-def _check_enough_examples(data, num_workers: int) -> None:
-  """Every worker needs a training example (the sampler checks it again
-  when it shards; here it is refused at build, before a study's first
-  point runs)."""
-  total = data.num_examples()
-  if total < num_workers:
-    raise _validate.fail(
-        "num_workers", num_workers, f"expected at most {total}, the number "
-        f"of training examples of {data.name!r}")
 
 
 def check_processes(checkpoint_every, resume_from) -> None:
