@@ -235,10 +235,8 @@ def set_network(net, values: dict):
   topo = net.topology
   wan = topo.link if isinstance(topo, net_lib.Flat) else topo.wan
   for name, value in values.items():
-    if name == "bandwidth":
-      wan = wan._replace(bandwidth_bps=net_lib.bandwidth(value, name))
-    elif name == "latency":
-      wan = wan._replace(latency_s=net_lib.duration(value, name))
+    if name in ("bandwidth", "latency"):  # one for all, or one per worker
+      wan = net_lib.relinked(wan, **{name: value})
     elif name == "jitter":
       stragglers = net.stragglers or net_lib.Stragglers()
       net = net._replace(stragglers=stragglers._replace(jitter=value))

@@ -16,6 +16,7 @@ faults by using them; it never sees the mask otherwise.
 """
 
 import contextlib
+import threading
 import dataclasses
 
 import jax
@@ -32,7 +33,18 @@ class _Sharded:
   num_workers: int   # W, all devices together
 
 
-_SHARDED: list[_Sharded] = []
+class _TraceContext(threading.local):
+  """What the trace in progress on this thread has set (a thread's trace
+  never sees another's: the simulator makes a run's initial state on one
+  thread while it compiles the run's programs on another)."""
+
+  def __init__(self):
+    super().__init__()
+    self.sharded: list[_Sharded] = []
+    self.participants: list = []
+
+
+_TRACE = _TraceContext()
 
 
 @contextlib.contextmanager
@@ -40,18 +52,15 @@ def sharded_workers(axis: str, shards: int, num_workers_: int):
   """While tracing a ``shard_map`` body whose per-worker leaves are split over
   mesh axis ``axis`` (``shards`` devices, ``num_workers_ // shards`` workers
   each), makes every reduction here span all devices."""
-  _SHARDED.append(_Sharded(axis, shards, num_workers_))
+  _TRACE.sharded.append(_Sharded(axis, shards, num_workers_))
   try:
     yield
   finally:
-    _SHARDED.pop()
+    _TRACE.sharded.pop()
 
 
 def _sharded() -> _Sharded | None:
-  return _SHARDED[-1] if _SHARDED else None
-
-
-_PARTICIPANTS: list = []
+  return _TRACE.sharded[-1] if _TRACE.sharded else None
 
 
 @contextlib.contextmanager
@@ -64,11 +73,11 @@ def participating(active_W: Array | None):
   around a strategy's ``local``/``sync``/``global_params`` under a fault or
   straggler model; a notebook can set it around ``Strategy.step``.
   """
-  _PARTICIPANTS.append(active_W)
+  _TRACE.participants.append(active_W)
   try:
     yield
   finally:
-    _PARTICIPANTS.pop()
+    _TRACE.participants.pop()
 
 
 def call_participating(active_W: Array | None, fn, *args):
@@ -86,7 +95,7 @@ def call_participating(active_W: Array | None, fn, *args):
 def participants() -> Array | None:
   """The workers taking part in the communication being traced (bool (W,)
   of this device's workers), or None: all."""
-  return _PARTICIPANTS[-1] if _PARTICIPANTS else None
+  return _TRACE.participants[-1] if _TRACE.participants else None
 
 
 def _mask(active_W: Array | None) -> Array | None:
