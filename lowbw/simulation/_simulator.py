@@ -264,7 +264,10 @@ class Simulator:
       try:
         exe = self._compile(self._jitted, self.abstract_state, sampler, net)
       finally:
+        compiled = time.perf_counter()
         state = made.result()
+    # compile_s is compiling and loading, not the wait for the state.
+    start += time.perf_counter() - compiled
     if _avals(state) != _avals(self.abstract_state):
       exe, state = self.executables(state, sampler, net)
     else:
