@@ -356,29 +356,3 @@ def test_bad_arguments_fail_at_build_naming_the_field(kwargs, field):
 def test_missing_data_path_names_the_field():
   with pytest.raises(ValueError, match="path="):
     data.arrays("/no/such/file.npz")
-
-
-def test_a_run_compiles_on_the_abstract_state_while_its_state_is_made(
-    monkeypatch):
-  """Simulator.prepared compiles a run's programs once, on the abstract
-  state (the build's shapes), while another thread makes the real state:
-  the same programs, so a second seed compiles nothing, and the results
-  are those of the state made first (initial + executables)."""
-  from lowbw.simulation import Simulator
-  seen, compile_ = [], Simulator._compile
-  monkeypatch.setattr(Simulator, "_compile", lambda self, jitted, state, *a:
-                      seen.append(jax.tree.leaves(state)[0]) or
-                      compile_(self, jitted, state, *a))
-  config = lowbw.Config(data="digits", hidden="8", workers=2, batch_size=4,
-                        steps=8, H=2, eval_examples=32)
-  sim = lowbw.build(config, compile=False)
-  first = sim.run(seed=0)
-  sim.run(seed=1)
-  assert len(seen) == 1 and isinstance(seen[0], jax.ShapeDtypeStruct)
-  plain = lowbw.build(config, compile=False)
-  state, sampler, net, _ = plain.initial(0)
-  exe, state = plain.executables(state, sampler, net)
-  state, _ = exe.chunk(state, sampler, 4, net)
-  for a, b in zip(jax.tree.leaves(exe.global_params(state)),
-                  jax.tree.leaves(first.params)):
-    np.testing.assert_array_equal(a, b)

@@ -10,7 +10,6 @@ another seed, learning rate or bandwidth reuses them; only a seed that changes
 a shape (Dirichlet shards of another size) compiles again.
 """
 
-import concurrent.futures
 import dataclasses
 import math
 import os
@@ -96,7 +95,10 @@ class Simulator:
         c.correlation_every, c.eval_local)
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
-    # per build on the digits MLP (measured), more than it saves.
+    # per build on the digits MLP (measured), more than it saves. Making
+    # the first state on another thread while the programs compile (on the
+    # abstract state) was measured too: no faster on a 2-core CPU, the
+    # threads contend and compiling slowed by as much as it hid.
     self._init = self._initial_state
     self._point_programs: dict = {}
     self._jitted = self._jit_single()
@@ -104,7 +106,7 @@ class Simulator:
     self._samplers: dict = {}
     self._unreported_compile_s = 0.0
     if compile and self.mesh is None:
-      self.prepared(0)
+      self.executables(*self.initial(0)[:3])
 
   # ------------------------------------------------------------- building
   def _initial_state(self, key) -> _engine.SimState:
@@ -214,65 +216,17 @@ class Simulator:
     sig = (key, _signature((state, sampler, net)))
     if sig not in self._cache:
       start = time.perf_counter()
-      exe = self._compile(jitted, state, sampler, net)
-      state = self._load(sig, exe, state, sampler, net, start)
+      exe = Executables(
+          jitted.chunk.lower(state, sampler, 1, net).compile(),
+          None if jitted.tail is None
+          else jitted.tail.lower(state, sampler, net).compile(),
+          jitted.evaluate.lower(state, self.eval_batches).compile(),
+          jitted.global_params.lower(state).compile())
+      state, _ = exe.chunk(state, sampler, 0, net)
+      jax.block_until_ready(exe.evaluate(state, self.eval_batches))
+      self._cache[sig] = exe
+      self._unreported_compile_s += time.perf_counter() - start
     return self._cache[sig], state
-
-  def _compile(self, jitted, state, sampler, net) -> Executables:
-    """The programs for these arguments' shapes (arrays or abstract)."""
-    return Executables(
-        jitted.chunk.lower(state, sampler, 1, net).compile(),
-        None if jitted.tail is None
-        else jitted.tail.lower(state, sampler, net).compile(),
-        jitted.evaluate.lower(state, self.eval_batches).compile(),
-        jitted.global_params.lower(state).compile())
-
-  def _load(self, sig, exe: Executables, state, sampler, net,
-            start: float):
-    """Runs ``exe`` once with zero rounds (one-off buffer and thread-pool
-    set-up belongs with compiling, not with the run's throughput), keeps it
-    under ``sig`` and counts the seconds since ``start`` as compiling;
-    returns ``state`` (donated, unchanged)."""
-    state, _ = exe.chunk(state, sampler, 0, net)
-    jax.block_until_ready(exe.evaluate(state, self.eval_batches))
-    self._cache[sig] = exe
-    self._unreported_compile_s += time.perf_counter() - start
-    return state
-
-  def prepared(self, seed: int = 0, hparams: dict | None = None):
-    """``(executables, state, sampler, net, network)`` of a run: its initial
-    state (``initial``) and its compiled programs.
-
-    When the programs are not compiled yet (one device), they compile on
-    the state's abstract shapes while another thread makes the state: a
-    process's first eager initialisation compiles each small primitive it
-    meets one by one (1.7 s on the digits MLP), which would otherwise add
-    to the wait. A state whose types differ from the abstract ones (none
-    is known) compiles again, on the real state.
-    """
-    seed = _config.check_seed(seed)
-    state_values, network = self.check_hparams(hparams)
-    sampler, net = self.sampler(seed), self.net_params(network, seed)
-    sig = ("run", _signature((self.abstract_state, sampler, net)))
-    if self.mesh is not None or sig in self._cache:
-      state, sampler, net, network = self.initial(seed, hparams)
-      exe, state = self.executables(state, sampler, net)
-      return exe, state, sampler, net, network
-    start = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-      made = pool.submit(self._state, seed, state_values)
-      try:
-        exe = self._compile(self._jitted, self.abstract_state, sampler, net)
-      finally:
-        compiled = time.perf_counter()
-        state = made.result()
-    # compile_s is compiling and loading, not the wait for the state.
-    start += time.perf_counter() - compiled
-    if _avals(state) != _avals(self.abstract_state):
-      exe, state = self.executables(state, sampler, net)
-    else:
-      state = self._load(sig, exe, state, sampler, net, start)
-    return exe, state, sampler, net, network
 
   def take_compile_s(self) -> float:
     """Seconds compiled since the last run reported it (the build's
@@ -415,10 +369,7 @@ class Simulator:
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
       telemetry.import_wandb("wandb_project", wandb_project)
-    if resume_from is None:  # compiles while the state is made
-      exe, state, sampler, net, network = self.prepared(seed, hparams)
-    else:  # the checkpoint is checked before anything compiles
-      state, sampler, net, network = self.initial(seed, hparams)
+    state, sampler, net, network = self.initial(seed, hparams)
     if config_yaml is not None and log_dir and self.main_process:
       telemetry.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
@@ -428,7 +379,7 @@ class Simulator:
     if resume_from is not None:
       state, wall_offset = _resume.restore(self, resume_from, track, state,
                                            c.log_every is not None)
-      exe, state = self.executables(state, sampler, net)
+    exe, state = self.executables(state, sampler, net)
     compile_s = self.take_compile_s()
     show = telemetry.is_terminal() if progress is None else progress
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
@@ -524,15 +475,6 @@ class Simulator:
 
 def _narrow(c: _config.RunConfig):
   return None if c.worker_dtype == "float32" else jnp.bfloat16
-
-
-def _avals(tree):
-  """Each leaf's shape, dtype and weak type: what a compiled program was
-  made for."""
-  leaves, treedef = jax.tree.flatten(tree)
-  return treedef, tuple((tuple(x.shape), str(x.dtype),
-                         bool(getattr(x, "weak_type", False)))
-                        for x in leaves)
 
 
 def _signature(tree):

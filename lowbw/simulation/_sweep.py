@@ -301,7 +301,8 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
   """
   if len(points) == 1:  # the single-run program, shared with Simulator.run
     (values, seed), = points
-    exe, state, sampler, net, network = sim.prepared(seed, values)
+    state, sampler, net, network = sim.initial(seed, values)
+    exe, state = sim.executables(state, sampler, net)
     networks, batched = [network], False
   else:
     batch = _Batch(sim, points)

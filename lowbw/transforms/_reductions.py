@@ -34,9 +34,9 @@ class _Sharded:
 
 
 class _TraceContext(threading.local):
-  """What the trace in progress on this thread has set (a thread's trace
-  never sees another's: the simulator makes a run's initial state on one
-  thread while it compiles the run's programs on another)."""
+  """What the trace in progress on this thread has set: a trace never sees
+  another thread's (runs built or traced from several threads at once, a
+  notebook's or a server's, do not mix their masks)."""
 
   def __init__(self):
     super().__init__()
