@@ -431,3 +431,32 @@ def test_ddp_step_with_every_worker_down_is_skipped():
     g = jax.tree.map(lambda *gs: sum(gs) / W, *[grad(p, w) for w in range(W)])
     p = jax.tree.map(lambda a, b: a - 0.1 * b, p, g)
   chex.assert_trees_all_close(r.params, p, atol=2e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------ per-worker links
+def test_one_slow_link_sets_the_rings_pace_and_leaves_training_alone(
+    tmp_path, capsys):
+  """A fleet whose one worker has a 10x slower link: every ring step
+  waits for it, so the clock equals the fleet whose links are all that
+  slow; the training is the same bits as on equal links; the command line
+  takes the list and refuses one of the wrong length."""
+  base = dict(data="digits", hidden="8", workers=4, batch_size=4, steps=8,
+              H=2, eval_examples=32, latency="10ms", hardware="0.01s")
+  one_slow = lowbw.simulate(lowbw.Config(
+      **base, bandwidth="1Gbps,100Mbps,1Gbps,1Gbps"))
+  all_slow = lowbw.simulate(lowbw.Config(**base, bandwidth="100Mbps"))
+  all_fast = lowbw.simulate(lowbw.Config(**base, bandwidth="1Gbps"))
+  assert one_slow.summary["sim_time_s"] == pytest.approx(
+      all_slow.summary["sim_time_s"], rel=1e-9)
+  assert one_slow.summary["sim_time_s"] > all_fast.summary["sim_time_s"]
+  np.testing.assert_array_equal(one_slow.history["train_loss"],
+                                all_fast.history["train_loss"])
+  assert one_slow.summary["wire_bytes"] == all_fast.summary["wire_bytes"]
+  from lowbw import cli
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "3",
+          "--steps", "4", "--H", "2", "--bandwidth", "1Gbps,100Mbps",
+          "--out", str(tmp_path / "r")]
+  assert cli.main(argv) == 2
+  assert capsys.readouterr().err.strip().splitlines()[-1] == (
+      "lowbw: error: --bandwidth='1Gbps,100Mbps' is invalid: expected 3 "
+      "values, one per worker, or one for every worker (2 given)")

@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import lowbw
+
 from lowbw.network import (Channel, Clock, Faults, Flat, Hierarchical, Link,
                            Network,
                            Stragglers, all_gather, bandwidth, duration, flat,
@@ -807,3 +809,71 @@ def test_price_is_the_costs_and_the_clocks_scaled_costs_in_one_call():
   assert q.clock_costs["sync"].seconds == pytest.approx(expected)
   assert p.costs["sync"].seconds == pytest.approx(6 * hop(1e9, 0.01,
                                                           1_000_000 / 4))
+
+
+# ------------------------------------------------------ per-worker links
+def test_a_ring_of_unequal_links_steps_at_its_slowest_hop():
+  """Every step of a ring is synchronous: with per-worker links each of
+  the 2(n-1) steps of an all-reduce (n-1 of an all-gather) takes the
+  slowest worker's hop; the bytes are the same as on equal links."""
+  links = lowbw.network.link("1Gbps,100Mbps,1Gbps,400Mbps",
+                             "5ms,5ms,20ms,5ms")
+  assert len(links) == 4
+  reduce = ring_allreduce(1_000_000, 4)
+  cost = Flat(links).cost(reduce, 4)
+  slowest = max(hop(b, t, 250_000) for b, t in
+                [(1e9, 0.005), (1e8, 0.005), (1e9, 0.02), (4e8, 0.005)])
+  assert cost.seconds == pytest.approx(6 * slowest)
+  assert cost.wire_bytes == ring_allreduce(1_000_000, 4).wire_bytes
+  gather = all_gather(1_000, 4)
+  assert Flat(links).cost(gather, 4).seconds == pytest.approx(
+      3 * max(hop(b, t, 1_000) for b, t in
+              [(1e9, 0.005), (1e8, 0.005), (1e9, 0.02), (4e8, 0.005)]))
+
+
+def test_a_parameter_server_waits_for_the_slowest_workers_own_link():
+  links = lowbw.network.link("1Gbps,100Mbps", "10ms")
+  cost = Flat(links, "parameter_server").cost(ring_allreduce(1_000_000, 2),
+                                              2)
+  assert cost.seconds == pytest.approx(2 * hop(1e8, 0.01, 1_000_000))
+  assert cost.wire_bytes == 1_000_000
+
+
+def test_hierarchical_wan_links_per_worker_and_regional_per_region():
+  net = check_network(network("1Gbps,1Gbps,1Gbps,50Mbps", "50ms",
+                              topology="hierarchical", group_size=2,
+                              regional_bandwidth="10Gbps,1Gbps",
+                              regional_latency="1ms"), 4)
+  cost = net.topology.cost(ring_allreduce(1_000_000, 4), 4)
+  # a reduce-scatter/all-gather ring in each region (the slower region's),
+  # then a ring of 1/2 shards across the 2 regions (the slowest WAN link)
+  inside = 2 * hop(1e9, 0.001, 500_000)
+  across = 2 * hop(5e7, 0.05, 250_000)
+  assert cost.seconds == pytest.approx(inside + across)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(bandwidth="1Gbps,100Mbps,1Gbps"), r"^bandwidth='1Gbps,100Mbps,1Gbps'"
+     r" is invalid: expected 4 values, one per worker, or one for every "
+     r"worker \(3 given\)"),
+    (dict(bandwidth="1Gbps,100Mbps", latency="1ms,2ms,3ms"),
+     "^latency='1ms,2ms,3ms' is invalid: expected one value or 2"),
+    (dict(bandwidth="1Gbps,0Mbps,1Gbps,1Gbps"), "^bandwidth='0Mbps' is "
+     "invalid"),
+    (dict(topology="hierarchical", group_size=2,
+          regional_bandwidth="1Gbps,1Gbps,1Gbps"), "^regional_bandwidth="
+     r"'1Gbps,1Gbps,1Gbps' is invalid: expected 2 values, one per region"),
+])
+def test_a_link_list_of_the_wrong_length_is_refused(kwargs, message):
+  with pytest.raises(ValueError, match=message):
+    check_network(network(**kwargs), 4)
+
+
+def test_a_traced_bandwidth_sets_every_link_or_one_per_worker():
+  links = lowbw.network.link("1Gbps,100Mbps", "10ms,20ms")
+  every = lowbw.network.relinked(links, bandwidth="10Mbps")
+  assert [l.bandwidth_bps for l in every] == [1e7, 1e7]
+  assert [l.latency_s for l in every] == [0.01, 0.02]
+  each = lowbw.network.relinked(lowbw.network.link(), latency="1ms,2ms")
+  assert [(l.bandwidth_bps, l.latency_s) for l in each] == [(1e9, 0.001),
+                                                           (1e9, 0.002)]

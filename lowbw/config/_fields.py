@@ -71,6 +71,18 @@ def quantity(parse, field: str):
   return check
 
 
+def _each(parse):
+  """``parse`` for one value or a comma-separated list of them, one per
+  worker (or region): ``"1Gbps,100Mbps"``."""
+
+  def parse_list(value, field):
+    parts = value.split(",") if isinstance(value, str) else [value]
+    return [parse(p.strip() if isinstance(p, str) else p, field)
+            for p in parts]
+
+  return parse_list
+
+
 def _count(field):
   check = quantity(network_lib.count, field)
   check.config_types = (int, float, str)
@@ -133,12 +145,14 @@ RUN_FIELDS = (
     Field("alpha", 0.5, SHAPE, _M, "dirichlet concentration", float),
     # -- network
     Field("bandwidth", _net("bandwidth"), TRACED, _N,
-          "each worker's link, e.g. 100Mbps, 1Gbps",
-          quantity(network_lib.bandwidth, "bandwidth"), knob="bandwidth",
-          unit="bit/s"),
+          "each worker's link, e.g. 100Mbps, 1Gbps; or one per worker, "
+          "comma-separated (a ring step waits for its slowest hop)",
+          quantity(_each(network_lib.bandwidth), "bandwidth"),
+          knob="bandwidth", unit="bit/s"),
     Field("latency", _net("latency"), TRACED, _N,
-          "one-way latency per message hop, e.g. 50ms",
-          quantity(network_lib.duration, "latency"), knob="latency",
+          "one-way latency per message hop, e.g. 50ms; or one per worker, "
+          "comma-separated",
+          quantity(_each(network_lib.duration), "latency"), knob="latency",
           unit="s"),
     Field("topology", _net("topology"), SHAPE, _N,
           "the collectives' algorithm",
@@ -146,12 +160,13 @@ RUN_FIELDS = (
     Field("group_size", None, SHAPE, _N, "hierarchical: workers per region "
           "(on the regional links)", int),
     Field("regional_bandwidth", _net("regional_bandwidth"), SHAPE, _N,
-          "hierarchical: the links inside a region",
-          quantity(network_lib.bandwidth, "regional_bandwidth"),
+          "hierarchical: the links inside a region (or one per region, "
+          "comma-separated)",
+          quantity(_each(network_lib.bandwidth), "regional_bandwidth"),
           unit="bit/s"),
     Field("regional_latency", _net("regional_latency"), SHAPE, _N,
           "hierarchical: one-way latency inside a region",
-          quantity(network_lib.duration, "regional_latency"), unit="s"),
+          quantity(_each(network_lib.duration), "regional_latency"), unit="s"),
     Field("hardware", _net("hardware"), SHAPE, _N,
           "per worker: a preset (" + ", ".join(sorted(network_lib.PRESETS))
           + "), a peak such as 312TFLOPS, or a time per step such as 0.5s",

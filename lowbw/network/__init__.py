@@ -17,14 +17,14 @@ from lowbw.network._planner import PLAN_DEFAULTS, plan
 from lowbw.network._planner import resolve_inputs as resolve_plan_inputs
 from lowbw.network._planner import unit as plan_unit
 from lowbw.network._topology import (Cost, Flat, Hierarchical, Link, flat,
-                                     hierarchical, link)
+                                     hierarchical, hop, link, relinked)
 from lowbw.network._units import (bandwidth, count, duration, flops,
                                   format_bandwidth, format_bytes,
                                   format_duration, memory)
 
 __all__ = [
     "COLLECTIVES", "Channel", "Clock", "Cost", "Faults", "Flat", "Hardware",
-    "Hierarchical", "Link", "MITIGATIONS", "NetParams", "Network", "PRESETS",
+    "Hierarchical", "Link", "hop", "relinked", "MITIGATIONS", "NetParams", "Network", "PRESETS",
     "Pricing", "Stragglers", "all_gather", "price", "bandwidth", "channel", "duration", "flat",
     "flops", "hardware", "hierarchical", "link", "network", "plan",
     "ring_allreduce", "PLAN_DEFAULTS", "PLAN_DEPRECATED", "channel_costs",

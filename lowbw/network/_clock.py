@@ -38,7 +38,8 @@ from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
-from lowbw.network._topology import (Flat, Hierarchical, flat, hierarchical)
+from lowbw.network._topology import (Flat, Hierarchical, count_links, flat,
+                                     hierarchical)
 
 TOPOLOGIES = ("ring", "parameter_server", "hierarchical")
 
@@ -90,11 +91,16 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
   """A ``Network`` from plain values.
 
   Args:
-    bandwidth: each worker's (WAN) bandwidth: "100Mbps", "1Gbps" or bit/s.
-    latency: one-way latency per message hop: "50ms" or seconds.
+    bandwidth: each worker's (WAN) bandwidth: "100Mbps", "1Gbps" or bit/s;
+      or one per worker, "1Gbps,100Mbps,..." or a list (a ring step is as
+      slow as its slowest hop, a parameter server waits for the slowest
+      worker).
+    latency: one-way latency per message hop: "50ms" or seconds; or one per
+      worker, as ``bandwidth``.
     topology: "ring" | "parameter_server" | "hierarchical".
     group_size: workers per region (hierarchical only).
-    regional_bandwidth, regional_latency: links inside a region.
+    regional_bandwidth, regional_latency: links inside a region (or one per
+      region, as ``bandwidth``).
     hardware: a preset ("h100", "a100", ...), a peak ("312TFLOPS"), a time
       per step ("0.5s"), or None for communication time only.
     mfu: model-FLOP utilisation for the FLOP model.
@@ -133,10 +139,16 @@ def check_network(net: Network, num_workers: int) -> Network:
   if not isinstance(net.topology, (Flat, Hierarchical)):
     raise _validate.fail("topology", net.topology,
                          "expected lowbw.network.flat(...) or hierarchical(...)")
-  if isinstance(net.topology, Hierarchical) and (
-      num_workers % net.topology.group_size):
-    raise _validate.fail("group_size", net.topology.group_size,
+  topo = net.topology
+  if isinstance(topo, Hierarchical) and num_workers % topo.group_size:
+    raise _validate.fail("group_size", topo.group_size,
                          f"must divide num_workers={num_workers}")
+  if isinstance(topo, Flat):
+    _check_links("bandwidth", topo.link, num_workers, "worker")
+  else:
+    _check_links("bandwidth", topo.wan, num_workers, "worker")
+    _check_links("regional_bandwidth", topo.regional,
+                 num_workers // topo.group_size, "region")
   hw = net.hardware
   if hw is not None:
     if not isinstance(hw, Hardware):
@@ -154,6 +166,16 @@ def check_network(net: Network, num_workers: int) -> Network:
       else check_stragglers(net.stragglers, num_workers),
       faults=None if net.faults is None
       else check_faults(net.faults, num_workers))
+
+
+def _check_links(field: str, links, expected: int, each: str) -> None:
+  """One link for all, or one per worker (per region)."""
+  n = count_links(links)
+  if n not in (1, expected):
+    shown = ",".join(_units.format_bandwidth(one.bandwidth_bps)
+                     for one in links)
+    raise _validate.fail(field, shown, f"expected {expected} values, one per "
+                         f"{each}, or one for every {each} ({n} given)")
 
 
 class NetParams(NamedTuple):

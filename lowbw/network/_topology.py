@@ -6,6 +6,14 @@ hops are sequential and how many bytes each worker sends; the bytes are the
 same ones the engine counts (a strategy's ``Channel``), so time and
 ``wire_bytes`` always agree. Links are full duplex and every worker has its own.
 
+A fleet's links may differ: a topology's link is one ``Link`` for every worker
+or a tuple of one per worker (hierarchical: per worker on the WAN, per region
+inside regions). In a ring every step is synchronous, so each step takes as
+long as its slowest hop; a parameter server waits for the slowest worker's
+upload and download. A collective over fewer members than all (FedAvg's
+islands, drawn at random during the run) is priced at the slowest link of
+the fleet, since its members are not known when the run is priced.
+
 A ``Channel``'s ``collective`` names the kind of combination its payloads need:
 ``"ring_allreduce"`` (summable payloads, reduced) or ``"all_gather"`` (every
 payload delivered to every worker). The topology picks the algorithm.
@@ -33,11 +41,69 @@ class Link(NamedTuple):
     return self.latency_s + 8.0 * nbytes / self.bandwidth_bps
 
 
-def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Link:
-  """A ``Link`` from ``"100Mbps"``/``"1Gbps"``/bit/s and ``"50ms"``/seconds."""
+# One link for every worker, or one per worker (or per region).
+Links = Link | tuple[Link, ...]
+
+
+def hop(links: Links, nbytes: float) -> float:
+  """Seconds for one step in which every member sends ``nbytes`` over its
+  own link at once: the slowest link's hop."""
+  if isinstance(links, Link):
+    return links.hop(nbytes)
+  return max(one.hop(nbytes) for one in links)
+
+
+def _values(value) -> list:
+  """A per-worker list from ``"1Gbps,100Mbps"`` or a list; one value as a
+  list of one."""
+  if isinstance(value, str):
+    return [v.strip() for v in value.split(",")]
+  if isinstance(value, (list, tuple)):
+    return list(value)
+  return [value]
+
+
+def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Links:
+  """A ``Link`` from ``"100Mbps"``/``"1Gbps"``/bit/s and ``"50ms"``/seconds;
+  a tuple of them, one per worker, from lists (``"1Gbps,100Mbps"`` or
+  ``["1Gbps", "100Mbps"]``; a single bandwidth or latency beside a list is
+  every worker's)."""
   prefix = field + "_" if field else ""
-  return Link(_units.bandwidth(bandwidth, prefix + "bandwidth"),
-              _units.duration(latency, prefix + "latency"))
+  bws, lats = _values(bandwidth), _values(latency)
+  if len(bws) > 1 and len(lats) > 1 and len(bws) != len(lats):
+    raise _validate.fail(prefix + "latency", latency, f"expected one value "
+                         f"or {len(bws)}, one per link of {prefix}bandwidth")
+  n = max(len(bws), len(lats))
+  made = tuple(Link(_units.bandwidth(b, prefix + "bandwidth"),
+                    _units.duration(t, prefix + "latency"))
+               for b, t in zip(bws * n if len(bws) == 1 else bws,
+                               lats * n if len(lats) == 1 else lats))
+  return made[0] if n == 1 else made
+
+
+def relinked(links: Links, bandwidth=None, latency=None,
+             field: str = "") -> Links:
+  """``links`` with their bandwidth and/or latency replaced (a traced value
+  of a sweep): one value sets every link's, a list one per link."""
+  now = [links] if isinstance(links, Link) else list(links)
+  bws = ([one.bandwidth_bps for one in now] if bandwidth is None
+         else _values(bandwidth))
+  lats = ([one.latency_s for one in now] if latency is None
+          else _values(latency))
+  return link(bws if len(bws) > 1 else bws[0],
+              lats if len(lats) > 1 else lats[0], field)
+
+
+def count_links(links: Links) -> int:
+  return 1 if isinstance(links, Link) else len(links)
+
+
+def _describe(links: Links, prefix: str = "") -> dict:
+  if isinstance(links, Link):
+    return {prefix + "bandwidth_bps": links.bandwidth_bps,
+            prefix + "latency_s": links.latency_s}
+  return {prefix + "bandwidth_bps": [one.bandwidth_bps for one in links],
+          prefix + "latency_s": [one.latency_s for one in links]}
 
 
 class Cost(NamedTuple):
@@ -55,14 +121,14 @@ class Flat(NamedTuple):
   """Every worker on the same kind of link.
 
   Attributes:
-    link: each worker's link.
+    link: each worker's link: one ``Link`` for all, or a tuple of W.
     algorithm: "ring" (ring all-reduce / ring all-gather, bandwidth-optimal)
       or "parameter_server" (each worker uploads its payload and downloads the
       result; the server is assumed to have the bandwidth to serve all workers
       at once, as a sharded server does).
   """
 
-  link: Link
+  link: Links
   algorithm: str = "ring"
 
   def cost(self, channel: Channel, num_workers: int) -> Cost:
@@ -73,8 +139,7 @@ class Flat(NamedTuple):
 
   def describe(self) -> dict:
     return {"topology": "flat", "algorithm": self.algorithm,
-            "bandwidth_bps": self.link.bandwidth_bps,
-            "latency_s": self.link.latency_s}
+            **_describe(self.link)}
 
 
 class Hierarchical(NamedTuple):
@@ -94,8 +159,8 @@ class Hierarchical(NamedTuple):
   """
 
   group_size: int
-  regional: Link
-  wan: Link
+  regional: Links
+  wan: Links
 
   def cost(self, channel: Channel, num_workers: int) -> Cost:
     n = channel.group_size
@@ -109,10 +174,7 @@ class Hierarchical(NamedTuple):
 
   def describe(self) -> dict:
     return {"topology": "hierarchical", "group_size": self.group_size,
-            "regional_bandwidth_bps": self.regional.bandwidth_bps,
-            "regional_latency_s": self.regional.latency_s,
-            "bandwidth_bps": self.wan.bandwidth_bps,
-            "latency_s": self.wan.latency_s}
+            **_describe(self.regional, "regional_"), **_describe(self.wan)}
 
 
 Topology = Flat | Hierarchical
@@ -123,7 +185,7 @@ def _sent(channel: Channel) -> tuple[int, float]:
   return channel.group_size, channel.payload_bytes / channel.shards
 
 
-def ring(link_: Link, channel: Channel) -> Cost:
+def ring(link_: Links, channel: Channel) -> Cost:
   """Ring all-reduce: 2(n-1) sequential hops of payload/n bytes; ring
   all-gather: n-1 hops of a whole payload (of 1/shards of it, per worker,
   when several workers send each member's payload)."""
@@ -131,13 +193,13 @@ def ring(link_: Link, channel: Channel) -> Cost:
   if n <= 1:
     return Cost(0.0, 0.0, "none")
   if channel.collective == _GATHER:
-    return Cost((n - 1) * link_.hop(payload), all_gather_wire(payload, n),
+    return Cost((n - 1) * hop(link_, payload), all_gather_wire(payload, n),
                 "ring_all_gather")
-  return Cost(2 * (n - 1) * link_.hop(payload / n),
+  return Cost(2 * (n - 1) * hop(link_, payload / n),
               ring_allreduce_wire(payload, n), "ring_allreduce")
 
 
-def parameter_server(link_: Link, channel: Channel) -> Cost:
+def parameter_server(link_: Links, channel: Channel) -> Cost:
   """Upload one payload, then download the result: the mean (one payload),
   for an all-gather the n-1 other payloads, or the channel's
   ``down_bytes``."""
@@ -147,21 +209,23 @@ def parameter_server(link_: Link, channel: Channel) -> Cost:
   down = (n - 1) * payload if channel.collective == _GATHER else payload
   if channel.down_bytes is not None:
     down = channel.down_bytes
-  return Cost(link_.hop(payload) + link_.hop(down), float(payload),
-              "parameter_server", float(down))
+  # Each worker on its own link; the event ends with the slowest.
+  seconds = max(one.hop(payload) + one.hop(down) for one in (
+      (link_,) if isinstance(link_, Link) else link_))
+  return Cost(seconds, float(payload), "parameter_server", float(down))
 
 
-def two_tier(regional: Link, wan: Link, s: int, channel: Channel) -> Cost:
+def two_tier(regional: Links, wan: Links, s: int, channel: Channel) -> Cost:
   """The hierarchical collective over n workers in n/s regions of s."""
   n, payload = channel.group_size, channel.payload_bytes
   regions = n // s
   if channel.collective == _GATHER:
     # Gather the region's s payloads, exchange 1/s of the region's bundle (one
     # payload per worker) around the WAN ring, share what arrived regionally.
-    t = (s - 1) * regional.hop(payload)
+    t = (s - 1) * hop(regional, payload)
     if regions > 1:
-      t += ((regions - 1) * wan.hop(payload) +
-            (s - 1) * regional.hop((regions - 1) * payload))
+      t += ((regions - 1) * hop(wan, payload) +
+            (s - 1) * hop(regional, (regions - 1) * payload))
     return Cost(t, all_gather_wire(payload, n), "hierarchical_all_gather")
   inside = ring(regional, Channel(payload, 0.0, channel.collective, s))
   across = ring(wan, Channel(payload / s, 0.0, channel.collective, regions))
