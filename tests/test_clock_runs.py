@@ -460,3 +460,33 @@ def test_one_slow_link_sets_the_rings_pace_and_leaves_training_alone(
   assert capsys.readouterr().err.strip().splitlines()[-1] == (
       "lowbw: error: --bandwidth='1Gbps,100Mbps' is invalid: expected 3 "
       "values, one per worker, or one for every worker (2 given)")
+
+
+def test_a_delayed_outer_step_hides_the_sync_behind_the_next_round(
+    tmp_path, capsys):
+  """outer_delay=1 applies each round's mean one round late, so its sync's
+  communication overlaps the next round's H steps: the clock is the one
+  plain DiLoCo would have with overlap=True (which moves only the clock),
+  faster than without; the training is the delayed one (it differs), and
+  the bytes are the same. The command line takes --outer-delay."""
+  base = dict(data="digits", hidden="8", workers=4, batch_size=4, steps=16,
+              H=4, eval_examples=32, latency="10ms", bandwidth="10Mbps",
+              hardware="0.01s")
+  delayed = lowbw.simulate(lowbw.Config(**base, outer_delay=1))
+  overlapped = lowbw.simulate(lowbw.Config(**base, overlap=True))
+  plain = lowbw.simulate(lowbw.Config(**base))
+  np.testing.assert_allclose(delayed.history["sim_time_s"],
+                             overlapped.history["sim_time_s"], rtol=1e-7)
+  assert delayed.summary["sim_time_s"] < 0.8 * plain.summary["sim_time_s"]
+  np.testing.assert_array_equal(overlapped.history["train_loss"],
+                                plain.history["train_loss"])
+  assert not np.array_equal(delayed.history["train_loss"],
+                            plain.history["train_loss"])
+  assert delayed.summary["wire_bytes"] == plain.summary["wire_bytes"]
+  from lowbw import cli
+  assert cli.main(["train", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--steps", "8", "--H", "2", "--outer-delay", "1",
+                   "--no-plot", "--no-progress", "--out",
+                   str(tmp_path / "r")]) == 0
+  config = lowbw.Config.load(str(tmp_path / "r" / "config.yaml"))
+  assert config.outer_delay == 1

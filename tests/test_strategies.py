@@ -151,6 +151,44 @@ def test_diloco_matches_reference(H):
   chex.assert_trees_all_close(state.comm.global_params, global_params, atol=1e-5)
 
 
+@pytest.mark.parametrize("H", [1, 3])
+def test_diloco_with_a_delayed_outer_step_matches_algorithm_2(H):
+  """outer_delay=1 (Kale et al. 2025, arXiv 2502.12996, Algorithm 2),
+  written from the paper: every worker starts round t from the global
+  theta(t-1) and sends global - its own params; the outer step at the end
+  of round t applies round t-1's mean (nothing at the first sync); every
+  worker restarts from the result."""
+  params, batches = make_problem()
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  inner = optax.adam(0.01)
+  state = run_vectorized(strategies.diloco(inner, outer, H=H, outer_delay=1),
+                         params, batches)
+  params_w, inner_w = [params] * W, [inner.init(params)] * W
+  global_params, outer_state, in_flight = params, outer.init(params), None
+  for t in range(STEPS):
+    local_steps(inner, params_w, inner_w, batches, t)
+    if (t + 1) % H == 0:
+      mean = mean_of([jax.tree.map(lambda g, p: g - p, global_params, pw)
+                      for pw in params_w])
+      if in_flight is not None:
+        updates, outer_state = outer.update(in_flight, outer_state,
+                                            global_params)
+        global_params = optax.apply_updates(global_params, updates)
+      in_flight = mean
+      params_w = [global_params] * W
+  assert_workers_close(state.params_W, params_w)
+  chex.assert_trees_all_close(state.comm.global_params, global_params,
+                              atol=1e-5)
+  chex.assert_trees_all_close(state.comm.in_flight, in_flight, atol=1e-5)
+
+
+def test_a_delayed_outer_step_is_refused_outside_0_and_1():
+  for bad in (2, -1, True, 0.5):
+    with pytest.raises(ValueError, match="^outer_delay=.* is invalid: "
+                       "expected 0 or 1"):
+      strategies.diloco(H=2, outer_delay=bad)
+
+
 def sparse_reference(key, step, params_w, p, selector):
   """SPARTA averaging with explicit loops over tensors, indices and workers."""
   out = [jax.tree.map(np.array, pw) for pw in params_w]

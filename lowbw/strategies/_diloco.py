@@ -31,16 +31,42 @@ class DiLoCoComm(NamedTuple):
   residual_W: PyTree
 
 
+class DelayedComm(NamedTuple):
+  """DiLoCo's communication state with its outer step one round late.
+
+  Attributes:
+    global_params: the shared model theta (what workers start a round from,
+      and what evaluation uses).
+    outer_state: the outer optimizer's state.
+    residual_W: per-worker error-feedback residuals, ``()`` without feedback.
+    in_flight: the previous round's mean pseudo-gradient, still being
+      communicated while the next round runs.
+    arrived: whether ``in_flight`` holds a round's mean (False before the
+      first sync).
+  """
+
+  global_params: Params
+  outer_state: PyTree
+  residual_W: PyTree
+  in_flight: Params
+  arrived: jax.Array
+
+
 def default_outer() -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD, lr 0.7, Nesterov momentum 0.9."""
   return _optim.outer(_optim.DILOCO_OUTER)
 
 
-def diloco_init(inner, outer, comp: Compression):
+def diloco_init(inner, outer, comp: Compression, outer_delay: int = 0):
   def init(params, num_workers_, key):
     state = _base.inner_init(inner, params, num_workers_, key, ())
-    return state._replace(comm=DiLoCoComm(
-        params, outer.init(params), init_residual(comp, state.params_W)))
+    residual_W = init_residual(comp, state.params_W)
+    if outer_delay:
+      return state._replace(comm=DelayedComm(
+          params, outer.init(params), residual_W,
+          jax.tree.map(jnp.zeros_like, params), jnp.zeros((), bool)))
+    return state._replace(comm=DiLoCoComm(params, outer.init(params),
+                                          residual_W))
   return init
 
 
@@ -63,17 +89,25 @@ def outer_step(outer: optax.GradientTransformation, comp: Compression,
     (new global parameters, outer state, message states, the mean
     pseudo-gradient).
   """
-  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
-    pseudo_grad = _mean_delta(global_params, params_W, active_W)
-  else:
-    delta_W = optax.tree.sub(
-        broadcast_to_workers(global_params, num_workers(params_W)), params_W)
-    sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
-                                 senders_W)
-    pseudo_grad = aggregate(comp, sent_W, key, active_W)
+  pseudo_grad, message_W = mean_pseudo_gradient(
+      comp, global_params, params_W, message_W, key, active_W, senders_W)
   updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
   return (optax.apply_updates(global_params, updates), outer_state, message_W,
           pseudo_grad)
+
+
+def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
+                         params_W: PyTree, message_W: PyTree, key,
+                         active_W=None, senders_W=None) -> tuple:
+  """The participants' mean of what the receivers decode of each worker's
+  global - theta_w (through the message chain), and the message states."""
+  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
+    return _mean_delta(global_params, params_W, active_W), message_W
+  delta_W = optax.tree.sub(
+      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
+  sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
+                               senders_W)
+  return aggregate(comp, sent_W, key, active_W), message_W
 
 
 def _mean_delta(global_params, params_W, active_W) -> PyTree:
@@ -107,6 +141,39 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
   return sync
 
 
+def delayed_sync(outer: optax.GradientTransformation, comp: Compression):
+  """DiLoCo's sync with the outer step one round late (the delayed outer
+  gradients of arXiv 2502.12996, Algorithm 2; DiLoCoX's one-step delay,
+  arXiv 2506.21263): this round's mean pseudo-gradient starts its
+  communication, and the outer step applies the previous round's, which
+  has arrived while this round ran; every worker restarts from the result.
+  """
+
+  def sync(state):
+    c = state.comm
+    mean, residual_W = mean_pseudo_gradient(
+        comp, c.global_params, state.params_W, c.residual_W,
+        _base.comm_key(state))
+
+    def step(args):
+      params, outer_state, grad = args
+      updates, outer_state = outer.update(grad, outer_state, params)
+      return optax.apply_updates(params, updates), outer_state
+
+    global_params, outer_state = jax.lax.cond(
+        c.arrived, step, lambda args: args[:2],
+        (c.global_params, c.outer_state, c.in_flight))
+    return state._replace(
+        params_W=broadcast_to_workers(global_params,
+                                      num_workers(state.params_W)),
+        comm=DelayedComm(global_params, outer_state, residual_W, mean,
+                         jnp.ones((), bool)),
+    ), {**_base.events(pseudo_gradients=1),
+        **_base.metrics(pseudo_grad_norm=optax.tree.norm(mean))}
+
+  return sync
+
+
 def diloco_channels(comp: Compression):
   def channels(params, num_workers_):
     return {"pseudo_gradients": comm_channel(comp, params, num_workers_)}
@@ -118,15 +185,23 @@ def global_of(state):
 
 
 def build(name: str, inner, outer, H: int, comp: Compression,
-          extra_config: dict | None = None) -> _base.Strategy:
-  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo)."""
+          extra_config: dict | None = None,
+          outer_delay: int = 0) -> _base.Strategy:
+  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo).
+
+  ``outer_delay`` 1: each outer step applies the previous round's mean, so
+  the sync's communication overlaps the next round (the clock hides it
+  behind that round's H steps)."""
+  sync = (delayed_sync if outer_delay else diloco_sync)(outer, comp)
   return _base.make(
-      name, H, diloco_init(inner, outer, comp), lambda s, g: (
+      name, H, diloco_init(inner, outer, comp, outer_delay), lambda s, g: (
           _base.inner_update(inner, s, g), {}),
-      diloco_sync(outer, comp), global_of, diloco_channels(comp),
+      sync, global_of, diloco_channels(comp),
       {"name": name, "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
+       **({"outer_delay": outer_delay} if outer_delay else {}),
        **(extra_config or {})},
+      overlap_steps=H if outer_delay else None,
       outer_places={"outer": "outer_state"})
 
 
@@ -138,6 +213,7 @@ def diloco(
     error_feedback: float | None = None,
     message: optax.GradientTransformation | None = None,
     aggregation: str = "all_gather",
+    outer_delay: int = 0,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -167,6 +243,14 @@ def diloco(
     aggregation: how a codec's payloads that cannot be summed are combined:
       "all_gather" ((W-1) x payload per worker) or "reduce_scatter" (a
       quantized all-reduce: the mean is encoded again, 2(W-1)/W x payload).
+    outer_delay: 0 (default): the outer step applies this round's mean.
+      1: it applies the previous round's, so each sync's communication
+      overlaps the next round's H inner steps (the clock hides it there):
+      the delayed outer gradients of Kale et al. 2025, "Eager Updates For
+      Overlapped Communication and Computation in DiLoCo", arXiv 2502.12996
+      (Algorithm 2), DiLoCoX's one-step delay (arXiv 2506.21263). The first
+      sync applies nothing; the last round's mean is still in flight when
+      the run ends (the final model does not include it).
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -177,11 +261,18 @@ def diloco(
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
   H = _validate.positive_int("H", H)
+  if isinstance(outer_delay, bool) or outer_delay not in (0, 1):
+    raise _validate.fail("outer_delay", outer_delay, "expected 0 or 1 (the "
+                         "outer step one round late)")
   return build("diloco", inner, outer, H,
-               compression(codec, error_feedback, message, aggregation))
+               compression(codec, error_feedback, message, aggregation),
+               outer_delay=outer_delay)
 
 
 SPEC = _spec.spec(
     diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Douillard et al. 2023, arXiv 2311.08105",
-    help={"codec": "codec of the pseudo-gradients"})
+    help={"codec": "codec of the pseudo-gradients",
+          "outer_delay": "1: each outer step applies the previous round's "
+          "mean pseudo-gradient, overlapping the sync's communication with "
+          "the next round (arXiv 2502.12996, Algorithm 2)"})
