@@ -25,6 +25,9 @@ def cases():
   return {
       "ddp": (strategies.ddp(optax.sgd(0.1)), None),
       "diloco": (strategies.diloco(optax.adamw(1e-3), H=3), None),
+      # Each worker's own outer model: the mix's 1/W is all devices' W.
+      "diloco_eager": (strategies.diloco(optax.adamw(1e-3), H=3,
+                                         outer_delay=1, eager=True), None),
       "sparta": (strategies.sparta(optax.adamw(1e-3), p=0.05), None),
       # Groups that span devices, private codec noise, and the fault masks.
       "fedavg_islands": (strategies.fedavg(optax.sgd(0.1), H=3,

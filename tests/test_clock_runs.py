@@ -490,3 +490,24 @@ def test_a_delayed_outer_step_hides_the_sync_behind_the_next_round(
                    str(tmp_path / "r")]) == 0
   config = lowbw.Config.load(str(tmp_path / "r" / "config.yaml"))
   assert config.outer_delay == 1
+
+
+def test_eager_updates_run_with_a_codec_faults_and_bf16_workers(tmp_path):
+  """The eager variant is the delayed one's clock and bytes, and trains end
+  to end with a codec and error feedback, under faults and with bfloat16
+  workers (finite losses below the untrained model's)."""
+  base = dict(data="digits", hidden="8", workers=4, batch_size=4, steps=12,
+              H=3, eval_examples=32, latency="10ms", bandwidth="10Mbps",
+              hardware="0.01s", outer_delay=1)
+  eager = lowbw.simulate(lowbw.Config(**base, eager=True))
+  delayed = lowbw.simulate(lowbw.Config(**base))
+  np.testing.assert_allclose(eager.history["sim_time_s"],
+                             delayed.history["sim_time_s"], rtol=1e-7)
+  assert eager.summary["wire_bytes"] == delayed.summary["wire_bytes"]
+  assert not np.array_equal(eager.history["train_loss"],
+                            delayed.history["train_loss"])
+  for extra in (dict(codec="quant:4", ef=0.7), dict(drop_prob=0.3),
+                dict(worker_dtype="bfloat16")):
+    r = lowbw.simulate(lowbw.Config(**base, eager=True, **extra))
+    assert np.isfinite(r.summary["final_eval_loss"])
+    assert r.summary["final_eval_loss"] < np.log(10)  # uniform over digits

@@ -41,8 +41,9 @@ def batch_at(batches, t, w=None):
   return jax.tree.map(lambda x: x[t, w], batches)
 
 
-def run_vectorized(strategy, params, batches, key=jax.random.PRNGKey(7)):
-  state = strategy.init(params, W, key)
+def run_vectorized(strategy, params, batches, key=jax.random.PRNGKey(7),
+                   num_workers_=W):
+  state = strategy.init(params, num_workers_, key)
   step = jax.jit(strategy.step)
   grad_W = jax.jit(jax.vmap(jax.grad(loss_fn)))
   for t in range(STEPS):
@@ -180,6 +181,50 @@ def test_diloco_with_a_delayed_outer_step_matches_algorithm_2(H):
   chex.assert_trees_all_close(state.comm.global_params, global_params,
                               atol=1e-5)
   chex.assert_trees_all_close(state.comm.in_flight, in_flight, atol=1e-5)
+
+
+@pytest.mark.parametrize("H", [1, 3])
+def test_diloco_with_eager_updates_matches_algorithm_3(H):
+  """eager=True (arXiv 2502.12996, Algorithm 3), written from the paper:
+  each worker keeps its own outer params and Nesterov state; at the end of
+  round t it steps on (1/W) * (its own fresh pseudo-gradient + every other
+  worker's from round t-1) and restarts from its own outer params."""
+  params, batches = make_problem()
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  inner = optax.adam(0.01)
+  state = run_vectorized(strategies.diloco(inner, outer, H=H, outer_delay=1,
+                                           eager=True), params, batches)
+  params_w, inner_w = [params] * W, [inner.init(params)] * W
+  outer_w, ostate_w = [params] * W, [outer.init(params)] * W
+  previous = [jax.tree.map(jnp.zeros_like, params)] * W
+  for t in range(STEPS):
+    local_steps(inner, params_w, inner_w, batches, t)
+    if (t + 1) % H == 0:
+      fresh = [jax.tree.map(lambda o, p: o - p, outer_w[w], params_w[w])
+               for w in range(W)]
+      for w in range(W):
+        others = [previous[v] for v in range(W) if v != w]
+        mixed = jax.tree.map(lambda *xs: sum(xs) / W, fresh[w], *others)
+        updates, ostate_w[w] = outer.update(mixed, ostate_w[w], outer_w[w])
+        outer_w[w] = optax.apply_updates(outer_w[w], updates)
+      previous, params_w = fresh, list(outer_w)
+  assert_workers_close(state.params_W, params_w)
+  assert_workers_close(state.comm.outer_params_W, outer_w)
+
+
+def test_eager_updates_with_one_worker_are_diloco():
+  params, batches = make_problem()
+  outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
+  inner = optax.adam(0.01)
+  one = jax.tree.map(lambda x: x[:, :1], batches)  # one worker's data
+  eager = strategies.diloco(inner, outer, H=3, outer_delay=1, eager=True)
+  plain = strategies.diloco(inner, outer, H=3)
+  a = run_vectorized(eager, params, one, num_workers_=1)
+  b = run_vectorized(plain, params, one, num_workers_=1)
+  chex.assert_trees_all_close(a.params_W, b.params_W, atol=1e-6)
+  with pytest.raises(ValueError, match="^eager=True is invalid: needs "
+                     "outer_delay=1"):
+    strategies.diloco(H=2, eager=True)
 
 
 def test_a_delayed_outer_step_is_refused_outside_0_and_1():

@@ -26,7 +26,7 @@ _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
 # Strategy parameters whose value is traced (the error feedback's beta lives
 # in the state) -> the hyperparameter's name.
 TRACED = {"ef": "ef_beta"}
-_TYPES = {int: int, float: float, str: str, Codec: str}
+_TYPES = {int: int, float: float, str: str, bool: bool, Codec: str}
 
 
 def specs() -> dict[str, strategies_lib.Spec]:

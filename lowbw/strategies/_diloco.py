@@ -10,7 +10,7 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Params, PyTree
-from lowbw.strategies import _base, _optim, _spec
+from lowbw.strategies import _base, _delayed, _optim, _spec
 from lowbw.transforms import (Codec, Compression, aggregate,
                               broadcast_to_workers, comm_channel, compression,
                               init_residual, num_workers, transmit,
@@ -31,42 +31,16 @@ class DiLoCoComm(NamedTuple):
   residual_W: PyTree
 
 
-class DelayedComm(NamedTuple):
-  """DiLoCo's communication state with its outer step one round late.
-
-  Attributes:
-    global_params: the shared model theta (what workers start a round from,
-      and what evaluation uses).
-    outer_state: the outer optimizer's state.
-    residual_W: per-worker error-feedback residuals, ``()`` without feedback.
-    in_flight: the previous round's mean pseudo-gradient, still being
-      communicated while the next round runs.
-    arrived: whether ``in_flight`` holds a round's mean (False before the
-      first sync).
-  """
-
-  global_params: Params
-  outer_state: PyTree
-  residual_W: PyTree
-  in_flight: Params
-  arrived: jax.Array
-
-
 def default_outer() -> optax.GradientTransformation:
   """DiLoCo's outer optimizer: SGD, lr 0.7, Nesterov momentum 0.9."""
   return _optim.outer(_optim.DILOCO_OUTER)
 
 
-def diloco_init(inner, outer, comp: Compression, outer_delay: int = 0):
+def diloco_init(inner, outer, comp: Compression):
   def init(params, num_workers_, key):
     state = _base.inner_init(inner, params, num_workers_, key, ())
-    residual_W = init_residual(comp, state.params_W)
-    if outer_delay:
-      return state._replace(comm=DelayedComm(
-          params, outer.init(params), residual_W,
-          jax.tree.map(jnp.zeros_like, params), jnp.zeros((), bool)))
-    return state._replace(comm=DiLoCoComm(params, outer.init(params),
-                                          residual_W))
+    return state._replace(comm=DiLoCoComm(
+        params, outer.init(params), init_residual(comp, state.params_W)))
   return init
 
 
@@ -141,39 +115,6 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
   return sync
 
 
-def delayed_sync(outer: optax.GradientTransformation, comp: Compression):
-  """DiLoCo's sync with the outer step one round late (the delayed outer
-  gradients of arXiv 2502.12996, Algorithm 2; DiLoCoX's one-step delay,
-  arXiv 2506.21263): this round's mean pseudo-gradient starts its
-  communication, and the outer step applies the previous round's, which
-  has arrived while this round ran; every worker restarts from the result.
-  """
-
-  def sync(state):
-    c = state.comm
-    mean, residual_W = mean_pseudo_gradient(
-        comp, c.global_params, state.params_W, c.residual_W,
-        _base.comm_key(state))
-
-    def step(args):
-      params, outer_state, grad = args
-      updates, outer_state = outer.update(grad, outer_state, params)
-      return optax.apply_updates(params, updates), outer_state
-
-    global_params, outer_state = jax.lax.cond(
-        c.arrived, step, lambda args: args[:2],
-        (c.global_params, c.outer_state, c.in_flight))
-    return state._replace(
-        params_W=broadcast_to_workers(global_params,
-                                      num_workers(state.params_W)),
-        comm=DelayedComm(global_params, outer_state, residual_W, mean,
-                         jnp.ones((), bool)),
-    ), {**_base.events(pseudo_gradients=1),
-        **_base.metrics(pseudo_grad_norm=optax.tree.norm(mean))}
-
-  return sync
-
-
 def diloco_channels(comp: Compression):
   def channels(params, num_workers_):
     return {"pseudo_gradients": comm_channel(comp, params, num_workers_)}
@@ -184,25 +125,37 @@ def global_of(state):
   return state.comm.global_params
 
 
+# outer_delay, eager -> (init, sync, global params, where the outer state is)
+_VARIANTS = {
+    (0, False): (diloco_init, diloco_sync, global_of, "outer_state"),
+    (1, False): (_delayed.delayed_init, _delayed.delayed_sync, global_of,
+                 "outer_state"),
+    (1, True): (_delayed.eager_init, _delayed.eager_sync,
+                _delayed.eager_global, "outer_state_W"),
+}
+
+
 def build(name: str, inner, outer, H: int, comp: Compression,
-          extra_config: dict | None = None,
-          outer_delay: int = 0) -> _base.Strategy:
+          extra_config: dict | None = None, outer_delay: int = 0,
+          eager: bool = False) -> _base.Strategy:
   """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo).
 
   ``outer_delay`` 1: each outer step applies the previous round's mean, so
   the sync's communication overlaps the next round (the clock hides it
-  behind that round's H steps)."""
-  sync = (delayed_sync if outer_delay else diloco_sync)(outer, comp)
+  behind that round's H steps); ``eager``: each worker mixes in its own
+  fresh pseudo-gradient (``_delayed``)."""
+  init, sync, global_params, place = _VARIANTS[outer_delay, eager]
   return _base.make(
-      name, H, diloco_init(inner, outer, comp, outer_delay), lambda s, g: (
+      name, H, init(inner, outer, comp), lambda s, g: (
           _base.inner_update(inner, s, g), {}),
-      sync, global_of, diloco_channels(comp),
+      sync(outer, comp), global_params, diloco_channels(comp),
       {"name": name, "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
        **({"outer_delay": outer_delay} if outer_delay else {}),
+       **({"eager": True} if eager else {}),
        **(extra_config or {})},
       overlap_steps=H if outer_delay else None,
-      outer_places={"outer": "outer_state"})
+      outer_places={"outer": place})
 
 
 def diloco(
@@ -214,6 +167,7 @@ def diloco(
     message: optax.GradientTransformation | None = None,
     aggregation: str = "all_gather",
     outer_delay: int = 0,
+    eager: bool = False,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -251,6 +205,13 @@ def diloco(
       (Algorithm 2), DiLoCoX's one-step delay (arXiv 2506.21263). The first
       sync applies nothing; the last round's mean is still in flight when
       the run ends (the final model does not include it).
+    eager: with ``outer_delay=1``, the paper's eager updates (Algorithm 3):
+      each worker keeps its own outer model and optimizer state and steps
+      on the previous round's mean with its own stale pseudo-gradient
+      replaced by its fresh one, mean(t-1) + (own(t) - own(t-1)) / W; the
+      evaluated model is the workers' mean. With one worker it is DiLoCo.
+      Under faults the swap keeps its 1/W weight while the mean is over
+      the participants (the paper has no faults).
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -264,9 +225,15 @@ def diloco(
   if isinstance(outer_delay, bool) or outer_delay not in (0, 1):
     raise _validate.fail("outer_delay", outer_delay, "expected 0 or 1 (the "
                          "outer step one round late)")
+  if not isinstance(eager, bool):
+    raise _validate.fail("eager", eager, "expected True or False")
+  if eager and not outer_delay:
+    raise _validate.fail("eager", eager, "needs outer_delay=1 (it mixes the "
+                         "delayed mean with each worker's fresh "
+                         "pseudo-gradient)")
   return build("diloco", inner, outer, H,
                compression(codec, error_feedback, message, aggregation),
-               outer_delay=outer_delay)
+               outer_delay=outer_delay, eager=eager)
 
 
 SPEC = _spec.spec(
@@ -275,4 +242,7 @@ SPEC = _spec.spec(
     help={"codec": "codec of the pseudo-gradients",
           "outer_delay": "1: each outer step applies the previous round's "
           "mean pseudo-gradient, overlapping the sync's communication with "
-          "the next round (arXiv 2502.12996, Algorithm 2)"})
+          "the next round (arXiv 2502.12996, Algorithm 2)",
+          "eager": "with --outer-delay 1: each worker mixes its own fresh "
+          "pseudo-gradient into the delayed mean (eager updates, arXiv "
+          "2502.12996, Algorithm 3)"})

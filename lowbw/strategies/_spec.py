@@ -130,7 +130,7 @@ def _kind(annotation) -> tuple[type, bool]:
     return Codec, optional
   if len(args) == 1 and args[0] in _PYTHON_ONLY:
     return args[0], optional  # Python only
-  if len(args) != 1 or args[0] not in (int, float, str):
+  if len(args) != 1 or args[0] not in (int, float, str, bool):
     raise TypeError(f"unsupported strategy parameter type {annotation!r}")
   return args[0], optional
 
