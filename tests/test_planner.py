@@ -459,3 +459,28 @@ def test_cli_one_sweep_at_a_time(capsys):
   assert err.startswith("lowbw: error: --sweep='mfu=0.1,0.2' is invalid: "
                         "one --sweep at a time (the first is 'num_nodes=8')")
   assert err.count("\n") == 1
+
+
+def test_per_node_links_are_priced_at_the_slowest_as_a_ring_runs():
+  """lowbw plan takes the fleet description lowbw train takes: one link
+  per node, comma-separated; the sync is priced at the slowest link (a
+  ring exchange waits for it), and a list of another length is refused."""
+  fleet = plan(num_nodes=4, bandwidth="1Gbps,1Gbps,1Gbps,100Mbps",
+               latency="10ms,10ms,40ms,10ms")
+  slowest = plan(num_nodes=4, bandwidth="100Mbps", latency="40ms")
+  assert fleet["t_sync_s"] == slowest["t_sync_s"]
+  assert fleet["t_sync_s"] > plan(num_nodes=4, bandwidth="1Gbps",
+                                  latency="10ms")["t_sync_s"]
+  with pytest.raises(ValueError, match=r"^bandwidth='1Gbps,100Mbps' is "
+                     r"invalid: expected one value, or 4, one per node \(2 "
+                     r"given\)"):
+    plan(num_nodes=4, bandwidth="1Gbps,100Mbps")
+
+
+def test_cli_plan_takes_per_node_links(capsys):
+  assert cli.main(["plan", "--num-nodes", "2", "--bandwidth",
+                   "1Gbps,50Mbps"]) == 0
+  assert "bandwidth *             50Mbps" in capsys.readouterr().out
+  assert cli.main(["plan", "--num-nodes", "3", "--bandwidth",
+                   "1Gbps,50Mbps"]) == 2
+  assert "one per node (2 given)" in capsys.readouterr().err

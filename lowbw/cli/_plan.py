@@ -9,6 +9,7 @@ from lowbw import _validate
 from lowbw.config import read_config
 from lowbw import network as net_lib
 from lowbw.network import PLAN_DEFAULTS, plan
+from lowbw.network import plan_link_values as link_values
 from lowbw.network import PLAN_DEPRECATED as DEPRECATED
 from lowbw.network import plan_unit as unit
 from lowbw.network import resolve_plan_inputs as resolve_inputs
@@ -76,9 +77,15 @@ def _quantity(name: str):
   """An argparse type: the text, once its units parse (the error names
   the input, the value and the accepted forms)."""
   def check(text):
-    _QUANTITIES[name](text, name)
+    parse_each(name, text)
     return text
   return check
+
+
+def parse_each(name: str, text) -> list:
+  """A quantity's one value, or its per-node list (``1Gbps,100Mbps``),
+  each with its units."""
+  return [_QUANTITIES[name](part, name) for part in link_values(text)]
 
 
 def _help(name: str, default) -> str:
@@ -130,7 +137,7 @@ def _file_quantity(name: str, value, path: str) -> None:
   milliseconds), so it needs its unit too, as in lowbw train's files."""
   number = isinstance(value, (int, float)) and not isinstance(value, bool)
   try:
-    _QUANTITIES[name](str(value) if number else value, name)
+    parse_each(name, str(value) if number else value)
   except _validate.ConfigError as e:
     raise _validate.fail(e.field, e.value, f"{e.allowed} (in config file "
                          f"{path})") from None

@@ -183,12 +183,36 @@ def _optional_ratio(field, value):
                                                                       value)
 
 
+def link_values(value) -> list:
+  """One link's value, or one per node: ``"1Gbps,100Mbps"`` or a list."""
+  if isinstance(value, str):
+    return [v.strip() for v in value.split(",")]
+  return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def _bandwidth(field, value):
-  return _units.bandwidth(value, field)
+  # One per node: a ring exchange runs at its slowest link.
+  return min(_units.bandwidth(v, field) for v in link_values(value))
 
 
 def _latency(field, value):
-  return _units.duration(value, field)
+  return max(_units.duration(v, field) for v in link_values(value))
+
+
+_LINKS = ("bandwidth", "latency", "regional_bandwidth", "regional_latency")
+
+
+def _check_link_counts(s: dict, given: dict) -> None:
+  """A per-node list has one value per node (regional ones, per group)."""
+  for name in _LINKS:
+    n = len(link_values(given[name]))
+    regional = name.startswith("regional")
+    want = (s["num_nodes"] // s["nodes_per_group"] if regional
+            else s["num_nodes"])
+    if n not in (1, want):
+      raise _validate.fail(name, given[name], f"expected one value, or {want}"
+                           f", one per {'group' if regional else 'node'} "
+                           f"({n} given)")
 
 
 _number = _finite(_validate.positive_float)
@@ -275,9 +299,11 @@ def resolve_inputs(**inputs) -> dict:
     raise _validate.fail(unknown[0], inputs[unknown[0]],
                          "unknown input; allowed: " + ", ".join(PLAN_DEFAULTS))
   s = {**PLAN_DEFAULTS, **_renamed(inputs)}
+  given = {name: s[name] for name in _LINKS}
   for name, check in _CHECKS.items():
     s[name] = check(name, s[name])
   _check_together(s)
+  _check_link_counts(s, given)
   return s
 
 
