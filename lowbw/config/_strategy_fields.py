@@ -118,6 +118,8 @@ def _default_text(entries) -> str:
 
 
 def _show(value) -> str:
+  if isinstance(value, bool):  # a flag: --eager / --no-eager
+    return "on" if value else "off"
   return "none" if value is None else repr(value) if isinstance(
       value, WithCodec) else str(value)
 
