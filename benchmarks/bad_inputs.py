@@ -1,5 +1,5 @@
 """About 240 bad or edge inputs against the command line and the Python API, as a
-new user would try them (issue 16), each classified:
+new user would try them, each classified:
 
 - ``error``: a one-line ``lowbw: error:`` (or a ValueError from the API) in
   under ``EARLY_S`` seconds, before anything trains;

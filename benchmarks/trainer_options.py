@@ -1,4 +1,5 @@
-"""What issue 17's trainer options cost in speed and memory, with
+"""What the trainer options (worker_dtype, worker_batch, minibatch_size,
+autocast) cost in speed and memory, with
 ``lowbw.bench.measure``: every configuration is timed against its own
 one-replica float32 baseline in the same process, interleaved (efficiency =
 baseline time / simulator time, the median of ``repeats`` ratios), so rows

@@ -1,7 +1,8 @@
 """The planner's closed form next to the simulator (row 6 of the findings
 table in experiments/README.md).
 
-Seed 001 models a DiLoCo run analytically: compute per step 6·P·tokens /
+The Decentralized Training Simulator documentation (Technical Documentation)
+models a DiLoCo run analytically: compute per step 6·P·tokens /
 (peak·MFU) (§1.2), a sync of 2·bits / bandwidth plus one round trip, times
 the straggler factor f(n) (§3.1, §5.1), and a token efficiency
 eta = max(0.4, 1 - alpha·log10 H) with alpha from the model's size (§4.1-4.3).

@@ -5,7 +5,8 @@ Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512) claims three
 things: syncing P fragments in turn cuts the peak bandwidth by about P;
 merging a fragment tau steps after its sync hides the communication behind
 compute, so a slow link costs less time; 4-bit (E3M0) outer gradients cost
-little loss. Seed 001 §3.2 models hierarchical DiLoCo: regions sync often on
+little loss. The Decentralized Training Simulator documentation (§3.2)
+models hierarchical DiLoCo: regions sync often on
 fast links, the WAN rarely. Here every run trains the default GPT (478,976
 parameters) on the byte corpus of the Python standard library, W = 4 workers
 in two regions of 2 on one two-tier network (regional 1 Gbit/s, 5 ms; WAN
