@@ -860,6 +860,8 @@ def test_hierarchical_wan_links_per_worker_and_regional_per_region():
      "^latency='1ms,2ms,3ms' is invalid: expected one value or 2"),
     (dict(bandwidth="1Gbps,0Mbps,1Gbps,1Gbps"), "^bandwidth='0Mbps' is "
      "invalid"),
+    (dict(latency="1ms,2ms,3ms"), r"^latency='1ms,2ms,3ms' is invalid: "
+     r"expected 4 values, one per worker"),
     (dict(topology="hierarchical", group_size=2,
           regional_bandwidth="1Gbps,1Gbps,1Gbps"), "^regional_bandwidth="
      r"'1Gbps,1Gbps,1Gbps' is invalid: expected 2 values, one per region"),

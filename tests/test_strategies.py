@@ -225,6 +225,9 @@ def test_eager_updates_with_one_worker_are_diloco():
   with pytest.raises(ValueError, match="^eager=True is invalid: needs "
                      "outer_delay=1"):
     strategies.diloco(H=2, eager=True)
+  with pytest.raises(ValueError, match="^eager='yes' is invalid: expected "
+                     "True or False"):
+    strategies.diloco(H=2, outer_delay=1, eager="yes")
 
 
 def test_a_delayed_outer_step_is_refused_outside_0_and_1():

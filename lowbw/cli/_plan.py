@@ -9,7 +9,6 @@ from lowbw import _validate
 from lowbw.config import read_config
 from lowbw import network as net_lib
 from lowbw.network import PLAN_DEFAULTS, plan
-from lowbw.network import plan_link_values as link_values
 from lowbw.network import PLAN_DEPRECATED as DEPRECATED
 from lowbw.network import plan_unit as unit
 from lowbw.network import resolve_plan_inputs as resolve_inputs
@@ -85,7 +84,7 @@ def _quantity(name: str):
 def parse_each(name: str, text) -> list:
   """A quantity's one value, or its per-node list (``1Gbps,100Mbps``),
   each with its units."""
-  return [_QUANTITIES[name](part, name) for part in link_values(text)]
+  return [_QUANTITIES[name](part, name) for part in net_lib.link_values(text)]
 
 
 def _help(name: str, default) -> str:

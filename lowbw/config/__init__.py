@@ -5,7 +5,8 @@ run writes next to its logs (``config.yaml``), and what ``lowbw.simulate``,
 ``lowbw.build`` and ``lowbw.study`` take.
 """
 
-from lowbw.config._api import build, build_config, run_config, simulate
+from lowbw.config._api import (build, build_config, run_config, simulate,
+                               yaml_or_none)
 from lowbw.config._config import (ALIASES, FIELDS, GROUPS, Config, canonical,
                                   check_value)
 from lowbw.config._fields import RUN, SHAPE, TRACED, Field, flag_kwargs
@@ -19,5 +20,5 @@ from lowbw.config._strategy_fields import build as build_strategy
 
 __all__ = ["COMPUTE_SETTINGS", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
            "build_strategy", "fill", "ints", "spec_of", "strategy_traced", "used",
-           "ALIASES", "Config", "build", "build_config", "run_config", "simulate", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
+           "ALIASES", "Config", "build", "build_config", "run_config", "simulate", "yaml_or_none", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
            "SHAPE", "TRACED", "canonical", "check_value", "flag_kwargs", "read_config", "read_file"]

@@ -21,15 +21,22 @@ def build_config(config: Config, compile: bool = True,
                           compile_cache=compile_cache)
 
 
+def yaml_or_none(config: Config) -> str | None:
+  """``config`` as YAML, or None when it holds a Python object (a model,
+  dataset or strategy given as an object: such a run writes config.json
+  only)."""
+  try:
+    return config.to_yaml()
+  except _validate.ConfigError:
+    return None
+
+
 def run_config(sim: simulation.Simulator, config: Config, **kwargs):
   """Runs ``sim`` (built from ``config``) with the config's run fields,
   writing ``config.yaml`` to the log folder when the config can be;
   ``kwargs`` are further ``Simulator.run`` arguments (or override one, such
   as ``progress``)."""
-  try:
-    text = config.to_yaml()
-  except _validate.ConfigError:  # a Python object: config.json only
-    text = None
+  text = yaml_or_none(config)
   args = dict(seed=config.seed, log_dir=config.out,
               checkpoint_every=config.checkpoint_every,
               progress=config.progress, wandb_project=config.wandb_project,

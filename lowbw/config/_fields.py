@@ -76,9 +76,7 @@ def _each(parse):
   worker (or region): ``"1Gbps,100Mbps"``."""
 
   def parse_list(value, field):
-    parts = value.split(",") if isinstance(value, str) else [value]
-    return [parse(p.strip() if isinstance(p, str) else p, field)
-            for p in parts]
+    return [parse(v, field) for v in network_lib.link_values(value)]
 
   return parse_list
 

@@ -14,21 +14,20 @@ from lowbw.network._faults import (MITIGATIONS, Faults, Stragglers,
 from lowbw.network._hardware import PRESETS, Hardware, hardware
 from lowbw.network._planner import DEPRECATED as PLAN_DEPRECATED
 from lowbw.network._planner import PLAN_DEFAULTS, plan
-from lowbw.network._planner import link_values as plan_link_values
 from lowbw.network._planner import resolve_inputs as resolve_plan_inputs
 from lowbw.network._planner import unit as plan_unit
 from lowbw.network._topology import (Cost, Flat, Hierarchical, Link, flat,
                                      hierarchical, hop, link, relinked)
 from lowbw.network._units import (bandwidth, count, duration, flops,
                                   format_bandwidth, format_bytes,
-                                  format_duration, memory)
+                                  format_duration, link_values, memory)
 
 __all__ = [
     "COLLECTIVES", "Channel", "Clock", "Cost", "Faults", "Flat", "Hardware",
     "Hierarchical", "Link", "hop", "relinked", "MITIGATIONS", "NetParams", "Network", "PRESETS",
     "Pricing", "Stragglers", "all_gather", "price", "bandwidth", "channel", "duration", "flat",
     "flops", "hardware", "hierarchical", "link", "network", "plan",
-    "ring_allreduce", "PLAN_DEFAULTS", "plan_link_values", "PLAN_DEPRECATED", "channel_costs",
+    "ring_allreduce", "PLAN_DEFAULTS", "link_values", "PLAN_DEPRECATED", "channel_costs",
     "check_network", "check_windows", "comm_seconds", "count",
     "flops_per_step", "format_bandwidth", "format_bytes", "format_duration",
     "memory", "net_params", "participants", "plan_unit", "received_wire",

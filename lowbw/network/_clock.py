@@ -144,11 +144,11 @@ def check_network(net: Network, num_workers: int) -> Network:
     raise _validate.fail("group_size", topo.group_size,
                          f"must divide num_workers={num_workers}")
   if isinstance(topo, Flat):
-    _check_links("bandwidth", topo.link, num_workers, "worker")
+    _check_links("", topo.link, num_workers, "worker")
   else:
-    _check_links("bandwidth", topo.wan, num_workers, "worker")
-    _check_links("regional_bandwidth", topo.regional,
-                 num_workers // topo.group_size, "region")
+    _check_links("", topo.wan, num_workers, "worker")
+    _check_links("regional_", topo.regional, num_workers // topo.group_size,
+                 "region")
   hw = net.hardware
   if hw is not None:
     if not isinstance(hw, Hardware):
@@ -168,14 +168,21 @@ def check_network(net: Network, num_workers: int) -> Network:
       else check_faults(net.faults, num_workers))
 
 
-def _check_links(field: str, links, expected: int, each: str) -> None:
-  """One link for all, or one per worker (per region)."""
+def _check_links(prefix: str, links, expected: int, each: str) -> None:
+  """One link for all, or one per worker (per region); the error names the
+  input given as a list (the bandwidth, unless only latencies differ)."""
   n = count_links(links)
-  if n not in (1, expected):
-    shown = ",".join(_units.format_bandwidth(one.bandwidth_bps)
-                     for one in links)
-    raise _validate.fail(field, shown, f"expected {expected} values, one per "
-                         f"{each}, or one for every {each} ({n} given)")
+  if n in (1, expected):
+    return
+  bandwidths = [one.bandwidth_bps for one in links]
+  if len(set(bandwidths)) == 1 and len({one.latency_s for one in links}) > 1:
+    field, shown = "latency", ",".join(
+        _units.format_duration(one.latency_s) for one in links)
+  else:
+    field, shown = "bandwidth", ",".join(map(_units.format_bandwidth,
+                                             bandwidths))
+  raise _validate.fail(prefix + field, shown, f"expected {expected} values, "
+                       f"one per {each}, or one for every {each} ({n} given)")
 
 
 class NetParams(NamedTuple):

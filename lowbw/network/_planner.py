@@ -183,20 +183,13 @@ def _optional_ratio(field, value):
                                                                       value)
 
 
-def link_values(value) -> list:
-  """One link's value, or one per node: ``"1Gbps,100Mbps"`` or a list."""
-  if isinstance(value, str):
-    return [v.strip() for v in value.split(",")]
-  return list(value) if isinstance(value, (list, tuple)) else [value]
-
-
 def _bandwidth(field, value):
   # One per node: a ring exchange runs at its slowest link.
-  return min(_units.bandwidth(v, field) for v in link_values(value))
+  return min(_units.bandwidth(v, field) for v in _units.link_values(value))
 
 
 def _latency(field, value):
-  return max(_units.duration(v, field) for v in link_values(value))
+  return max(_units.duration(v, field) for v in _units.link_values(value))
 
 
 _LINKS = ("bandwidth", "latency", "regional_bandwidth", "regional_latency")
@@ -205,7 +198,7 @@ _LINKS = ("bandwidth", "latency", "regional_bandwidth", "regional_latency")
 def _check_link_counts(s: dict, given: dict) -> None:
   """A per-node list has one value per node (regional ones, per group)."""
   for name in _LINKS:
-    n = len(link_values(given[name]))
+    n = len(_units.link_values(given[name]))
     regional = name.startswith("regional")
     want = (s["num_nodes"] // s["nodes_per_group"] if regional
             else s["num_nodes"])

@@ -53,23 +53,13 @@ def hop(links: Links, nbytes: float) -> float:
   return max(one.hop(nbytes) for one in links)
 
 
-def _values(value) -> list:
-  """A per-worker list from ``"1Gbps,100Mbps"`` or a list; one value as a
-  list of one."""
-  if isinstance(value, str):
-    return [v.strip() for v in value.split(",")]
-  if isinstance(value, (list, tuple)):
-    return list(value)
-  return [value]
-
-
 def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Links:
   """A ``Link`` from ``"100Mbps"``/``"1Gbps"``/bit/s and ``"50ms"``/seconds;
   a tuple of them, one per worker, from lists (``"1Gbps,100Mbps"`` or
   ``["1Gbps", "100Mbps"]``; a single bandwidth or latency beside a list is
   every worker's)."""
   prefix = field + "_" if field else ""
-  bws, lats = _values(bandwidth), _values(latency)
+  bws, lats = _units.link_values(bandwidth), _units.link_values(latency)
   if len(bws) > 1 and len(lats) > 1 and len(bws) != len(lats):
     raise _validate.fail(prefix + "latency", latency, f"expected one value "
                          f"or {len(bws)}, one per link of {prefix}bandwidth")
@@ -87,9 +77,9 @@ def relinked(links: Links, bandwidth=None, latency=None,
   of a sweep): one value sets every link's, a list one per link."""
   now = [links] if isinstance(links, Link) else list(links)
   bws = ([one.bandwidth_bps for one in now] if bandwidth is None
-         else _values(bandwidth))
+         else _units.link_values(bandwidth))
   lats = ([one.latency_s for one in now] if latency is None
-          else _values(latency))
+          else _units.link_values(latency))
   return link(bws if len(bws) > 1 else bws[0],
               lats if len(lats) > 1 else lats[0], field)
 

@@ -49,6 +49,15 @@ def _parse(field, value, units, what, examples, base, *, allow_zero):
   return number
 
 
+def link_values(value) -> list:
+  """One link's value for every worker, or one per worker (or node, or
+  region): ``"1Gbps,100Mbps"`` or a list; a single value as a list of
+  one."""
+  if isinstance(value, str):
+    return [v.strip() for v in value.split(",")]
+  return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
 def bandwidth(value, field: str = "bandwidth") -> float:
   """Bits per second from ``"100Mbps"``, ``"1Gbps"``, ``"10Gbit/s"``, bytes
   per second with a capital B (``"125MB/s"``, ``"1GBps"``), or a Python

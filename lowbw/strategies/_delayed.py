@@ -13,6 +13,7 @@ import optax
 
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base
+from lowbw.strategies._pseudo_gradient import mean_pseudo_gradient
 from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
                               init_residual, num_workers, total_workers,
                               transmit, worker_mean)
@@ -27,16 +28,14 @@ class DelayedComm(NamedTuple):
     outer_state: the outer optimizer's state.
     residual_W: per-worker error-feedback residuals, ``()`` without feedback.
     in_flight: the previous round's mean pseudo-gradient, still being
-      communicated while the next round runs.
-    arrived: whether ``in_flight`` holds a round's mean (False before the
-      first sync).
+      communicated while the next round runs (zeros before the first sync,
+      which therefore applies nothing: the step counter says so).
   """
 
   global_params: Params
   outer_state: PyTree
   residual_W: PyTree
   in_flight: Params
-  arrived: jax.Array
 
 
 class EagerComm(NamedTuple):
@@ -65,7 +64,7 @@ def delayed_init(inner, outer, comp: Compression):
     state = _base.inner_init(inner, params, num_workers_, key, ())
     return state._replace(comm=DelayedComm(
         params, outer.init(params), init_residual(comp, state.params_W),
-        jax.tree.map(jnp.zeros_like, params), jnp.zeros((), bool)))
+        jax.tree.map(jnp.zeros_like, params)))
   return init
 
 
@@ -83,25 +82,27 @@ def eager_init(inner, outer, comp: Compression):
 
 def _sent(comp: Compression, start_W: PyTree, params_W: PyTree,
           residual_W: PyTree, key) -> tuple:
-  """Each worker's pseudo-gradient (its round's start - its params)
-  through the message chain: (what the receivers decode, their mean over
-  the participants, the message states)."""
+  """Each worker's pseudo-gradient from its own round start (eager: every
+  worker has its own) through the message chain: (what the receivers
+  decode, their mean over the participants, the message states)."""
   delta_W = optax.tree.sub(start_W, params_W)
   sent_W, residual_W = transmit(comp, delta_W, residual_W, key)
   return sent_W, aggregate(comp, sent_W, key), residual_W
 
 
-def delayed_sync(outer: optax.GradientTransformation, comp: Compression):
+def delayed_sync(outer: optax.GradientTransformation, comp: Compression,
+                 period: int):
   """This round's mean pseudo-gradient starts its communication, and the
   outer step applies the previous round's, which arrived while this round
-  ran (Algorithm 2); every worker restarts from the result."""
+  ran (Algorithm 2); every worker restarts from the result. At the first
+  sync (step ``period``) nothing has arrived yet."""
 
   def sync(state):
     c = state.comm
     W = num_workers(state.params_W)
-    _, mean, residual_W = _sent(
-        comp, broadcast_to_workers(c.global_params, W), state.params_W,
-        c.residual_W, _base.comm_key(state))
+    mean, residual_W = mean_pseudo_gradient(
+        comp, c.global_params, state.params_W, c.residual_W,
+        _base.comm_key(state))
 
     def step(args):
       params, outer_state, grad = args
@@ -109,12 +110,11 @@ def delayed_sync(outer: optax.GradientTransformation, comp: Compression):
       return optax.apply_updates(params, updates), outer_state
 
     global_params, outer_state = jax.lax.cond(
-        c.arrived, step, lambda args: args[:2],
+        state.step > period, step, lambda args: args[:2],
         (c.global_params, c.outer_state, c.in_flight))
     return state._replace(
         params_W=broadcast_to_workers(global_params, W),
-        comm=DelayedComm(global_params, outer_state, residual_W, mean,
-                         jnp.ones((), bool)),
+        comm=DelayedComm(global_params, outer_state, residual_W, mean),
     ), {**_base.events(pseudo_gradients=1),
         **_base.metrics(pseudo_grad_norm=optax.tree.norm(mean))}
 
@@ -127,7 +127,8 @@ def eager_sync(outer: optax.GradientTransformation, comp: Compression):
   mean(t-1) + (sent_m(t) - sent_m(t-1)) / W, so every worker's message
   enters each worker's model once, its own at once and the others' one
   round late; each worker restarts from its own outer parameters. With one
-  worker it is DiLoCo."""
+  worker it is DiLoCo. At the first sync the mean and the previous messages
+  are zeros: each worker steps on its own message / W."""
 
   def sync(state):
     c = state.comm

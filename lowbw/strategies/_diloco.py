@@ -4,17 +4,15 @@ MuLoCo's Algorithm 1 (Thérien et al., 2025, arXiv 2505.23725)."""
 
 from typing import NamedTuple
 
-import jax
-import jax.numpy as jnp
 import optax
 
 from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _delayed, _optim, _spec
-from lowbw.transforms import (Codec, Compression, aggregate,
-                              broadcast_to_workers, comm_channel, compression,
-                              init_residual, num_workers, transmit,
-                              worker_mean)
+from lowbw.strategies._pseudo_gradient import mean_pseudo_gradient
+from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
+                              comm_channel, compression, init_residual,
+                              num_workers)
 
 
 class DiLoCoComm(NamedTuple):
@@ -70,29 +68,6 @@ def outer_step(outer: optax.GradientTransformation, comp: Compression,
           pseudo_grad)
 
 
-def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
-                         params_W: PyTree, message_W: PyTree, key,
-                         active_W=None, senders_W=None) -> tuple:
-  """The participants' mean of what the receivers decode of each worker's
-  global - theta_w (through the message chain), and the message states."""
-  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
-    return _mean_delta(global_params, params_W, active_W), message_W
-  delta_W = optax.tree.sub(
-      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
-  sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
-                               senders_W)
-  return aggregate(comp, sent_W, key, active_W), message_W
-
-
-def _mean_delta(global_params, params_W, active_W) -> PyTree:
-  """The participants' mean of global - theta_w, as global - their mean of
-  theta_w (zeros when none takes part): one pass over the workers'
-  parameters, without materializing every worker's delta."""
-  some = worker_mean(jnp.ones(num_workers(params_W)), active_W)
-  return jax.tree.map(lambda g, m: (g * some.astype(g.dtype) - m),
-                      global_params, worker_mean(params_W, active_W))
-
-
 def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
   """The DiLoCo outer step (``outer_step``) on a state whose ``comm`` is a
   ``DiLoCoComm``; every worker restarts from the new global parameters.
@@ -125,12 +100,14 @@ def global_of(state):
   return state.comm.global_params
 
 
-# outer_delay, eager -> (init, sync, global params, where the outer state is)
+# outer_delay, eager -> (init, sync(outer, comp, H), global params, where
+# the outer state is)
 _VARIANTS = {
-    (0, False): (diloco_init, diloco_sync, global_of, "outer_state"),
+    (0, False): (diloco_init, lambda o, c, H: diloco_sync(o, c), global_of,
+                 "outer_state"),
     (1, False): (_delayed.delayed_init, _delayed.delayed_sync, global_of,
                  "outer_state"),
-    (1, True): (_delayed.eager_init, _delayed.eager_sync,
+    (1, True): (_delayed.eager_init, lambda o, c, H: _delayed.eager_sync(o, c),
                 _delayed.eager_global, "outer_state_W"),
 }
 
@@ -148,7 +125,7 @@ def build(name: str, inner, outer, H: int, comp: Compression,
   return _base.make(
       name, H, init(inner, outer, comp), lambda s, g: (
           _base.inner_update(inner, s, g), {}),
-      sync(outer, comp), global_params, diloco_channels(comp),
+      sync(outer, comp, H), global_params, diloco_channels(comp),
       {"name": name, "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
        **({"outer_delay": outer_delay} if outer_delay else {}),

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from lowbw import _validate, simulation, telemetry
-from lowbw.config import Config, build_config, run_config
+from lowbw.config import Config, build_config, run_config, yaml_or_none
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
 from lowbw.studies._result import PointResult, Study
@@ -171,7 +171,7 @@ def _run_batch(sim, batch: list, rep: _grid.Point, out: str | None,
   dirs = [_files.point_dir(out, p.index) for p in batch]
   for folder in filter(None, dirs):
     simulation.prepare_log_dir(folder, overwrite=True)
-  texts = [_yaml(p.config.replace(out=d)) for p, d in zip(batch, dirs)]
+  texts = [yaml_or_none(p.config.replace(out=d)) for p, d in zip(batch, dirs)]
   pad = [None] * (size - len(batch))
   swept = simulation.run_batch(
       sim, [(_diff(p, rep), p.seed) for p in padded], dirs + pad,
@@ -188,13 +188,6 @@ def _run_batch(sim, batch: list, rep: _grid.Point, out: str | None,
     if out:
       _files.write_point(results[-1])
   return results
-
-
-def _yaml(config: Config) -> str | None:
-  try:
-    return config.to_yaml()
-  except _validate.ConfigError:  # a Python object: config.json only
-    return None
 
 
 def _batch_error(summary: dict, config: Config) -> str | None:

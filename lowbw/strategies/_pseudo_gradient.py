@@ -1,0 +1,34 @@
+"""The DiLoCo family's pseudo-gradient: each worker's round start minus its
+parameters, through the message chain, averaged over the participants.
+Shared by DiLoCo's outer step and its delayed variant (``_delayed``)."""
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw._types import PyTree
+from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
+                              num_workers, transmit, worker_mean)
+
+
+def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
+                         params_W: PyTree, message_W: PyTree, key,
+                         active_W=None, senders_W=None) -> tuple:
+  """The participants' mean of what the receivers decode of each worker's
+  global - theta_w (through the message chain), and the message states."""
+  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
+    return _mean_delta(global_params, params_W, active_W), message_W
+  delta_W = optax.tree.sub(
+      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
+  sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
+                               senders_W)
+  return aggregate(comp, sent_W, key, active_W), message_W
+
+
+def _mean_delta(global_params, params_W, active_W) -> PyTree:
+  """The participants' mean of global - theta_w, as global - their mean of
+  theta_w (zeros when none takes part): one pass over the workers'
+  parameters, without materializing every worker's delta."""
+  some = worker_mean(jnp.ones(num_workers(params_W)), active_W)
+  return jax.tree.map(lambda g, m: (g * some.astype(g.dtype) - m),
+                      global_params, worker_mean(params_W, active_W))
