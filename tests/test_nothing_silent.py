@@ -1,5 +1,5 @@
 """Runs that cannot mean much say so, and log folders are checked before
-anything compiles (issue 16: degenerate runs, output folders, seeds)."""
+anything compiles (degenerate runs, output folders, seeds)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""The analytical planner of seed 001 (``lowbw.network.plan``, ``lowbw plan``).
+"""The analytical planner of the Decentralized Training Simulator documentation (``lowbw.network.plan``, ``lowbw plan``).
 
 Expected values are written out from the seed's formulas with plain math in
 each test, never copied from the planner's output.

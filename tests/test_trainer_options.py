@@ -1,4 +1,4 @@
-"""What a researcher coming from EXO Gym reaches for (issue 17): gradient
+"""What a researcher coming from EXO Gym reaches for: gradient
 clipping per worker, a cosine schedule's floor, DeMo's weight decay, SPARTA's
 interval; each against a plain reference."""
 
