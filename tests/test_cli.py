@@ -163,7 +163,7 @@ def test_no_arguments_means_the_documented_default_run():
      "invalid: the run needs about"),
     (["--worker-batch", "three"], "lowbw: error: --worker-batch='three' is "
      "invalid"),
-    # the trainer options (worker_dtype, worker_batch, minibatch_size, ...)
+    # the trainer options (gradient clipping, schedules and their floor, ...)
     (["--min-lr-ratio", "0.1"], "lowbw: error: --min-lr-ratio=0.1 is invalid: "
      "not used by schedule 'constant'"),
     (["--max-norm", "-1"], "lowbw: error: --max-norm=-1.0 is invalid: "

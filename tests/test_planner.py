@@ -1,6 +1,7 @@
-"""The analytical planner of the Decentralized Training Simulator documentation (``lowbw.network.plan``, ``lowbw plan``).
+"""The analytical planner of the Decentralized Training Simulator
+documentation (``lowbw.network.plan``, ``lowbw plan``).
 
-Expected values are written out from the seed's formulas with plain math in
+Expected values are written out from the document's formulas with plain math in
 each test, never copied from the planner's output.
 """
 
