@@ -249,7 +249,8 @@ def test_down_workers_are_left_out_and_rejoin_with_the_global_params():
 def test_random_dropouts_match_the_reference_with_the_same_masks():
   net = base_network(faults=net_lib.Faults(drop_prob=0.4))
   r = run(diloco_strategy(2), steps=12, network=net)
-  params = _clock.net_params(_clock.check_network(net, W), W, 0.0, {}, 0)
+  params = _clock.net_params(_clock.check_network(net, W), W,
+                             _clock.price(net, {}, W, 1, 0.0), 0)
   up = lambda step: [bool(v) for v in _clock.up_mask(params, step)]  # noqa: E731
   masks = np.array([up(s) for s in range(0, 12, 2)])
   assert 0 < masks.mean() < 1  # some workers did drop out
@@ -333,8 +334,8 @@ def test_changing_probabilities_and_links_does_not_recompile():
     net = net_lib.network(kw.pop("bw", "1Gbps"), "50ms", hardware="0.01s",
                           stragglers=net_lib.Stragglers(**kw), faults=faults)
     net = _clock.check_network(net, W)
-    return _clock.net_params(net, W, 0.0,
-                             _clock.channel_costs(net, channels, W), 0)
+    return _clock.net_params(net, W, _clock.price(net, channels, W, 1, 0.0),
+                             0)
 
   sim, _ = chunk(sim, sampler, 2, params_of())
   compiles = []

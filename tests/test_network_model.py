@@ -57,8 +57,8 @@ def params(num_workers, *, hw=None, stragglers=None, faults=None, seed=0,
                               faults=faults, **kw), num_workers)
   if channels is None:
     channels = {"sync": ring_allreduce(1_000_000, num_workers)}
-  return net_params(net, num_workers, flops_per_step,
-                    _clock.channel_costs(net, channels, num_workers), seed)
+  return net_params(net, num_workers, _clock.price(
+      net, channels, num_workers, 1, flops_per_step), seed)
 
 
 # ------------------------------------------------------------------- units
@@ -727,7 +727,7 @@ def test_threshold_count_is_exact_for_exact_products():
   """ceil(0.6 x 25) = 15, not 16 from float32 rounding."""
   net = _clock.check_network(network(stragglers=Stragglers(
       mitigation="threshold", fraction=0.6)), 25)
-  p = _clock.net_params(net, 25, 0.0, {}, 0)
+  p = _clock.net_params(net, 25, _clock.price(net, {}, 25, 1, 0.0), 0)
   active, start = _clock.participants(p, jnp.arange(25.0), jnp.ones(25, bool),
                                       jnp.int32(0), 0)
   assert int(active.sum()) == 15 and float(start) == 14.0
@@ -746,7 +746,7 @@ def test_ties_are_broken_at_random_not_by_index():
   not always drop the same (highest-index) workers."""
   net = _clock.check_network(network(stragglers=Stragglers(
       mitigation="threshold", fraction=0.5)), 4)
-  p = _clock.net_params(net, 4, 0.0, {}, 0)
+  p = _clock.net_params(net, 4, _clock.price(net, {}, 4, 1, 0.0), 0)
   kept = jax.vmap(lambda s: _clock.participants(
       p, jnp.ones(4), jnp.ones(4, bool), s, 1)[0])(jnp.arange(200))
   assert set(np.asarray(kept.sum(axis=1)).tolist()) == {2}

@@ -335,9 +335,12 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   # No recompilation on a second call with new values.
   scan(final, batches)
   assert scan._cache_size() == 1
-  # Events: per-step channels fire every step, sync channels every H steps.
+  # Events: per-step channels fire every step, sync channels every H steps
+  # (an asynchronous strategy's H: driven step by step, every worker
+  # arrives after each H steps).
+  period = strategy.asynchronous or strategy.period
   for channel, counts in reports.items():
-    expected = (STEPS // strategy.period if channel in
+    expected = (STEPS // period if channel in
                 ("parameters", "pseudo_gradients", "regional", "shared",
                  "experts") else STEPS)
     if channel == "global":

@@ -172,7 +172,9 @@ RUN_FIELDS = (
     Field("mfu", _net("mfu"), SHAPE, _N, "model-FLOP utilisation", float),
     Field("speeds", _net("speeds"), SHAPE, _N, "per-worker speed "
           "multipliers, comma-separated (one per worker; 0.5 = half as "
-          "fast)"),
+          "fast), or a CSV file of them over simulated time (a trace)"),
+    Field("bandwidth_trace", None, SHAPE, _N, "a CSV file of each worker's "
+          "bandwidth over simulated time (a trace; it replaces bandwidth)"),
     Field("clock_params", _net("clock_params"), SHAPE, _N,
           "time compute and messages as if the model had this many "
           "parameters, e.g. 1B or 350M (FLOPs and bytes scaled from the "

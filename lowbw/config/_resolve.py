@@ -228,7 +228,8 @@ def build_network(s: dict) -> network_lib.Network:
       regional_bandwidth=s["regional_bandwidth"],
       regional_latency=s["regional_latency"], hardware=s["hardware"],
       mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
-      overlap=overlap, clock_params=s["clock_params"])
+      overlap=overlap, clock_params=s["clock_params"],
+      bandwidth_trace=s["bandwidth_trace"])
 
 
 def default_eval_every(period: int) -> int:

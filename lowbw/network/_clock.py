@@ -33,12 +33,14 @@ import numpy as np
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey
 from lowbw.network._collectives import Channel
-from lowbw.network import _units
+from lowbw.network import _trace, _units
+from lowbw.network._trace import Trace
 from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
 from lowbw.network._topology import (Flat, Hierarchical, count_links, flat,
+                                     relinked,
                                      hierarchical)
 
 TOPOLOGIES = ("ring", "parameter_server", "hierarchical")
@@ -69,6 +71,8 @@ class Network(NamedTuple):
   faults: Faults | None = None
   overlap: bool = False
   clock_params: float | None = None
+  speed_trace: Trace | None = None
+  bandwidth_trace: Trace | None = None
 
   def describe(self) -> dict:
     return {**self.topology.describe(),
@@ -79,7 +83,10 @@ class Network(NamedTuple):
             "faults": None if self.faults is None else {
                 k: [list(x) for x in v] if isinstance(v, tuple) else v
                 for k, v in self.faults._asdict().items()},
-            "overlap": self.overlap, "clock_params": self.clock_params}
+            "overlap": self.overlap, "clock_params": self.clock_params,
+            **{name: t.describe() for name, t in (
+                ("speed_trace", self.speed_trace),
+                ("bandwidth_trace", self.bandwidth_trace)) if t is not None}}
 
 
 def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
@@ -87,7 +94,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
             regional_latency="5ms", hardware="h100", mfu: float = 0.4,
             speeds=None, stragglers: Stragglers | None = None,
             faults: Faults | None = None, overlap: bool = False,
-            clock_params=None) -> Network:
+            clock_params=None, bandwidth_trace=None) -> Network:
   """A ``Network`` from plain values.
 
   Args:
@@ -110,10 +117,23 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
     clock_params: time the run as if the model had this many parameters
       ("1B", "350M" or a number; see ``Network``).
 
+  ``speeds`` may also be a trace, a .csv path (or a ``lowbw.network.Trace``)
+  of per-worker values over simulated time (``_trace``), and
+  ``bandwidth_trace`` one of each worker's bandwidth (it replaces
+  ``bandwidth``; the latencies stay); a round (an asynchronous strategy's
+  tick) uses the values in force when it starts.
+
   Example:
     >>> net = lowbw.network.network("100Mbps", "100ms", hardware="a100")
   """
   topology = _validate.one_of("topology", topology, TOPOLOGIES)
+  speed_trace = None
+  if _trace.is_trace(speeds):
+    speed_trace, speeds = _trace.trace(speeds, "speeds", _trace.speed), None
+  if bandwidth_trace is not None:
+    bandwidth_trace = _trace.trace(bandwidth_trace, "bandwidth_trace",
+                                   _trace.bandwidth)
+    bandwidth = list(bandwidth_trace.values[0])
   if topology == "hierarchical":
     if group_size is None:
       raise _validate.fail("group_size", group_size,
@@ -128,7 +148,8 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
   hw = None if hardware is None else make_hardware(hardware, mfu, speeds)
   if clock_params is not None:
     clock_params = _units.count(clock_params, "clock_params")
-  return Network(topo, hw, stragglers, faults, overlap, clock_params)
+  return Network(topo, hw, stragglers, faults, overlap, clock_params,
+                 speed_trace, bandwidth_trace)
 
 
 def check_network(net: Network, num_workers: int) -> Network:
@@ -139,6 +160,7 @@ def check_network(net: Network, num_workers: int) -> Network:
   if not isinstance(net.topology, (Flat, Hierarchical)):
     raise _validate.fail("topology", net.topology,
                          "expected lowbw.network.flat(...) or hierarchical(...)")
+  _check_traces(net, num_workers)
   topo = net.topology
   if isinstance(topo, Hierarchical) and num_workers % topo.group_size:
     raise _validate.fail("group_size", topo.group_size,
@@ -166,6 +188,24 @@ def check_network(net: Network, num_workers: int) -> Network:
       else check_stragglers(net.stragglers, num_workers),
       faults=None if net.faults is None
       else check_faults(net.faults, num_workers))
+
+
+def _check_traces(net: Network, num_workers: int) -> None:
+  for field, t in (("speeds", net.speed_trace),
+                   ("bandwidth_trace", net.bandwidth_trace)):
+    if t is None:
+      continue
+    _trace.trace(t, field, None)
+    if t.columns != num_workers:
+      raise _validate.fail(field, t.source or "trace", f"the trace has "
+                           f"{t.columns} values per row; expected "
+                           f"{num_workers}, one per worker")
+  if net.speed_trace is not None and net.hardware is None:
+    raise _validate.fail("speeds", net.speed_trace.source or "trace",
+                         "a speed trace needs hardware (a time per step)")
+  if net.speed_trace is not None and net.hardware.speeds is not None:
+    raise _validate.fail("speeds", net.hardware.speeds, "give the speeds "
+                         "as numbers or as a trace, not both")
 
 
 def _check_links(prefix: str, links, expected: int, each: str) -> None:
@@ -200,6 +240,20 @@ class NetParams(NamedTuple):
   window_start: Array    # int32 (n,)
   window_end: Array      # int32 (n,)
   comm_s: dict           # channel name -> float32 seconds per event
+  exchange_s_W: Array    # float32 (W,): a worker's own exchange with a
+                         # server (asynchronous strategies), 0 otherwise
+  segments: "Segments | None" = None  # under a trace: every segment's
+
+
+class Segments(NamedTuple):
+  """A trace's stretches of simulated time, as arrays (T segments): the
+  values of ``NetParams``' step_s_W, comm_s and exchange_s_W in each;
+  ``at_time`` picks the one in force."""
+
+  start_s: Array         # float32 (T,): when each takes effect, the first 0
+  step_s_W: Array        # float32 (T, W)
+  comm_s: dict           # channel name -> float32 (T,)
+  exchange_s_W: Array    # float32 (T, W)
 
 
 def channel_costs(net: Network, channels: dict[str, Channel],
@@ -220,12 +274,16 @@ class Pricing(NamedTuple):
     flops_per_step: one worker's FLOPs per inner step as the clock prices
       them (scaled likewise).
     step_s: seconds of one inner step at speed 1 (None without hardware).
+    segments: under a trace, one ``(start_s, speeds, clock_costs)`` per
+      stretch of simulated time with the same speeds and links (speeds
+      None: the hardware's); without one, a single segment from 0.
   """
 
   costs: dict
   clock_costs: dict
   flops_per_step: float
   step_s: float | None
+  segments: tuple = ()
 
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
@@ -237,25 +295,43 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
   num_params``, the logged bytes do not."""
   costs = channel_costs(net, channels, num_workers)
   scale = 1.0 if net.clock_params is None else net.clock_params / num_params
-  clock = costs
-  if scale != 1.0:
-    clock = channel_costs(net, {name: ch._replace(
-        payload_bytes=ch.payload_bytes * scale,
-        down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
-        for name, ch in channels.items()}, num_workers)
+  scaled = channels if scale == 1.0 else {name: ch._replace(
+      payload_bytes=ch.payload_bytes * scale,
+      down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
+      for name, ch in channels.items()}
+  clock = costs if scale == 1.0 else channel_costs(net, scaled, num_workers)
   flops = flops_per_step * scale
   hw = net.hardware
+  segments = []
+  for start in _trace.change_times(net.speed_trace, net.bandwidth_trace):
+    speeds = None if net.speed_trace is None else net.speed_trace.at(start)
+    at = net if net.bandwidth_trace is None else _relink(
+        net, net.bandwidth_trace.at(start))
+    segments.append((start, speeds, clock if at is net else
+                     channel_costs(at, scaled, num_workers)))
   return Pricing(costs, clock, flops,
-                 None if hw is None else hw.step_seconds(flops))
+                 None if hw is None else hw.step_seconds(flops),
+                 tuple(segments))
 
 
-def net_params(net: Network, num_workers: int, flops_per_step: float,
-               costs: dict, seed: int) -> NetParams:
-  """The arrays of ``net`` for a run; ``flops_per_step``: one worker's FLOPs
-  per inner step (6 x parameters x tokens); ``costs``: ``channel_costs``
-  under ``net`` (priced once by the caller)."""
+def _relink(net: Network, bandwidths) -> Network:
+  """``net`` with each worker's (WAN) bandwidth replaced."""
+  topo = net.topology
+  if isinstance(topo, Flat):
+    return net._replace(topology=topo._replace(
+        link=relinked(topo.link, bandwidth=list(bandwidths))))
+  return net._replace(topology=topo._replace(
+      wan=relinked(topo.wan, bandwidth=list(bandwidths))))
+
+
+def net_params(net: Network, num_workers: int, pricing: Pricing,
+               seed: int) -> NetParams:
+  """The arrays of ``net`` for a run priced by ``pricing`` (``price``:
+  the clock's seconds per message and per step, and a trace's
+  segments)."""
   hw = net.hardware
-  base = 0.0 if hw is None else hw.step_seconds(flops_per_step)
+  base = 0.0 if pricing.step_s is None else pricing.step_s
+  costs = pricing.clock_costs
   speeds = np.ones(num_workers) if hw is None or hw.speeds is None else (
       np.asarray(hw.speeds, np.float64))
   s = net.stragglers or Stragglers()
@@ -279,7 +355,57 @@ def net_params(net: Network, num_workers: int, flops_per_step: float,
       window_start=jnp.asarray(windows[:, 1], i32),
       window_end=jnp.asarray(windows[:, 2], i32),
       comm_s={name: f32(c.seconds) for name, c in costs.items()},
+      exchange_s_W=jnp.asarray(_exchange_seconds(costs, num_workers), f32),
+      segments=None if len(pricing.segments) < 2 else _segments(
+          pricing.segments, base, speeds, num_workers),
   )
+
+
+def _segments(segments, base: float, speeds, num_workers: int) -> Segments:
+  f32 = jnp.float32
+  return Segments(
+      start_s=jnp.asarray([start for start, _, _ in segments], f32),
+      step_s_W=jnp.asarray([base / (speeds if each is None else
+                                    np.asarray(each, np.float64))
+                            for _, each, _ in segments], f32),
+      comm_s={name: jnp.asarray([costs[name].seconds
+                                 for _, _, costs in segments], f32)
+              for name in segments[0][2]},
+      exchange_s_W=jnp.asarray([_exchange_seconds(costs, num_workers)
+                                for _, _, costs in segments], f32))
+
+
+def at_time(p: NetParams | None, time_s) -> NetParams | None:
+  """``p`` with the values of the trace segment in force at ``time_s``
+  (itself without a trace)."""
+  if p is None or p.segments is None:
+    return p
+  seg = p.segments
+  i = jnp.clip(jnp.searchsorted(seg.start_s, time_s, side="right") - 1, 0,
+               seg.start_s.shape[0] - 1)
+  return p._replace(step_s_W=seg.step_s_W[i],
+                    comm_s={k: v[i] for k, v in seg.comm_s.items()},
+                    exchange_s_W=seg.exchange_s_W[i])
+
+
+def round_end(ready, comm_end, sync_s, overlap: bool) -> tuple:
+  """(when the workers start the next round, when this round's sync ends),
+  for a round whose compute ends at ``ready``: at once after the sync, or,
+  with ``overlap``, when the previous sync has ended (the host clock and
+  the engine's trace lookup share it; numpy or jax values)."""
+  if not overlap:
+    end = ready + sync_s
+    return end, end
+  start = jnp.maximum(ready, comm_end) if isinstance(
+      ready, jax.Array) else max(ready, comm_end)
+  return start, start + sync_s
+
+
+def _exchange_seconds(costs: dict, num_workers: int) -> np.ndarray:
+  """(W,) seconds of each worker's exchange with a server: the channel
+  with per-worker seconds (an asynchronous strategy has one), else 0."""
+  each = [c.seconds_W for c in costs.values() if c.seconds_W is not None]
+  return np.asarray(each[0] if each else np.zeros(num_workers), np.float64)
 
 
 # ---------------------------------------------------------------- in the round
@@ -412,12 +538,8 @@ class Clock:
         rel[self.overlap - 1:] += wait
         ready += wait
       out[r] = start + rel
-      if self.overlap:
-        comm_start = max(ready, self.comm_end)
-        self.comm_end = comm_start + float(sync_s[r])
-        self.now = comm_start
-      else:
-        self.now = self.comm_end = ready + float(sync_s[r])
+      self.now, self.comm_end = round_end(ready, self.comm_end,
+                                          float(sync_s[r]), bool(self.overlap))
       out[r, -1] = self.now
     return out.reshape(-1)
 

@@ -81,6 +81,17 @@ def all_gather(payload_bytes: int, group_size: int) -> Channel:
                  "all_gather", group_size)
 
 
+def exchange(payload_bytes: int, down_bytes: int, num_workers: int
+             ) -> Channel:
+  """One worker's exchange with a parameter server, on its own time: it
+  uploads ``payload_bytes`` and downloads ``down_bytes`` (the current global
+  model), whatever the other workers do (asynchronous DiLoCo). Its seconds
+  are each worker's own (``Cost.seconds_W``)."""
+  return Channel(int(payload_bytes), float(payload_bytes), "exchange",
+                 num_workers, down_bytes=int(down_bytes),
+                 received_bytes=float(down_bytes))
+
+
 COLLECTIVES = {"ring_allreduce": ring_allreduce, "all_gather": all_gather}
 
 

@@ -28,6 +28,7 @@ from lowbw.network._collectives import (Channel, all_gather_wire,
 
 ALGORITHMS = ("ring", "parameter_server")
 _GATHER = "all_gather"
+_EXCHANGE = "exchange"
 
 
 class Link(NamedTuple):
@@ -99,12 +100,14 @@ def _describe(links: Links, prefix: str = "") -> dict:
 class Cost(NamedTuple):
   """One event of a channel: seconds on the clock and bytes each worker sends
   (mean over workers), under ``algorithm``; ``received_bytes``: what each
-  receives, None when it equals what it sends."""
+  receives, None when it equals what it sends; ``seconds_W``: an exchange's
+  seconds for each worker on its own link (``seconds`` is the slowest)."""
 
   seconds: float
   wire_bytes: float
   algorithm: str
   received_bytes: float | None = None
+  seconds_W: tuple[float, ...] | None = None
 
 
 class Flat(NamedTuple):
@@ -122,7 +125,8 @@ class Flat(NamedTuple):
   algorithm: str = "ring"
 
   def cost(self, channel: Channel, num_workers: int) -> Cost:
-    del num_workers
+    if channel.collective == _EXCHANGE:
+      return exchange(self.link, channel, num_workers)
     if self.algorithm == "ring":
       return ring(self.link, channel)
     return parameter_server(self.link, channel)
@@ -154,6 +158,8 @@ class Hierarchical(NamedTuple):
 
   def cost(self, channel: Channel, num_workers: int) -> Cost:
     n = channel.group_size
+    if channel.collective == _EXCHANGE:  # each worker over its WAN link
+      return exchange(self.wan, channel, num_workers)
     if channel.tier == "regional" and self.group_size % n == 0:
       inside = ring(self.regional, channel)
       return inside._replace(algorithm="regional_" + inside.algorithm)
@@ -203,6 +209,17 @@ def parameter_server(link_: Links, channel: Channel) -> Cost:
   seconds = max(one.hop(payload) + one.hop(down) for one in (
       (link_,) if isinstance(link_, Link) else link_))
   return Cost(seconds, float(payload), "parameter_server", float(down))
+
+
+def exchange(link_: Links, channel: Channel, num_workers: int) -> Cost:
+  """Each worker uploads its payload and downloads ``down_bytes`` over its
+  own link, on its own schedule (an asynchronous server): every worker's
+  seconds, whatever the topology (a ring has no place in it)."""
+  links = ((link_,) * num_workers if isinstance(link_, Link) else link_)
+  seconds_W = tuple(one.hop(channel.payload_bytes) + one.hop(channel.down_bytes)
+                    for one in links)
+  return Cost(max(seconds_W), float(channel.payload_bytes), "exchange",
+              float(channel.down_bytes), seconds_W)
 
 
 def two_tier(regional: Links, wan: Links, s: int, channel: Channel) -> Cost:

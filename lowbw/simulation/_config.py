@@ -223,6 +223,8 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
         f"model never changes; give steps >= {period} or a smaller H")
   if network is not None and network.faults is not None:
     net_lib.check_windows(network.faults, period)
+  if strategy.asynchronous:
+    _check_asynchronous(strategy, network)
   if not isinstance(eval_local, bool):
     raise _validate.fail("eval_local", eval_local, "expected True or False")
   default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))
@@ -243,6 +245,29 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
       correlation_every=multiple_of_period("correlation_every",
                                            correlation_every, period),
       eval_local=eval_local)
+
+
+def _check_asynchronous(strategy, network) -> None:
+  """An asynchronous strategy orders its events by the workers' compute
+  times; faults and straggler mitigations (which drop workers from a
+  barrier it does not have) are not part of its schedule."""
+  if network is None:
+    return
+  if network.hardware is None:
+    raise _validate.fail(
+        "hardware", None, f"strategy {strategy.name!r} orders its arrivals "
+        "by the workers' compute times: give the network a hardware "
+        "(e.g. 'h100' or a time per step, '0.5s'), or run without a network")
+  if network.faults is not None:
+    raise _validate.fail(
+        "faults", "given", f"strategy {strategy.name!r} has no barrier to "
+        "drop workers from; faults are not modelled for it (speeds and "
+        "jitter are)")
+  if network.stragglers is not None and network.stragglers.mitigation != "none":
+    raise _validate.fail(
+        "mitigation", network.stragglers.mitigation,
+        f"strategy {strategy.name!r} waits for nobody, so there is nothing "
+        "to mitigate: give mitigation 'none' (jitter still slows workers)")
 
 
 def check_worker_batch(worker_batch, per_device: int) -> int | str | None:

@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
 from lowbw.simulation._backward import Backward
@@ -51,12 +52,20 @@ class SimState(NamedTuple):
     active: engine-owned, under a fault or straggler model only: bool (W,),
       the workers the last communication counted (the global parameters of
       a strategy without a server model are their mean); None otherwise.
+    fleet: engine-owned, for an asynchronous strategy only: each worker's
+      place in the schedule (``_pace.Fleet``); None otherwise.
+    time_s: engine-owned, under a network with a trace only: float32 (2,),
+      the simulated time the next round starts and its last sync ends
+      (``network.round_end``), to look up the trace's values in force; the
+      reported clock is the host's, in float64.
   """
 
   strategy: StrategyState
   data_key: PRNGKey
   loss_key: PRNGKey
   active: Array | None = None
+  fleet: Any = None
+  time_s: Array | None = None
 
 
 class StepOut(NamedTuple):
@@ -115,7 +124,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           one_replica: bool = False,
           backward: Backward = Backward(),
           correlation_every: int | None = None,
-          eval_local: bool = False) -> Programs:
+          eval_local: bool = False, overlap: bool = False) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -138,6 +147,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   multiple of it, the workers' mean pairwise parameter correlation
   (pre-sync). ``eval_local``: evaluation also runs every worker's own
   parameters (``local_*`` results: mean and spread over workers).
+  ``overlap``: the clock overlaps syncs with the next round (for the trace
+  lookup's time).
   """
   precision = Precision(worker_dtype)
   compute = local_compute(model, strategy, precision, one_replica, backward)
@@ -178,7 +189,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
 
     bare = sim.strategy._replace(params_W=(), inner_W=())
     (_, carry), clocks = jax.lax.scan(
-        tick, (bare, timing.begin(sim.strategy.step)), length=length)
+        tick, (bare, timing.begin(sim.strategy.step, sim.fleet)),
+        length=length)
 
     def sample(step, first):
       rows = jax.tree.map(
@@ -199,7 +211,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def local_steps(sim: SimState, sampler, timing, length: int):
     if grouped is not None:
       return steps_by_group(sim, sampler, timing, length)
-    carry = timing.begin(sim.strategy.step)
+    carry = timing.begin(sim.strategy.step, sim.fleet)
 
     def body(c, _):
       sim, carry = c
@@ -210,7 +222,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return sim, steps, carry
 
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
-    timing = _timing.timing(net, masks, num_workers, channels)
+    net = now(sim, net)
+    timing = _timing.timing(net, masks, num_workers, channels, strategy)
     sim, steps, carry = local_steps(sim, sampler, timing, strategy.period)
     st = precision.widen(sim.strategy)
     divergence = worker_divergence(st.params_W)
@@ -220,14 +233,29 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           st.step % correlation_every == 0, worker_correlation,
           lambda p: jnp.float32(jnp.nan), st.params_W)
     lr = _inner_lr(st.inner_W)
-    st, report, clock, active = timing.sync(st, strategy.sync, carry,
-                                            steps.clock, sim.active)
+    st, report, clock, active, carry = timing.sync(
+        st, strategy.sync, carry, steps.clock, sim.active)
     st, active = timing.rejoin(st, carry, active, strategy.global_params)
     # The sync overwrites the buffer the divergence read (``_ordering``).
     st = st._replace(params_W=after(st.params_W, (divergence, correlation)))
     counts, own = _timing.split_report(report, channels)
-    return sim._replace(strategy=precision.narrow(st), active=active), (
-        RoundOut(steps, counts, divergence, lr, clock, own, correlation))
+    sim = sim._replace(strategy=precision.narrow(st), active=active,
+                       fleet=None if carry is None else carry.fleet,
+                       time_s=later(sim.time_s, clock))
+    return sim, RoundOut(steps, counts, divergence, lr, clock, own,
+                         correlation)
+
+  def now(sim: SimState, net):
+    """``net`` with the trace's values in force when the round starts."""
+    return net if sim.time_s is None else net_lib.at_time(net, sim.time_s[0])
+
+  def later(time_s, clock):
+    """The trace lookup's time after a round (``network.round_end``)."""
+    if time_s is None:
+      return None
+    start, end = net_lib.round_end(time_s[0] + clock.compute_s, time_s[1],
+                                   clock.sync_s, overlap)
+    return jnp.stack([start, end])
 
   def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
     out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
@@ -243,7 +271,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return jax.lax.fori_loop(0, n_rounds, body, (sim, buf))
 
   def tail(sim: SimState, sampler, net=None):
-    timing = _timing.timing(net, masks, num_workers, channels)
+    net = now(sim, net)
+    timing = _timing.timing(net, masks, num_workers, channels, strategy)
     sim, steps, carry = local_steps(sim, sampler, timing, tail_steps)
     st, active = timing.rejoin(precision.widen(sim.strategy), carry,
                                sim.active, strategy.global_params)

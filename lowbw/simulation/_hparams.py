@@ -236,6 +236,10 @@ def set_network(net, values: dict):
   wan = topo.link if isinstance(topo, net_lib.Flat) else topo.wan
   for name, value in values.items():
     if name in ("bandwidth", "latency"):  # one for all, or one per worker
+      if name == "bandwidth" and net.bandwidth_trace is not None:
+        raise _validate.fail(name, value, "the network's bandwidth is a "
+                             "trace (bandwidth_trace); it cannot also be "
+                             "swept")
       wan = net_lib.relinked(wan, **{name: value})
     elif name == "jitter":
       stragglers = net.stragglers or net_lib.Stragglers()

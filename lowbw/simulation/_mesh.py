@@ -135,6 +135,14 @@ def active_specs(masks: bool):
   return _WORKERS if masks else None
 
 
+def fleet_specs(asynchronous):
+  """An asynchronous schedule's state is per worker (when there is one)."""
+  if not asynchronous:
+    return None
+  from lowbw.simulation._pace import Fleet
+  return Fleet(_WORKERS, _WORKERS, _WORKERS, _WORKERS)
+
+
 def sampler_specs(sampler):
   """A ``WorkerSampler``'s shards are per worker; the dataset is replicated."""
   if not isinstance(sampler, WorkerSampler):

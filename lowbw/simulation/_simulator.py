@@ -23,13 +23,13 @@ from lowbw import _validate, telemetry
 from lowbw.models import check_contract
 from lowbw import network as net_lib
 from lowbw.network import tiers_of
-from lowbw.simulation import (_compile_cache, _config, _engine, _hparams,
+from lowbw.simulation import (_compile_cache, _config, _engine, _hparams, _pace,
                               _logdir, _memory, _mesh, _options, _precision,
                               _resume)
 from lowbw.simulation._loop import Executables, drive
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
-from lowbw.simulation._track import RunWarning, Track
+from lowbw.simulation._track import RunWarning, Track, clock_overlap
 from lowbw.telemetry import names
 
 
@@ -92,7 +92,8 @@ class Simulator:
         c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
         tuple(self.strategy_channels), c.masks, self.mesh, self.specs,
         _narrow(c), c.grouping, c.one_replica, c.backward,
-        c.correlation_every, c.eval_local)
+        c.correlation_every, c.eval_local,
+        bool(clock_overlap(c.strategy, c.network)))
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
     # per build on the digits MLP (measured), more than it saves. Making
@@ -118,7 +119,12 @@ class Simulator:
     if _narrow(c) is not None:
       st = _precision.cast_workers(st, _narrow(c))
     active = jnp.ones(c.num_workers, bool) if c.masks else None
-    return _engine.SimState(st, data_key, loss_key, active)
+    fleet = _pace.start(c.num_workers) if c.strategy.asynchronous else None
+    traced = c.network is not None and (
+        c.network.speed_trace is not None or
+        c.network.bandwidth_trace is not None)
+    time_s = jnp.zeros(2, jnp.float32) if traced else None
+    return _engine.SimState(st, data_key, loss_key, active, fleet, time_s)
 
   def _reports(self) -> dict:
     """The shapes of what ``local`` and ``sync`` report (gradients have the
@@ -178,6 +184,10 @@ class Simulator:
     round on its own, ``_grouping.steps_in_groups``), or None."""
     if any(k in self.strategy_channels for k in local_report):
       return "communicates at every inner step"
+    if self.config.strategy.asynchronous:
+      return "runs each worker's steps on its own schedule"
+    if self.config.strategy.time_budget:
+      return "takes as many inner steps on each worker as its speed allows"
     if local_report:
       return ("reports metrics from its inner step, which groups would not "
               "log")
@@ -192,7 +202,9 @@ class Simulator:
                              strategy_key),
         _mesh.replicated(self.abstract_state.data_key),
         _mesh.replicated(self.abstract_state.loss_key),
-        _mesh.active_specs(c.masks))
+        _mesh.active_specs(c.masks),
+        _mesh.fleet_specs(c.strategy.asynchronous),
+        _mesh.replicated(self.abstract_state.time_s))
     sampler = c.data.build(c.num_workers, c.batch_size, 0)
     self.specs = (sim_specs, _mesh.sampler_specs(sampler))
     self.eval_batches = _mesh.place(
@@ -293,9 +305,8 @@ class Simulator:
   def net_params(self, network, seed: int):
     if network is None:
       return None
-    p = self.pricing(network)
     return net_lib.net_params(network, self.config.num_workers,
-                              p.flops_per_step, p.clock_costs, seed)
+                              self.pricing(network), seed)
 
   def initial(self, seed: int = 0, hparams: dict | None = None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with

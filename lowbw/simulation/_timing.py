@@ -45,6 +45,7 @@ class Carry(NamedTuple):
 
   up_W: Array              # bool (W,): up this round
   ready_W: Array           # float32 (W,): when each worker is done, from round start
+  fleet: Any = None        # an asynchronous schedule's ``_pace.Fleet``
 
 
 def split_report(report: dict, channels) -> tuple[dict, dict]:
@@ -57,8 +58,8 @@ def split_report(report: dict, channels) -> tuple[dict, dict]:
 class Untimed:
   """No network: nothing is timed or masked."""
 
-  def begin(self, step):
-    del step
+  def begin(self, step, fleet=None):
+    del step, fleet
     return None
 
   def local(self, st, step_fn, carry, active):
@@ -66,11 +67,12 @@ class Untimed:
     return st, report, carry, None, active
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
-    del carry, steps_clock
+    """(state, report, RoundClock or None, active, carry) after the sync."""
+    del steps_clock
     if sync_fn is None:
-      return st, {}, None, active
+      return st, {}, None, active, carry
     st, report = sync_fn(st)
-    return st, report, None, active
+    return st, report, None, active, carry
 
   def rejoin(self, st, carry, active, global_params):
     del carry, global_params
@@ -80,10 +82,12 @@ class Untimed:
 class Clocked(Untimed):
   """The clock without masks: every worker is up and takes part."""
 
-  def __init__(self, net, num_workers: int, channels):
+  def __init__(self, net, num_workers: int, channels, budget: int = 0):
     self.net, self.num_workers, self.channels = net, num_workers, channels
+    self.budget = budget  # DyLU's H (the strategy's period), 0: none
 
-  def begin(self, step):
+  def begin(self, step, fleet=None):
+    del fleet
     return Carry(self.up(step), jnp.zeros(self.num_workers, jnp.float32))
 
   def up(self, step):
@@ -102,8 +106,10 @@ class Clocked(Untimed):
 
   def local(self, st, step_fn, carry, active):
     net = self.net
-    up_W, ready_W = carry
-    ready_W = ready_W + jnp.where(up_W, net_lib.step_seconds(net, st.step), 0)
+    up_W, ready_W = carry.up_W, carry.ready_W
+    computes_W = up_W & self.budgeted(st.step)
+    ready_W = ready_W + jnp.where(computes_W,
+                                  net_lib.step_seconds(net, st.step), 0)
     if self.communicates(jax.eval_shape(step_fn, st)[1]):
       # Communication every step: a barrier of the workers waited for.
       fn, start, n, active = self.take_part(step_fn, Carry(up_W, ready_W),
@@ -117,14 +123,28 @@ class Clocked(Untimed):
           ready_W, start + net_lib.comm_seconds(net, counts)), ready_W)
       n = jnp.where(sent, n, -1)
     else:
-      st, report = self.freeze_down(step_fn, st, up_W)
+      st, report = self.freeze_down(step_fn, st, computes_W)
       n = jnp.int32(-1)
     clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n)
     return st, report, Carry(up_W, ready_W), clock, active
 
-  def freeze_down(self, step_fn, st, up_W):
-    del up_W
-    return step_fn(st)
+  def budgeted(self, step) -> Array:
+    """(W,) bool: whose inner step ``step`` is inside its time budget
+    (DyLU): a worker of speed ratio r to the fastest takes floor(H x r)
+    (at least 1) of a round's H steps, spread evenly; all without one."""
+    if not self.budget:
+      return jnp.ones(self.num_workers, bool)
+    H = self.budget
+    r = jnp.maximum(jnp.min(self.net.step_s_W) / self.net.step_s_W, 1.0 / H)
+    j = (step % H).astype(jnp.float32)
+    eps = 1e-5
+    return jnp.floor((j + 1) * r + eps) > jnp.floor(j * r + eps)
+
+  def freeze_down(self, step_fn, st, computes_W):
+    """Steps outside a worker's time budget never happened."""
+    if not self.budget:
+      return step_fn(st)
+    return Masked.freeze_down(self, step_fn, st, computes_W)
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
     net = self.net
@@ -135,7 +155,7 @@ class Clocked(Untimed):
       st, report = fn(st)
       sync_s = net_lib.comm_seconds(net, split_report(report,
                                                      self.channels)[0])
-    return st, report, RoundClock(start, sync_s, n), active
+    return st, report, RoundClock(start, sync_s, n), active, carry
 
 
 class Masked(Clocked):
@@ -154,7 +174,8 @@ class Masked(Clocked):
     return run, start, jnp.sum(active_W.astype(jnp.int32)), active
 
   def freeze_down(self, step_fn, st, up_W):
-    """A down worker's steps never happened."""
+    """A down worker's steps (and those outside its time budget) never
+    happened."""
     new, report = step_fn(st)
     up = local_workers(up_W)
     return new._replace(params_W=where_workers(up, new.params_W, st.params_W),
@@ -200,9 +221,17 @@ def _unless_nobody(fn, active_W: Array, active: Array, steps: int):
   return run
 
 
-def timing(net, masks: bool, num_workers: int, channels) -> Any:
+def timing(net, masks: bool, num_workers: int, channels,
+           strategy=None) -> Any:
   """The variant for a run: ``net`` (NetParams or None, known when the
-  programs are traced), ``masks`` (a fault or straggler model, static)."""
+  programs are traced), ``masks`` (a fault or straggler model, static);
+  an asynchronous ``strategy`` runs on its schedule (``_pace``)."""
+  if strategy is not None and strategy.asynchronous:
+    from lowbw.simulation._pace import Paced
+    return Paced(net, num_workers, channels, strategy.asynchronous,
+                 strategy.time_budget)
   if net is None:
     return Untimed()
-  return (Masked if masks else Clocked)(net, num_workers, channels)
+  budget = strategy.period if strategy is not None and (
+      strategy.time_budget) else 0
+  return (Masked if masks else Clocked)(net, num_workers, channels, budget)

@@ -1,11 +1,12 @@
 """Distributed training strategies: factories returning pure functions."""
 
 from lowbw import _validate
-from lowbw.strategies import (_ddp, _demo, _diloco, _fedavg,
+from lowbw.strategies import (_async_diloco, _ddp, _demo, _diloco, _fedavg,
                               _hierarchical_diloco, _muloco, _sparta,
                               _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
                                     default_inner)
+from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
 from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
 from lowbw.strategies._diloco import default_outer, diloco
@@ -36,6 +37,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _streaming_diloco.SPEC,
     _hierarchical_diloco.SPEC,
     _spes.SPEC,
+    _async_diloco.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 
@@ -53,7 +55,7 @@ def spec(name: str) -> Spec:
 
 
 __all__ = [
-    "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
+    "async_diloco", "delayed_nesterov", "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo",
     "default_inner", "default_outer", "diloco", "fedavg", "get",
     "hierarchical_diloco", "inner_optimizer", "outer_optimizer", "SCHEDULES",

@@ -95,6 +95,15 @@ class Strategy(NamedTuple):
       examples directly (``init`` called with ``num_workers=1``, ``local``
       given that gradient with a leading axis of 1); it does so unless a
       fault or straggler mask or a device mesh needs the workers apart.
+    asynchronous: H of an asynchronous strategy (``period`` 1): the engine
+      schedules each worker's H inner steps on its own clock, masks the
+      steps a slower worker has not reached, and runs ``sync`` after every
+      step for the workers whose pseudo-gradients have arrived
+      (``transforms.participants()``; see ``simulation._pace``). None: the
+      workers move in lock step.
+    time_budget: DyLU (arXiv 2401.09135): each worker takes the inner steps
+      its speed allows in the time the fastest takes for H, floor(H x its
+      speed / the fastest's), at least 1.
   """
 
   name: str
@@ -109,6 +118,8 @@ class Strategy(NamedTuple):
   overlap_steps: int | None = None
   replicated: bool = False
   outer_places: dict[str, str] | None = None
+  asynchronous: int | None = None
+  time_budget: bool = False
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -217,11 +228,14 @@ def compose_step(local, sync, period: int):
 def make(name: str, period: int, init, local, sync, global_params, channels,
          config: dict[str, Any], overlap_steps: int | None = None,
          replicated: bool = False,
-         outer_places: dict[str, str] | None = None) -> Strategy:
+         outer_places: dict[str, str] | None = None,
+         asynchronous: int | None = None,
+         time_budget: bool = False) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
                   config, overlap_steps, replicated,
-                  {} if outer_places is None else dict(outer_places))
+                  {} if outer_places is None else dict(outer_places),
+                  asynchronous, time_budget)
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

@@ -114,7 +114,7 @@ _VARIANTS = {
 
 def build(name: str, inner, outer, H: int, comp: Compression,
           extra_config: dict | None = None, outer_delay: int = 0,
-          eager: bool = False) -> _base.Strategy:
+          eager: bool = False, dylu: bool = False) -> _base.Strategy:
   """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo).
 
   ``outer_delay`` 1: each outer step applies the previous round's mean, so
@@ -130,9 +130,10 @@ def build(name: str, inner, outer, H: int, comp: Compression,
        "outer": _base.describe(outer), "H": H, **comp.config,
        **({"outer_delay": outer_delay} if outer_delay else {}),
        **({"eager": True} if eager else {}),
+       **({"dylu": True} if dylu else {}),
        **(extra_config or {})},
       overlap_steps=H if outer_delay else None,
-      outer_places={"outer": place})
+      outer_places={"outer": place}, time_budget=dylu)
 
 
 def diloco(
@@ -145,6 +146,7 @@ def diloco(
     aggregation: str = "all_gather",
     outer_delay: int = 0,
     eager: bool = False,
+    dylu: bool = False,
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -189,6 +191,12 @@ def diloco(
       evaluated model is the workers' mean. With one worker it is DiLoCo.
       Under faults the swap keeps its 1/W weight while the mean is over
       the participants (the paper has no faults).
+    dylu: time-budgeted rounds, the dynamic local updates of Liu et al.
+      2024 (arXiv 2401.09135): on a fleet of unequal speeds each worker
+      takes floor(H x its speed / the fastest's) of the round's H inner
+      steps (at least 1, spread evenly), so every worker is done when the
+      fastest is; the steps it skips never happen. The mean pseudo-
+      gradient is unweighted. Without hardware speeds it changes nothing.
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -202,15 +210,16 @@ def diloco(
   if isinstance(outer_delay, bool) or outer_delay not in (0, 1):
     raise _validate.fail("outer_delay", outer_delay, "expected 0 or 1 (the "
                          "outer step one round late)")
-  if not isinstance(eager, bool):
-    raise _validate.fail("eager", eager, "expected True or False")
+  for field, value in (("eager", eager), ("dylu", dylu)):
+    if not isinstance(value, bool):
+      raise _validate.fail(field, value, "expected True or False")
   if eager and not outer_delay:
     raise _validate.fail("eager", eager, "needs outer_delay=1 (it mixes the "
                          "delayed mean with each worker's fresh "
                          "pseudo-gradient)")
   return build("diloco", inner, outer, H,
                compression(codec, error_feedback, message, aggregation),
-               outer_delay=outer_delay, eager=eager)
+               outer_delay=outer_delay, eager=eager, dylu=dylu)
 
 
 SPEC = _spec.spec(

@@ -29,6 +29,9 @@ HELP = {
     "p": "fraction of each tensor averaged per step, in (0, 1]",
     "selector": "how the averaged indices are drawn",
     "sparta_interval": "average the sparse subset every this many steps",
+    "dylu": "time-budgeted rounds (DyLU, arXiv 2401.09135): each worker "
+            "takes floor(H x its speed / the fastest's) inner steps per "
+            "round, at least 1",
     "aggregation": "how payloads that cannot be summed are combined: "
                    "all_gather, or reduce_scatter (a quantized all-reduce: "
                    "the mean encoded again, 2(W-1)/W x payload)",

@@ -1,0 +1,142 @@
+"""Byzantine workers and the aggregations that resist them.
+
+A Byzantine worker sends a corrupted message instead of its own: its
+pseudo-gradient sign-flipped, scaled, or replaced by noise of the same
+scale. The engine says who is Byzantine while it traces a communication
+(``adversaries``), as it says who takes part (``participating``); the DiLoCo
+family's pseudo-gradient (``strategies._pseudo_gradient``) corrupts those
+workers' messages before they are encoded (``corrupt``) and combines them
+with the strategy's aggregation: the participants' mean (the papers'), their
+coordinate-wise median, or their trimmed mean (``robust_mean``).
+"""
+
+import contextlib
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from lowbw import _validate
+from lowbw._types import Array, PyTree
+from lowbw.transforms._reductions import (_TRACE, all_workers, participants,
+                                          worker_mean)
+
+BYZANTINE_KINDS = ("sign_flip", "scale", "random")
+ROBUST = ("mean", "median", "trimmed_mean")
+
+
+class Adversaries(NamedTuple):
+  """Who is Byzantine in the communication being traced, and how.
+
+  Attributes:
+    mask_W: bool (W,) of this device's workers.
+    kind: "sign_flip" (-x), "scale" (``scale`` x x) or "random" (Gaussian
+      noise with each tensor's own RMS).
+    scale: the factor of "scale".
+    key: the noise's key (shared; each worker folds in its index).
+  """
+
+  mask_W: Array
+  kind: str
+  scale: float
+  key: Array
+
+
+@contextlib.contextmanager
+def adversaries(value: Adversaries | None):
+  """While tracing a communication, the Byzantine workers (None: none)."""
+  stack = _stack()
+  stack.append(value)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def current() -> Adversaries | None:
+  stack = _stack()
+  return stack[-1] if stack else None
+
+
+def _stack() -> list:
+  if not hasattr(_TRACE, "adversaries"):
+    _TRACE.adversaries = []
+  return _TRACE.adversaries
+
+
+def corrupt(x_W: PyTree, worker_ids: Array) -> PyTree:
+  """``x_W`` with the Byzantine workers' rows replaced as ``current()``
+  says (unchanged when nobody is Byzantine)."""
+  adv = current()
+  if adv is None:
+    return x_W
+  leaves, treedef = jax.tree.flatten(x_W)
+
+  def bad(x, i):
+    if adv.kind == "sign_flip":
+      return -x
+    if adv.kind == "scale":
+      return adv.scale * x
+    keys = jax.vmap(lambda w: jax.random.fold_in(
+        jax.random.fold_in(adv.key, i), w))(worker_ids)
+    rms = jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)),
+                            axis=tuple(range(1, x.ndim)), keepdims=True))
+    noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
+    return (noise * rms).astype(x.dtype)
+
+  mask = adv.mask_W
+  out = [jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), bad(x, i), x)
+         for i, x in enumerate(leaves)]
+  return jax.tree.unflatten(treedef, out)
+
+
+def check_robust(value: str) -> tuple[str, float]:
+  """``"mean"``, ``"median"`` or ``"trimmed_mean[:f]"`` (f in [0, 0.5),
+  the fraction cut from each end; 0.2 by default) -> (kind, f)."""
+  text = str(value).strip()
+  kind, _, frac = text.partition(":")
+  if kind not in ROBUST or (frac and kind != "trimmed_mean"):
+    raise _validate.fail("robust", value, "expected 'mean', 'median' or "
+                         "'trimmed_mean' (or 'trimmed_mean:F', F the "
+                         "fraction cut from each end, in [0, 0.5))")
+  f = 0.2 if kind == "trimmed_mean" and not frac else 0.0
+  if frac:
+    try:
+      f = float(frac)
+    except ValueError:
+      f = -1.0
+    if not 0 <= f < 0.5:
+      raise _validate.fail("robust", value, "a trimmed mean cuts a "
+                           "fraction in [0, 0.5) from each end")
+  return kind, f
+
+
+def robust_mean(tree_W: PyTree, kind: str, trim: float = 0.0) -> PyTree:
+  """The participants' (``participants()``) mean, coordinate-wise median
+  or trimmed mean (``trim`` of them cut from each end, rounded down) of
+  every leaf: (W, ...) -> (...); zeros when nobody takes part."""
+  if kind == "mean":
+    return worker_mean(tree_W)
+  active = participants()
+
+  def one(x):
+    x_all = all_workers(x).astype(jnp.float32)
+    w = x_all.shape[0]
+    a = jnp.ones(w, bool) if active is None else all_workers(active)
+    a = a.reshape((-1,) + (1,) * (x.ndim - 1))
+    k = jnp.sum(a.astype(jnp.int32))
+    ordered = jnp.sort(jnp.where(a, x_all, jnp.inf), axis=0)
+    rank = jnp.arange(w).reshape((-1,) + (1,) * (x.ndim - 1))
+    if kind == "median":  # the middle one, or the mean of the middle two
+      lo, hi = (k - 1) // 2, k // 2
+      keep = (rank == lo) | (rank == hi)
+      cut = jnp.where(lo == hi, 1, 2)
+    else:
+      t = jnp.floor(trim * k).astype(jnp.int32)
+      keep = (rank >= t) & (rank < k - t)
+      cut = jnp.maximum(k - 2 * t, 1)
+    total = jnp.sum(jnp.where(keep, ordered, 0.0), axis=0)
+    out = jnp.where(k > 0, total / cut, 0.0)
+    return out.astype(x.dtype)
+
+  return jax.tree.map(one, tree_W)

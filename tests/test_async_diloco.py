@@ -1,0 +1,218 @@
+"""Asynchronous DiLoCo against an event-driven reference written here from
+the paper (Liu et al. 2024, "Asynchronous Local-SGD Training for Language
+Modeling", arXiv 2401.09135), and against synchronous DiLoCo on an equal
+fleet.
+
+The reference keeps one parameter tree per worker in Python lists and walks
+the fleet's events in continuous simulated time: a worker's inner steps end
+every ``step_s`` seconds, after its H-th it sends anchor - theta, the server
+applies the arrivals of one instant as one outer step on their mean, and the
+worker restarts from the new model. Every example of the dataset is the same,
+so each worker's gradient depends on its parameters only and the reference
+needs no batches.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lowbw
+from lowbw import strategies
+from lowbw import network as net_lib
+
+W, H, TICKS, BATCH = 3, 3, 26, 4
+SPEEDS = (1.0, 0.5, 0.25)       # steps of 1 s, 2 s and 4 s
+OUTER_LR, MOMENTUM = 0.7, 0.9
+
+
+def _problem():
+  model = lowbw.models.mlp(hidden=(6,), num_classes=3)
+  x = np.tile(np.linspace(-1, 1, 5, dtype=np.float32), (40, 1))
+  data = lowbw.data.arrays(x, np.ones(40, np.int64))
+  return model, data
+
+
+def _fleet():
+  """Equal, near-instant links: the events' order is the compute's."""
+  return net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=SPEEDS)
+
+
+def _run(strategy):
+  model, data = _problem()
+  sim = lowbw.build(model=model, data=data, strategy=strategy,
+                    num_workers=W, batch_size=BATCH, steps=TICKS,
+                    network=_fleet())
+  params0 = sim.programs.global_params(sim.initial(0)[0])
+  return sim.run(0), params0, model, data
+
+
+def _reference(params0, model, data, inner, dylu=False, every=0,
+               staleness_scale=False):
+  """Events in continuous time; returns the server's model after TICKS
+  seconds and the staleness of every arrival."""
+  batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
+  grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
+                                               jax.random.PRNGKey(0))[0]))
+  steps_s = [1.0 / v for v in SPEEDS]
+  rounds = [max(1, int(np.floor(H * v / max(SPEEDS)))) if dylu else H
+            for v in SPEEDS]
+  theta = [params0] * W
+  anchor = [params0] * W
+  opt = [inner.init(params0) for _ in range(W)]
+  done = [0] * W
+  next_end = list(steps_s)              # when each worker's next step ends
+  server, version, pulled = params0, 0, [0] * W
+  m = jax.tree.map(jnp.zeros_like, params0)
+  pending, count, stale_log = jax.tree.map(jnp.zeros_like, params0), 0, []
+  while True:
+    now = min(next_end)
+    if now > TICKS + 1e-9:
+      return server, stale_log
+    arriving = []
+    for w in range(W):
+      if abs(next_end[w] - now) < 1e-9:
+        upd, opt[w] = inner.update(grad(theta[w]), opt[w], theta[w])
+        theta[w] = optax.apply_updates(theta[w], upd)
+        done[w] += 1
+        next_end[w] += steps_s[w]
+        if done[w] == rounds[w]:
+          arriving.append(w)
+    if not arriving:
+      continue
+    stale = [version - pulled[w] for w in arriving]
+    stale_log.append(stale)
+    scale = [1.0 / (1 + s) if staleness_scale else 1.0 for s in stale]
+    g = jax.tree.map(lambda *d: sum(d) / len(arriving), *[
+        jax.tree.map(lambda a, t: c * (a - t), anchor[w], theta[w])
+        for w, c in zip(arriving, scale)])
+    if every:  # Delayed Nesterov, Algorithm 2 of the paper
+      n = len(arriving)
+      share = jax.tree.map(lambda x: x * n / every, g)
+      pending = jax.tree.map(lambda p, s: p + s, pending, share)
+      count += n
+      if count >= every:
+        m = jax.tree.map(lambda m, p: MOMENTUM * m + p, m, pending)
+        step = jax.tree.map(lambda s, m: s + MOMENTUM * m, share, m)
+        pending = jax.tree.map(jnp.zeros_like, pending)
+        count -= every
+      else:
+        step = share
+    else:  # Nesterov SGD on the arrivals' mean
+      m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
+      step = jax.tree.map(lambda x, m: x + MOMENTUM * m, g, m)
+    server = jax.tree.map(lambda s, d: s - OUTER_LR * d, server, step)
+    version += 1
+    for w in arriving:
+      theta[w] = anchor[w] = server
+      pulled[w], done[w] = version, 0
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"delayed_nesterov": 2}, {"dylu": True}, {"staleness_scale": True}],
+    ids=["plain", "delayed_nesterov", "dylu", "staleness_scale"])
+def test_async_diloco_matches_an_event_driven_reference(options):
+  inner = optax.adam(0.05)
+  result, params0, model, data = _run(strategies.async_diloco(
+      inner=inner, H=H, **options))
+  server, stale_log = _reference(
+      params0, model, data, inner, dylu=options.get("dylu", False),
+      every=options.get("delayed_nesterov", 0),
+      staleness_scale=options.get("staleness_scale", False))
+  assert len(stale_log) >= 4  # several outer steps, some of them stale
+  assert max(max(s) for s in stale_log) >= 1 or options.get("dylu")
+  for got, want in zip(jax.tree.leaves(result.params),
+                       jax.tree.leaves(server)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  h = result.history
+  arrivals = h["strategy_arrivals"][~np.isnan(h["strategy_arrivals"])]
+  assert arrivals.max() <= W
+
+
+def _digits_run(strategy, speeds, steps=40):
+  net = net_lib.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds)
+  return lowbw.simulate(
+      model=lowbw.models.mlp(hidden=(16,), num_classes=10),
+      data=lowbw.data.digits(), strategy=strategy, num_workers=4,
+      batch_size=8, steps=steps, network=net, eval_every=20, seed=1)
+
+
+def test_async_diloco_is_diloco_on_an_equal_fleet_and_faster_on_an_unequal():
+  equal = [1.0] * 4
+  sync = _digits_run(strategies.diloco(H=10), equal)
+  async_ = _digits_run(strategies.async_diloco(H=10), equal)
+  np.testing.assert_allclose(async_.history["eval_loss"],
+                             sync.history["eval_loss"], rtol=1e-5)
+  np.testing.assert_allclose(async_.history["train_loss"],
+                             sync.history["train_loss"], rtol=1e-5)
+  # Every round's four arrivals are one outer step: W uploads and
+  # downloads of the whole model, each over the worker's own link.
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(async_.params))
+  assert async_.history["sent_bytes"][-1] == 4 * 4 * model_bytes
+  assert async_.history["received_bytes"][-1] == 4 * 4 * model_bytes
+  unequal = [1.0, 1.0, 1.0, 0.25]
+  slow_sync = _digits_run(strategies.diloco(H=10), unequal)
+  slow_async = _digits_run(strategies.async_diloco(H=10), unequal)
+  assert (slow_async.history["sim_time_s"][-1] <
+          0.5 * slow_sync.history["sim_time_s"][-1])
+
+
+def test_async_diloco_refuses_what_it_does_not_model():
+  model, data = _problem()
+  kw = dict(model=model, data=data, num_workers=W, batch_size=BATCH,
+            steps=TICKS)
+  strategy = strategies.async_diloco(H=H)
+  with pytest.raises(ValueError, match="hardware"):
+    lowbw.build(strategy=strategy, network=net_lib.network(hardware=None),
+                **kw)
+  with pytest.raises(ValueError, match="faults"):
+    lowbw.build(strategy=strategy, network=net_lib.network(
+        hardware="1s", faults=net_lib.Faults(drop_prob=0.1)), **kw)
+  with pytest.raises(ValueError, match="mitigation"):
+    lowbw.build(strategy=strategy, network=net_lib.network(
+        hardware="1s", stragglers=net_lib.Stragglers(
+            jitter=0.1, mitigation="threshold", fraction=0.5)), **kw)
+  with pytest.raises(ValueError, match="worker_batch"):
+    lowbw.build(strategy=strategy, worker_batch=1, **kw)
+  with pytest.raises(ValueError, match="delayed_nesterov"):
+    strategies.async_diloco(delayed_nesterov=-1)
+  with pytest.raises(ValueError, match="dylu"):
+    strategies.async_diloco(dylu="yes")
+  with pytest.raises(ValueError, match="outer"):
+    strategies.async_diloco(outer=optax.sgd(0.7), delayed_nesterov=2)
+
+
+def test_diloco_with_time_budgets_matches_a_per_worker_loop():
+  """DyLU on synchronous DiLoCo (arXiv 2401.09135): in each round of H
+  steps worker w takes floor(H x v_w / v_max) inner steps; the outer step
+  averages every worker's pseudo-gradient; the round lasts as long as the
+  fastest worker's H steps."""
+  inner = optax.adam(0.05)
+  strategy = strategies.diloco(inner=inner, H=4, dylu=True)
+  result, params0, model, data = _run(strategy)
+  batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
+  grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
+                                               jax.random.PRNGKey(0))[0]))
+  server = params0
+  m = jax.tree.map(jnp.zeros_like, params0)
+  opt = [inner.init(params0) for _ in range(W)]
+  for _ in range(TICKS // 4):
+    thetas = []
+    for w, v in enumerate(SPEEDS):
+      theta = server
+      for _ in range(int(4 * v / max(SPEEDS))):
+        upd, opt[w] = inner.update(grad(theta), opt[w], theta)
+        theta = optax.apply_updates(theta, upd)
+      thetas.append(theta)
+    g = jax.tree.map(lambda s, *t: s - sum(t) / W, server, *thetas)
+    m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
+    server = jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
+                          server, g, m)
+  for got, want in zip(jax.tree.leaves(result.params),
+                       jax.tree.leaves(server)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  # Six rounds of 4 s (the fastest worker's four 1 s steps; the slowest
+  # takes one 4 s step) and the two steps left over, plus the syncs.
+  sim = result.history["sim_time_s"][-1]
+  assert 26.0 <= sim < 26.01
