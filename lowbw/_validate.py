@@ -82,6 +82,13 @@ def positive_float(field: str, value: Any) -> float:
   return float(value)
 
 
+def finite_float(field: str, value: Any) -> float:
+  if (isinstance(value, bool) or not isinstance(value, (int, float))
+      or not abs(value) < float("inf")):
+    raise fail(field, value, "expected a finite number")
+  return float(value)
+
+
 def non_empty_str(field: str, value: Any) -> str:
   if not isinstance(value, str) or not value.strip():
     raise fail(field, value, "expected a non-empty name")

@@ -156,6 +156,14 @@ def test_async_diloco_is_diloco_on_an_equal_fleet_and_faster_on_an_unequal():
   slow_async = _digits_run(strategies.async_diloco(H=10), unequal)
   assert (slow_async.history["sim_time_s"][-1] <
           0.5 * slow_sync.history["sim_time_s"][-1])
+  # Per worker: the three fast workers arrive about four times as often as
+  # the slow one; each arrival one upload and one download of the model.
+  sent = np.asarray(slow_async.summary["sent_bytes_per_worker"])
+  assert np.all(sent % model_bytes == 0)
+  assert sent[0] == sent[1] == sent[2] >= 3 * sent[3] > 0
+  np.testing.assert_array_equal(
+      slow_async.summary["received_bytes_per_worker"], sent)
+  assert sent.sum() == slow_async.history["sent_bytes"][-1]
 
 
 def test_async_diloco_refuses_what_it_does_not_model():

@@ -262,6 +262,17 @@ def test_random_dropouts_match_the_reference_with_the_same_masks():
                                 r.history["sync_workers"])
 
 
+  # Each worker sends and receives one ring all-reduce's share per sync it
+  # took part in (it was up), and nothing for the others.
+  wire = r.history["wire_bytes"][-1] / 6
+  np.testing.assert_allclose(r.summary["sent_bytes_per_worker"],
+                             wire * masks.sum(axis=0), rtol=1e-9)
+  np.testing.assert_allclose(r.summary["received_bytes_per_worker"],
+                             wire * masks.sum(axis=0), rtol=1e-9)
+  assert sum(r.summary["sent_bytes_per_worker"]) == pytest.approx(
+      r.summary["sent_bytes"])
+
+
 @pytest.mark.parametrize("stragglers", [
     net_lib.Stragglers(mitigation="threshold", fraction=0.5),
     net_lib.Stragglers(mitigation="backup", backups=2),

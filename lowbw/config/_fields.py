@@ -201,6 +201,20 @@ RUN_FIELDS = (
           "WORKER@STEP,... e.g. 3@500"),
     Field("windows", None, SHAPE, _N, "faults: down windows, "
           "WORKER:START-END,... e.g. 1:100-200"),
+    Field("joins", None, SHAPE, _N, "faults: workers joining late, "
+          "WORKER@STEP,... e.g. 3@500 (absent before; they download the "
+          "global state when they join)"),
+    Field("leave_shards", "drop", SHAPE, _N, "faults: the data of a worker "
+          "that failed for good: dropped, or redistributed to the others",
+          choices=("drop", "redistribute")),
+    Field("byzantine", None, SHAPE, _N, "faults: Byzantine workers, "
+          "comma-separated indices (their pseudo-gradients corrupted at "
+          "every sync; DiLoCo family)"),
+    Field("byzantine_kind", "sign_flip", SHAPE, _N, "faults: how a "
+          "Byzantine worker corrupts its pseudo-gradient",
+          choices=("random", "scale", "sign_flip")),
+    Field("byzantine_scale", 10.0, SHAPE, _N, "faults: the factor of "
+          "byzantine_kind scale", float),
     # -- run
     Field("steps", simulation.STEPS, SHAPE, _R, "inner steps per worker", int,
           unit="steps"),

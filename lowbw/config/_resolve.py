@@ -211,14 +211,19 @@ def build_network(s: dict) -> network_lib.Network:
         jitter=0.0 if s["jitter"] is None else s["jitter"],
         mitigation=s["mitigation"], fraction=s["keep_fraction"],
         backups=s["backups"])
-  fault_settings = ("drop_prob", "message_loss", "failures", "windows")
+  fault_settings = ("drop_prob", "message_loss", "failures", "windows",
+                    "byzantine", "joins")
   if any(s[k] is not None for k in fault_settings):
     faults = network_lib.Faults(
         drop_prob=s["drop_prob"] or 0.0, message_loss=s["message_loss"] or 0.0,
         failures=_pairs("failures", s["failures"], r"(\d+)@(\d+)", 2)
         if s["failures"] else (),
         windows=_pairs("windows", s["windows"], r"(\d+):(\d+)-(\d+)", 3)
-        if s["windows"] else ())
+        if s["windows"] else (),
+        byzantine=s["byzantine"] or (), byzantine_kind=s["byzantine_kind"],
+        byzantine_scale=s["byzantine_scale"],
+        joins=_pairs("joins", s["joins"], r"(\d+)@(\d+)", 2)
+        if s["joins"] else (), leave_shards=s["leave_shards"])
   overlap = s["overlap"]
   if not isinstance(overlap, bool):
     raise _validate.fail("overlap", overlap, "expected true or false")

@@ -1,7 +1,7 @@
 """Network model: collectives and their bytes, links and topologies, hardware,
 stragglers and faults (the simulated clock), and the analytical planner."""
 
-from lowbw.network._clock import (Clock, Network, NetParams, Pricing,
+from lowbw.network._clock import (CATCH_UP, Clock, Network, NetParams, Pricing,
                                   Segments, at_time, round_end,
                                   channel_costs, price,
                                   check_network, comm_seconds, flops_per_step,
@@ -26,7 +26,7 @@ from lowbw.network._units import (bandwidth, count, duration, flops,
                                   format_duration, link_values, memory)
 
 __all__ = [
-    "Segments", "Trace", "at_time", "is_trace", "round_end",
+    "CATCH_UP", "Segments", "Trace", "at_time", "is_trace", "round_end",
     "COLLECTIVES", "Channel", "Clock", "Cost", "exchange", "Faults", "Flat", "Hardware",
     "Hierarchical", "Link", "hop", "relinked", "MITIGATIONS", "NetParams", "Network", "PRESETS",
     "Pricing", "Stragglers", "all_gather", "price", "bandwidth", "channel", "duration", "flat",

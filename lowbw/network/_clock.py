@@ -81,7 +81,8 @@ class Network(NamedTuple):
             "stragglers": None if self.stragglers is None
             else self.stragglers._asdict(),
             "faults": None if self.faults is None else {
-                k: [list(x) for x in v] if isinstance(v, tuple) else v
+                k: [list(x) if isinstance(x, tuple) else x for x in v]
+                if isinstance(v, tuple) else v
                 for k, v in self.faults._asdict().items()},
             "overlap": self.overlap, "clock_params": self.clock_params,
             **{name: t.describe() for name, t in (
@@ -225,6 +226,11 @@ def _check_links(prefix: str, links, expected: int, each: str) -> None:
                        f"one per {each}, or one for every {each} ({n} given)")
 
 
+# The engine's channel of a worker's return to the fleet (a join, the end of
+# a down window or round): it downloads the global model and outer state.
+CATCH_UP = "catch_up"
+
+
 class NetParams(NamedTuple):
   """The traced numbers of a network, for one run (W workers)."""
 
@@ -243,6 +249,18 @@ class NetParams(NamedTuple):
   exchange_s_W: Array    # float32 (W,): a worker's own exchange with a
                          # server (asynchronous strategies), 0 otherwise
   segments: "Segments | None" = None  # under a trace: every segment's
+  byzantine: "Byzantine | None" = None  # with Byzantine workers
+  catch_up_s_W: Array | None = None  # float32 (W,): a returning worker's
+                         # download of the global state (with faults)
+
+
+class Byzantine(NamedTuple):
+  """The Byzantine workers' corruption of their messages: factor x own +
+  noise x (Gaussian with the tensor's RMS); traced."""
+
+  mask_W: Array          # bool (W,)
+  factor: Array          # float32: -1 (sign_flip), the scale, or 0 (random)
+  noise: Array           # float32: 1 for random, else 0
 
 
 class Segments(NamedTuple):
@@ -340,7 +358,9 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
   fail = np.full(num_workers, never, np.int64)
   for worker, step in f.failures:
     fail[worker] = min(fail[worker], step)
-  windows = np.asarray(f.windows, np.int64).reshape(-1, 3)
+  # A worker joining at step s is down for the rounds before it.
+  windows = np.asarray(list(f.windows) + [(w, 0, step) for w, step in f.joins],
+                       np.int64).reshape(-1, 3)
   f32, i32 = jnp.float32, jnp.int32
   return NetParams(
       key=jax.random.fold_in(jax.random.PRNGKey(seed), 0x7E7),
@@ -358,7 +378,21 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
       exchange_s_W=jnp.asarray(_exchange_seconds(costs, num_workers), f32),
       segments=None if len(pricing.segments) < 2 else _segments(
           pricing.segments, base, speeds, num_workers),
+      byzantine=_byzantine(f, num_workers),
+      catch_up_s_W=None if net.faults is None else jnp.asarray(
+          costs[CATCH_UP].seconds_W if CATCH_UP in costs
+          else np.zeros(num_workers), f32),
   )
+
+
+def _byzantine(f: Faults, num_workers: int) -> "Byzantine | None":
+  if not f.byzantine:
+    return None
+  mask = np.zeros(num_workers, bool)
+  mask[list(f.byzantine)] = True
+  factor = {"sign_flip": -1.0, "scale": f.byzantine_scale, "random": 0.0}
+  return Byzantine(jnp.asarray(mask), jnp.float32(factor[f.byzantine_kind]),
+                   jnp.float32(f.byzantine_kind == "random"))
 
 
 def _segments(segments, base: float, speeds, num_workers: int) -> Segments:

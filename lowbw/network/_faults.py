@@ -11,6 +11,8 @@ from typing import NamedTuple
 from lowbw import _validate
 
 MITIGATIONS = ("none", "threshold", "backup")
+BYZANTINE_KINDS = ("sign_flip", "scale", "random")
+LEAVE_SHARDS = ("drop", "redistribute")
 
 
 class Stragglers(NamedTuple):
@@ -60,12 +62,34 @@ class Faults(NamedTuple):
       that starts at or after ``step``, for good.
     message_loss: probability that a worker's message is lost at a
       communication (it is then left out of that average, like a straggler).
+    byzantine: workers that send corrupted pseudo-gradients at every sync
+      (DiLoCo family): their own negated ("sign_flip"), times
+      ``byzantine_scale`` ("scale"), or Gaussian noise with each tensor's
+      own RMS ("random"), as ``byzantine_kind`` says. A robust aggregation
+      (``robust="median"`` or ``"trimmed_mean"``) resists them.
+    byzantine_kind: "sign_flip", "scale" or "random".
+    byzantine_scale: the factor of "scale".
+    joins: ``(worker, step)`` pairs: the worker is not in the fleet before
+      ``step`` (down for every round starting earlier) and joins the first
+      round starting at or after it, copying the global model and the outer
+      optimizer state (counted in ``received_bytes`` and timed on its link,
+      as every return from a down round is).
+    leave_shards: what happens to the data of a worker that left for good
+      (``failures``): "drop" (nobody trains on it again) or "redistribute"
+      (from its failure on, each remaining worker draws each example from
+      a departed worker's shard with probability departed / W, so the
+      fleet keeps seeing all the data at the same rate).
   """
 
   drop_prob: float = 0.0
   windows: tuple = ()
   failures: tuple = ()
   message_loss: float = 0.0
+  byzantine: tuple = ()
+  byzantine_kind: str = "sign_flip"
+  byzantine_scale: float = 10.0
+  joins: tuple = ()
+  leave_shards: str = "drop"
 
 
 def check_stragglers(s: Stragglers, num_workers: int) -> Stragglers:
@@ -88,7 +112,33 @@ def check_faults(f: Faults, num_workers: int) -> Faults:
   loss = _validate.fraction("message_loss", f.message_loss, low_open=False)
   windows = tuple(_triple(w, num_workers) for w in f.windows)
   failures = tuple(_pair(p, num_workers) for p in f.failures)
-  return Faults(drop, windows, failures, loss)
+  byzantine = tuple(sorted({_worker("byzantine", w, num_workers)
+                            for w in _listed(f.byzantine)}))
+  kind = _validate.one_of("byzantine_kind", f.byzantine_kind,
+                          BYZANTINE_KINDS)
+  scale = _validate.finite_float("byzantine_scale", f.byzantine_scale)
+  joins = tuple(_pair(p, num_workers, "joins") for p in f.joins)
+  for worker, step in joins:
+    if step == 0:
+      raise _validate.fail("joins", (worker, step), "a worker joining at "
+                           "step 0 is in the fleet from the start; give a "
+                           "later step")
+  shards = _validate.one_of("leave_shards", f.leave_shards, LEAVE_SHARDS)
+  return Faults(drop, windows, failures, loss, byzantine, kind, scale, joins,
+                shards)
+
+
+def _listed(workers) -> tuple:
+  """Worker indices from a tuple or "0,3"."""
+  if isinstance(workers, str):
+    try:
+      return tuple(int(w) for w in workers.split(",") if w.strip())
+    except ValueError:
+      raise _validate.fail("byzantine", workers, "expected worker indices, "
+                           "comma-separated") from None
+  if isinstance(workers, int):
+    return (workers,)
+  return tuple(workers)
 
 
 _MAX_STEP = 2**31 - 2  # steps are int32 in the compiled round
@@ -121,11 +171,10 @@ def _triple(window, num_workers):
   return (worker, start, end)
 
 
-def _pair(failure, num_workers):
+def _pair(failure, num_workers, field="failures"):
   if not isinstance(failure, (tuple, list)) or len(failure) != 2:
-    raise _validate.fail("failures", failure, "expected (worker, step) pairs")
-  return (_worker("failures", failure[0], num_workers),
-          _step("failures", failure[1]))
+    raise _validate.fail(field, failure, "expected (worker, step) pairs")
+  return (_worker(field, failure[0], num_workers), _step(field, failure[1]))
 
 
 def check_windows(f: Faults, period: int) -> None:

@@ -84,6 +84,12 @@ class RunConfig:
         net.stragglers is not None and net.stragglers.mitigation != "none"))
 
   @property
+  def redistributes(self) -> bool:
+    """Departed workers' data goes to the others (``_leavers``)."""
+    f = None if self.network is None else self.network.faults
+    return f is not None and f.leave_shards == "redistribute"
+
+  @property
   def one_replica(self) -> bool:
     """The engine keeps one replica of a ``replicated`` strategy's workers
     (DDP without a codec): nothing needs them apart (no masks, one device,

@@ -34,6 +34,7 @@ from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _timing
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import local_compute, steps_in_groups
+from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
@@ -124,7 +125,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           one_replica: bool = False,
           backward: Backward = Backward(),
           correlation_every: int | None = None,
-          eval_local: bool = False, overlap: bool = False) -> Programs:
+          eval_local: bool = False, overlap: bool = False,
+          redistribute: bool = False) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -148,7 +150,8 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   (pre-sync). ``eval_local``: evaluation also runs every worker's own
   parameters (``local_*`` results: mean and spread over workers).
   ``overlap``: the clock overlaps syncs with the next round (for the trace
-  lookup's time).
+  lookup's time). ``redistribute``: departed workers' data goes to those
+  that stay (``_leavers``).
   """
   precision = Precision(worker_dtype)
   compute = local_compute(model, strategy, precision, one_replica, backward)
@@ -163,6 +166,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def local_step(sim: SimState, sampler, timing, carry):
     stored = sim.strategy
     batch_W = sampler.sample(sim.data_key, stored.step, worker_offset())
+    if redistribute:
+      batch_W = redistributed(sampler, sim.data_key, stored.step, batch_W,
+                              timing.net)
     st, loss_W, metrics_W, step_fn = compute(stored, batch_W,
                                              keys_at(sim, stored.step))
     st, report, carry, clock, active = timing.local(st, step_fn, carry,

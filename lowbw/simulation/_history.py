@@ -51,7 +51,8 @@ class History:
                tokens_per_example: int | None, metric_names: list[str],
                clock: bool = False, strategy_metrics: list[str] = (),
                spacing_given: bool = True, correlation: bool = False,
-               perplexity: bool = False, num_workers: int = 1):
+               perplexity: bool = False, num_workers: int = 1,
+               members: bool = False):
     self.channels = channels
     # Who took part when ``add`` is not told: every worker.
     self.num_workers = num_workers
@@ -70,6 +71,8 @@ class History:
     self.events = {name: 0 for name in channels}  # cumulative, per worker
     # Cumulative worker-events: each event times the workers that took part.
     self.taken = {name: 0 for name in channels}
+    # The same per worker: channel -> int64 (W,).
+    self.taken_W = {name: np.zeros(num_workers, np.int64) for name in channels}
     self._reset_carry()
     self.divergence = math.nan
     self.lr = math.nan
@@ -82,6 +85,9 @@ class History:
     # step, and how many workers the last communication averaged.
     self.sim_time = 0.0 if clock else None
     self.participants = math.nan
+    # Under faults: the workers in the fleet (up) in the latest round.
+    self.track_members = members
+    self.members = math.nan
     # Communications the clock saw, and those no worker took part in.
     self.syncs = 0
     self.empty_syncs = 0
@@ -94,12 +100,14 @@ class History:
   def state_dict(self) -> dict:
     return {"rows": self.rows, "step": self.step, "events": self.events,
             "taken": self.taken,
+            "taken_W": {c: v.tolist() for c, v in self.taken_W.items()},
             "log_every": self.log_every, "spacing_given": self.spacing_given,
             "carry": _carry_json(self.carry),
             "windows": [[s, _carry_json(w)] for s, w in self.windows.items()],
             "divergence": self.divergence, "lr": self.lr,
             "correlation": self.correlation,
             "sim_time": self.sim_time, "participants": self.participants,
+            "members": self.members,
             "strategy": self.strategy, "peak": self.peak,
             "syncs": self.syncs, "empty_syncs": self.empty_syncs}
 
@@ -110,6 +118,10 @@ class History:
     # A checkpoint from before "taken" was kept: every worker took part.
     self.taken = {k: int(v) for k, v in d.get("taken", {
         c: n * self.num_workers for c, n in self.events.items()}).items()}
+    # From before per-worker counts were kept: every worker took part.
+    self.taken_W = {c: np.asarray(v, np.int64) for c, v in d.get(
+        "taken_W", {c: [n] * self.num_workers
+                    for c, n in self.events.items()}).items()}
     self.carry = _carry_from_json(d["carry"])
     self.windows = {int(s): _carry_from_json(w)
                     for s, w in d.get("windows", [])}
@@ -118,6 +130,7 @@ class History:
     self.correlation = float(d.get("correlation", math.nan))
     self.sim_time = d.get("sim_time")
     self.participants = float(d.get("participants", math.nan))
+    self.members = float(d.get("members", math.nan))
     self.strategy.update({k: float(v) for k, v in
                           d.get("strategy", {}).items()})
     self.peak = float(d.get("peak", 0.0))
@@ -182,6 +195,13 @@ class History:
   def sent_bytes(self) -> float:
     return self._fleet(self.taken)[0]
 
+  def per_worker(self) -> tuple[list[float], list[float]]:
+    """Each worker's bytes sent and received (what ``sent_bytes`` and
+    ``received_bytes`` sum), from its own worker-events."""
+    out = [self._fleet({c: int(v[w]) for c, v in self.taken_W.items()})
+           for w in range(self.num_workers)]
+    return [o[0] for o in out], [o[1] for o in out]
+
   @property
   def received_bytes(self) -> float:
     return self._fleet(self.taken)[1]
@@ -215,7 +235,7 @@ class History:
   def add(self, *, loss, metrics, bad_worker, counts, round_end,
           divergence, lr, wall_time_s: float, sim_time=None,
           participants=None, strategy=None, correlation=None,
-          taken=None) -> list[dict]:
+          taken=None, taken_W=None, members=None) -> list[dict]:
     """Consumes n consecutive steps; returns the new rows (and keeps them).
 
     Args:
@@ -237,6 +257,9 @@ class History:
       taken: channel -> (n,) int worker-events per step: each event of
         ``counts`` times the workers that took part in it; None: every
         worker took part.
+      taken_W: channel -> (n, W) int, the same per worker; None: every
+        worker took part in every event.
+      members: (n,) int, the workers up at each step (under faults).
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
@@ -282,6 +305,8 @@ class History:
         if c >= 0:
           self.participants = float(part[communicated[c]])
       self.peak = max(self.peak, float(peak_cum[j]))
+      if members is not None:
+        self.members = float(members[j])
       for m, (values, at_steps) in reported.items():
         i = np.searchsorted(at_steps, j, side="right") - 1
         if i >= 0:
@@ -311,6 +336,10 @@ class History:
       events, taken_now = at(last)
       self.events.update(events)
       self.taken.update(taken_now)
+      for c, k in counts.items():
+        self.taken_W[c] = self.taken_W[c] + (
+            int(np.sum(np.asarray(k, np.int64)[:stop])) if taken_W is None
+            else np.sum(np.asarray(taken_W[c], np.int64)[:stop], axis=0))
     self.step += stop
     self.rows += new_rows
     if bad.size:
@@ -391,6 +420,8 @@ class History:
   def _clock_columns(self, row):
     row[names.SIM_TIME_S] = self.sim_time
     row[names.SYNC_WORKERS] = self.participants
+    if self.track_members:
+      row[names.WORKERS_UP] = self.members
 
   def add_eval(self, step: int, results: dict[str, float],
                perplexity: bool, wall_time_s: float) -> dict:
@@ -427,6 +458,23 @@ def worker_events(counts: dict, participants, sync_counts: dict = None,
     for c, v in sync_counts.items():
       full = np.zeros(len(k), np.int64)
       full[period - 1::period] = np.asarray(v, np.int64) * k_sync
+      out[c] = out.get(c, 0) + full
+  return out
+
+
+def worker_events_W(counts: dict, active_W, sync_counts: dict = None,
+                    sync_active_W=None, period: int = 1) -> dict:
+  """channel -> (n, W) int64 worker-events per step and worker: each event
+  for every worker that took part in its communication (``active_W``,
+  (n, W) bool; ``sync_*``: the syncs of n/period rounds, at their rounds'
+  last steps), as ``worker_events`` counts them summed over workers."""
+  a = np.asarray(active_W, np.int64)
+  out = {c: np.asarray(v, np.int64)[:, None] * a for c, v in counts.items()}
+  if sync_counts:
+    s = np.asarray(sync_active_W, np.int64)
+    for c, v in sync_counts.items():
+      full = np.zeros_like(a)
+      full[period - 1::period] = np.asarray(v, np.int64)[:, None] * s
       out[c] = out.get(c, 0) + full
   return out
 

@@ -73,7 +73,8 @@ class Paced(Clocked):
   def begin(self, step, fleet=None):
     del step
     return Carry(jnp.ones(self.num_workers, bool),
-                 jnp.zeros(self.num_workers, jnp.float32), fleet)
+                 jnp.zeros(self.num_workers, jnp.float32), fleet,
+                 jnp.zeros(self.num_workers, bool))
 
   def pace(self, step) -> tuple[Array, Array, Array, Array]:
     """(tau, this tick's progress (W,), the speed ratios (W,) without
@@ -113,7 +114,9 @@ class Paced(Clocked):
     fleet = Fleet(jnp.where(stepping, progress - 1.0, progress), steps,
                   f.waiting_W | finished,
                   jnp.where(finished, exchange_W, remaining))
-    clock = None if self.net is None else StepClock(tau, jnp.int32(-1))
+    nobody = jnp.zeros(self.num_workers, bool)
+    clock = None if self.net is None else StepClock(
+        tau, jnp.int32(-1), nobody, nobody, jnp.int32(self.num_workers))
     return st, report, carry._replace(fleet=fleet), clock, active
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
@@ -138,7 +141,7 @@ class Paced(Clocked):
                   jnp.where(f.waiting_W & ~arrived, f.remaining_W - jump, 0.0))
     n = jnp.sum(arrived_all.astype(jnp.int32))
     clock = None if self.net is None else RoundClock(
-        self.tick(), jump, jnp.where(n > 0, n, -1))
+        self.tick(), jump, jnp.where(n > 0, n, -1), arrived_all)
     return st, report, clock, active, carry._replace(fleet=fleet)
 
   def tick(self) -> Array:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
+from lowbw import transforms as transforms_lib
 from lowbw.models import check_contract
 from lowbw import network as net_lib
 from lowbw.network import tiers_of
@@ -69,12 +70,16 @@ class Simulator:
     reports = self._reports()
     self.strategy_metric_names = self._check_reports(reports)
     self._check_worker_batch(reports["local"])
+    self._check_byzantine()
     self.eval_batches = jax.tree.map(
         jnp.asarray, c.data.eval_batches(c.eval_examples))
     self.memory = self._plan_memory(reports["local"])
     c = self.config = dataclasses.replace(
         c, worker_batch=self.memory.worker_batch)
-    self.channels = dict(self.strategy_channels)
+    # What the network prices: the strategy's messages and, with faults,
+    # the engine's catch-up downloads (``channels``: the same as logged).
+    self.priced_channels = {**self.strategy_channels, **self._catch_up()}
+    self.channels = dict(self.priced_channels)
     self._pricings: dict = {}  # id(network) -> (network, Pricing)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_step = net_lib.flops_per_step(self.num_params, tokens)
@@ -93,7 +98,7 @@ class Simulator:
         tuple(self.strategy_channels), c.masks, self.mesh, self.specs,
         _narrow(c), c.grouping, c.one_replica, c.backward,
         c.correlation_every, c.eval_local,
-        bool(clock_overlap(c.strategy, c.network)))
+        bool(clock_overlap(c.strategy, c.network)), c.redistributes)
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
     # per build on the digits MLP (measured), more than it saves. Making
@@ -158,6 +163,37 @@ class Simulator:
         metrics.add(name)
     return sorted(metrics)
 
+  def _catch_up(self) -> dict:
+    """With faults, the channel of a worker's return to the fleet: it
+    downloads the global model and the outer optimizer's state (one
+    worker's share of per-worker outer states)."""
+    c = self.config
+    if not c.masks or c.network.faults is None:
+      return {}
+    comm = self.abstract_state.strategy.comm
+    outer = 0
+    for field in (c.strategy.outer_places or {}).values():
+      size = _strategy_bytes(getattr(comm, field, ()))
+      outer += size // c.num_workers if field.endswith("_W") else size
+    state = 4 * self.num_params + outer  # the global model in float32
+    return {net_lib.CATCH_UP: net_lib.exchange(0, state, c.num_workers)}
+
+  def _check_byzantine(self) -> None:
+    """Byzantine workers need a strategy whose sync sends pseudo-gradients
+    they can corrupt (the DiLoCo family); refused otherwise, not ignored."""
+    c = self.config
+    faults = None if c.network is None else c.network.faults
+    if faults is None or not faults.byzantine:
+      return
+    strategy, st = c.strategy, self.abstract_state.strategy
+    if strategy.sync is None or not transforms_lib.corrupts(
+        strategy.sync, c.num_workers, st):
+      raise _validate.fail(
+          "byzantine", list(faults.byzantine), f"strategy {strategy.name!r} "
+          "sends no pseudo-gradients a Byzantine worker could corrupt; "
+          "Byzantine workers are modelled for the DiLoCo family (diloco, "
+          "muloco, streaming_diloco, hierarchical_diloco)")
+
   def _plan_memory(self, local_report: dict) -> _memory.Plan:
     """The run's memory estimate and ``worker_batch`` (``_memory``)."""
     c = self.config
@@ -186,6 +222,8 @@ class Simulator:
       return "communicates at every inner step"
     if self.config.strategy.asynchronous:
       return "runs each worker's steps on its own schedule"
+    if self.config.redistributes:
+      return "redistributes departed workers' data step by step"
     if self.config.strategy.time_budget:
       return "takes as many inner steps on each worker as its speed allows"
     if local_report:
@@ -298,7 +336,7 @@ class Simulator:
       if len(self._pricings) >= 8:
         self._pricings.pop(next(iter(self._pricings)))
       self._pricings[key] = (network, net_lib.price(
-          network, self.strategy_channels, self.config.num_workers,
+          network, self.priced_channels, self.config.num_workers,
           self.num_params, self.flops_per_step))
     return self._pricings[key][1]
 
@@ -479,6 +517,7 @@ class Simulator:
     cols += [names.WORKER_CORRELATION] if c.correlation_every else []
     if c.network is not None:
       cols += [names.SIM_TIME_S, names.SYNC_WORKERS]
+      cols += [names.WORKERS_UP] if c.masks else []
     cols += [names.strategy_metric(m) for m in self.strategy_metric_names]
     cols += [names.WALL_TIME_S]
     return cols
@@ -491,6 +530,10 @@ def _narrow(c: _config.RunConfig):
 def _signature(tree):
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+def _strategy_bytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
 
 
 def build(model, data, strategy, *, compile: bool = True,

@@ -24,7 +24,8 @@ import jax.numpy as jnp
 from lowbw._types import Array
 from lowbw import network as net_lib
 from lowbw.strategies import nothing_reported
-from lowbw.transforms import (any_worker, broadcast_to_workers,
+from lowbw.transforms import (Adversaries, adversaries, any_worker,
+                              broadcast_to_workers,
                               call_participating, local_workers,
                               participating, where_workers)
 
@@ -32,12 +33,16 @@ from lowbw.transforms import (any_worker, broadcast_to_workers,
 class StepClock(NamedTuple):
   time_s: Array            # float32: the workers waited for done (from round start)
   participants: Array      # int32: workers averaged at this step, or -1
+  active_W: Array          # bool (W,): who took part in its communication
+  rejoined_W: Array = None  # bool (W,): who came back (the round's first step)
+  members: Array = None    # int32: the workers up this round
 
 
 class RoundClock(NamedTuple):
   compute_s: Array         # float32: when the sync starts, from round start
   sync_s: Array            # float32: seconds of the sync's communication
   participants: Array      # int32: workers averaged by the sync, or -1
+  active_W: Array          # bool (W,): who took part in it
 
 
 class Carry(NamedTuple):
@@ -46,6 +51,7 @@ class Carry(NamedTuple):
   up_W: Array              # bool (W,): up this round
   ready_W: Array           # float32 (W,): when each worker is done, from round start
   fleet: Any = None        # an asynchronous schedule's ``_pace.Fleet``
+  rejoined_W: Any = None   # bool (W,): back this round, not yet reported
 
 
 def split_report(report: dict, channels) -> tuple[dict, dict]:
@@ -82,24 +88,29 @@ class Untimed:
 class Clocked(Untimed):
   """The clock without masks: every worker is up and takes part."""
 
-  def __init__(self, net, num_workers: int, channels, budget: int = 0):
+  def __init__(self, net, num_workers: int, channels, period: int = 1,
+               budgeted: bool = False):
     self.net, self.num_workers, self.channels = net, num_workers, channels
-    self.budget = budget  # DyLU's H (the strategy's period), 0: none
+    self.period = period
+    self.budget = period if budgeted else 0  # DyLU's H, 0: none
 
   def begin(self, step, fleet=None):
     del fleet
-    return Carry(self.up(step), jnp.zeros(self.num_workers, jnp.float32))
+    nobody = jnp.zeros(self.num_workers, bool)
+    return Carry(self.up(step), jnp.zeros(self.num_workers, jnp.float32),
+                 None, nobody)
 
   def up(self, step):
     del step
     return jnp.ones(self.num_workers, bool)
 
   def take_part(self, fn, carry, step, salt, active):
-    """(``fn`` as it runs, its start time, how many take part, the new
-    ``active``) for a communication once ``carry``'s workers are ready.
-    ``salt``: 0 for a step's communication, 1 for the sync's."""
+    """(``fn`` as it runs, its start time, who takes part (bool (W,), all
+    workers), the new ``active``) for a communication once ``carry``'s
+    workers are ready. ``salt``: 0 for a step's communication, 1 for the
+    sync's."""
     del step, salt
-    return fn, jnp.max(carry.ready_W), jnp.int32(self.num_workers), active
+    return fn, jnp.max(carry.ready_W), jnp.ones(self.num_workers, bool), active
 
   def communicates(self, report_shape) -> bool:
     return bool(split_report(report_shape, self.channels)[0])
@@ -112,8 +123,8 @@ class Clocked(Untimed):
                                   net_lib.step_seconds(net, st.step), 0)
     if self.communicates(jax.eval_shape(step_fn, st)[1]):
       # Communication every step: a barrier of the workers waited for.
-      fn, start, n, active = self.take_part(step_fn, Carry(up_W, ready_W),
-                                            st.step, 0, active)
+      fn, start, took_W, active = self.take_part(
+          step_fn, carry._replace(ready_W=ready_W), st.step, 0, active)
       st, report = fn(st)
       counts = split_report(report, self.channels)[0]
       # A step may skip its communication (SPARTA's sparta_interval): then
@@ -121,12 +132,16 @@ class Clocked(Untimed):
       sent = sum(jnp.sum(c) for c in counts.values()) > 0
       ready_W = jnp.where(sent, jnp.full_like(
           ready_W, start + net_lib.comm_seconds(net, counts)), ready_W)
-      n = jnp.where(sent, n, -1)
+      took_W = took_W & sent
+      n = jnp.where(sent, jnp.sum(took_W.astype(jnp.int32)), -1)
     else:
       st, report = self.freeze_down(step_fn, st, computes_W)
-      n = jnp.int32(-1)
-    clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n)
-    return st, report, Carry(up_W, ready_W), clock, active
+      n, took_W = jnp.int32(-1), jnp.zeros(self.num_workers, bool)
+    clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n, took_W,
+                      carry.rejoined_W, jnp.sum(up_W.astype(jnp.int32)))
+    return st, report, carry._replace(
+        ready_W=ready_W, rejoined_W=jnp.zeros_like(carry.rejoined_W)
+    ), clock, active
 
   def budgeted(self, step) -> Array:
     """(W,) bool: whose inner step ``step`` is inside its time budget
@@ -149,13 +164,16 @@ class Clocked(Untimed):
   def sync(self, st, sync_fn, carry, steps_clock, active):
     net = self.net
     start = net_lib.waited_for(net, carry.ready_W, carry.up_W)
-    sync_s, n, report = jnp.float32(0), steps_clock.participants[-1], {}
+    sync_s, report = jnp.float32(0), {}
+    n, took_W = steps_clock.participants[-1], steps_clock.active_W[-1]
     if sync_fn is not None:
-      fn, start, n, active = self.take_part(sync_fn, carry, st.step, 1, active)
+      fn, start, took_W, active = self.take_part(sync_fn, carry, st.step, 1,
+                                                 active)
+      n = jnp.sum(took_W.astype(jnp.int32))
       st, report = fn(st)
       sync_s = net_lib.comm_seconds(net, split_report(report,
                                                      self.channels)[0])
-    return st, report, RoundClock(start, sync_s, n), active, carry
+    return st, report, RoundClock(start, sync_s, n, took_W), active, carry
 
 
 class Masked(Clocked):
@@ -164,14 +182,38 @@ class Masked(Clocked):
   def up(self, step):
     return net_lib.up_mask(self.net, step)
 
+  def begin(self, step, fleet=None):
+    """Who is up this round; those that were down the round before first
+    download the global state (``network.CATCH_UP``), on their own links."""
+    carry = super().begin(step, fleet)
+    before = jnp.where(step >= self.period, self.up(step - self.period), True)
+    back = carry.up_W & ~before
+    return carry._replace(
+        ready_W=jnp.where(back, self.net.catch_up_s_W, 0.0), rejoined_W=back)
+
   def take_part(self, fn, carry, step, salt, active):
     active_W, start = net_lib.participants(self.net, carry.ready_W, carry.up_W,
                                           step, salt)
     active = local_workers(active_W)
 
     # A skipped step still counts as a step; a skipped sync does not.
-    run = _unless_nobody(fn, active_W, active, 1 if salt == 0 else 0)
-    return run, start, jnp.sum(active_W.astype(jnp.int32)), active
+    run = _unless_nobody(self.byzantine(fn, step) if salt else fn, active_W,
+                         active, 1 if salt == 0 else 0)
+    return run, start, active_W, active
+
+  def byzantine(self, fn, step):
+    """``fn`` traced with the network's Byzantine workers (if any)."""
+    byz = self.net.byzantine
+    if byz is None:
+      return fn
+
+    def corrupted(state):
+      with adversaries(Adversaries(
+          local_workers(byz.mask_W), byz.factor, byz.noise,
+          jax.random.fold_in(jax.random.fold_in(self.net.key, 5), step))):
+        return fn(state)
+
+    return corrupted
 
   def freeze_down(self, step_fn, st, up_W):
     """A down worker's steps (and those outside its time budget) never
@@ -232,6 +274,7 @@ def timing(net, masks: bool, num_workers: int, channels,
                  strategy.time_budget)
   if net is None:
     return Untimed()
-  budget = strategy.period if strategy is not None and (
-      strategy.time_budget) else 0
-  return (Masked if masks else Clocked)(net, num_workers, channels, budget)
+  period = 1 if strategy is None else strategy.period
+  budgeted = strategy is not None and strategy.time_budget
+  return (Masked if masks else Clocked)(net, num_workers, channels, period,
+                                        budgeted)

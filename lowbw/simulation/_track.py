@@ -14,7 +14,7 @@ from lowbw import telemetry
 from lowbw import network as net_lib
 from lowbw.simulation import _divergence
 from lowbw.simulation._history import (History, NonFiniteLossError,
-                                      worker_events)
+                                      worker_events, worker_events_W)
 from lowbw.telemetry import names
 
 
@@ -45,6 +45,7 @@ class Track:
                            strategy_metrics=sim.strategy_metric_names,
                            spacing_given=c.log_every is not None,
                            correlation=c.correlation_every is not None,
+                           members=c.masks,
                            perplexity=c.is_lm, num_workers=c.num_workers)
     self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
@@ -92,17 +93,21 @@ class Track:
       divergence, lr = out.divergence[:n], out.lr[:n]
       correlation = (None if out.correlation is None
                      else out.correlation[:n])
-      sim_time = participants = taken = None
+      sim_time = participants = taken = taken_W = None
       if out.clock is not None:
         sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
                                      out.clock.compute_s[:n],
                                      out.clock.sync_s[:n])
+        sync_counts = {c: v[:n] for c, v in out.sync_counts.items()}
         taken = worker_events(
-            per_step.counts, per_step.clock.participants,
-            {c: v[:n] for c, v in out.sync_counts.items()},
+            per_step.counts, per_step.clock.participants, sync_counts,
             out.clock.participants[:n], period)
+        taken_W = worker_events_W(
+            per_step.counts, per_step.clock.active_W, sync_counts,
+            out.clock.active_W[:n], period)
         participants = per_step.clock.participants.copy()
         participants[period - 1::period] = out.clock.participants[:n]
+        self._catch_ups(per_step.clock, counts, taken, taken_W)
       strategy = _strategy_metrics(per_step.strategy, out.sync_metrics, n,
                                    period)
     else:
@@ -111,23 +116,37 @@ class Track:
       counts = dict(per_step.counts)
       divergence = lr = np.zeros(0)
       correlation = None
-      sim_time = participants = taken = None
+      sim_time = participants = taken = taken_W = None
       if per_step.clock is not None:
         sim_time = self.clock.steps(per_step.clock.time_s)
         participants = per_step.clock.participants
         taken = worker_events(per_step.counts, participants)
+        taken_W = worker_events_W(per_step.counts, per_step.clock.active_W)
+        self._catch_ups(per_step.clock, counts, taken, taken_W)
       strategy = _strategy_metrics(per_step.strategy, {}, n, 1)
     rows = self.history.add(
         loss=per_step.loss, metrics=per_step.metrics,
         bad_worker=per_step.first_bad_worker, counts=counts,
         round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
         sim_time=sim_time, participants=participants, strategy=strategy,
-        correlation=correlation, taken=taken)
+        correlation=correlation, taken=taken, taken_W=taken_W,
+        members=None if per_step.clock is None or (
+            per_step.clock.members is None) else per_step.clock.members)
     if ev is not None:
       row = self.add_eval(end_step, ev, wall)
       if not rows or rows[-1] is not row:
         rows.append(row)
     return rows
+
+  def _catch_ups(self, step_clock, counts, taken, taken_W) -> None:
+    """Adds the workers' returns to the fleet (their downloads of the
+    global state, ``network.CATCH_UP``) to the steps' events: one
+    worker-event per returning worker, at its round's first step."""
+    if net_lib.CATCH_UP not in self.sim.channels:
+      return
+    back = np.asarray(step_clock.rejoined_W, np.int64)
+    counts[net_lib.CATCH_UP] = taken[net_lib.CATCH_UP] = back.sum(axis=1)
+    taken_W[net_lib.CATCH_UP] = back
 
   def add_eval(self, step: int, ev: dict, wall: float) -> dict:
     ev = {k: float(v) for k, v in ev.items()}
@@ -195,6 +214,8 @@ class Track:
         "wire_bytes": self.history.wire_bytes,
         "sent_bytes": self.history.sent_bytes,
         "received_bytes": self.history.received_bytes,
+        **dict(zip(("sent_bytes_per_worker", "received_bytes_per_worker"),
+                   self.history.per_worker())),
         **{names.tier_wire_bytes(t): b
            for t, b in self.history.tier_wire_bytes.items()},
         "peak_step_bytes": self.history.peak,

@@ -147,6 +147,7 @@ def diloco(
     outer_delay: int = 0,
     eager: bool = False,
     dylu: bool = False,
+    robust: str = "mean",
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
 
@@ -197,6 +198,12 @@ def diloco(
       steps (at least 1, spread evenly), so every worker is done when the
       fastest is; the steps it skips never happen. The mean pseudo-
       gradient is unweighted. Without hardware speeds it changes nothing.
+    robust: "mean" (the paper's), "median" (coordinate-wise) or
+      "trimmed_mean" ("trimmed_mean:F": F of the workers cut from each end
+      of every coordinate, default 0.2): an aggregation that resists
+      Byzantine workers (``lowbw.network.Faults(byzantine=...)``). Each
+      worker then needs every other's pseudo-gradient, so they are
+      all-gathered: (W-1) x payload per worker.
 
   Example:
     >>> strategy = lowbw.strategies.diloco(
@@ -218,7 +225,8 @@ def diloco(
                          "delayed mean with each worker's fresh "
                          "pseudo-gradient)")
   return build("diloco", inner, outer, H,
-               compression(codec, error_feedback, message, aggregation),
+               compression(codec, error_feedback, message, aggregation,
+                           robust),
                outer_delay=outer_delay, eager=eager, dylu=dylu)
 
 

@@ -8,21 +8,28 @@ import optax
 
 from lowbw._types import PyTree
 from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
-                              num_workers, transmit, worker_mean)
+                              corrupt, num_workers, robust_mean, transmit,
+                              worker_ids, worker_mean)
+from lowbw.transforms._robust import current as adversaries_now
 
 
 def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
                          params_W: PyTree, message_W: PyTree, key,
                          active_W=None, senders_W=None) -> tuple:
-  """The participants' mean of what the receivers decode of each worker's
-  global - theta_w (through the message chain), and the message states."""
-  if comp.message is None:  # sent as is: the same mean, no (W, ...) deltas
+  """The participants' mean (or ``comp.robust`` aggregate) of what the
+  receivers decode of each worker's global - theta_w (through the message
+  chain; a Byzantine worker's corrupted first), and the message states."""
+  plain = comp.robust[0] == "mean" and adversaries_now() is None
+  if comp.message is None and plain:  # the same mean, no (W, ...) deltas
     return _mean_delta(global_params, params_W, active_W), message_W
-  delta_W = optax.tree.sub(
-      broadcast_to_workers(global_params, num_workers(params_W)), params_W)
+  w = num_workers(params_W)
+  delta_W = corrupt(optax.tree.sub(broadcast_to_workers(global_params, w),
+                                   params_W), worker_ids(w))
   sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
                                senders_W)
-  return aggregate(comp, sent_W, key, active_W), message_W
+  if comp.robust[0] == "mean":
+    return aggregate(comp, sent_W, key, active_W), message_W
+  return robust_mean(sent_W, *comp.robust, active_W), message_W
 
 
 def _mean_delta(global_params, params_W, active_W) -> PyTree:

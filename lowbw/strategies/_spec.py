@@ -29,6 +29,9 @@ HELP = {
     "p": "fraction of each tensor averaged per step, in (0, 1]",
     "selector": "how the averaged indices are drawn",
     "sparta_interval": "average the sparse subset every this many steps",
+    "robust": "how the workers' pseudo-gradients are combined: mean, "
+              "median (coordinate-wise) or trimmed_mean[:F] (F cut from "
+              "each end, default 0.2); not the mean: all-gathered",
     "dylu": "time-budgeted rounds (DyLU, arXiv 2401.09135): each worker "
             "takes floor(H x its speed / the fastest's) inner steps per "
             "round, at least 1",

@@ -22,6 +22,7 @@ SENT_BYTES = "sent_bytes"
 RECEIVED_BYTES = "received_bytes"
 SIM_TIME_S = "sim_time_s"
 SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
+WORKERS_UP = "workers_up"  # under faults: the workers in the fleet that step
 WALL_TIME_S = "wall_time_s"
 WORKER_DIVERGENCE = "worker_divergence"
 # Mean pairwise Pearson correlation of the workers' parameter vectors, at the

@@ -62,6 +62,7 @@ class Compression(NamedTuple):
   message: optax.GradientTransformationExtraArgs | None = None
   custom: bool = False
   aggregation: str = "all_gather"
+  robust: tuple = ("mean", 0.0)
 
   @property
   def config(self):
@@ -71,15 +72,19 @@ class Compression(NamedTuple):
       out["message"] = "custom chain"
     if self.aggregation != "all_gather":
       out["aggregation"] = self.aggregation
+    if self.robust[0] != "mean":
+      out["robust"] = self.robust[0] + (
+          f":{self.robust[1]:g}" if self.robust[0] == "trimmed_mean" else "")
     return out
 
 
 def compression(codec: Codec | str | None, error_feedback: float | None,
                 message: optax.GradientTransformation | None = None,
-                aggregation: str = "all_gather") -> Compression:
+                aggregation: str = "all_gather",
+                robust: str = "mean") -> Compression:
   """Validates a strategy's ``codec=`` (a codec, a spec string or None),
-  ``error_feedback=``, ``message=`` and ``aggregation=`` arguments into its
-  message path.
+  ``error_feedback=``, ``message=``, ``aggregation=`` and ``robust=``
+  (``_robust.check_robust``) arguments into its message path.
 
   Example:
     >>> comp = compression("quant:4", None, message=optax.chain(
@@ -95,7 +100,13 @@ def compression(codec: Codec | str | None, error_feedback: float | None,
             f"codec {codec.name!r}'s payloads") +
         " are summed in a ring all-reduce already")
   comp = _message_path(codec, error_feedback, message)
-  return comp._replace(aggregation=aggregation)
+  from lowbw.transforms._robust import check_robust
+  robust = check_robust(robust)
+  if robust[0] != "mean" and aggregation == "reduce_scatter":
+    raise _validate.fail("aggregation", aggregation, f"robust={robust[0]!r} "
+                         "combines every worker's own message, so they are "
+                         "all-gathered, not reduced")
+  return comp._replace(aggregation=aggregation, robust=robust)
 
 
 def _message_path(codec, error_feedback, message) -> Compression:
@@ -198,4 +209,6 @@ def comm_channel(comp: Compression, tree: PyTree, group_size: int,
   ``shards`` as in ``Channel``."""
   kind = ("ring_allreduce" if comp.aggregation == "reduce_scatter"
           else collective(comp.codec))
+  if comp.robust[0] != "mean":  # a median needs every worker's message
+    kind = "all_gather"
   return channel(kind, message_bytes(comp, tree), group_size, tier, shards)

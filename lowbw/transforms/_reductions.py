@@ -42,6 +42,8 @@ class _TraceContext(threading.local):
     super().__init__()
     self.sharded: list[_Sharded] = []
     self.participants: list = []
+    self.adversaries: list = []   # _robust.adversaries
+    self.corrupt_calls: list = []  # _robust.corrupts
 
 
 _TRACE = _TraceContext()

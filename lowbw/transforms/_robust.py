@@ -21,24 +21,24 @@ from lowbw._types import Array, PyTree
 from lowbw.transforms._reductions import (_TRACE, all_workers, participants,
                                           worker_mean)
 
-BYZANTINE_KINDS = ("sign_flip", "scale", "random")
 ROBUST = ("mean", "median", "trimmed_mean")
 
 
 class Adversaries(NamedTuple):
-  """Who is Byzantine in the communication being traced, and how.
+  """Who is Byzantine in the communication being traced, and how: each
+  such worker sends factor x its message + noise x Gaussian noise with each
+  tensor's own RMS (traced values: sign_flip is factor -1, a scale its
+  factor, random factor 0 and noise 1).
 
   Attributes:
     mask_W: bool (W,) of this device's workers.
-    kind: "sign_flip" (-x), "scale" (``scale`` x x) or "random" (Gaussian
-      noise with each tensor's own RMS).
-    scale: the factor of "scale".
+    factor, noise: float32 scalars.
     key: the noise's key (shared; each worker folds in its index).
   """
 
   mask_W: Array
-  kind: str
-  scale: float
+  factor: Array
+  noise: Array
   key: Array
 
 
@@ -59,9 +59,21 @@ def current() -> Adversaries | None:
 
 
 def _stack() -> list:
-  if not hasattr(_TRACE, "adversaries"):
-    _TRACE.adversaries = []
   return _TRACE.adversaries
+
+
+def corrupts(fn, num_workers: int, *args) -> bool:
+  """Whether tracing ``fn(*args)`` (on ``num_workers`` workers) corrupts
+  any message (a strategy whose messages a Byzantine worker can corrupt
+  calls ``corrupt``)."""
+  calls = _TRACE.corrupt_calls
+  before = len(calls)
+  with adversaries(Adversaries(jnp.zeros(num_workers, bool), jnp.float32(-1),
+                               jnp.float32(0), jax.random.PRNGKey(0))):
+    jax.eval_shape(fn, *args)
+  found = len(calls) > before
+  del calls[before:]
+  return found
 
 
 def corrupt(x_W: PyTree, worker_ids: Array) -> PyTree:
@@ -70,19 +82,17 @@ def corrupt(x_W: PyTree, worker_ids: Array) -> PyTree:
   adv = current()
   if adv is None:
     return x_W
+  _TRACE.corrupt_calls.append(True)
   leaves, treedef = jax.tree.flatten(x_W)
 
   def bad(x, i):
-    if adv.kind == "sign_flip":
-      return -x
-    if adv.kind == "scale":
-      return adv.scale * x
     keys = jax.vmap(lambda w: jax.random.fold_in(
         jax.random.fold_in(adv.key, i), w))(worker_ids)
-    rms = jnp.sqrt(jnp.mean(jnp.square(x.astype(jnp.float32)),
-                            axis=tuple(range(1, x.ndim)), keepdims=True))
+    x32 = x.astype(jnp.float32)
+    rms = jnp.sqrt(jnp.mean(jnp.square(x32), axis=tuple(range(1, x.ndim)),
+                            keepdims=True))
     noise = jax.vmap(lambda k: jax.random.normal(k, x.shape[1:]))(keys)
-    return (noise * rms).astype(x.dtype)
+    return (adv.factor * x32 + adv.noise * noise * rms).astype(x.dtype)
 
   mask = adv.mask_W
   out = [jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), bad(x, i), x)
@@ -111,13 +121,15 @@ def check_robust(value: str) -> tuple[str, float]:
   return kind, f
 
 
-def robust_mean(tree_W: PyTree, kind: str, trim: float = 0.0) -> PyTree:
-  """The participants' (``participants()``) mean, coordinate-wise median
-  or trimmed mean (``trim`` of them cut from each end, rounded down) of
-  every leaf: (W, ...) -> (...); zeros when nobody takes part."""
+def robust_mean(tree_W: PyTree, kind: str, trim: float = 0.0,
+                active_W: Array | None = None) -> PyTree:
+  """The participants' (``active_W``, else ``participants()``) mean,
+  coordinate-wise median or trimmed mean (``trim`` of them cut from each
+  end, rounded down) of every leaf: (W, ...) -> (...); zeros when nobody
+  takes part."""
   if kind == "mean":
-    return worker_mean(tree_W)
-  active = participants()
+    return worker_mean(tree_W, active_W)
+  active = participants() if active_W is None else active_W
 
   def one(x):
     x_all = all_workers(x).astype(jnp.float32)
