@@ -107,7 +107,8 @@ def results_for(args, cache_name: str, run_all) -> dict:
 
 # ------------------------------------------------------------------ seeds
 
-CURVE = ("step", "tokens", "eval_loss", "sim_time_s", "payload_bytes")
+CURVE = ("step", "tokens", "eval_loss", "sim_time_s", "payload_bytes",
+         "sent_bytes")
 
 
 # Studies' folders (each point's logs; what a killed script resumes from).
@@ -155,7 +156,8 @@ def _entry(values, seed, history, summary) -> dict:
   rows = ~np.isnan(h["eval_loss"]) if "eval_loss" in h else slice(0, 0)
   curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
   keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
-          "wire_bytes", "sim_time_s", "peak_step_bytes", "error")
+          "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
+          "num_params", "error")
   return {"values": dict(values), "seed": seed, "curve": curve,
           **{k: summary.get(k) for k in keep}}
 

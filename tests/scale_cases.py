@@ -22,7 +22,20 @@ def cases():
       "100Mbps", "10ms", faults=network.Faults(drop_prob=0.2),
       stragglers=network.Stragglers(jitter=0.3, mitigation="threshold",
                                     fraction=0.75))
+  uneven = network.network("100Mbps", "10ms", hardware="0.01s",
+                           speeds=[1.0] * (W - 1) + [0.5])
+  byzantine = network.network(
+      "100Mbps", "10ms", hardware="0.01s",
+      faults=network.Faults(byzantine=(5,), byzantine_kind="random",
+                            joins=((2, 3),)))
   return {
+      # The schedule's per-worker state and arrivals across devices.
+      "async_diloco_uneven": (strategies.async_diloco(
+          optax.adamw(1e-3), H=3, delayed_nesterov=4), uneven),
+      # A coordinate-wise median over all devices' workers, corrupted
+      # messages keyed by the global worker index, a join's download.
+      "diloco_median_byzantine": (strategies.diloco(
+          optax.adamw(1e-3), H=3, robust="median"), byzantine),
       "ddp": (strategies.ddp(optax.sgd(0.1)), None),
       "diloco": (strategies.diloco(optax.adamw(1e-3), H=3), None),
       # Each worker's own outer model: the mix's 1/W is all devices' W.

@@ -485,3 +485,17 @@ def test_cli_plan_takes_per_node_links(capsys):
   assert cli.main(["plan", "--num-nodes", "3", "--bandwidth",
                    "1Gbps,50Mbps"]) == 2
   assert "one per node (2 given)" in capsys.readouterr().err
+
+
+def test_per_node_speeds_time_a_step_at_the_slowest_or_with_dylu_the_fastest():
+  """The fleet's speeds, as lowbw train --speeds takes them: a synchronous
+  step waits for the slowest node; under DyLU the fastest sets the pace."""
+  even = plan(num_nodes=4)["t_comp_s"]
+  fleet = plan(num_nodes=4, speeds="1,1,1,0.25")
+  assert fleet["t_comp_s"] == pytest.approx(4 * even)
+  assert plan(num_nodes=4, speeds="2,1,1,0.25", dylu=True)[
+      "t_comp_s"] == pytest.approx(even / 2)
+  with pytest.raises(ValueError, match=r"speeds.*one per node \(3 given\)"):
+    plan(num_nodes=4, speeds="1,1,0.5")
+  with pytest.raises(ValueError, match="speeds"):
+    plan(num_nodes=2, speeds="1,0")

@@ -41,6 +41,11 @@ _HELP = {
     "expert_parallelism": "none | global | regional",
     "hierarchical": "regions sync often, the WAN every H x regional steps",
     "straggler_mitigation": "none | threshold | backup",
+    "speeds": "per-node speed multipliers, comma-separated (a step is "
+              "timed at the slowest node's speed, or the fastest's with "
+              "--dylu)",
+    "dylu": "time-budgeted rounds: each node takes the inner steps its "
+            "speed allows in the fastest node's time",
     "activation_compression": "pipeline activation compression (auto: "
                               "1, 2, 4 for FP16, FP8, FP4)",
     "hw_growth": "hardware growth",
@@ -69,6 +74,8 @@ def _kind(name: str):
   """The Python type of an input, from its default."""
   if name == "activation_compression":
     return float
+  if name == "speeds":
+    return str
   return type(PLAN_DEFAULTS[name])
 
 

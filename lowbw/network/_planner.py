@@ -18,6 +18,7 @@ Example:
 import math
 
 from lowbw import _validate
+from lowbw.network._hardware import check_speeds
 from lowbw.network import _units
 
 # The seed's §9 table, §7.2 growth rates, and the switches it leaves implicit.
@@ -46,6 +47,8 @@ PLAN_DEFAULTS = {
     "expert_parallelism": "none",
     "hierarchical": False,
     "straggler_mitigation": "none",
+    "speeds": None,                 # per-node speed multipliers (a fleet)
+    "dylu": False,                  # time-budgeted rounds (DyLU)
     "activation_compression": None,  # None: 1, 2, 4 for FP16, FP8, FP4
     "hw_growth": 0.137,             # OOM/year (§7.2)
     "sw_growth": 0.477,
@@ -226,6 +229,7 @@ _CHECKS = {
                                                         EXPERT_PARALLELISMS),
     "hierarchical": _boolean,
     "straggler_mitigation": lambda f, v: _validate.one_of(f, v, MITIGATIONS),
+    "speeds": lambda f, v: check_speeds(v), "dylu": _boolean,
     "activation_compression": _optional_ratio,
     "hw_growth": _delay, "sw_growth": _delay, "invest_growth": _delay,
 }
@@ -297,6 +301,10 @@ def resolve_inputs(**inputs) -> dict:
     s[name] = check(name, s[name])
   _check_together(s)
   _check_link_counts(s, given)
+  if s["speeds"] is not None and len(s["speeds"]) not in (1, s["num_nodes"]):
+    raise _validate.fail("speeds", inputs.get("speeds"), f"expected one "
+                         f"value, or {s['num_nodes']}, one per node "
+                         f"({len(s['speeds'])} given)")
   return s
 
 
@@ -354,9 +362,14 @@ def _round_trip(one_way_s: float) -> float:
 
 
 def _t_comp(s: dict) -> float:
-  """One inner step on one node (§1.2), expert all-to-all included."""
+  """One inner step on one node (§1.2), expert all-to-all included; with
+  per-node ``speeds``, the slowest node's (a synchronous round waits for
+  it), or the fastest's under DyLU (each node takes the steps its speed
+  allows in the fastest's time)."""
   flops = 6.0 * _active_params(s) * s["local_batch"]
-  return flops / (s["pflops_per_node"] * 1e15 * s["mfu"]) + _t_ep(s)
+  speeds = s["speeds"] or (1.0,)
+  speed = max(speeds) if s["dylu"] else min(speeds)
+  return flops / (s["pflops_per_node"] * speed * 1e15 * s["mfu"]) + _t_ep(s)
 
 
 # ------------------------------------------------------------ communication

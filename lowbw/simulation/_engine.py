@@ -228,7 +228,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return sim, steps, carry
 
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
-    net = now(sim, net)
+    net = _now(sim, net)
     timing = _timing.timing(net, masks, num_workers, channels, strategy)
     sim, steps, carry = local_steps(sim, sampler, timing, strategy.period)
     st = precision.widen(sim.strategy)
@@ -247,21 +247,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     counts, own = _timing.split_report(report, channels)
     sim = sim._replace(strategy=precision.narrow(st), active=active,
                        fleet=None if carry is None else carry.fleet,
-                       time_s=later(sim.time_s, clock))
+                       time_s=_later(sim.time_s, clock, overlap))
     return sim, RoundOut(steps, counts, divergence, lr, clock, own,
                          correlation)
-
-  def now(sim: SimState, net):
-    """``net`` with the trace's values in force when the round starts."""
-    return net if sim.time_s is None else net_lib.at_time(net, sim.time_s[0])
-
-  def later(time_s, clock):
-    """The trace lookup's time after a round (``network.round_end``)."""
-    if time_s is None:
-      return None
-    start, end = net_lib.round_end(time_s[0] + clock.compute_s, time_s[1],
-                                   clock.sync_s, overlap)
-    return jnp.stack([start, end])
 
   def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
     out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
@@ -277,7 +265,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return jax.lax.fori_loop(0, n_rounds, body, (sim, buf))
 
   def tail(sim: SimState, sampler, net=None):
-    net = now(sim, net)
+    net = _now(sim, net)
     timing = _timing.timing(net, masks, num_workers, channels, strategy)
     sim, steps, carry = local_steps(sim, sampler, timing, tail_steps)
     st, active = timing.rejoin(precision.widen(sim.strategy), carry,
@@ -316,6 +304,20 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     chunk, tail = _shard(chunk, tail, mesh, specs, num_workers)
   return Programs(chunk=chunk, tail=tail if tail_steps else None,
                   evaluate=evaluate, global_params=global_params)
+
+
+def _now(sim: SimState, net):
+  """``net`` with a trace's values in force when the round starts."""
+  return net if sim.time_s is None else net_lib.at_time(net, sim.time_s[0])
+
+
+def _later(time_s, clock, overlap: bool):
+  """The trace lookup's time after a round (``network.round_end``)."""
+  if time_s is None:
+    return None
+  start, end = net_lib.round_end(time_s[0] + clock.compute_s, time_s[1],
+                                 clock.sync_s, overlap)
+  return jnp.stack([start, end])
 
 
 MESH_AXIS = "workers"

@@ -336,16 +336,21 @@ class History:
       events, taken_now = at(last)
       self.events.update(events)
       self.taken.update(taken_now)
-      for c, k in counts.items():
-        self.taken_W[c] = self.taken_W[c] + (
-            int(np.sum(np.asarray(k, np.int64)[:stop])) if taken_W is None
-            else np.sum(np.asarray(taken_W[c], np.int64)[:stop], axis=0))
+      self._add_per_worker(counts, taken_W, stop)
     self.step += stop
     self.rows += new_rows
     if bad.size:
       raise NonFiniteLossError(int(steps[stop]), int(bad_worker[stop]),
                                self.as_arrays(), new_rows)
     return new_rows
+
+  def _add_per_worker(self, counts: dict, taken_W, stop: int) -> None:
+    """Each worker's worker-events of the first ``stop`` steps (``taken_W``;
+    None: every worker took part in every event)."""
+    for c, k in counts.items():
+      self.taken_W[c] = self.taken_W[c] + (
+          int(np.sum(np.asarray(k, np.int64)[:stop])) if taken_W is None
+          else np.sum(np.asarray(taken_W[c], np.int64)[:stop], axis=0))
 
   def _reset_carry(self):
     self.carry = {"n": 0, "loss": _sums.ZERO,

@@ -70,7 +70,9 @@ def corrupts(fn, num_workers: int, *args) -> bool:
   before = len(calls)
   with adversaries(Adversaries(jnp.zeros(num_workers, bool), jnp.float32(-1),
                                jnp.float32(0), jax.random.PRNGKey(0))):
-    jax.eval_shape(fn, *args)
+    # A new function each time: JAX caches what it traces by the function,
+    # and a cached trace would not call ``corrupt`` again.
+    jax.eval_shape(lambda *a: fn(*a), *args)
   found = len(calls) > before
   del calls[before:]
   return found
