@@ -62,12 +62,12 @@ def test_a_departed_workers_data_is_redistributed_at_its_share():
                         ).tolist())
   x = np.asarray(sampler.arrays["x"])
   rows3 = {x[i].tobytes() for i in own3}
-  before = redistributed(sampler, key, 4, sampler.sample(key, 4), Net)
-  np.testing.assert_array_equal(before["x"], sampler.sample(key, 4)["x"])
+  mixed = jax.jit(lambda step: redistributed(
+      sampler, key, step, sampler.sample(key, step), Net))
+  np.testing.assert_array_equal(mixed(4)["x"], sampler.sample(key, 4)["x"])
   hits = []
   for step in range(5, 45):
-    batch = redistributed(sampler, key, step, sampler.sample(key, step), Net)
-    xs = np.asarray(batch["x"])
+    xs = np.asarray(mixed(step)["x"])
     hits.append([np.mean([xs[w, i].tobytes() in rows3 for i in range(16)])
                  for w in range(3)])
   assert 0.18 < np.mean(hits) < 0.32

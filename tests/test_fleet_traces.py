@@ -72,7 +72,7 @@ def test_a_speed_trace_changes_asynchronous_training(tmp_path):
     ([("time", "a", "b"), ("5s", 1, 1)], "does not cover the run's start"),
     ([("time", "a", "b"), (0, 1, 0)], "speed > 0"),
     ([("time", "a", "b"), (0, 1, 1), (0, 1, 1)], "must increase"),
-    ([("time", "a", "b"), (0, 1)], "row 2 has 2 columns"),
+    ([("time", "a", "b"), (0, 1)], "line 2 has 2 columns"),
     ([("time", "a", "b"), (0, 1, "fast")], "speed > 0"),
     ([("time", "a", "b")], "at least one row"),
 ])

@@ -70,20 +70,22 @@ def trace(value, field: str, parse) -> Trace:
   path = str(value).strip()
   try:
     with open(path, newline="") as f:
-      rows = [r for r in csv.reader(f) if any(c.strip() for c in r)]
+      reader = csv.reader(f)
+      rows = [(reader.line_num, r) for r in reader
+              if any(c.strip() for c in r)]
   except OSError as e:
     raise _validate.fail(field, path, f"cannot read the trace file "
                          f"({e.strerror or e})") from None
   if len(rows) < 2:
     raise _validate.fail(field, path, "a trace needs a header row and at "
                          "least one row of values (time, one per worker)")
-  header, body = rows[0], rows[1:]
+  header, body = rows[0][1], rows[1:]
   times, values = [], []
-  for n, row in enumerate(body, start=2):
+  for n, row in body:
     if len(row) != len(header):
-      raise _validate.fail(field, path, f"row {n} has {len(row)} columns, "
+      raise _validate.fail(field, path, f"line {n} has {len(row)} columns, "
                            f"the header {len(header)}")
-    where = f"{field} (row {n} of {path})"
+    where = f"{field} (line {n} of {path})"
     times.append(_time(row[0].strip(), where))
     values.append(tuple(parse(c.strip(), where) for c in row[1:]))
   return _check(Trace(tuple(times), tuple(values), path), field)

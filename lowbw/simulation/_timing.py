@@ -186,6 +186,8 @@ class Masked(Clocked):
     """Who is up this round; those that were down the round before first
     download the global state (``network.CATCH_UP``), on their own links."""
     carry = super().begin(step, fleet)
+    if self.net.catch_up_s_W is None:  # stragglers only: nobody goes down
+      return carry
     before = jnp.where(step >= self.period, self.up(step - self.period), True)
     back = carry.up_W & ~before
     return carry._replace(

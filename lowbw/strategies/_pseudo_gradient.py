@@ -8,9 +8,8 @@ import optax
 
 from lowbw._types import PyTree
 from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
-                              corrupt, num_workers, robust_mean, transmit,
-                              worker_ids, worker_mean)
-from lowbw.transforms._robust import current as adversaries_now
+                              corrupt, current_adversaries, num_workers,
+                              robust_mean, transmit, worker_ids, worker_mean)
 
 
 def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
@@ -19,7 +18,7 @@ def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
   """The participants' mean (or ``comp.robust`` aggregate) of what the
   receivers decode of each worker's global - theta_w (through the message
   chain; a Byzantine worker's corrupted first), and the message states."""
-  plain = comp.robust[0] == "mean" and adversaries_now() is None
+  plain = comp.robust[0] == "mean" and current_adversaries() is None
   if comp.message is None and plain:  # the same mean, no (W, ...) deltas
     return _mean_delta(global_params, params_W, active_W), message_W
   w = num_workers(params_W)
