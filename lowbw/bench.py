@@ -316,7 +316,12 @@ def _memory_figures(sim, memory, peak: int, state, exe) -> dict:
 
 def _bytes(sim, out) -> dict:
   """Wire bytes one worker sends in a timed call, per channel: the events
-  the call reported times each channel's exact size."""
+  the call reported times each channel's exact size. None for an
+  asynchronous strategy, whose rounds are ticks that rarely hold an
+  arrival (its bytes follow the arrivals: a run's sent_bytes)."""
+  if sim.config.strategy.asynchronous:
+    return {"wire_bytes_per_round": None,
+            "wire_bytes_per_round_by_channel": None}
   per_round = {}
   for name, channel in sim.channels.items():
     events = int(np.sum(out.steps.counts.get(name, np.zeros(1))[0]))
