@@ -189,15 +189,21 @@ def test_async_diloco_refuses_what_it_does_not_model():
     strategies.async_diloco(dylu="yes")
   with pytest.raises(ValueError, match="outer"):
     strategies.async_diloco(outer=optax.sgd(0.7), delayed_nesterov=2)
+  with pytest.raises(ValueError, match="dylu_weighted.*needs dylu"):
+    strategies.diloco(dylu_weighted=True)
+  with pytest.raises(ValueError, match="dylu_weighted.*two aggregations"):
+    strategies.diloco(dylu=True, dylu_weighted=True, robust="median")
 
 
-def test_diloco_with_time_budgets_matches_a_per_worker_loop():
+@pytest.mark.parametrize("weighted", [False, True])
+def test_diloco_with_time_budgets_matches_a_per_worker_loop(weighted):
   """DyLU on synchronous DiLoCo (arXiv 2401.09135): in each round of H
   steps worker w takes floor(H x v_w / v_max) inner steps; the outer step
-  averages every worker's pseudo-gradient; the round lasts as long as the
-  fastest worker's H steps."""
+  averages every worker's pseudo-gradient (optionally weighted by the steps
+  each took); the round lasts as long as the fastest worker's H steps."""
   inner = optax.adam(0.05)
-  strategy = strategies.diloco(inner=inner, H=4, dylu=True)
+  strategy = strategies.diloco(inner=inner, H=4, dylu=True,
+                               dylu_weighted=weighted)
   result, params0, model, data = _run(strategy)
   batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
   grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
@@ -207,13 +213,16 @@ def test_diloco_with_time_budgets_matches_a_per_worker_loop():
   opt = [inner.init(params0) for _ in range(W)]
   for _ in range(TICKS // 4):
     thetas = []
-    for w, v in enumerate(SPEEDS):
+    steps = [int(4 * v / max(SPEEDS)) for v in SPEEDS]
+    for w, h in enumerate(steps):
       theta = server
-      for _ in range(int(4 * v / max(SPEEDS))):
+      for _ in range(h):
         upd, opt[w] = inner.update(grad(theta), opt[w], theta)
         theta = optax.apply_updates(theta, upd)
       thetas.append(theta)
-    g = jax.tree.map(lambda s, *t: s - sum(t) / W, server, *thetas)
+    a = steps if weighted else [1] * W
+    g = jax.tree.map(lambda s, *t: sum(
+        c * (s - x) for c, x in zip(a, t)) / sum(a), server, *thetas)
     m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
     server = jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
                           server, g, m)

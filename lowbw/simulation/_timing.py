@@ -25,7 +25,7 @@ from lowbw._types import Array
 from lowbw import network as net_lib
 from lowbw.strategies import nothing_reported
 from lowbw.transforms import (Adversaries, adversaries, any_worker,
-                              broadcast_to_workers,
+                              broadcast_to_workers, weighting,
                               call_participating, local_workers,
                               participating, where_workers)
 
@@ -52,6 +52,7 @@ class Carry(NamedTuple):
   ready_W: Array           # float32 (W,): when each worker is done, from round start
   fleet: Any = None        # an asynchronous schedule's ``_pace.Fleet``
   rejoined_W: Any = None   # bool (W,): back this round, not yet reported
+  steps_W: Any = None      # int32 (W,): inner steps each took this round
 
 
 def split_report(report: dict, channels) -> tuple[dict, dict]:
@@ -89,16 +90,18 @@ class Clocked(Untimed):
   """The clock without masks: every worker is up and takes part."""
 
   def __init__(self, net, num_workers: int, channels, period: int = 1,
-               budgeted: bool = False):
+               budgeted: bool | str = False):
     self.net, self.num_workers, self.channels = net, num_workers, channels
     self.period = period
     self.budget = period if budgeted else 0  # DyLU's H, 0: none
+    # DyLU's mean weighted by the steps each worker took in the round.
+    self.weighted = budgeted == "weighted"
 
   def begin(self, step, fleet=None):
     del fleet
     nobody = jnp.zeros(self.num_workers, bool)
     return Carry(self.up(step), jnp.zeros(self.num_workers, jnp.float32),
-                 None, nobody)
+                 None, nobody, jnp.zeros(self.num_workers, jnp.int32))
 
   def up(self, step):
     del step
@@ -140,8 +143,21 @@ class Clocked(Untimed):
     clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n, took_W,
                       carry.rejoined_W, jnp.sum(up_W.astype(jnp.int32)))
     return st, report, carry._replace(
-        ready_W=ready_W, rejoined_W=jnp.zeros_like(carry.rejoined_W)
+        ready_W=ready_W, rejoined_W=jnp.zeros_like(carry.rejoined_W),
+        steps_W=carry.steps_W + computes_W.astype(jnp.int32)
     ), clock, active
+
+  def weigh(self, sync_fn, carry):
+    """``sync_fn`` traced with DyLU's weights (the steps each worker took
+    this round), when the strategy asks for a weighted mean."""
+    if not self.weighted:
+      return sync_fn
+
+    def weighted(state):
+      with weighting(local_workers(carry.steps_W)):
+        return sync_fn(state)
+
+    return weighted
 
   def budgeted(self, step) -> Array:
     """(W,) bool: whose inner step ``step`` is inside its time budget
@@ -167,8 +183,8 @@ class Clocked(Untimed):
     sync_s, report = jnp.float32(0), {}
     n, took_W = steps_clock.participants[-1], steps_clock.active_W[-1]
     if sync_fn is not None:
-      fn, start, took_W, active = self.take_part(sync_fn, carry, st.step, 1,
-                                                 active)
+      fn, start, took_W, active = self.take_part(
+          self.weigh(sync_fn, carry), carry, st.step, 1, active)
       n = jnp.sum(took_W.astype(jnp.int32))
       st, report = fn(st)
       sync_s = net_lib.comm_seconds(net, split_report(report,

@@ -101,7 +101,8 @@ class Strategy(NamedTuple):
       step for the workers whose pseudo-gradients have arrived
       (``transforms.participants()``; see ``simulation._pace``). None: the
       workers move in lock step.
-    time_budget: DyLU (arXiv 2401.09135): each worker takes the inner steps
+    time_budget: DyLU (arXiv 2401.09135; "weighted": the sync's mean
+      weighted by the steps each worker took): each worker takes the inner steps
       its speed allows in the time the fastest takes for H, floor(H x its
       speed / the fastest's), at least 1.
   """
@@ -119,7 +120,7 @@ class Strategy(NamedTuple):
   replicated: bool = False
   outer_places: dict[str, str] | None = None
   asynchronous: int | None = None
-  time_budget: bool = False
+  time_budget: bool | str = False
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -230,7 +231,7 @@ def make(name: str, period: int, init, local, sync, global_params, channels,
          replicated: bool = False,
          outer_places: dict[str, str] | None = None,
          asynchronous: int | None = None,
-         time_budget: bool = False) -> Strategy:
+         time_budget: bool | str = False) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
                   config, overlap_steps, replicated,

@@ -114,7 +114,7 @@ _VARIANTS = {
 
 def build(name: str, inner, outer, H: int, comp: Compression,
           extra_config: dict | None = None, outer_delay: int = 0,
-          eager: bool = False, dylu: bool = False) -> _base.Strategy:
+          eager: bool = False, dylu: bool | str = False) -> _base.Strategy:
   """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo).
 
   ``outer_delay`` 1: each outer step applies the previous round's mean, so
@@ -131,6 +131,7 @@ def build(name: str, inner, outer, H: int, comp: Compression,
        **({"outer_delay": outer_delay} if outer_delay else {}),
        **({"eager": True} if eager else {}),
        **({"dylu": True} if dylu else {}),
+       **({"dylu_weighted": True} if dylu == "weighted" else {}),
        **(extra_config or {})},
       overlap_steps=H if outer_delay else None,
       outer_places={"outer": place}, time_budget=dylu)
@@ -147,6 +148,7 @@ def diloco(
     outer_delay: int = 0,
     eager: bool = False,
     dylu: bool = False,
+    dylu_weighted: bool = False,
     robust: str = "mean",
 ) -> _base.Strategy:
   """DiLoCo: H local inner steps, then an outer step on the mean pseudo-gradient.
@@ -198,6 +200,9 @@ def diloco(
       steps (at least 1, spread evenly), so every worker is done when the
       fastest is; the steps it skips never happen. The mean pseudo-
       gradient is unweighted. Without hardware speeds it changes nothing.
+    dylu_weighted: with ``dylu``, the mean pseudo-gradient weighted by the
+      inner steps each worker took in the round (sum h_w delta_w / sum h_w),
+      as the paper's option.
     robust: "mean" (the paper's), "median" (coordinate-wise) or
       "trimmed_mean" ("trimmed_mean:F": F of the workers cut from each end
       of every coordinate, default 0.2): an aggregation that resists
@@ -217,9 +222,17 @@ def diloco(
   if isinstance(outer_delay, bool) or outer_delay not in (0, 1):
     raise _validate.fail("outer_delay", outer_delay, "expected 0 or 1 (the "
                          "outer step one round late)")
-  for field, value in (("eager", eager), ("dylu", dylu)):
+  for field, value in (("eager", eager), ("dylu", dylu),
+                       ("dylu_weighted", dylu_weighted)):
     if not isinstance(value, bool):
       raise _validate.fail(field, value, "expected True or False")
+  if dylu_weighted and not dylu:
+    raise _validate.fail("dylu_weighted", dylu_weighted, "needs dylu=True "
+                         "(it weights the mean by the steps DyLU allows)")
+  if dylu_weighted and robust != "mean":
+    raise _validate.fail("dylu_weighted", dylu_weighted, f"a weighted mean "
+                         f"and robust={robust!r} are two aggregations; "
+                         "choose one")
   if eager and not outer_delay:
     raise _validate.fail("eager", eager, "needs outer_delay=1 (it mixes the "
                          "delayed mean with each worker's fresh "
@@ -227,7 +240,8 @@ def diloco(
   return build("diloco", inner, outer, H,
                compression(codec, error_feedback, message, aggregation,
                            robust),
-               outer_delay=outer_delay, eager=eager, dylu=dylu)
+               outer_delay=outer_delay, eager=eager,
+               dylu="weighted" if dylu_weighted else dylu)
 
 
 SPEC = _spec.spec(

@@ -8,8 +8,9 @@ import optax
 
 from lowbw._types import PyTree
 from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
-                              corrupt, current_adversaries, num_workers,
-                              robust_mean, transmit, worker_ids, worker_mean)
+                              corrupt, current_adversaries, current_weights,
+                              num_workers, robust_mean, transmit,
+                              weighted_mean, worker_ids, worker_mean)
 
 
 def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
@@ -17,8 +18,11 @@ def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
                          active_W=None, senders_W=None) -> tuple:
   """The participants' mean (or ``comp.robust`` aggregate) of what the
   receivers decode of each worker's global - theta_w (through the message
-  chain; a Byzantine worker's corrupted first), and the message states."""
-  plain = comp.robust[0] == "mean" and current_adversaries() is None
+  chain; a Byzantine worker's corrupted first; weighted by DyLU's steps
+  taken when the engine says so), and the message states."""
+  weights = current_weights()
+  plain = (comp.robust[0] == "mean" and current_adversaries() is None and
+           weights is None)
   if comp.message is None and plain:  # the same mean, no (W, ...) deltas
     return _mean_delta(global_params, params_W, active_W), message_W
   w = num_workers(params_W)
@@ -26,6 +30,8 @@ def mean_pseudo_gradient(comp: Compression, global_params: PyTree,
                                    params_W), worker_ids(w))
   sent_W, message_W = transmit(comp, delta_W, message_W, key, active_W,
                                senders_W)
+  if weights is not None:
+    return weighted_mean(sent_W, weights, active_W), message_W
   if comp.robust[0] == "mean":
     return aggregate(comp, sent_W, key, active_W), message_W
   return robust_mean(sent_W, *comp.robust, active_W), message_W

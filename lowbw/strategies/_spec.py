@@ -29,6 +29,8 @@ HELP = {
     "p": "fraction of each tensor averaged per step, in (0, 1]",
     "selector": "how the averaged indices are drawn",
     "sparta_interval": "average the sparse subset every this many steps",
+    "dylu_weighted": "with dylu: the mean pseudo-gradient weighted by the "
+                     "inner steps each worker took",
     "robust": "how the workers' pseudo-gradients are combined: mean, "
               "median (coordinate-wise) or trimmed_mean[:F] (F cut from "
               "each end, default 0.2); not the mean: all-gathered",

@@ -20,6 +20,8 @@ from lowbw.transforms._robust import (ROBUST, Adversaries, adversaries,
                                       check_robust, corrupt, corrupts,
                                       robust_mean)
 from lowbw.transforms._robust import current as current_adversaries
+from lowbw.transforms._robust import (current_weights, weighted_mean,
+                                      weighting)
 from lowbw.transforms._quantize import e3m0, quantize, sign
 from lowbw.transforms._reductions import (all_workers, any_worker,
                                           broadcast_to_workers,
@@ -46,7 +48,8 @@ __all__ = ["dct_blocks", "idct_blocks", "UNCOMPRESSED",
     "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
     "ROBUST", "Adversaries", "adversaries", "check_robust", "corrupt",
-    "corrupts", "current_adversaries", "robust_mean",
+    "corrupts", "current_adversaries", "robust_mean", "current_weights",
+    "weighted_mean", "weighting",
     "worker_correlation", "worker_divergence", "worker_mean", "all_workers", "any_worker",
     "local_workers", "call_participating", "participants", "participating", "sharded_workers", "total_workers", "worker_ids",
     "where_workers", "worker_offset", "worker_sum",

@@ -44,6 +44,7 @@ class _TraceContext(threading.local):
     self.participants: list = []
     self.adversaries: list = []   # _robust.adversaries
     self.corrupt_calls: list = []  # _robust.corrupts
+    self.weights: list = []        # _robust.weighting
 
 
 _TRACE = _TraceContext()

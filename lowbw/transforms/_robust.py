@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw._types import Array, PyTree
 from lowbw.transforms._reductions import (_TRACE, all_workers, participants,
-                                          worker_mean)
+                                          worker_mean, worker_sum)
 
 ROBUST = ("mean", "median", "trimmed_mean")
 
@@ -100,6 +100,35 @@ def corrupt(x_W: PyTree, worker_ids: Array) -> PyTree:
   out = [jnp.where(mask.reshape((-1,) + (1,) * (x.ndim - 1)), bad(x, i), x)
          for i, x in enumerate(leaves)]
   return jax.tree.unflatten(treedef, out)
+
+
+@contextlib.contextmanager
+def weighting(weights_W: Array | None):
+  """While tracing a sync, each worker's weight in the mean of the
+  pseudo-gradients (this device's workers; DyLU's steps taken), or None."""
+  _TRACE.weights.append(weights_W)
+  try:
+    yield
+  finally:
+    _TRACE.weights.pop()
+
+
+def current_weights() -> Array | None:
+  return _TRACE.weights[-1] if _TRACE.weights else None
+
+
+def weighted_mean(tree_W: PyTree, weights_W: Array,
+                  active_W: Array | None = None) -> PyTree:
+  """sum_w a_w x_w / sum_w a_w over the participants (zeros when their
+  weights sum to 0)."""
+  w = weights_W.astype(jnp.float32)
+  total = worker_sum(w, active_W)
+  summed = worker_sum(jax.tree.map(
+      lambda x: x * w.reshape((-1,) + (1,) * (x.ndim - 1)).astype(x.dtype),
+      tree_W), active_W)
+  return jax.tree.map(lambda s: jnp.where(
+      total > 0, s / jnp.maximum(total, 1e-30).astype(s.dtype), 0.0
+  ).astype(s.dtype), summed)
 
 
 def check_robust(value: str) -> tuple[str, float]:
