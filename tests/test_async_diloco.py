@@ -187,6 +187,8 @@ def test_async_diloco_refuses_what_it_does_not_model():
     strategies.async_diloco(delayed_nesterov=-1)
   with pytest.raises(ValueError, match="dylu"):
     strategies.async_diloco(dylu="yes")
+  with pytest.raises(ValueError, match="staleness_scale"):
+    strategies.async_diloco(staleness_scale=1)
   with pytest.raises(ValueError, match="outer"):
     strategies.async_diloco(outer=optax.sgd(0.7), delayed_nesterov=2)
   with pytest.raises(ValueError, match="dylu_weighted.*needs dylu"):

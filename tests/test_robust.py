@@ -124,6 +124,7 @@ def test_a_median_resists_a_sign_flipping_worker_that_the_mean_does_not():
 
 def test_byzantine_settings_are_checked():
   for bad, match in [(dict(byzantine=(7,)), "byzantine"),
+                     (dict(byzantine="0,x"), "byzantine='0,x'.*indices"),
                      (dict(byzantine=(1,), byzantine_kind="evil"),
                       "byzantine_kind"),
                      (dict(byzantine=(1,), byzantine_kind="scale",

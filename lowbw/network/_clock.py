@@ -246,12 +246,12 @@ class NetParams(NamedTuple):
   window_start: Array    # int32 (n,)
   window_end: Array      # int32 (n,)
   comm_s: dict           # channel name -> float32 seconds per event
-  exchange_s_W: Array    # float32 (W,): a worker's own exchange with a
-                         # server (asynchronous strategies), 0 otherwise
+  exchange_s_W: dict     # channel -> float32 (W,): each worker's own
+                         # exchange with a server, for every channel priced
+                         # per worker (an asynchronous strategy's messages,
+                         # the catch-up download of CATCH_UP)
   segments: "Segments | None" = None  # under a trace: every segment's
   byzantine: "Byzantine | None" = None  # with Byzantine workers
-  catch_up_s_W: Array | None = None  # float32 (W,): a returning worker's
-                         # download of the global state (with faults)
 
 
 class Byzantine(NamedTuple):
@@ -271,7 +271,7 @@ class Segments(NamedTuple):
   start_s: Array         # float32 (T,): when each takes effect, the first 0
   step_s_W: Array        # float32 (T, W)
   comm_s: dict           # channel name -> float32 (T,)
-  exchange_s_W: Array    # float32 (T, W)
+  exchange_s_W: dict     # channel -> float32 (T, W)
 
 
 def channel_costs(net: Network, channels: dict[str, Channel],
@@ -375,13 +375,10 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
       window_start=jnp.asarray(windows[:, 1], i32),
       window_end=jnp.asarray(windows[:, 2], i32),
       comm_s={name: f32(c.seconds) for name, c in costs.items()},
-      exchange_s_W=jnp.asarray(_exchange_seconds(costs, num_workers), f32),
+      exchange_s_W=_exchange_seconds(costs),
       segments=None if len(pricing.segments) < 2 else _segments(
-          pricing.segments, base, speeds, num_workers),
+          pricing.segments, base, speeds),
       byzantine=_byzantine(f, num_workers),
-      catch_up_s_W=None if net.faults is None else jnp.asarray(
-          costs[CATCH_UP].seconds_W if CATCH_UP in costs
-          else np.zeros(num_workers), f32),
   )
 
 
@@ -395,7 +392,7 @@ def _byzantine(f: Faults, num_workers: int) -> "Byzantine | None":
                    jnp.float32(f.byzantine_kind == "random"))
 
 
-def _segments(segments, base: float, speeds, num_workers: int) -> Segments:
+def _segments(segments, base: float, speeds) -> Segments:
   f32 = jnp.float32
   return Segments(
       start_s=jnp.asarray([start for start, _, _ in segments], f32),
@@ -405,8 +402,9 @@ def _segments(segments, base: float, speeds, num_workers: int) -> Segments:
       comm_s={name: jnp.asarray([costs[name].seconds
                                  for _, _, costs in segments], f32)
               for name in segments[0][2]},
-      exchange_s_W=jnp.asarray([_exchange_seconds(costs, num_workers)
-                                for _, _, costs in segments], f32))
+      exchange_s_W={name: jnp.stack([_exchange_seconds(costs)[name]
+                                     for _, _, costs in segments])
+                    for name in _exchange_seconds(segments[0][2])})
 
 
 def at_time(p: NetParams | None, time_s) -> NetParams | None:
@@ -419,7 +417,8 @@ def at_time(p: NetParams | None, time_s) -> NetParams | None:
                seg.start_s.shape[0] - 1)
   return p._replace(step_s_W=seg.step_s_W[i],
                     comm_s={k: v[i] for k, v in seg.comm_s.items()},
-                    exchange_s_W=seg.exchange_s_W[i])
+                    exchange_s_W={k: v[i] for k, v in
+                                  seg.exchange_s_W.items()})
 
 
 def round_end(ready, comm_end, sync_s, overlap: bool) -> tuple:
@@ -430,16 +429,16 @@ def round_end(ready, comm_end, sync_s, overlap: bool) -> tuple:
   if not overlap:
     end = ready + sync_s
     return end, end
-  start = jnp.maximum(ready, comm_end) if isinstance(
-      ready, jax.Array) else max(ready, comm_end)
+  start = (max(ready, comm_end) if isinstance(ready, float)
+           else jnp.maximum(ready, comm_end))
   return start, start + sync_s
 
 
-def _exchange_seconds(costs: dict, num_workers: int) -> np.ndarray:
-  """(W,) seconds of each worker's exchange with a server: the channel
-  with per-worker seconds (an asynchronous strategy has one), else 0."""
-  each = [c.seconds_W for c in costs.values() if c.seconds_W is not None]
-  return np.asarray(each[0] if each else np.zeros(num_workers), np.float64)
+def _exchange_seconds(costs: dict) -> dict:
+  """channel -> float32 (W,): each worker's seconds for the channels
+  priced per worker (exchanges with a server)."""
+  return {name: jnp.asarray(c.seconds_W, jnp.float32)
+          for name, c in costs.items() if c.seconds_W is not None}
 
 
 # ---------------------------------------------------------------- in the round

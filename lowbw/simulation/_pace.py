@@ -27,14 +27,10 @@ import jax.numpy as jnp
 
 from lowbw import network as net_lib
 from lowbw._types import Array
-from lowbw.simulation._timing import (Carry, Clocked, RoundClock, StepClock,
-                                      _unless_nobody)
-from lowbw.transforms import (all_workers, any_worker, local_workers,
-                              where_workers)
-
-# A step is taken when a worker's progress is within this of a whole step
-# (float32 sums of ratios such as 1/3 must not lose a step).
-_WHOLE = 1e-5
+from lowbw.simulation._timing import (WHOLE, Carry, Clocked, RoundClock,
+                                      StepClock, _unless_nobody, dylu_steps,
+                                      speed_ratios)
+from lowbw.transforms import all_workers, local_workers, where_workers
 
 
 class Fleet(NamedTuple):
@@ -67,8 +63,10 @@ class Paced(Clocked):
 
   def __init__(self, net, num_workers: int, channels, H: int,
                budgeted: bool):
-    super().__init__(net, num_workers, channels)
-    self.H, self.budgeted = H, budgeted
+    super().__init__(net, num_workers, channels, H, budgeted)
+    # The strategy's exchange channel's per-worker seconds (with a net).
+    self.exchange = None if net is None else next(
+        (v for k, v in net.exchange_s_W.items() if k in channels), None)
 
   def begin(self, step, fleet=None):
     del step
@@ -76,32 +74,30 @@ class Paced(Clocked):
                  jnp.zeros(self.num_workers, jnp.float32), fleet,
                  jnp.zeros(self.num_workers, bool))
 
-  def pace(self, step) -> tuple[Array, Array, Array, Array]:
-    """(tau, this tick's progress (W,), the speed ratios (W,) without
-    jitter, each worker's exchange seconds (W,)), for all W workers."""
+  def pace(self, step) -> tuple[Array, Array, Array]:
+    """(this tick's progress (W,), the speed ratios (W,) without jitter,
+    each worker's exchange seconds (W,)), for all W workers."""
     ones = jnp.ones(self.num_workers, jnp.float32)
     if self.net is None:
-      return jnp.float32(1.0), ones, ones, 0.0 * ones
+      return ones, ones, 0.0 * ones
     net = self.net
-    tau = jnp.min(net.step_s_W)
-    return (tau, tau / net_lib.step_seconds(net, step), tau / net.step_s_W,
-            net.exchange_s_W)
+    exchange = 0.0 * ones if self.exchange is None else self.exchange
+    return (self.tick() / net_lib.step_seconds(net, step), speed_ratios(net),
+            exchange)
 
   def rounds_W(self, ratio_W: Array) -> Array:
     """Inner steps each worker takes between pulls (DyLU: scaled by its
     speed, at least 1)."""
-    if not self.budgeted:
-      return jnp.full(ratio_W.shape, self.H, jnp.int32)
-    return jnp.maximum(1, jnp.floor(self.H * ratio_W + _WHOLE)).astype(
-        jnp.int32)
+    if not self.budget:
+      return jnp.full(ratio_W.shape, self.period, jnp.int32)
+    return dylu_steps(self.budget, ratio_W)
 
   def local(self, st, step_fn, carry, active):
-    f = carry.fleet
-    tau, rate_W, ratio_W, exchange_W = (
-        x if jnp.ndim(x) == 0 else local_workers(x) for x in self.pace(st.step))
+    f, tau = carry.fleet, self.tick()
+    rate_W, ratio_W, exchange_W = map(local_workers, self.pace(st.step))
     computing = ~f.waiting_W
     progress = f.progress_W + jnp.where(computing, rate_W, 0.0)
-    stepping = computing & (progress >= 1.0 - _WHOLE)
+    stepping = computing & (progress >= 1.0 - WHOLE)
     new, report = step_fn(st)
     st = new._replace(params_W=where_workers(stepping, new.params_W,
                                              st.params_W),
@@ -134,8 +130,10 @@ class Paced(Clocked):
     st, report = _unless_nobody(sync_fn, arrived_all, arrived, 0)(st)
     # An exchange that ended inside the tick leaves the rest of the tick to
     # compute in (at its speed without jitter): credited to the worker's next step.
+    ratio_W = 1.0 if self.net is None else local_workers(
+        speed_ratios(self.net))
     credit = jnp.clip((jump - f.remaining_W) / self.tick(), 0.0, 1.0) * (
-        local_workers(self.pace(st.step)[2]))
+        ratio_W)
     fleet = Fleet(jnp.where(arrived, credit, f.progress_W),
                   jnp.where(arrived, 0, f.steps_W), f.waiting_W & ~arrived,
                   jnp.where(f.waiting_W & ~arrived, f.remaining_W - jump, 0.0))

@@ -55,6 +55,23 @@ class Carry(NamedTuple):
   steps_W: Any = None      # int32 (W,): inner steps each took this round
 
 
+# A step is taken when a worker's progress is within this of a whole step
+# (float32 sums of ratios such as 1/3 must not lose a step).
+WHOLE = 1e-5
+
+
+def speed_ratios(net) -> Array:
+  """(W,) each worker's speed over the fastest's (1 for the fastest), from
+  its step time without jitter."""
+  return jnp.min(net.step_s_W) / net.step_s_W
+
+
+def dylu_steps(H: int, ratio_W: Array) -> Array:
+  """DyLU's inner steps per round (arXiv 2401.09135): floor(H x the speed
+  ratio), at least 1, int32 (W,)."""
+  return jnp.maximum(1, jnp.floor(H * ratio_W + WHOLE)).astype(jnp.int32)
+
+
 def split_report(report: dict, channels) -> tuple[dict, dict]:
   """(event counts, the strategy's own metrics) of a report: entries named
   after the strategy's ``channels`` count events."""
@@ -166,10 +183,9 @@ class Clocked(Untimed):
     if not self.budget:
       return jnp.ones(self.num_workers, bool)
     H = self.budget
-    r = jnp.maximum(jnp.min(self.net.step_s_W) / self.net.step_s_W, 1.0 / H)
+    r = dylu_steps(H, speed_ratios(self.net)) / H
     j = (step % H).astype(jnp.float32)
-    eps = 1e-5
-    return jnp.floor((j + 1) * r + eps) > jnp.floor(j * r + eps)
+    return jnp.floor((j + 1) * r + WHOLE) > jnp.floor(j * r + WHOLE)
 
   def freeze_down(self, step_fn, st, computes_W):
     """Steps outside a worker's time budget never happened."""
@@ -202,12 +218,13 @@ class Masked(Clocked):
     """Who is up this round; those that were down the round before first
     download the global state (``network.CATCH_UP``), on their own links."""
     carry = super().begin(step, fleet)
-    if self.net.catch_up_s_W is None:  # stragglers only: nobody goes down
+    download_W = self.net.exchange_s_W.get(net_lib.CATCH_UP)
+    if download_W is None:  # stragglers only: nobody goes down
       return carry
     before = jnp.where(step >= self.period, self.up(step - self.period), True)
     back = carry.up_W & ~before
-    return carry._replace(
-        ready_W=jnp.where(back, self.net.catch_up_s_W, 0.0), rejoined_W=back)
+    return carry._replace(ready_W=jnp.where(back, download_W, 0.0),
+                          rejoined_W=back)
 
   def take_part(self, fn, carry, step, salt, active):
     active_W, start = net_lib.participants(self.net, carry.ready_W, carry.up_W,

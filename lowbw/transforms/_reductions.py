@@ -67,6 +67,22 @@ def _sharded() -> _Sharded | None:
 
 
 @contextlib.contextmanager
+def pushed(stack: list, value):
+  """``value`` on top of one of the trace context's stacks while the block
+  runs (what ``participating``, ``_robust.adversaries`` and
+  ``_robust.weighting`` set)."""
+  stack.append(value)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def top(stack: list):
+  """The innermost value of a trace context's stack, or None."""
+  return stack[-1] if stack else None
+
+
 def participating(active_W: Array | None):
   """While tracing a communication, the workers whose messages it combines:
   bool (W,) over this device's workers, or None for all of them.
@@ -76,11 +92,7 @@ def participating(active_W: Array | None):
   around a strategy's ``local``/``sync``/``global_params`` under a fault or
   straggler model; a notebook can set it around ``Strategy.step``.
   """
-  _TRACE.participants.append(active_W)
-  try:
-    yield
-  finally:
-    _TRACE.participants.pop()
+  return pushed(_TRACE.participants, active_W)
 
 
 def call_participating(active_W: Array | None, fn, *args):
@@ -98,7 +110,7 @@ def call_participating(active_W: Array | None, fn, *args):
 def participants() -> Array | None:
   """The workers taking part in the communication being traced (bool (W,)
   of this device's workers), or None: all."""
-  return _TRACE.participants[-1] if _TRACE.participants else None
+  return top(_TRACE.participants)
 
 
 def _mask(active_W: Array | None) -> Array | None:

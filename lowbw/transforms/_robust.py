@@ -10,7 +10,6 @@ with the strategy's aggregation: the participants' mean (the papers'), their
 coordinate-wise median, or their trimmed mean (``robust_mean``).
 """
 
-import contextlib
 from typing import NamedTuple
 
 import jax
@@ -19,7 +18,8 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw._types import Array, PyTree
 from lowbw.transforms._reductions import (_TRACE, all_workers, participants,
-                                          worker_mean, worker_sum)
+                                          pushed, top, worker_mean,
+                                          worker_sum)
 
 ROBUST = ("mean", "median", "trimmed_mean")
 
@@ -42,24 +42,13 @@ class Adversaries(NamedTuple):
   key: Array
 
 
-@contextlib.contextmanager
 def adversaries(value: Adversaries | None):
   """While tracing a communication, the Byzantine workers (None: none)."""
-  stack = _stack()
-  stack.append(value)
-  try:
-    yield
-  finally:
-    stack.pop()
+  return pushed(_TRACE.adversaries, value)
 
 
 def current() -> Adversaries | None:
-  stack = _stack()
-  return stack[-1] if stack else None
-
-
-def _stack() -> list:
-  return _TRACE.adversaries
+  return top(_TRACE.adversaries)
 
 
 def corrupts(fn, num_workers: int, *args) -> bool:
@@ -102,19 +91,14 @@ def corrupt(x_W: PyTree, worker_ids: Array) -> PyTree:
   return jax.tree.unflatten(treedef, out)
 
 
-@contextlib.contextmanager
 def weighting(weights_W: Array | None):
   """While tracing a sync, each worker's weight in the mean of the
   pseudo-gradients (this device's workers; DyLU's steps taken), or None."""
-  _TRACE.weights.append(weights_W)
-  try:
-    yield
-  finally:
-    _TRACE.weights.pop()
+  return pushed(_TRACE.weights, weights_W)
 
 
 def current_weights() -> Array | None:
-  return _TRACE.weights[-1] if _TRACE.weights else None
+  return top(_TRACE.weights)
 
 
 def weighted_mean(tree_W: PyTree, weights_W: Array,
