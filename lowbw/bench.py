@@ -22,6 +22,7 @@ from jax.sharding import PartitionSpec
 
 from lowbw import simulation
 from lowbw.simulation import build
+from lowbw.simulation._backward import Backward
 
 
 def _proc_status(field: str) -> int | None:
@@ -110,21 +111,33 @@ def uniform_sample(sampler, batch: int):
   return sample
 
 
-def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0):
+def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0,
+             backward=None):
   """A plain single-replica loop: ``inner`` on one model with batch ``batch``.
 
   Data are drawn inside jit from the same arrays the simulator samples
-  (``uniform_sample``). Returns ``run() -> seconds`` for ``steps`` steps
-  (one compiled ``lax.scan``), already compiled and warm.
+  (``uniform_sample``). ``backward`` (the run's ``Backward``): the same
+  compute precision (``autocast``) and the same number of micro-batches as
+  the simulated workers, so that both sides do the same arithmetic. Returns
+  ``run() -> seconds`` for ``steps`` steps (one compiled ``lax.scan``),
+  already compiled and warm.
   """
   sample = uniform_sample(sampler, batch)
   key = jax.random.PRNGKey(seed)
   params = model.init(key, jax.tree.map(lambda x: x[:1], sample(key)))
+  backward = backward or Backward()
+  loss_fn = backward.loss(model)
+
+  def grad_fn(params, batch, key):
+    (loss, metrics), g = jax.value_and_grad(loss_fn, has_aux=True)(
+        params, batch, key)
+    return loss, metrics, g
+
+  grads = backward.accumulated(grad_fn)
 
   def step(carry, key):
     params, opt_state = carry
-    (loss, _), g = jax.value_and_grad(model.loss, has_aux=True)(
-        params, sample(key), key)
+    loss, _, g = grads(params, sample(key), key)
     updates, opt_state = inner.update(g, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state), loss
 
@@ -240,7 +253,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   jax.block_until_ready(state)
   peak = memory.peak()  # the simulator's own: before the baseline exists
   base = baseline(simulator.config.model, sampler, inner,
-                  num_workers * batch_size, rounds * strategy.period, seed)
+                  num_workers * batch_size, rounds * strategy.period, seed,
+                  simulator.config.backward)
   for _ in range(warmup - 1):
     base()
   sim_s, base_s = [], []
@@ -274,6 +288,25 @@ def _settings(sim, rounds: int) -> dict:
   }
 
 
+def device_peak_flops() -> float | None:
+  """The first device's dense bf16 peak FLOP/s when its name matches one of
+  the clock's hardware presets ("NVIDIA H100 80GB HBM3" -> h100), else None
+  (a CPU, an unknown accelerator)."""
+  from lowbw.network._hardware import PRESETS
+  name = jax.devices()[0].device_kind.lower().replace(" ", "")
+  if jax.devices()[0].platform == "cpu":
+    return None
+  hits = [k for k in PRESETS if k in name]
+  return PRESETS[max(hits, key=len)] if hits else None
+
+
+def _mfu(tokens_per_s, flops_per_token: float) -> float | None:
+  peak = device_peak_flops()
+  if tokens_per_s is None or peak is None:
+    return None
+  return tokens_per_s * flops_per_token / peak
+
+
 def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
   """Throughput of the simulator and of the baseline, from the timed calls
   (medians; the efficiency is the median of each pair's ratio)."""
@@ -281,12 +314,16 @@ def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
   tokens = c.data.tokens_per_example
   examples = c.num_workers * rounds * c.period * c.batch_size
   run, base = statistics.median(sim_s), statistics.median(base_s)
+  rate = examples * tokens / run if tokens else None
+  base_rate = examples * tokens / base if tokens else None
   return {
       "worker_steps_per_s": c.num_workers * rounds * c.period / run,
       "examples_per_s": examples / run,
-      "tokens_per_s": examples * tokens / run if tokens else None,
+      "tokens_per_s": rate,
       "baseline_examples_per_s": examples / base,
-      "baseline_tokens_per_s": examples * tokens / base if tokens else None,
+      "baseline_tokens_per_s": base_rate,
+      "mfu": _mfu(rate, 6 * sim.num_params),
+      "baseline_mfu": _mfu(base_rate, 6 * sim.num_params),
       "efficiency": statistics.median(b / s for s, b in zip(sim_s, base_s)),
       "efficiencies": [b / s for s, b in zip(sim_s, base_s)],
       "round_s": run / rounds,

@@ -4,10 +4,13 @@ bytes and the state's memory are exact, bad flags are one-line errors.
 
 import json
 
+import jax.numpy as jnp
 import optax
 import pytest
 
 from lowbw import bench, cli, data, models, strategies
+from lowbw.simulation import build
+from lowbw.simulation._backward import Backward
 
 MLP = models.mlp(hidden=(8,))
 P = 64 * 8 + 8 + 8 * 10 + 10  # digits: 8x8 inputs, 10 classes
@@ -34,6 +37,24 @@ def test_figures_are_measured(figures):
   # 600-parameter model and the round it is timed against take tens of
   # microseconds, and a loaded test machine can put either above the other).
   assert 0 < f["sync_share"] < float("inf")
+
+
+def test_mfu_is_six_n_tokens_over_the_device_peak(monkeypatch):
+  assert bench.device_peak_flops() is None  # a CPU has no preset peak
+  monkeypatch.setattr(bench, "device_peak_flops", lambda: 1e12)
+  assert bench._mfu(1000.0, 6 * 5e5) == pytest.approx(3e9 / 1e12)
+  assert bench._mfu(None, 6 * 5e5) is None
+
+
+def test_the_baseline_takes_the_runs_precision_and_micro_batches():
+  # The one replica computes in the run's autocast type and micro-batches
+  # (bench.measure passes the run's Backward): it compiles and runs so.
+  sim = build(MLP, data.digits(), strategies.ddp(optax.sgd(0.1)),
+              num_workers=2, batch_size=4)
+  _, sampler, _, _ = sim.initial(0)
+  run = bench.baseline(MLP, sampler, optax.sgd(0.1), 8, 2, 0,
+                       Backward(2, jnp.bfloat16))
+  assert run() > 0
 
 
 def test_bytes_and_state_are_exact(figures):

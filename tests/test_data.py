@@ -276,6 +276,15 @@ def test_eval_batches_shapes():
   assert lm.eval_batches(10_000)["tokens"].shape == (1, 399, 11)
 
 
+def test_long_text_windows_are_evaluated_in_batches_of_at_most_65536_tokens():
+  lm = data.DataSource(
+      name="lm", task="lm", train={"tokens": np.zeros(2000, np.uint8)},
+      eval={"tokens": np.arange(300_000) % 256}, seq_len=1024,
+      vocab_size=256)
+  # 256 windows of 1,024 tokens: 4 batches of 64 (65,536 tokens each).
+  assert lm.eval_batches()["tokens"].shape == (4, 64, 1025)
+
+
 # Factories.
 
 

@@ -209,18 +209,24 @@ def format_table(s: dict, rows: list[dict]) -> str:
       f"{rows[0]['device']}, devices={rows[0]['devices']}, "
       f"{rows[0]['worker_dtype']} workers, worker batch "
       f"{_groups(s, rows)}, micro-batch {rows[0]['minibatch_size'] or 'none'}"
-      f", autocast {rows[0]['autocast']}; baseline: one replica, batch W*b "
-      "in float32; "
+      f", autocast {rows[0]['autocast']}; baseline: one replica, batch W*b, "
+      "same precision and micro-batches; "
       f"medians of {s['repeats']} timed calls; memory: "
       f"{rows[0]['memory_source']}",
-      " | ".join(head)]
+  ]
+  mfu = rows[0].get("mfu") is not None
+  if mfu:  # a device with a known peak (bench.device_peak_flops)
+    head[5:5] = ["MFU (6N)", "baseline MFU"]
+  lines.append(" | ".join(head))
   for r in rows:
     rate = r["tokens_per_s"] if lm else r["examples_per_s"]
     base = r["baseline_tokens_per_s"] if lm else r["baseline_examples_per_s"]
     share = "-" if r["sync_share"] is None else f"{100 * r['sync_share']:.2f}"
     lines.append(" | ".join([
         str(r["workers"]), f"{r['worker_steps_per_s']:,.1f}", f"{rate:,.0f}",
-        f"{base:,.0f}", f"{r['efficiency']:.3f}", share,
+        f"{base:,.0f}", f"{r['efficiency']:.3f}",
+        *([f"{r['mfu']:.1%}", f"{r['baseline_mfu']:.1%}"] if mfu else []),
+        share,
         f"{r['compile_s']:.1f}", _mb(r["peak_bytes"]),
         _mb(r["memory_per_worker"]), _mb(r["marginal_per_worker"]),
         _mb(r["theoretical_per_worker"]),

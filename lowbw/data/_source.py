@@ -17,6 +17,10 @@ TASKS = ("classification", "lm")
 # ImageNet-21k's 21,841; beyond that a label is taken for a mistake.
 LABEL_LIMIT = 2 ** 20
 _EVAL_BATCH_LIMIT = 512
+# Text windows per evaluation batch are capped in tokens as well: a long
+# context's attention activations grow with T^2, and 512 windows of 1,024
+# tokens of a 12-block model need tens of GiB at once.
+_EVAL_TOKEN_LIMIT = 65_536
 _LM_EVAL_DEFAULT = 256
 
 
@@ -259,7 +263,9 @@ class DataSource:
     Classification uses every eval example (or the first ``max_examples``); lm
     uses ``max_examples`` (default 256) non-overlapping windows of the eval
     tokens, spread evenly over the whole held-out stream (so every held-out
-    file is represented, not just the first few). With n examples, ``num_batches = ceil(n / 512)`` and
+    file is represented, not just the first few). With n examples and a
+    limit of L examples per batch (512; for text also at most 65,536
+    tokens), ``num_batches = ceil(n / L)`` and
     ``eval_batch = n // num_batches``; the last ``n % num_batches`` examples are
     dropped so every batch has the same shape.
 
@@ -286,7 +292,10 @@ class DataSource:
           "x": np.asarray(self.eval["x"][:n], np.float32),
           "y": np.asarray(self.eval["y"][:n], np.int32),
       }
-    num_batches = math.ceil(n / _EVAL_BATCH_LIMIT)
+    limit = _EVAL_BATCH_LIMIT
+    if self.task == "lm":
+      limit = min(limit, max(1, _EVAL_TOKEN_LIMIT // self.seq_len))
+    num_batches = math.ceil(n / limit)
     per_batch = n // num_batches
     return {
         k: v[: num_batches * per_batch].reshape(num_batches, per_batch, *v.shape[1:])

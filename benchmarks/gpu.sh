@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU throughput figures of docs/performance.md ("GPU"): `lowbw bench` for DDP
+# and DiLoCo at W = 1, 8, 32 on the default GPT, and DiLoCo on a GPT-2-small-shaped
+# model (12 blocks, d_model 768, 12 heads, context 1024; byte vocabulary, so
+# 85M parameters: GPT-2 small's without its 50,257-token embedding).
+# Each figure is a median over interleaved timed calls against one replica at
+# batch W*b in the same process, with the same precision and micro-batches.
+#
+#   benchmarks/gpu.sh small OUT_DIR   # the default GPT, both strategies
+#   benchmarks/gpu.sh gpt2 OUT_DIR    # GPT-2-small shape, W = 1 and 8
+set -euo pipefail
+phase=${1:?phase: small or gpt2}
+out=${2:?output folder}
+mkdir -p "$out"
+bench() { python3 -m lowbw bench "$@"; }
+case "$phase" in
+  small)
+    bench --strategy ddp --workers 1,8,32 --rounds 100 --repeats 5 \
+      --json "$out/gpt_ddp.json"
+    bench --strategy diloco --H 50 --workers 1,8,32 --rounds 2 --repeats 5 \
+      --json "$out/gpt_diloco.json" ;;
+  gpt2)
+    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
+           --autocast bfloat16 --repeats 2)
+    bench --strategy diloco --H 20 --workers 1 "${shape[@]}" --batch-size 8 \
+      --minibatch-size 2 --json "$out/gpt2_diloco_w1.json"
+    bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 1 \
+      --worker-batch 8 --json "$out/gpt2_diloco_w8.json" ;;
+  *) echo "unknown phase $phase" >&2; exit 2 ;;
+esac
