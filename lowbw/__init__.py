@@ -16,7 +16,7 @@ Example:
 
 from lowbw import data, models, network, strategies, telemetry, transforms
 from lowbw._validate import ConfigError
-from lowbw.config import Config, build, simulate
+from lowbw.config import Config, SavedRun, build, load, simulate
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, Simulator, SweepResult, initialize,
                               sweep)
@@ -24,6 +24,6 @@ from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
 
-__all__ = ["Config", "ConfigError", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
+__all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

@@ -283,7 +283,7 @@ def _settings(sim, rounds: int) -> dict:
       "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
       "minibatch_size": c.minibatch_size, "autocast": c.autocast,
       "num_params": sim.num_params,
-      "flops_per_token": 6 * sim.num_params,
+      "flops_per_token": sim.flops_per_token,
       "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",
   }
 
@@ -322,8 +322,8 @@ def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
       "tokens_per_s": rate,
       "baseline_examples_per_s": examples / base,
       "baseline_tokens_per_s": base_rate,
-      "mfu": _mfu(rate, 6 * sim.num_params),
-      "baseline_mfu": _mfu(base_rate, 6 * sim.num_params),
+      "mfu": _mfu(rate, sim.flops_per_token),
+      "baseline_mfu": _mfu(base_rate, sim.flops_per_token),
       "efficiency": statistics.median(b / s for s, b in zip(sim_s, base_s)),
       "efficiencies": [b / s for s, b in zip(sim_s, base_s)],
       "round_s": run / rounds,

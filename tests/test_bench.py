@@ -39,7 +39,8 @@ def test_figures_are_measured(figures):
   assert 0 < f["sync_share"] < float("inf")
 
 
-def test_mfu_is_six_n_tokens_over_the_device_peak(monkeypatch):
+def test_mfu_is_flops_per_token_times_tokens_over_the_device_peak(
+    monkeypatch):
   assert bench.device_peak_flops() is None  # a CPU has no preset peak
   monkeypatch.setattr(bench, "device_peak_flops", lambda: 1e12)
   assert bench._mfu(1000.0, 6 * 5e5) == pytest.approx(3e9 / 1e12)

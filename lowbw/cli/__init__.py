@@ -8,7 +8,8 @@ import sys
 import warnings
 
 from lowbw import _validate, telemetry
-from lowbw.cli import _bench, _parser, _plan, _plot, _sweep, _train
+from lowbw.cli import (_bench, _data, _parser, _plan, _plot, _saved, _sweep,
+                       _train)
 
 
 # Errors whose "what is allowed" speaks its own grammar (a codec chain, a
@@ -48,6 +49,9 @@ def _one_line(error: Exception, flags: dict[str, str]) -> str:
 def _flags_of(parser: _parser.Parser) -> dict[str, str]:
   """API field and setting name -> flag, for one command's parser."""
   flags = dict(parser.flags)
+  for action in parser._subparsers._group_actions if parser._subparsers else ():
+    for sub in getattr(action, "choices", {}).values():  # lowbw data prepare
+      flags.update(getattr(sub, "flags", {}))
   flags.update({api: parser.flags[name] for api, name in
                 _train.API_NAMES.items() if name in parser.flags})
   return flags
@@ -90,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
   _bench.add_parser(sub)
   _plan.add_parser(sub)
   _plot.add_parser(sub)
+  _data.add_parser(sub)
+  _saved.add_parsers(sub)
   for name in ("train", "sweep", "bench"):
     sub.choices[name].add_argument(
         "--no-compile-cache", action="store_true",

@@ -14,9 +14,9 @@ from lowbw.cli import _plot, _train
 
 # The model and run settings the bench shares with lowbw train (text data
 # for the language models, the digits for mlp and cnn).
-_MODEL_FIELDS = ("model", "layers", "d_model", "heads", "seq_len", "experts",
-                 "top_k", "expert_hidden", "hidden", "channels", "batch_size",
-                 "seed")
+_MODEL_FIELDS = ("model", "layers", "d_model", "heads", "seq_len",
+                 *config_lib.GPT_BLOCK, "experts", "top_k", "expert_hidden",
+                 "hidden", "channels", "batch_size", "seed")
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
 
@@ -216,7 +216,7 @@ def format_table(s: dict, rows: list[dict]) -> str:
   ]
   mfu = rows[0].get("mfu") is not None
   if mfu:  # a device with a known peak (bench.device_peak_flops)
-    head[5:5] = ["MFU (6N)", "baseline MFU"]
+    head[5:5] = ["MFU", "baseline MFU"]
   lines.append(" | ".join(head))
   for r in rows:
     rate = r["tokens_per_s"] if lm else r["examples_per_s"]

@@ -11,14 +11,15 @@ from lowbw.config._config import (ALIASES, FIELDS, GROUPS, Config, canonical,
                                   check_value)
 from lowbw.config._fields import RUN, SHAPE, TRACED, Field, flag_kwargs
 from lowbw.config._files import FORMATS, read_config, read_file
-from lowbw.config._resolve import (COMPUTE_SETTINGS, build_data, build_model,
-                                   ints, used)
+from lowbw.config._load import SavedRun, load
+from lowbw.config._resolve import (COMPUTE_SETTINGS, GPT_BLOCK, build_data,
+                                   build_model, ints, used)
 from lowbw.config._strategy_fields import (DEFAULT_STRATEGY, build_inner,
                                            fill, spec_of)
 from lowbw.config._strategy_fields import TRACED as strategy_traced
 from lowbw.config._strategy_fields import build as build_strategy
 
-__all__ = ["COMPUTE_SETTINGS", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
-           "build_strategy", "fill", "ints", "spec_of", "strategy_traced", "used",
+__all__ = ["COMPUTE_SETTINGS", "GPT_BLOCK", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
+           "build_strategy", "fill", "load", "SavedRun", "ints", "spec_of", "strategy_traced", "used",
            "ALIASES", "Config", "build", "build_config", "run_config", "simulate", "yaml_or_none", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
            "SHAPE", "TRACED", "canonical", "check_value", "flag_kwargs", "read_config", "read_file"]

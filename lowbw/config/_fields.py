@@ -126,6 +126,19 @@ RUN_FIELDS = (
     Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
     Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
     Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),
+    Field("norm", "layernorm", SHAPE, _M, "gpt: normalisation layer",
+          choices=("layernorm", "rmsnorm")),
+    Field("mlp", "gelu", SHAPE, _M, "gpt: feed-forward block (swiglu: "
+          "LLaMA's gated SiLU)", choices=("gelu", "swiglu")),
+    Field("position", "learned", SHAPE, _M, "gpt: positions as a learned "
+          "table or rotary embeddings (RoPE)", choices=("learned", "rotary")),
+    Field("qk_norm", False, SHAPE, _M, "gpt: RMSNorm of each head's queries "
+          "and keys", bool),
+    Field("tie_embeddings", False, SHAPE, _M, "gpt: the output layer is the "
+          "token embedding, transposed", bool),
+    Field("norm_position", "pre", SHAPE, _M, "gpt: normalise each "
+          "sub-layer's input (pre) or the residual sum after it (post)",
+          choices=("pre", "post")),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -134,12 +147,13 @@ RUN_FIELDS = (
           unit="tokens"),
     Field("hidden", "64", SHAPE, _M, "mlp hidden sizes, comma-separated"),
     Field("channels", "16,32", SHAPE, _M, "cnn channels, comma-separated"),
-    Field("data", "text", SHAPE, _M, "text | digits | PATH (.npz arrays, "
-          ".bin uint16 tokens, or a folder of text files); text: the Python "
-          "standard library's sources"),
+    Field("data", "text", SHAPE, _M, "text | digits | PATH (a folder made "
+          "by `lowbw data prepare`, an MNIST, Fashion-MNIST or CIFAR-10 "
+          "folder, .npz arrays, .bin uint16 tokens, or a folder of text "
+          "files); text: the Python standard library's sources"),
     Field("data_root", None, SHAPE, _M, "folder of text files for data text"),
     Field("sharding", "iid", SHAPE, _M, "how examples are split over workers",
-          choices=("contiguous", "dirichlet", "iid")),
+          choices=("contiguous", "dirichlet", "iid", "source")),
     Field("alpha", 0.5, SHAPE, _M, "dirichlet concentration", float),
     # -- network
     Field("bandwidth", _net("bandwidth"), TRACED, _N,
@@ -277,14 +291,18 @@ RUN_FIELDS = (
 # Settings that only some choices use: choice kind -> choice -> settings.
 # Giving one that the run ignores is an error rather than a silent no-op.
 USED_BY = {
-    "model": {"gpt": {"layers", "d_model", "heads", "seq_len"},
+    "model": {"gpt": {"layers", "d_model", "heads", "seq_len", "norm", "mlp",
+                      "position", "qk_norm", "tie_embeddings",
+                      "norm_position"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
                           "top_k", "expert_hidden"},
               "mlp": {"hidden"},
               "cnn": {"channels"}},
     "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},
-             "folder": {"seq_len"}, "classification": set()},
-    "sharding": {"dirichlet": {"alpha"}, "iid": set(), "contiguous": set()},
+             "folder": {"seq_len"}, "prepared": {"seq_len"},
+             "classification": set()},
+    "sharding": {"dirichlet": {"alpha"}, "iid": set(), "contiguous": set(),
+                 "source": set()},
     "topology": {"hierarchical": {"group_size", "regional_bandwidth",
                                   "regional_latency"},
                  "ring": set(), "parameter_server": set()},

@@ -34,7 +34,7 @@ def _owned(table) -> set[str]:
 
 
 def data_kind(s: dict) -> str:
-  """"text", "folder", "tokens", "classification" or "object" (a
+  """"text", "folder", "prepared", "tokens", "classification" or "object" (a
   ``DataSource`` given directly), from the settings alone."""
   data = s["data"]
   if not isinstance(data, str):
@@ -44,7 +44,9 @@ def data_kind(s: dict) -> str:
   if data == "digits" or data.endswith(".npz"):
     return "classification"
   if os.path.isdir(data):
-    return "folder"
+    if data_lib.image_kind(data):
+      return "classification"
+    return "prepared" if data_lib.is_prepared(data) else "folder"
   return "tokens" if data.endswith(".bin") else "classification"
 
 
@@ -96,11 +98,12 @@ def check_used(s: dict, explicit) -> None:
       "compress" in _owned_by_strategy(s)):
     raise _validate.fail("compress", s["compress"],
                          "says what codec encodes; give a codec")
-  if s["sharding"] == "dirichlet" and data_kind(s) in ("text", "folder",
-                                                       "tokens"):
-    raise _validate.fail("sharding", "dirichlet", "needs labelled "
-                         "(classification) data; text has no labels: "
-                         "expected iid or contiguous")
+  if s["sharding"] in ("dirichlet", "source") and data_kind(s) in (
+      "text", "folder", "tokens"):
+    raise _validate.fail("sharding", s["sharding"], "needs labelled "
+                         "(classification) data or a corpus made by `lowbw "
+                         "data prepare` (it records sources); this text has "
+                         "neither: expected iid or contiguous")
   chosen, table = choices(s), used_by()
   for name in sorted(set(explicit) - used(s)):
     owners = [kind for kind, options in table.items()
@@ -153,6 +156,12 @@ def _build_data(s: dict):
                                **common)
   if name == "digits":
     return data_lib.digits(**labelled)
+  kind = data_lib.image_kind(name)
+  if kind is not None:  # MNIST and Fashion-MNIST share their file names
+    return (data_lib.mnist if kind == "mnist" else data_lib.cifar10)(
+        name, **labelled)
+  if data_lib.is_prepared(name):
+    return data_lib.prepared(name, seq_len=s["seq_len"], **labelled)
   if os.path.isdir(name):
     return data_lib.text_bytes(seq_len=s["seq_len"], root=name, **common)
   if name.endswith(".npz"):
@@ -163,6 +172,11 @@ def _build_data(s: dict):
                        ".npz file or a .bin token file")
 
 
+# The GPT's block options, as settings and as models.gpt's keywords.
+GPT_BLOCK = ("norm", "mlp", "position", "qk_norm", "tie_embeddings",
+             "norm_position")
+
+
 def build_model(s: dict, source):
   if s["model"] is not None and not isinstance(s["model"], str):
     return s["model"]
@@ -171,7 +185,7 @@ def build_model(s: dict, source):
     shape = dict(layers=s["layers"], d_model=s["d_model"], heads=s["heads"],
                  seq_len=s["seq_len"], vocab=max(256, source.vocab_size or 0))
     if name == "gpt":
-      return models_lib.gpt(**shape)
+      return models_lib.gpt(**shape, **{k: s[k] for k in GPT_BLOCK})
     return models_lib.moe_gpt(**shape, num_experts=s["experts"],
                               top_k=s["top_k"],
                               expert_hidden=s["expert_hidden"])

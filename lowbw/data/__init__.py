@@ -20,6 +20,18 @@ from lowbw import _validate
 from lowbw.data._arrays import arrays
 from lowbw.data._arrays import token_file
 from lowbw.data._digits import digits
+from lowbw.data._images import cifar10
+from lowbw.data._images import cifar10_arrays
+from lowbw.data._images import fashion_mnist
+from lowbw.data._images import image_kind
+from lowbw.data._images import mnist
+from lowbw.data._images import mnist_arrays
+from lowbw.data._images import read_idx
+from lowbw.data._per_worker import per_worker
+from lowbw.data._prepare import RECIPES
+from lowbw.data._prepare import prepare
+from lowbw.data._prepared import is_prepared
+from lowbw.data._prepared import prepared
 from lowbw.data._sampler import WorkerSampler
 from lowbw.data._source import DataSource
 from lowbw.data._text import text_bytes
@@ -29,6 +41,11 @@ _REGISTRY: dict[str, Callable[..., DataSource]] = {
     "text": text_bytes,
     "arrays": arrays,
     "tokens": token_file,
+    "prepared": prepared,
+    "mnist": mnist,
+    "fashion_mnist": fashion_mnist,
+    "cifar10": cifar10,
+    "per_worker": per_worker,
 }
 # Sources record their factory's own name in `config["name"]`; accepting it
 # too lets `get(**source.config)` rebuild a source.
@@ -66,11 +83,23 @@ def get(name: str, **kwargs) -> DataSource:
 
 __all__ = [
     "DataSource",
+    "RECIPES",
     "WorkerSampler",
     "arrays",
+    "cifar10",
+    "cifar10_arrays",
     "digits",
+    "fashion_mnist",
     "get",
+    "image_kind",
+    "is_prepared",
+    "mnist",
+    "mnist_arrays",
     "names",
+    "per_worker",
+    "prepare",
+    "prepared",
+    "read_idx",
     "text_bytes",
     "token_file",
 ]

@@ -9,7 +9,9 @@ import numpy as np
 
 from lowbw import _validate
 
-SHARDINGS = ("iid", "contiguous", "dirichlet")
+SHARDINGS = ("iid", "contiguous", "dirichlet", "source", "assigned")
+# Shardings that need a group (class label or source) per example.
+GROUPED = ("dirichlet", "source", "assigned")
 
 
 def shard_indices(
@@ -31,7 +33,9 @@ def shard_indices(
   those proportions. Small ``alpha`` gives each worker few classes.
 
   Args:
-    sharding: ``"iid"``, ``"contiguous"`` or ``"dirichlet"``.
+    sharding: ``"iid"``, ``"contiguous"``, ``"dirichlet"``, ``"source"``
+      (each group, a class or a text source, whole to one worker) or
+      ``"assigned"`` (group w is worker w's: ``data.per_worker``).
     num_examples: N, the number of training examples.
     num_workers: W.
     seed: seeds ``np.random.default_rng`` (unused by ``"contiguous"``).
@@ -47,11 +51,16 @@ def shard_indices(
   """
   _validate.one_of("sharding", sharding, SHARDINGS)
   rng = np.random.default_rng(seed)
-  if sharding == "dirichlet":
+  if sharding in GROUPED:
     if labels is None:
       raise _validate.fail(
           "sharding", sharding,
-          "'dirichlet' needs class labels; use 'iid' or 'contiguous'")
+          f"{sharding!r} needs class labels or sources; use 'iid' or "
+          "'contiguous'")
+    if sharding == "source":
+      return _by_group(np.asarray(labels), num_workers)
+    if sharding == "assigned":
+      return _assigned(np.asarray(labels), num_workers)
     return _dirichlet(np.asarray(labels), num_workers, alpha, rng)
   per_worker = num_examples // num_workers
   if sharding == "iid":
@@ -73,6 +82,36 @@ def _dirichlet(
     for worker, part in enumerate(np.split(members, cuts)):
       pieces[worker].append(part)
   return [np.sort(np.concatenate(p)).astype(np.int64) for p in pieces]
+
+
+def _by_group(labels: np.ndarray, num_workers: int) -> list[np.ndarray]:
+  """Every group whole to one worker: largest groups first, each to the
+  worker holding fewest examples so far (ties: the lowest index)."""
+  groups, sizes = np.unique(labels, return_counts=True)
+  if len(groups) < num_workers:
+    raise _validate.fail(
+        "sharding", "source", f"gives each worker whole sources, and there "
+        f"are {len(groups)} for {num_workers} workers; use fewer workers or "
+        "'dirichlet'")
+  held = np.zeros(num_workers, np.int64)
+  pieces = [[] for _ in range(num_workers)]
+  for i in np.argsort(-sizes, kind="stable"):
+    worker = int(np.argmin(held))
+    pieces[worker].append(np.flatnonzero(labels == groups[i]))
+    held[worker] += sizes[i]
+  return [np.sort(np.concatenate(p)).astype(np.int64) for p in pieces]
+
+
+def _assigned(groups: np.ndarray, num_workers: int) -> list[np.ndarray]:
+  """Worker w owns the examples of group w (``data.per_worker``); a group
+  of -1 belongs to no one."""
+  count = int(groups.max(initial=-1)) + 1
+  if count != num_workers:
+    raise _validate.fail(
+        "num_workers", num_workers, f"this data gives {count} workers their "
+        "own datasets (data.per_worker); run it with that many workers")
+  return [np.flatnonzero(groups == w).astype(np.int64)
+          for w in range(num_workers)]
 
 
 def pad_shards(shards: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:

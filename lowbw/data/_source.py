@@ -39,14 +39,20 @@ class DataSource:
       (N,)) or ``"lm"`` (array ``tokens`` uint8/uint16 (N_tokens,)).
     train: the training arrays.
     eval: held-out arrays with the same keys.
-    sharding: ``"iid"``, ``"contiguous"`` or ``"dirichlet"`` (classification
-      only); see ``build``.
+    sharding: ``"iid"``, ``"contiguous"``, ``"dirichlet"`` or ``"source"``
+      (these two by class label, or by text source where ``groups`` is
+      given); see ``build``.
     alpha: Dirichlet concentration (used by ``"dirichlet"``).
     seq_len: tokens per lm example (the model sees ``seq_len + 1`` tokens:
       inputs and shifted targets).
     vocab_size: lm only: 256 for bytes, max token + 1 for token files.
     config: JSON-serialisable ``{"name": factory name, **kwargs}``; arrays
       passed in memory appear as a description string.
+    groups: optional: an int group (the source) of each training example
+      (text: window), for ``"source"``, ``"dirichlet"`` and ``"assigned"``
+      sharding; classification falls back to its labels.
+    tokenizer: lm only, optional: the ``tokenizer.json`` the tokens were
+      made with (None: bytes).
 
   Example:
     >>> import numpy as np
@@ -67,6 +73,8 @@ class DataSource:
   seq_len: int | None = None
   vocab_size: int | None = None
   config: dict[str, Any] = dataclasses.field(default_factory=dict)
+  groups: np.ndarray | None = None
+  tokenizer: str | None = None
 
   def __post_init__(self):
     self._check()
@@ -81,12 +89,17 @@ class DataSource:
       self._check_classification()
 
   def _check_lm(self):
-    if self.sharding == "dirichlet":
+    if self.sharding in _sharding.GROUPED and self.groups is None:
       raise _validate.fail(
           "sharding", self.sharding,
-          "'dirichlet' splits examples by class label and lm data has no "
-          "labels; expected 'iid' or 'contiguous'")
+          f"{self.sharding!r} splits examples by class label or source, and "
+          "this text has neither (a corpus made by `lowbw data prepare` "
+          "has sources); expected 'iid' or 'contiguous'")
     _validate.positive_int("seq_len", self.seq_len)
+    if self.groups is not None and len(self.groups) != self.num_examples():
+      raise _validate.fail(
+          "groups", f"<{len(self.groups)} groups>",
+          f"expected one per training window ({self.num_examples()})")
     _validate.positive_int("vocab_size", self.vocab_size)
     for part, arrays in (("train", self.train), ("eval", self.eval)):
       tokens = arrays.get("tokens")
@@ -220,7 +233,9 @@ class DataSource:
     total = self.num_examples()
     shards = _sharding.shard_indices(
         self.sharding, total, num_workers, int(seed),
-        labels=self.train.get("y"), alpha=self.alpha)
+        labels=self.groups if self.groups is not None
+        else self.train.get("y"),
+        alpha=self.alpha)
     self._check_batch_fits(shards, batch_size)
     shard_idx_W, shard_len_W = _sharding.pad_shards(shards)
     if self.task == "lm":

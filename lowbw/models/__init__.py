@@ -1,8 +1,11 @@
 """Models: pure ``init``/``loss`` functions, built-in ones and wrappers.
 
-A :class:`Model` is ``(init, loss, task, name, config)``. The built-ins are
-flax linen modules wrapped into that contract: :func:`mlp` and :func:`cnn`
-classify ``{"x", "y"}`` batches, :func:`gpt` models ``{"tokens"}`` batches.
+A :class:`Model` is ``(init, loss, task, name, config, apply)``; ``apply``
+(the logits of the forward that ``loss`` scores) is optional for a user's
+model and given by every built-in. The built-ins are flax linen modules
+wrapped into that contract: :func:`mlp` and :func:`cnn` classify ``{"x",
+"y"}`` batches, :func:`gpt` and :func:`moe_gpt` model ``{"tokens"}`` batches
+(:func:`gpt_flops_per_token` counts a gpt's matmul FLOPs per token).
 :func:`from_flax` wraps a user's module, :func:`as_model` accepts whatever a
 user passes as ``model=``, and :func:`get` builds a built-in by name.
 """
@@ -13,6 +16,9 @@ from lowbw.models._contract import check_contract
 from lowbw.models._contract import from_flax
 from lowbw.models._contract import Model
 from lowbw.models._contract import param_count
+from lowbw.models._flops import flops_per_token
+from lowbw.models._generate import generate
+from lowbw.models._gpt import flops_per_token as gpt_flops_per_token
 from lowbw.models._gpt import gpt
 from lowbw.models._mlp import mlp
 from lowbw.models._moe_gpt import moe_gpt
@@ -23,9 +29,12 @@ __all__ = (
     "Model",
     "as_model",
     "cnn",
+    "flops_per_token",
     "from_flax",
+    "generate",
     "get",
     "gpt",
+    "gpt_flops_per_token",
     "mlp",
     "moe_gpt",
     "param_count",

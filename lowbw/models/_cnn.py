@@ -47,7 +47,8 @@ def cnn(
   channels, relu, and a 2x2 average pool (stride 2); then flatten,
   ``Dense(dense) -> relu -> Dense(num_classes)``. Images are ``batch["x"]``
   shaped (b, H, W, C), or (b, H, W) for grayscale; any H, W work (8x8 sklearn
-  digits, 28x28 MNIST). Loss: mean softmax cross-entropy against
+  digits, 28x28 MNIST). ``model.apply(params, x)`` gives the (b,
+  num_classes) logits. Loss: mean softmax cross-entropy against
   ``batch["y"]``; metrics: ``{"accuracy"}``.
 
   Args:

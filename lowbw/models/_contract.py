@@ -1,4 +1,5 @@
-"""The model contract: a NamedTuple of pure ``init``/``loss`` functions.
+"""The model contract: a NamedTuple of pure ``init``/``loss`` functions (and,
+for the built-in and wrapped models, ``apply``).
 
 Every model lowbw trains is a :class:`Model`. The simulator never looks inside
 it: it vmaps ``init`` and ``loss`` over the worker axis, so both must be pure
@@ -22,7 +23,7 @@ TASKS = ("classification", "lm")
 
 
 class Model(NamedTuple):
-  """A model as two pure functions plus a description.
+  """A model as pure functions plus a description.
 
   Attributes:
     init: ``init(key, batch) -> params``; ``batch`` is an example batch of ONE
@@ -36,12 +37,20 @@ class Model(NamedTuple):
       ``"custom"``.
     config: JSON-serialisable ``{"name": name, **factory kwargs}``; a run
       writes it to its ``config.json``.
+    apply: ``apply(params, inputs) -> logits``, the forward pass that
+      ``loss`` scores, or None (a custom ``(init, loss)`` pair). For ``"lm"``
+      models ``inputs`` are int tokens (b, T) with T <= the model's
+      ``seq_len`` and the logits are float (b, T, vocab); for
+      ``"classification"`` ``inputs`` are ``x`` (b, ...) and the logits are
+      (b, classes). Last and optional, so ``Model(init, loss, task, name,
+      config)`` still builds one.
   """
   init: Callable[[PRNGKey, Batch], Params]
   loss: Callable[[Params, Batch, PRNGKey], tuple[Array, dict[str, Array]]]
   task: str
   name: str
   config: dict[str, Any]
+  apply: Callable[[Params, Array], Array] | None = None
 
 
 def param_count(params: PyTree) -> int:
@@ -112,7 +121,8 @@ def _cross_entropy(
 def wrap_module(
     module: nn.Module, task: str, name: str, config: dict[str, Any]
 ) -> Model:
-  """The Model of a linen module mapping inputs to logits."""
+  """The Model of a linen module mapping inputs to logits: ``apply`` is the
+  module's forward and ``loss`` the cross-entropy of its logits."""
 
   def init(key: PRNGKey, batch: Batch) -> Params:
     inputs, _ = _inputs_and_labels(batch, task)
@@ -127,15 +137,18 @@ def wrap_module(
           "models)")
     return variables.get("params", {})
 
+  def apply(params: Params, inputs: Array) -> Array:
+    return module.apply({"params": params}, inputs)
+
   def loss(
       params: Params, batch: Batch, key: PRNGKey | None = None
   ) -> tuple[Array, dict[str, Array]]:
     del key  # The wrapped modules are deterministic.
     inputs, labels = _inputs_and_labels(batch, task)
-    logits = module.apply({"params": params}, inputs)
-    return _cross_entropy(logits, labels)
+    return _cross_entropy(apply(params, inputs), labels)
 
-  return Model(init=init, loss=loss, task=task, name=name, config=config)
+  return Model(init=init, loss=loss, task=task, name=name, config=config,
+               apply=apply)
 
 
 def from_flax(module: nn.Module, task: str = "classification") -> Model:
@@ -153,7 +166,8 @@ def from_flax(module: nn.Module, task: str = "classification") -> Model:
 
   Returns:
     A :class:`Model` named after the module's class, with config
-    ``{"name": class name, "task": task}``.
+    ``{"name": class name, "task": task}``; its ``apply(params, inputs)``
+    is ``module.apply({"params": params}, inputs)``.
 
   Example:
     >>> import flax.linen as nn
@@ -166,6 +180,7 @@ def from_flax(module: nn.Module, task: str = "classification") -> Model:
     >>> batch = {"x": jnp.ones((4, 5)), "y": jnp.zeros((4,), jnp.int32)}
     >>> params = model.init(jax.random.key(0), batch)
     >>> loss, metrics = model.loss(params, batch, jax.random.key(1))
+    >>> logits = model.apply(params, batch["x"])  # (4, 3)
   """
   if not isinstance(module, nn.Module):
     raise _validate.fail("module", type(module).__name__,
@@ -182,7 +197,7 @@ def as_model(obj: Any) -> Model:
     obj: a :class:`Model` (returned as is); a ``flax.linen.Module`` instance
       (wrapped by :func:`from_flax` as a classifier); or a pair
       ``(init, loss)`` of functions following the :class:`Model` contract
-      (task and name ``"custom"``).
+      (task and name ``"custom"``, no ``apply``).
 
   Returns:
     A :class:`Model`.

@@ -37,8 +37,9 @@ def mlp(
 
   Each example of ``batch["x"]`` (any feature shape) is flattened, passed
   through ``Dense(h) -> activation`` for each ``h`` in ``hidden``, then a
-  ``Dense(num_classes)`` gives the logits. Loss: mean softmax cross-entropy
-  against ``batch["y"]``; metrics: ``{"accuracy"}``.
+  ``Dense(num_classes)`` gives the logits (``model.apply(params, x)``, shaped
+  (b, num_classes)). Loss: mean softmax cross-entropy against ``batch["y"]``;
+  metrics: ``{"accuracy"}``.
 
   Args:
     hidden: widths of the hidden layers, default ``(64,)``; ``()`` gives

@@ -13,8 +13,11 @@ combine weights (zero off the top-k) select the outputs. Every routed token
 is processed (drop-less by construction), it is exact against a per-token
 reference, and at lowbw's sizes (E <= 16, a few thousand tokens per worker)
 one batched matmul over E beats a sort plus grouped matmul on CPU: see
-``docs/models.md`` for the measurement. It costs E/k times the expert FLOPs
-of a sparse dispatch.
+``docs/strategies/spes.md`` for the measurement. It costs E/k times the
+expert FLOPs of a sparse dispatch.
+
+The attention is :class:`lowbw.models._blocks.Attention` with RMSNorm
+QK-norm, rotary positions and no biases.
 """
 
 import math
@@ -26,53 +29,15 @@ import optax
 
 from lowbw import _validate
 from lowbw._types import Array, Batch, Params, PRNGKey
-from lowbw.models import _contract
+from lowbw.models import _blocks, _contract
 from lowbw.models._gpt import _check_token_range
 
-_STD = 0.02
+_STD = _blocks.STD
 
 # SPES Appendix B's loss coefficients (the same for every model size).
 BALANCE_COEF = 0.01
 ROUTER_Z_COEF = 0.001
 OUTPUT_Z_COEF = 1e-5
-
-
-def rope(x_BxTxHxK: Array, base: float = 10000.0) -> Array:
-  """Rotary position embedding (Su et al.): pairs (i, i + K/2) of each head
-  rotated by position-dependent angles."""
-  t, k = x_BxTxHxK.shape[1], x_BxTxHxK.shape[-1]
-  half = k // 2
-  freqs_H = base ** (-jnp.arange(half, dtype=jnp.float32) / half)
-  angles_TxH = jnp.arange(t, dtype=jnp.float32)[:, None] * freqs_H[None]
-  cos = jnp.cos(angles_TxH)[None, :, None, :]
-  sin = jnp.sin(angles_TxH)[None, :, None, :]
-  x1, x2 = x_BxTxHxK[..., :half], x_BxTxHxK[..., half:]
-  return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
-
-
-class _Attention(nn.Module):
-  heads: int
-  out_std: float
-
-  @nn.compact
-  def __call__(self, x_BxTxD: Array) -> Array:
-    b, t, d = x_BxTxD.shape
-    dh = d // self.heads
-    qkv = nn.Dense(3 * d, use_bias=False,
-                   kernel_init=nn.initializers.normal(_STD), name="qkv")(x_BxTxD)
-    qkv_BxTx3xHxK = jnp.reshape(qkv, (b, t, 3, self.heads, dh))
-    q, k, v = (qkv_BxTx3xHxK[:, :, i] for i in range(3))
-    # QK-norm: RMSNorm of each head's queries and keys, before RoPE.
-    q = rope(nn.RMSNorm(name="q_norm")(q))
-    k = rope(nn.RMSNorm(name="k_norm")(k))
-    scores_BxHxTxT = jnp.einsum("bqhk,bshk->bhqs", q, k) / math.sqrt(dh)
-    causal = jnp.tril(jnp.ones((t, t), bool))[None, None]
-    scores_BxHxTxT = jnp.where(causal, scores_BxHxTxT,
-                               jnp.finfo(scores_BxHxTxT.dtype).min)
-    out = jnp.einsum("bhqs,bshk->bqhk", jax.nn.softmax(scores_BxHxTxT, -1), v)
-    return nn.Dense(d, use_bias=False,
-                    kernel_init=nn.initializers.normal(self.out_std),
-                    name="out")(jnp.reshape(out, (b, t, d)))
 
 
 class Experts(nn.Module):
@@ -153,8 +118,9 @@ class _Block(nn.Module):
 
   @nn.compact
   def __call__(self, x_BxTxD: Array):
-    x_BxTxD = x_BxTxD + _Attention(self.heads, self.out_std, name="attn")(
-        nn.RMSNorm(name="norm_attn")(x_BxTxD))
+    attn = _blocks.Attention(self.heads, self.out_std, use_bias=False,
+                             qk_norm=True, rotary=True, name="attn")
+    x_BxTxD = x_BxTxD + attn(nn.RMSNorm(name="norm_attn")(x_BxTxD))
     y, stats = MoE(self.num_experts, self.top_k, self.hidden, self.out_std,
                    name="moe")(nn.RMSNorm(name="norm_moe")(x_BxTxD))
     return x_BxTxD + y, stats
@@ -250,6 +216,7 @@ def moe_gpt(
   of routed token slots expert e received); the balance loss and shares are
   averaged over layers and the router z-loss summed over them, as in the
   SPES authors' code. Eval perplexity is exp(cross_entropy).
+  ``model.apply(params, tokens)`` gives the (b, T, vocab) logits only.
 
   The defaults scale SPES's smallest model (16 experts, top-2, SwiGLU width
   2048 at d 768) to the embedded byte-level text: 8 experts, top-2, width
@@ -294,5 +261,10 @@ def moe_gpt(
     inputs, _ = _contract._lm_split(batch)
     return module.init(key, inputs)["params"]
 
+  def apply(params: Params, tokens_BxT: Array) -> Array:
+    # The forward of the loss; the router statistics (unused) are dropped.
+    logits_BxTxV, _ = module.apply({"params": params}, tokens_BxT)
+    return logits_BxTxV
+
   return _contract.Model(init=init, loss=_lm_loss(module, coefs), task="lm",
-                         name="moe_gpt", config=config)
+                         name="moe_gpt", config=config, apply=apply)

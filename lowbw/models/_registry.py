@@ -16,13 +16,14 @@ def get(name: str, **kwargs: Any) -> _contract.Model:
   Args:
     name: ``"mlp"``, ``"cnn"``, ``"gpt"`` or ``"moe_gpt"``.
     **kwargs: arguments of that factory (:func:`mlp`, :func:`cnn`,
-      :func:`gpt`).
+      :func:`gpt` with its block options, :func:`moe_gpt`).
 
   Returns:
     The :class:`Model`; ``get(**model.config)`` rebuilds it.
 
   Example:
     >>> model = get("gpt", layers=4, d_model=256)
+    >>> llama_like = get("gpt", norm="rmsnorm", mlp="swiglu", position="rotary")
   """
   _validate.one_of("model", name, _FACTORIES)
   factory = _FACTORIES[name]

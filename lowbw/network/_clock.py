@@ -588,6 +588,9 @@ class Clock:
     return out
 
 
-def flops_per_step(num_params: int, tokens_per_worker_step: int) -> float:
-  """6 P FLOPs per token (forward 2P, backward 4P)."""
-  return 6.0 * num_params * tokens_per_worker_step
+def flops_per_step(num_params: int, tokens_per_worker_step: int,
+                   flops_per_token: float | None = None) -> float:
+  """``flops_per_token`` (default 6 P: forward 2P, backward 4P) times the
+  tokens of a worker's step."""
+  per_token = 6.0 * num_params if flops_per_token is None else flops_per_token
+  return per_token * tokens_per_worker_step

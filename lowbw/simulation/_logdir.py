@@ -17,7 +17,8 @@ from lowbw import _validate, telemetry
 # files).
 RUN_FILES = (telemetry.CHECKPOINTS, "config.json", "metrics.csv",
              "summary.json", "tensorboard", "sweep.csv", "sweep.json",
-             "sweep.png", "plot.png", "wandb", "config.yaml")
+             "sweep.png", "plot.png", "wandb", "config.yaml",
+             telemetry.PARAMS, "tokenizer.json")
 _POINTS = "point_[0-9][0-9][0-9]*"
 
 

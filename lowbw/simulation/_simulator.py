@@ -13,6 +13,7 @@ a shape (Dirichlet shards of another size) compiles again.
 import dataclasses
 import math
 import os
+import shutil
 import time
 import warnings
 
@@ -21,6 +22,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
 from lowbw import transforms as transforms_lib
+from lowbw import models as models_lib
 from lowbw.models import check_contract
 from lowbw import network as net_lib
 from lowbw.network import tiers_of
@@ -82,7 +84,10 @@ class Simulator:
     self.channels = dict(self.priced_channels)
     self._pricings: dict = {}  # id(network) -> (network, Pricing)
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
-    self.flops_per_step = net_lib.flops_per_step(self.num_params, tokens)
+    self.flops_per_token = models_lib.flops_per_token(
+        c.model, self.num_params, c.data.tokens_per_example)
+    self.flops_per_step = net_lib.flops_per_step(self.num_params, tokens,
+                                                 self.flops_per_token)
     if c.network is not None:  # what each worker sends under the topology
       costs = self.pricing(c.network).costs
       self.channels = {
@@ -461,8 +466,19 @@ class Simulator:
     params = exe.global_params(state)
     if self.processes > 1:  # a copy this process can read
       params = jax.tree.map(lambda x: x.addressable_data(0), params)
+    if log_dir and self.main_process:
+      self._save_model(log_dir, params)
     return Result(track.history.as_arrays(), params, state, summary, config,
                   log_dir)
+
+  def _save_model(self, log_dir: str, params) -> None:
+    """The final global parameters (``params.npz``) and the tokenizer the
+    data was made with, so that ``lowbw.load`` and ``lowbw generate`` need
+    nothing else."""
+    telemetry.save_params(log_dir, params)
+    tokenizer = getattr(self.config.data, "tokenizer", None)
+    if tokenizer is not None:
+      shutil.copyfile(tokenizer, os.path.join(log_dir, "tokenizer.json"))
 
   # ------------------------------------------------------------ description
   def describe(self, seed: int, network, hparams=None, metadata=None) -> dict:

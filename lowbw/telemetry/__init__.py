@@ -5,6 +5,7 @@ from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
                                    spans_decades)
 from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
                                          latest_step, read_meta, restore, save)
+from lowbw.telemetry._params import PARAMS, load_params, save_params
 from lowbw.telemetry._progress import ProgressBar, is_terminal
 from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      WandbWriter, WriteError, check_writable,
@@ -13,7 +14,7 @@ from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
 
 __all__ = [
     "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
-    "CHECKPOINTS", "CSVWriter", "ProgressBar", "TensorBoardWriter",
+    "CHECKPOINTS", "CSVWriter", "PARAMS", "load_params", "save_params", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_wandb", "is_terminal", "latest_step", "names", "quiet_logs",
     "read_meta", "restore", "save", "write_json", "write_text",

@@ -1,0 +1,169 @@
+"""Reading a local corpus as documents: text files, folders, JSONL, Parquet
+and Hugging Face datasets saved with ``save_to_disk`` (Arrow files).
+
+A corpus is read twice by ``lowbw data prepare`` (once to train the
+tokenizer, once to encode), so ``documents`` returns a function that starts
+a fresh pass each time it is called. Nothing is downloaded: every path is
+the user's own.
+"""
+
+import json
+import os
+import pathlib
+import re
+from collections.abc import Callable, Iterator
+from typing import NamedTuple
+
+from lowbw import _validate
+
+SPLITS = ("file", "paragraph", "line")
+_RECORDS = (".jsonl", ".json", ".parquet", ".arrow")
+# Files in a folder that are never text documents.
+_SKIP_SUFFIXES = (".bin", ".npy", ".npz", ".gz", ".zip", ".xz", ".tar",
+                  ".png", ".jpg", ".jpeg", ".gif", ".pdf", ".pyc", ".so",
+                  ".lock")
+_SKIP_NAMES = ("dataset_info.json", "state.json", "dataset_dict.json")
+
+
+class Document(NamedTuple):
+  """One document's text and the source it came from (a file name, or the
+  value of a metadata column)."""
+  text: str
+  source: str
+
+
+def documents(path, *, text_column: str = "text",
+              source_column: str | None = None, split_on: str | None = None,
+              delimiter: str | None = None
+              ) -> Callable[[], Iterator[Document]]:
+  """A function that yields the corpus's documents, in a fixed order.
+
+  Args:
+    path: a text file, a JSONL/Parquet/Arrow file, or a folder of any of
+      these (read recursively, in sorted order; hidden files skipped). A
+      Hugging Face dataset saved with ``save_to_disk`` is such a folder.
+    text_column: the field holding the text in JSONL/Parquet/Arrow records.
+    source_column: a record field naming each document's source (for
+      non-IID sharding by source); default: the file it came from.
+    split_on: how a plain text file is cut into documents: ``"file"`` (the
+      whole file), ``"paragraph"`` (blank lines) or ``"line"``. Default:
+      ``"paragraph"`` for a single file, ``"file"`` for a folder.
+    delimiter: a string that separates documents inside text files
+      (TinyStories' ``<|endoftext|>``); overrides ``split_on``.
+
+  Returns:
+    ``passes() -> iterator of Document``.
+  """
+  root = pathlib.Path(os.fspath(path)).expanduser()
+  if not root.exists():
+    raise _validate.fail("source", os.fspath(path),
+                         "expected an existing file or folder")
+  if split_on is not None:
+    _validate.one_of("split_on", split_on, SPLITS)
+  if delimiter is not None and not delimiter:
+    raise _validate.fail("delimiter", delimiter, "expected a non-empty string")
+  files = [root] if root.is_file() else _folder_files(root)
+  if not files:
+    raise _validate.fail("source", os.fspath(path),
+                         "expected a folder holding at least one text, "
+                         "JSONL, Parquet or Arrow file")
+  split = split_on or ("paragraph" if root.is_file() else "file")
+  base = root if root.is_dir() else root.parent
+
+  def passes() -> Iterator[Document]:
+    for file in files:
+      name = file.relative_to(base).as_posix()
+      if file.suffix.lower() in _RECORDS:
+        yield from _records(file, name, text_column, source_column)
+      else:
+        yield from _text_documents(file, name, split, delimiter)
+
+  return passes
+
+
+def _folder_files(root: pathlib.Path) -> list[pathlib.Path]:
+  out = []
+  for file in sorted(root.rglob("*")):
+    parts = file.relative_to(root).parts
+    if (not file.is_file() or any(p.startswith(".") for p in parts)
+        or file.suffix.lower() in _SKIP_SUFFIXES
+        or file.name in _SKIP_NAMES):
+      continue
+    out.append(file)
+  return out
+
+
+def _text_documents(file, name, split, delimiter) -> Iterator[Document]:
+  text = file.read_text(encoding="utf-8", errors="replace")
+  if delimiter is not None:
+    pieces = text.split(delimiter)
+  elif split == "file":
+    pieces = [text]
+  elif split == "paragraph":
+    pieces = re.split(r"\n\s*\n", text)
+  else:
+    pieces = text.splitlines()
+  for piece in pieces:
+    piece = piece.strip("\n") if split != "file" or delimiter else piece
+    if piece.strip():
+      yield Document(piece, name)
+
+
+def _records(file, name, text_column, source_column) -> Iterator[Document]:
+  suffix = file.suffix.lower()
+  rows = (_json_rows(file) if suffix in (".jsonl", ".json")
+          else _arrow_rows(file, text_column, source_column))
+  for i, row in enumerate(rows):
+    if not isinstance(row, dict) or text_column not in row:
+      keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+      raise _validate.fail(
+          "text_column", text_column,
+          f"record {i} of {name} has fields {keys}; name the text field "
+          "with --text-column")
+    text = row[text_column]
+    if not isinstance(text, str) or not text.strip():
+      continue
+    source = name if source_column is None else row.get(source_column)
+    if source is None:
+      raise _validate.fail("source_column", source_column,
+                           f"record {i} of {name} has no such field")
+    yield Document(text, str(source))
+
+
+def _json_rows(file) -> Iterator[dict]:
+  with open(file, encoding="utf-8") as f:
+    first = f.read(1)
+    f.seek(0)
+    if file.suffix.lower() == ".json" and first == "[":
+      yield from json.load(f)
+      return
+    for number, line in enumerate(f, 1):
+      if line.strip():
+        try:
+          yield json.loads(line)
+        except json.JSONDecodeError as e:
+          raise _validate.fail("source", str(file),
+                               f"line {number} is not JSON ({e.msg})") from None
+
+
+def _arrow_rows(file, text_column, source_column) -> Iterator[dict]:
+  try:
+    import pyarrow.ipc
+    import pyarrow.parquet
+  except ModuleNotFoundError:
+    raise _validate.fail(
+        "source", str(file), "Parquet and Arrow files need pyarrow: "
+        "pip install 'lowbw[parquet]'") from None
+  columns = [c for c in (text_column, source_column) if c]
+  if file.suffix.lower() == ".parquet":
+    batches = pyarrow.parquet.ParquetFile(file).iter_batches(
+        batch_size=1024, columns=columns)
+  else:  # save_to_disk writes Arrow streams; other tools write files
+    with open(file, "rb") as f:
+      magic = f.read(6)
+    reader = (pyarrow.ipc.open_file(file) if magic == b"ARROW1"
+              else pyarrow.ipc.open_stream(file))
+    batches = (reader.get_batch(i) for i in range(reader.num_record_batches)
+               ) if magic == b"ARROW1" else reader
+  for batch in batches:
+    yield from batch.to_pylist()
