@@ -22,7 +22,6 @@ from jax.sharding import PartitionSpec
 
 from lowbw import simulation
 from lowbw.simulation import build
-from lowbw.simulation._backward import Backward
 
 
 def _proc_status(field: str) -> int | None:
@@ -125,7 +124,7 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0,
   sample = uniform_sample(sampler, batch)
   key = jax.random.PRNGKey(seed)
   params = model.init(key, jax.tree.map(lambda x: x[:1], sample(key)))
-  backward = backward or Backward()
+  backward = backward or simulation.Backward()
   loss_fn = backward.loss(model)
 
   def grad_fn(params, batch, key):
@@ -292,7 +291,7 @@ def device_peak_flops() -> float | None:
   """The first device's dense bf16 peak FLOP/s when its name matches one of
   the clock's hardware presets ("NVIDIA H100 80GB HBM3" -> h100), else None
   (a CPU, an unknown accelerator)."""
-  from lowbw.network._hardware import PRESETS
+  from lowbw.network import PRESETS
   name = jax.devices()[0].device_kind.lower().replace(" ", "")
   if jax.devices()[0].platform == "cpu":
     return None

@@ -65,7 +65,8 @@ def test_the_cli_reads_no_private_argparse_state_nor_error_text():
     (["--strategy", "streaming_diloco", "--H", "4", "--merge-alpha", "2"],
      "lowbw: error: --merge-alpha=2.0 is invalid: expected a number in [0, 1]"),
     (["--sharding", "iidd"], "lowbw: error: --sharding='iidd' is invalid: "
-     "expected one of 'contiguous', 'dirichlet', 'iid' (did you mean 'iid'?)"),
+     "expected one of 'contiguous', 'dirichlet', 'iid', 'source' (did you mean "
+     "'iid'?)"),
     (["--strategy", "dilocco"], "(did you mean 'diloco'"),
     (["--workers", "two"], "lowbw: error: --workers='two' is invalid: "
      "expected an integer"),

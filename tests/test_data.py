@@ -494,5 +494,7 @@ def test_factory_errors(tmp_path):
 def test_public_api():
   assert set(data.__all__) >= {"DataSource", "WorkerSampler", "digits",
                                 "text_bytes", "arrays", "token_file", "get"}
-  assert set(data.names()) == {"digits", "text", "arrays", "tokens"}
+  assert set(data.names()) == {"digits", "text", "arrays", "tokens",
+                               "prepared", "mnist", "fashion_mnist",
+                               "cifar10", "per_worker"}
   assert os.path.basename(data._text.__file__) == "_text.py"

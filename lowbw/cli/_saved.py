@@ -11,8 +11,8 @@ import numpy as np
 
 from lowbw import _validate
 from lowbw import data as data_lib
-from lowbw.config import _load, _resolve
-from lowbw.models._generate import generate
+from lowbw import config as config_lib
+from lowbw.models import generate
 
 
 def add_parsers(subparsers) -> None:
@@ -52,7 +52,7 @@ def add_parsers(subparsers) -> None:
 
 
 def run_generate(args) -> int:
-  run = _load.load(args.run_dir, args.step)
+  run = config_lib.load(args.run_dir, args.step)
   if run.tokenizer is None:
     raise _validate.fail("run_dir", args.run_dir, f"trained a "
                          f"{run.model.name}, not a language model")
@@ -69,11 +69,11 @@ def run_generate(args) -> int:
 
 def _stop_id(run):
   tokenizer = getattr(run.tokenizer, "tokenizer", None)
-  return None if tokenizer is None else data_lib._tokenizer.eos_id(tokenizer)
+  return None if tokenizer is None else data_lib.eos_id(tokenizer)
 
 
 def run_eval(args) -> int:
-  run = _load.load(args.run_dir, args.step)
+  run = config_lib.load(args.run_dir, args.step)
   source = _dataset(args.data, run)
   _check_tokenizer(run, source, args.data)
   batches = source.eval_batches(args.eval_examples)
@@ -104,7 +104,7 @@ def _dataset(spec: str, run):
   seq_len = run.model.config.get("seq_len", 128)
   settings = {"data": spec, "sharding": "iid", "alpha": 0.5,
               "seq_len": seq_len, "data_root": None}
-  source = _resolve.build_data(settings)
+  source = config_lib.build_data(settings)
   task = "lm" if run.model.task == "lm" else "classification"
   if source.task != task:
     raise _validate.fail("data", spec, f"is {source.task} data; the run "

@@ -11,8 +11,8 @@ import jax
 import numpy as np
 
 from lowbw import _validate, telemetry
+from lowbw import data as data_lib
 from lowbw import models as models_lib
-from lowbw.data import _tokenizer
 
 
 class SavedRun(NamedTuple):
@@ -115,8 +115,8 @@ def tokenizer_of(run_dir: str, model):
     return None
   path = os.path.join(run_dir, "tokenizer.json")
   if os.path.isfile(path):
-    return _tokenizer.BPE(_tokenizer.load(path))
-  return _tokenizer.Bytes()
+    return data_lib.BPE(data_lib.load_tokenizer(path))
+  return data_lib.Bytes()
 
 
 def _checkpoint_params(run_dir: str, step: int):

@@ -35,6 +35,11 @@ from lowbw.data._prepared import prepared
 from lowbw.data._sampler import WorkerSampler
 from lowbw.data._source import DataSource
 from lowbw.data._text import text_bytes
+from lowbw.data._tokenizer import BPE
+from lowbw.data._tokenizer import Bytes
+from lowbw.data._tokenizer import EOS
+from lowbw.data._tokenizer import eos_id
+from lowbw.data._tokenizer import load as load_tokenizer
 
 _REGISTRY: dict[str, Callable[..., DataSource]] = {
     "digits": digits,
@@ -82,17 +87,22 @@ def get(name: str, **kwargs) -> DataSource:
 
 
 __all__ = [
+    "BPE",
+    "Bytes",
     "DataSource",
+    "EOS",
     "RECIPES",
     "WorkerSampler",
     "arrays",
     "cifar10",
     "cifar10_arrays",
     "digits",
+    "eos_id",
     "fashion_mnist",
     "get",
     "image_kind",
     "is_prepared",
+    "load_tokenizer",
     "mnist",
     "mnist_arrays",
     "names",

@@ -1,6 +1,6 @@
 """The simulation engine: compiled rounds of W workers and the host loop."""
 
-from lowbw.simulation._backward import AUTOCAST
+from lowbw.simulation._backward import AUTOCAST, Backward
 from lowbw.simulation._engine import MESH_AXIS
 from lowbw.simulation._mesh import is_spec, strategy_specs
 from lowbw.simulation._precision import cast_workers
@@ -21,7 +21,7 @@ from lowbw.simulation._sweep import (SweepPoint, SweepResult,
                                      sweep)
 from lowbw.simulation._track import RunWarning
 
-__all__ = ["AUTOCAST", "MESH_AXIS", "cast_workers", "is_spec",
+__all__ = ["AUTOCAST", "Backward", "MESH_AXIS", "cast_workers", "is_spec",
            "strategy_specs", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
            "STEPS", "check_budget", "check_seed", "check_settings", "configure",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
