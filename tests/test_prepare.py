@@ -62,7 +62,11 @@ def test_documents_are_split_whole_and_every_one_is_kept(corpus):
   # No document cut or lost (paragraphs lose their surrounding newlines).
   assert sorted(train + val) == sorted(t.strip("\n") for t in TEXTS)
   assert meta["train"]["documents"] == len(train) == len(TEXTS) - len(val)
-  assert 0 < len(val) < len(TEXTS) / 2
+  # A corpus this small (5 KB) holds out more than its draw, up to half its
+  # text, so that validation has windows to score.
+  held = sum(len(t.encode()) for t in val)
+  assert 0 < len(val) < len(TEXTS) and held <= len(
+      "\n\n".join(TEXTS).encode()) / 2
   assert meta["vocab_size"] == 320 and meta["sources"] == ["corpus.txt"]
   size = os.path.getsize(os.path.join(out, "train.bin"))
   assert size == 2 * meta["train"]["tokens"]
@@ -270,3 +274,29 @@ def test_a_small_corpus_always_holds_one_document_out(tmp_path):
   meta = data.prepare(path, tmp_path / "out", split_on="line",
                       val_fraction=0.001, vocab_size=260)
   assert meta["val"]["documents"] == 1 and meta["train"]["documents"] == 2
+
+
+def test_held_out_documents_are_the_seeded_draw_once_the_corpus_is_large(
+    tmp_path):
+  texts = [f"Document {i}: " + "plenty of words here " * 20 for i in range(200)]
+  path = tmp_path / "big.txt"
+  path.write_text("\n\n".join(texts))
+  data.prepare(path, tmp_path / "out", vocab_size=300, val_fraction=0.1,
+               seed=7)
+  rng = np.random.default_rng(7)  # the rule, written out: one draw each
+  expected = [t for t in texts if rng.random() < 0.1]
+  assert _doc_texts(tmp_path / "out", "val") == expected
+
+
+def test_a_small_corpus_keeps_enough_validation_text(tmp_path):
+  texts = [f"Short note {i} about the weather." for i in range(400)]
+  path = tmp_path / "notes.txt"
+  path.write_text("\n".join(texts))  # one paragraph: lines are documents
+  meta = data.prepare(path, tmp_path / "out", vocab_size=300,
+                      val_fraction=0.01)
+  val = _doc_texts(tmp_path / "out", "val")
+  assert meta["train"]["documents"] + len(val) == 400
+  # 1% of 13 KB would be 130 bytes; it holds out up to half (8 KiB cap).
+  total = sum(len(t) for t in texts)
+  assert total / 2 - 40 <= sum(len(t) for t in val) <= total / 2
+  data.prepared(tmp_path / "out", seq_len=128)  # windows to score

@@ -47,7 +47,8 @@ def documents(path, *, text_column: str = "text",
       non-IID sharding by source); default: the file it came from.
     split_on: how a plain text file is cut into documents: ``"file"`` (the
       whole file), ``"paragraph"`` (blank lines) or ``"line"``. Default:
-      ``"paragraph"`` for a single file, ``"file"`` for a folder.
+      ``"paragraph"`` for a single file (``"line"`` when it holds one
+      paragraph), ``"file"`` for a folder.
     delimiter: a string that separates documents inside text files
       (TinyStories' ``<|endoftext|>``); overrides ``split_on``.
 
@@ -68,6 +69,9 @@ def documents(path, *, text_column: str = "text",
                          "expected a folder holding at least one text, "
                          "JSONL, Parquet or Arrow file")
   split = split_on or ("paragraph" if root.is_file() else "file")
+  if split_on is None and root.is_file() and delimiter is None and (
+      root.suffix.lower() not in _RECORDS) and _paragraphs(root) < 2:
+    split = "line"  # one paragraph: its lines are the documents
   base = root if root.is_dir() else root.parent
 
   def passes() -> Iterator[Document]:
@@ -79,6 +83,11 @@ def documents(path, *, text_column: str = "text",
         yield from _text_documents(file, name, split, delimiter)
 
   return passes
+
+
+def _paragraphs(file: pathlib.Path) -> int:
+  text = file.read_text(encoding="utf-8", errors="replace")
+  return sum(1 for p in re.split(r"\n\s*\n", text) if p.strip())
 
 
 def _folder_files(root: pathlib.Path) -> list[pathlib.Path]:

@@ -31,6 +31,7 @@ VERSION = 1
 SPLITS = ("train", "val")
 _BATCH = 256  # documents encoded per call of the tokenizer
 _SCAN_LIMIT = 64 * 2 ** 20  # bytes of corpus read once more to fix its split
+_VAL_MIN_BYTES = 8 * 2 ** 10  # held-out text a small corpus keeps at least
 
 
 class Recipe(NamedTuple):
@@ -171,13 +172,13 @@ def _passes(source, s: Settings):
   if r is not None and r.val_files and os.path.isdir(source):
     return _recipe_split(source, r, read)
   passes = _corpus.documents(source, **read)
-  forced = _forced_val(source, passes, s)
+  extra = _extra_val(source, passes, s)
 
   def pick(split: str):
     def docs() -> Iterator[_corpus.Document]:
       rng = np.random.default_rng(s.seed)
       for i, doc in enumerate(passes()):
-        held_out = rng.random() < s.val_fraction or i == forced
+        held_out = rng.random() < s.val_fraction or i in extra
         if held_out == (split == "val"):
           yield doc
     return docs
@@ -185,18 +186,34 @@ def _passes(source, s: Settings):
   return pick("train"), pick("val")
 
 
-def _forced_val(source, passes, s: Settings) -> int | None:
-  """A small corpus whose draw holds out no document: the index of the one
-  with the lowest draw, held out instead (a corpus of one document stays
-  refused). Large corpora are not scanned for it: with any sensible
-  ``val_fraction`` their draw holds documents out."""
+def _extra_val(source, passes, s: Settings) -> set[int]:
+  """Documents a small corpus holds out beyond its draw, so that validation
+  has text to score: the lowest draws first, until the held-out text
+  reaches ``_VAL_MIN_BYTES`` (a window of a few hundred tokens at least),
+  without passing half of the corpus's text or its last document but one.
+  Corpora over ``_SCAN_LIMIT`` bytes are not read for it: any sensible
+  ``val_fraction`` holds out plenty of them."""
   if _size(source) > _SCAN_LIMIT:
-    return None
+    return set()
   rng = np.random.default_rng(s.seed)
-  draws = np.array([rng.random() for _ in passes()])
-  if len(draws) < 2 or (draws < s.val_fraction).any():
-    return None
-  return int(np.argmin(draws))
+  draws, sizes = [], []
+  for doc in passes():
+    draws.append(rng.random())
+    sizes.append(len(doc.text.encode("utf-8")))
+  draws, sizes = np.array(draws), np.array(sizes)
+  held = draws < s.val_fraction
+  extra: set[int] = set()
+  total = int(sizes[held].sum())
+  for i in np.argsort(draws, kind="stable"):
+    if held[i]:
+      continue
+    if held.sum() + len(extra) >= len(draws) - 1 or (
+        total >= _VAL_MIN_BYTES) or (
+        (held.any() or extra) and total + sizes[i] > sizes.sum() / 2):
+      break
+    extra.add(int(i))
+    total += int(sizes[i])
+  return extra
 
 
 def _size(source) -> int:
