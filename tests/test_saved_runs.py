@@ -4,6 +4,7 @@ run for the module)."""
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -60,7 +61,6 @@ def test_a_checkpointed_step_loads_other_params(trained):
 
 
 def _leaves(tree):
-  import jax
   return [np.ravel(x) for x in jax.tree.leaves(tree)]
 
 
@@ -71,9 +71,10 @@ def test_greedy_generation_matches_a_plain_loop(trained):
   got = generate(run.model, run.params, prompt, max_tokens=20,
                  temperature=0)
   ids = list(prompt)
+  apply = jax.jit(run.model.apply)
   for _ in range(20):  # the reference: the whole context, argmax, append
     window = np.asarray([ids[-16:]], np.int32)
-    ids.append(int(jnp.argmax(run.model.apply(run.params, window)[0, -1])))
+    ids.append(int(jnp.argmax(apply(run.params, window)[0, -1])))
   assert got == ids[len(prompt):]
 
 
@@ -145,6 +146,5 @@ def test_the_api_run_saves_what_load_reads(tmp_path):
                                        steps=3, workers=2,
                                        log_dir=str(tmp_path / "r")))
   run = lowbw.load(tmp_path / "r")
-  import jax
   for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(run.params)):
     np.testing.assert_array_equal(np.asarray(a), b)

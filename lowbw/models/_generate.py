@@ -1,6 +1,8 @@
 """Sampling text from a trained language model: one token at a time from
 ``model.apply``'s logits, with temperature and top-k."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,30 +47,33 @@ def generate(model, params, prompt_ids, max_tokens: int = 100,
   if min(ids) < 0 or max(ids) >= vocab:
     raise _validate.fail("prompt", ids[:8], f"token ids must lie in [0, "
                          f"{vocab}), the model's vocabulary")
-  step = _sampler(model, seq_len, float(temperature), top_k)
+  step = _sampler(model.apply, top_k)
   key = jax.random.key(seed)
+  temperature = jnp.float32(temperature)
   out = []
   for i in range(max_tokens):
     window = (ids + out)[-seq_len:]
     padded = np.zeros((1, seq_len), np.int32)
     padded[0, :len(window)] = window
-    token = int(step(params, padded, len(window), jax.random.fold_in(key, i)))
+    token = int(step(params, padded, len(window), temperature,
+                     jax.random.fold_in(key, i)))
     out.append(token)
     if token == stop_id:
       break
   return out
 
 
-def _sampler(model, seq_len: int, temperature: float, top_k: int | None):
+@functools.lru_cache(maxsize=32)
+def _sampler(apply, top_k: int | None):
+  """One compiled step per model and top-k (the temperature is traced, so
+  a new one compiles nothing)."""
   @jax.jit
-  def step(params, tokens_1xT, length, key):
-    logits_V = model.apply(params, tokens_1xT)[0, length - 1].astype(
-        jnp.float32)
-    if temperature == 0:
-      return jnp.argmax(logits_V)
-    logits_V = logits_V / temperature
+  def step(params, tokens_1xT, length, temperature, key):
+    logits_V = apply(params, tokens_1xT)[0, length - 1].astype(jnp.float32)
+    scaled_V = logits_V / jnp.maximum(temperature, 1e-30)
     if top_k is not None:
-      kth = jax.lax.top_k(logits_V, top_k)[0][-1]
-      logits_V = jnp.where(logits_V < kth, -jnp.inf, logits_V)
-    return jax.random.categorical(key, logits_V)
+      kth = jax.lax.top_k(scaled_V, top_k)[0][-1]
+      scaled_V = jnp.where(scaled_V < kth, -jnp.inf, scaled_V)
+    sampled = jax.random.categorical(key, scaled_V)
+    return jnp.where(temperature == 0, jnp.argmax(logits_V), sampled)
   return step
