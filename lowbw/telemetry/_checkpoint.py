@@ -20,8 +20,6 @@ import threading
 import time
 from typing import Any
 
-import orbax.checkpoint as ocp
-
 from lowbw.telemetry._writers import (WriteError, check_writable, error_code,
                                       quiet_logs)
 
@@ -29,12 +27,19 @@ CHECKPOINTS = "checkpoints"  # a run's checkpoints: <log folder>/checkpoints
 _JOIN_S = 10.0  # how long a failed save's own threads may take to stop
 
 
-def _manager(directory: str, max_to_keep: int | None = None
-             ) -> ocp.CheckpointManager:
+def _ocp():
+  """orbax, imported on first use: it costs a third of a second, and most
+  runs keep no checkpoint."""
+  import orbax.checkpoint as ocp
+  return ocp
+
+
+def _manager(directory: str, max_to_keep: int | None = None):
   # Synchronous saves: a failed write raises here at once. Orbax's
   # asynchronous saver leaves its threads waiting for a step folder that was
   # never made, and the process stalls for orbax's 300 s coordination timeout
   # before it exits (each save is waited for anyway).
+  ocp = _ocp()
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
@@ -75,9 +80,9 @@ def _save(directory, step, state, meta, max_to_keep) -> OSError | None:
   with quiet_logs("asyncio"), _closed_loops_ignored():
     try:
       with _manager(directory, max_to_keep) as manager:
-        manager.save(step, args=ocp.args.Composite(
-            state=ocp.args.StandardSave(state),
-            meta=ocp.args.JsonSave(meta)))
+        manager.save(step, args=_ocp().args.Composite(
+            state=_ocp().args.StandardSave(state),
+            meta=_ocp().args.JsonSave(meta)))
         manager.wait_until_finished()
       return None
     except Exception as e:
@@ -146,6 +151,7 @@ def read_meta(directory: str, step: int | None = None) -> tuple[int, dict]:
   """The JSON part of a checkpoint alone (cheap; checks before a restore)."""
   with quiet_logs(), _manager(directory) as manager:
     step = manager.latest_step() if step is None else step
+    ocp = _ocp()
     restored = manager.restore(step, args=ocp.args.Composite(
         meta=ocp.args.JsonRestore()))
   return step, restored["meta"]
@@ -156,6 +162,7 @@ def restore(directory: str, abstract_state: Any, step: int | None = None
   """Restores (step, state, meta); ``abstract_state`` gives the structure."""
   with quiet_logs(), _manager(directory) as manager:
     step = manager.latest_step() if step is None else step
+    ocp = _ocp()
     restored = manager.restore(step, args=ocp.args.Composite(
         state=ocp.args.StandardRestore(abstract_state),
         meta=ocp.args.JsonRestore()))
