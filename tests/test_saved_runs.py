@@ -148,3 +148,20 @@ def test_the_api_run_saves_what_load_reads(tmp_path):
   run = lowbw.load(tmp_path / "r")
   for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(run.params)):
     np.testing.assert_array_equal(np.asarray(a), b)
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"temperature": -1.0}, "temperature"),
+    ({"top_k": 0}, "top_k"),
+    ({"prompt_ids": [300]}, "vocabulary"),
+    ({"prompt_ids": []}, "at least one"),
+])
+def test_generation_settings_are_checked_before_anything_runs(trained,
+                                                              kwargs, words):
+  _, run_dir = trained
+  run = lowbw.load(run_dir)
+  args = {"prompt_ids": [1, 2], **kwargs}
+  prompt = args.pop("prompt_ids")
+  with pytest.raises(ValueError, match=words):
+    generate(run.model, run.params, prompt, **args)
