@@ -75,6 +75,13 @@ def fraction(field: str, value: Any, *, low_open: bool = True) -> float:
   return float(value)
 
 
+def boolean(field: str, value: Any) -> bool:
+  """``True`` or ``False`` (numpy booleans accepted), not a truthy value."""
+  if not isinstance(value, (bool, np.bool_)):
+    raise fail(field, value, "expected True or False")
+  return bool(value)
+
+
 def positive_float(field: str, value: Any) -> float:
   if (isinstance(value, bool) or not isinstance(value, (int, float))
       or not 0 < value < float("inf")):

@@ -281,3 +281,14 @@ def test_flops_per_token_counts_every_matmul():
           == models.gpt_flops_per_token(default) - 6 * 2 * 2 * 8 * 32)
   with pytest.raises(ConfigError, match="config="):
     models.gpt_flops_per_token(models.mlp().config)
+
+
+def test_config_and_flags_refuse_bad_block_options(capsys):
+  import lowbw
+  from lowbw import cli
+  with pytest.raises(ValueError, match="norm"):
+    lowbw.Config(norm="batchnorm")
+  with pytest.raises(ValueError, match="qk_norm"):
+    lowbw.Config(qk_norm="yes")
+  assert cli.main(["train", "--position", "alibi"]) == 2
+  assert "--position" in capsys.readouterr().err

@@ -10,7 +10,6 @@ import jax
 import numpy as np
 
 from lowbw import _validate
-from lowbw import data as data_lib
 from lowbw import config as config_lib
 from lowbw.models import generate
 
@@ -59,17 +58,12 @@ def run_generate(args) -> int:
   prompt = run.tokenizer.encode_ids(args.prompt)
   if not prompt:
     raise _validate.fail("prompt", args.prompt, "expected some text")
-  stop = _stop_id(run)
+  stop = run.tokenizer.eos_id()
   ids = generate(run.model, run.params, prompt, args.max_tokens,
                  args.temperature, args.top_k, args.seed, stop)
   print(args.prompt + run.tokenizer.decode_ids(
       [i for i in ids if i != stop]))
   return 0
-
-
-def _stop_id(run):
-  tokenizer = getattr(run.tokenizer, "tokenizer", None)
-  return None if tokenizer is None else data_lib.eos_id(tokenizer)
 
 
 def run_eval(args) -> int:

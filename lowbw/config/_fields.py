@@ -18,6 +18,7 @@ import argparse
 import inspect
 from typing import Any, NamedTuple
 
+from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import simulation
 
@@ -112,6 +113,15 @@ def _net(name):
   return inspect.signature(network_lib.network).parameters[name].default
 
 
+def _gpt(name: str, text: str) -> "Field":
+  """A GPT block option: its default and choices are ``models.gpt``'s."""
+  default = models_lib.GPT_OPTIONS[name]
+  if isinstance(default, bool):
+    return Field(name, default, SHAPE, _M, text, bool)
+  return Field(name, default, SHAPE, _M, text,
+               choices=tuple(sorted(models_lib.GPT_CHOICES[name])))
+
+
 _M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
                           "network (the simulated clock, sim_time_s)", "run",
                           "compute", "strategy")
@@ -126,19 +136,15 @@ RUN_FIELDS = (
     Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
     Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
     Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),
-    Field("norm", "layernorm", SHAPE, _M, "gpt: normalisation layer",
-          choices=("layernorm", "rmsnorm")),
-    Field("mlp", "gelu", SHAPE, _M, "gpt: feed-forward block (swiglu: "
-          "LLaMA's gated SiLU)", choices=("gelu", "swiglu")),
-    Field("position", "learned", SHAPE, _M, "gpt: positions as a learned "
-          "table or rotary embeddings (RoPE)", choices=("learned", "rotary")),
-    Field("qk_norm", False, SHAPE, _M, "gpt: RMSNorm of each head's queries "
-          "and keys", bool),
-    Field("tie_embeddings", False, SHAPE, _M, "gpt: the output layer is the "
-          "token embedding, transposed", bool),
-    Field("norm_position", "pre", SHAPE, _M, "gpt: normalise each "
-          "sub-layer's input (pre) or the residual sum after it (post)",
-          choices=("pre", "post")),
+    _gpt("norm", "gpt: normalisation layer"),
+    _gpt("mlp", "gpt: feed-forward block (swiglu: LLaMA's gated SiLU)"),
+    _gpt("position", "gpt: positions as a learned table or rotary "
+         "embeddings (RoPE)"),
+    _gpt("qk_norm", "gpt: RMSNorm of each head's queries and keys"),
+    _gpt("tie_embeddings", "gpt: the output layer is the token embedding, "
+         "transposed"),
+    _gpt("norm_position", "gpt: normalise each sub-layer's input (pre) or "
+         "the residual sum after it (post)"),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -291,9 +297,8 @@ RUN_FIELDS = (
 # Settings that only some choices use: choice kind -> choice -> settings.
 # Giving one that the run ignores is an error rather than a silent no-op.
 USED_BY = {
-    "model": {"gpt": {"layers", "d_model", "heads", "seq_len", "norm", "mlp",
-                      "position", "qk_norm", "tie_embeddings",
-                      "norm_position"},
+    "model": {"gpt": {"layers", "d_model", "heads", "seq_len",
+                      *models_lib.GPT_OPTIONS},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
                           "top_k", "expert_hidden"},
               "mlp": {"hidden"},

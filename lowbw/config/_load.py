@@ -29,8 +29,8 @@ class SavedRun(NamedTuple):
     history: ``metrics.csv`` as ``{column: np.ndarray}`` (NaN where a row
       has no value).
     summary: ``summary.json``.
-    tokenizer: for language models, an object with ``encode_ids(text)`` and
-      ``decode_ids(ids)``: the run's BPE (``tokenizer.json`` in the folder)
+    tokenizer: for language models, an object with ``encode_ids(text)``,
+      ``decode_ids(ids)`` and ``eos_id()``: the run's BPE (``tokenizer.json`` in the folder)
       or bytes; None for classification.
     run_dir: the folder.
   """

@@ -173,8 +173,7 @@ def _build_data(s: dict):
 
 
 # The GPT's block options, as settings and as models.gpt's keywords.
-GPT_BLOCK = ("norm", "mlp", "position", "qk_norm", "tie_embeddings",
-             "norm_position")
+GPT_BLOCK = tuple(models_lib.GPT_OPTIONS)
 
 
 def build_model(s: dict, source):

@@ -89,6 +89,9 @@ class Bytes:
   def vocab_size(self) -> int:
     return 256
 
+  def eos_id(self) -> None:
+    return None  # bytes have no end-of-text token
+
 
 class BPE:
   """A ``tokenizers`` tokenizer with the same two methods as ``Bytes``."""
@@ -105,3 +108,6 @@ class BPE:
 
   def vocab_size(self) -> int:
     return self.tokenizer.get_vocab_size()
+
+  def eos_id(self) -> int | None:
+    return eos_id(self.tokenizer)

@@ -19,12 +19,16 @@ from lowbw.models._contract import param_count
 from lowbw.models._flops import flops_per_token
 from lowbw.models._generate import generate
 from lowbw.models._gpt import flops_per_token as gpt_flops_per_token
+from lowbw.models._blocks import CHOICES as GPT_CHOICES
+from lowbw.models._gpt import OPTIONS as GPT_OPTIONS
 from lowbw.models._gpt import gpt
 from lowbw.models._mlp import mlp
 from lowbw.models._moe_gpt import moe_gpt
 from lowbw.models._registry import get
 
 __all__ = (
+    "GPT_CHOICES",
+    "GPT_OPTIONS",
     "check_contract",
     "Model",
     "as_model",

@@ -11,14 +11,11 @@ tree (``block_0/mlp_in``, not ``block_0/MLP_0/mlp_in``).
 
 import math
 from collections.abc import Callable
-from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
-from lowbw import _validate
 from lowbw._types import Array
 
 # GPT-2's initialisation: N(0, 0.02) everywhere; residual output projections
@@ -31,11 +28,9 @@ POSITIONS = ("learned", "rotary")
 NORM_POSITIONS = ("pre", "post")
 
 
-def flag(field: str, value: Any) -> bool:
-  """A boolean option (``True`` or ``False``; numpy booleans accepted)."""
-  if not isinstance(value, (bool, np.bool_)):
-    raise _validate.fail(field, value, "expected True or False")
-  return bool(value)
+# Each option's allowed values (gpt's defaults: models._gpt.OPTIONS).
+CHOICES = {"norm": NORMS, "mlp": MLPS, "position": POSITIONS,
+           "norm_position": NORM_POSITIONS}
 
 
 def rope(x_BxTxHxK: Array, base: float = 10000.0) -> Array:

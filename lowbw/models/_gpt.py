@@ -213,15 +213,12 @@ def _check_options(d_model: int, heads: int,
                    options: dict[str, Any]) -> dict[str, Any]:
   """The validated block options, and ``heads`` against ``d_model`` (rotary
   positions need an even head width)."""
-  choices = {"norm": _blocks.NORMS, "mlp": _blocks.MLPS,
-             "position": _blocks.POSITIONS,
-             "norm_position": _blocks.NORM_POSITIONS}
   checked = {}
   for field, value in options.items():
-    if field in choices:
-      checked[field] = _validate.one_of(field, value, choices[field])
+    if field in _blocks.CHOICES:
+      checked[field] = _validate.one_of(field, value, _blocks.CHOICES[field])
     else:
-      checked[field] = _blocks.flag(field, value)
+      checked[field] = _validate.boolean(field, value)
   if d_model % heads:
     raise _validate.fail(
         "heads", heads, f"expected a divisor of d_model={d_model}")

@@ -180,8 +180,7 @@ def check_network(net: Network, num_workers: int) -> Network:
     if speeds is not None and len(speeds) != num_workers:
       raise _validate.fail("speeds", hw.speeds,
                            f"expected {num_workers} values, one per worker")
-  if not isinstance(net.overlap, bool):
-    raise _validate.fail("overlap", net.overlap, "expected True or False")
+  _validate.boolean("overlap", net.overlap)
   return net._replace(
       clock_params=None if net.clock_params is None
       else _units.count(net.clock_params, "clock_params"),

@@ -232,8 +232,7 @@ def async_diloco(
   delayed_nesterov = _validate.non_negative_int("delayed_nesterov",
                                                 delayed_nesterov)
   for field, value in (("staleness_scale", staleness_scale), ("dylu", dylu)):
-    if not isinstance(value, bool):
-      raise _validate.fail(field, value, "expected True or False")
+    _validate.boolean(field, value)
   if delayed_nesterov:
     outer = _with_delayed_nesterov(outer, delayed_nesterov)
   comp = compression(codec, error_feedback)

@@ -224,8 +224,7 @@ def diloco(
                          "outer step one round late)")
   for field, value in (("eager", eager), ("dylu", dylu),
                        ("dylu_weighted", dylu_weighted)):
-    if not isinstance(value, bool):
-      raise _validate.fail(field, value, "expected True or False")
+    _validate.boolean(field, value)
   if dylu_weighted and not dylu:
     raise _validate.fail("dylu_weighted", dylu_weighted, "needs dylu=True "
                          "(it weights the mean by the steps DyLU allows)")

@@ -110,8 +110,7 @@ def _checked(bits, scheme, stochastic, grid, sigmas) -> tuple:
       bits not in BITS):
     raise _validate.fail("bits", bits, "expected one of 1, 2, 4, 8")
   scheme = _validate.one_of("scheme", scheme, SCHEMES)
-  if not isinstance(stochastic, bool):
-    raise _validate.fail("stochastic", stochastic, "expected True or False")
+  _validate.boolean("stochastic", stochastic)
   grid = _validate.one_of("grid", grid, GRIDS)
   if grid != "lowbw" and scheme != "statistical":
     raise _validate.fail("grid", grid, "a grid is a choice of the "
