@@ -7,7 +7,10 @@
 # batch W*b in the same process, with the same precision and micro-batches.
 #
 #   benchmarks/gpu.sh small OUT_DIR   # the default GPT, both strategies
-#   benchmarks/gpu.sh gpt2 OUT_DIR    # GPT-2-small shape, W = 1 and 8
+#   benchmarks/gpu.sh gpt2 OUT_DIR    # GPT-2-small shape, DiLoCo at W = 1 and 8
+#   benchmarks/gpu.sh gpt2ddp OUT_DIR # GPT-2-small shape, DDP at W = 1, 8, 32
+#   benchmarks/gpu.sh gpt2w32 OUT_DIR # GPT-2-small shape, DiLoCo at W = 32, and
+#                                     # W = 8 at four sequences per worker
 set -euo pipefail
 phase=${1:?phase: small or gpt2}
 out=${2:?output folder}
@@ -26,5 +29,21 @@ case "$phase" in
       --minibatch-size 2 --json "$out/gpt2_diloco_w1.json"
     bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 1 \
       --worker-batch 8 --json "$out/gpt2_diloco_w8.json" ;;
+  gpt2ddp)
+    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
+           --autocast bfloat16 --repeats 2)
+    bench --strategy ddp --rounds 10 --workers 1 "${shape[@]}" --batch-size 8 \
+      --minibatch-size 2 --json "$out/gpt2_ddp_w1.json"
+    bench --strategy ddp --rounds 10 --workers 8 "${shape[@]}" --batch-size 1 \
+      --json "$out/gpt2_ddp_w8.json"
+    bench --strategy ddp --rounds 10 --workers 32 "${shape[@]}" --batch-size 1 \
+      --json "$out/gpt2_ddp_w32.json" ;;
+  gpt2w32)
+    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
+           --autocast bfloat16 --repeats 2)
+    bench --strategy diloco --H 10 --workers 32 "${shape[@]}" --batch-size 1 \
+      --worker-batch 8 --json "$out/gpt2_diloco_w32.json"
+    bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 4 \
+      --minibatch-size 2 --worker-batch 8 --json "$out/gpt2_diloco_w8_b4.json" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

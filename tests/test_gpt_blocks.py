@@ -292,3 +292,17 @@ def test_config_and_flags_refuse_bad_block_options(capsys):
     lowbw.Config(qk_norm="yes")
   assert cli.main(["train", "--position", "alibi"]) == 2
   assert "--position" in capsys.readouterr().err
+
+
+def test_fused_attention_matches_the_einsums_and_stays_off_on_cpu():
+  """The fused path (jax.nn.dot_product_attention; XLA's lowering here, cuDNN's
+  on a GPU) computes the same causal attention as the einsums, and a CPU run
+  never takes it, in float32 or bfloat16."""
+  from lowbw.models import _blocks
+  q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 16, 4, 8))
+  fused = _blocks.attend(q, k, v, fused=True)
+  plain = _blocks.attend(q, k, v, fused=False)
+  np.testing.assert_allclose(fused, plain, rtol=1e-5, atol=1e-5)
+  assert jax.default_backend() == "cpu"
+  assert not _blocks.fused_attention_applies(jnp.bfloat16)
+  assert not _blocks.fused_attention_applies(jnp.float32)

@@ -58,13 +58,50 @@ def norm(kind: str, name: str) -> nn.Module:
   return nn.RMSNorm(name=name)
 
 
+def fused_attention_applies(dtype) -> bool:
+  """Whether :func:`attend` hands attention to ``jax.nn.dot_product_attention``:
+  on a GPU in 16-bit floats (autocast), where cuDNN's fused kernel (flash
+  attention) applies. Everywhere else the einsums below run, so CPU results
+  keep their bits."""
+  return (jax.default_backend() == "gpu"
+          and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)))
+
+
+def attend(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array,
+           fused: bool | None = None) -> Array:
+  """Causal softmax attention of each head: (b, T, H, K) x3 -> (b, T, H, K).
+
+  ``fused=None`` picks :func:`fused_attention_applies` on the values' type;
+  ``True`` calls ``jax.nn.dot_product_attention`` (cuDNN where it can, XLA's
+  lowering otherwise), ``False`` the explicit einsums and softmax.
+  """
+  if fused is None:
+    fused = fused_attention_applies(v_BxTxHxK.dtype)
+  if fused:
+    dtype = v_BxTxHxK.dtype  # rotary positions compute in float32
+    return jax.nn.dot_product_attention(
+        q_BxTxHxK.astype(dtype), k_BxTxHxK.astype(dtype), v_BxTxHxK,
+        is_causal=True)
+  t, dh = q_BxTxHxK.shape[1], q_BxTxHxK.shape[-1]
+  scores_BxHxTxT = jnp.einsum(
+      "bqhk,bshk->bhqs", q_BxTxHxK, k_BxTxHxK) / math.sqrt(dh)
+  causal_1x1xTxT = jnp.reshape(jnp.tril(jnp.ones((t, t), bool)), (1, 1, t, t))
+  # finfo.min rather than -inf: a fully masked row (none here, but cheap
+  # insurance) would give NaN through softmax with -inf.
+  scores_BxHxTxT = jnp.where(causal_1x1xTxT, scores_BxHxTxT,
+                             jnp.finfo(scores_BxHxTxT.dtype).min)
+  probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
+  return jnp.einsum("bhqs,bshk->bqhk", probs_BxHxTxT, v_BxTxHxK)
+
+
 class Attention(nn.Module):
   """Causal multi-head self-attention: (b, T, d) -> (b, T, d).
 
   One ``qkv`` Dense (d -> 3d), optionally an RMSNorm of each head's queries
   and keys (``qk_norm``, one scale of width d/heads shared by the heads,
   parameters ``q_norm`` and ``k_norm``), optionally rotary positions
-  (``rotary``, after the QK-norm), softmax attention under a causal mask,
+  (``rotary``, after the QK-norm), softmax attention under a causal mask
+  (:func:`attend`: cuDNN's fused kernel on a GPU under 16-bit autocast),
   and an ``out`` Dense (d -> d) initialised with ``out_std``.
   """
   heads: int
@@ -86,15 +123,7 @@ class Attention(nn.Module):
       k_BxTxHxK = nn.RMSNorm(name="k_norm")(k_BxTxHxK)
     if self.rotary:
       q_BxTxHxK, k_BxTxHxK = rope(q_BxTxHxK), rope(k_BxTxHxK)
-    scores_BxHxTxT = jnp.einsum(
-        "bqhk,bshk->bhqs", q_BxTxHxK, k_BxTxHxK) / math.sqrt(dh)
-    causal_1x1xTxT = jnp.reshape(jnp.tril(jnp.ones((t, t), bool)), (1, 1, t, t))
-    # finfo.min rather than -inf: a fully masked row (none here, but cheap
-    # insurance) would give NaN through softmax with -inf.
-    scores_BxHxTxT = jnp.where(causal_1x1xTxT, scores_BxHxTxT,
-                               jnp.finfo(scores_BxHxTxT.dtype).min)
-    probs_BxHxTxT = jax.nn.softmax(scores_BxHxTxT, axis=-1)
-    out_BxTxHxK = jnp.einsum("bhqs,bshk->bqhk", probs_BxHxTxT, v_BxTxHxK)
+    out_BxTxHxK = attend(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK)
     return nn.Dense(d, use_bias=self.use_bias,
                     kernel_init=nn.initializers.normal(self.out_std),
                     name="out")(jnp.reshape(out_BxTxHxK, (b, t, d)))
