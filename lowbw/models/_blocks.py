@@ -72,8 +72,8 @@ def attend(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array,
   """Causal softmax attention of each head: (b, T, H, K) x3 -> (b, T, H, K).
 
   ``fused=None`` picks :func:`fused_attention_applies` on the values' type;
-  ``True`` calls ``jax.nn.dot_product_attention`` (cuDNN where it can, XLA's
-  lowering otherwise), ``False`` the explicit einsums and softmax.
+  ``True`` calls ``jax.nn.dot_product_attention`` (its cuDNN implementation on
+  a GPU, XLA's elsewhere), ``False`` the explicit einsums and softmax.
   """
   if fused is None:
     fused = fused_attention_applies(v_BxTxHxK.dtype)
@@ -81,7 +81,8 @@ def attend(q_BxTxHxK: Array, k_BxTxHxK: Array, v_BxTxHxK: Array,
     dtype = v_BxTxHxK.dtype  # rotary positions compute in float32
     return jax.nn.dot_product_attention(
         q_BxTxHxK.astype(dtype), k_BxTxHxK.astype(dtype), v_BxTxHxK,
-        is_causal=True)
+        is_causal=True,
+        implementation="cudnn" if jax.default_backend() == "gpu" else "xla")
   t, dh = q_BxTxHxK.shape[1], q_BxTxHxK.shape[-1]
   scores_BxHxTxT = jnp.einsum(
       "bqhk,bshk->bhqs", q_BxTxHxK, k_BxTxHxK) / math.sqrt(dh)
