@@ -42,7 +42,7 @@ case "$phase" in
     shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
            --autocast bfloat16 --repeats 2)
     bench --strategy diloco --H 10 --workers 32 "${shape[@]}" --batch-size 1 \
-      --worker-batch 8 --json "$out/gpt2_diloco_w32.json"
+      --worker-batch 4 --json "$out/gpt2_diloco_w32.json"
     bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 4 \
       --minibatch-size 2 --worker-batch 8 --json "$out/gpt2_diloco_w8_b4.json" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
