@@ -281,6 +281,7 @@ def _settings(sim, rounds: int) -> dict:
       "devices": c.devices, "processes": sim.processes,
       "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
       "minibatch_size": c.minibatch_size, "autocast": c.autocast,
+      "shadow": None if c.shadow is None else "ddp",
       "num_params": sim.num_params,
       "flops_per_token": sim.flops_per_token,
       "device": f"{jax.device_count()} x {jax.devices()[0].device_kind}",

@@ -49,6 +49,10 @@ def cases():
           optax.adamw(1e-3), H=3,
           codec=transforms.parse_codec("quant:4:stochastic"),
           error_feedback=0.9), faults),
+      # The paired DDP lane: each device's gradient over its own workers,
+      # averaged over devices; evaluated from the replicated replica.
+      "diloco_shadow": (strategies.diloco(optax.adamw(1e-3), H=3), None,
+                        {"shadow": "ddp"}),
   }
 
 
@@ -72,8 +76,10 @@ def main(argv):
   jax.config.update("jax_numpy_rank_promotion", "raise")
   if argv[0] == "devices":
     out = {}
-    for name, (strategy, net) in cases().items():
-      out[name] = [trajectory(strategy, net, 1), trajectory(strategy, net, 4)]
+    for name, (strategy, net, *kw) in cases().items():
+      kw = kw[0] if kw else {}
+      out[name] = [trajectory(strategy, net, 1, **kw),
+                   trajectory(strategy, net, 4, **kw)]
     # A checkpoint written on 4 devices, resumed on 1.
     import tempfile
     strategy, net = cases()["diloco"]

@@ -341,3 +341,11 @@ def test_train_scale_flags_errors(argv, flag, tmp_path, capsys):
   err = capsys.readouterr().err
   assert code == 2
   assert err.startswith(f"lowbw: error: {flag}=") and err.count("\n") == 1, err
+
+
+def test_the_ddp_lane_is_evaluated_on_four_devices(four_devices):
+  """The lane's loss is a number on both device counts (the comparison
+  above would also pass on two columns of NaN)."""
+  for run in four_devices["diloco_shadow"]:
+    lane = np.asarray(run["history"]["shadow_eval_loss"], float)
+    assert np.isfinite(lane[-1])

@@ -209,7 +209,10 @@ def format_table(s: dict, rows: list[dict]) -> str:
       f"{rows[0]['device']}, devices={rows[0]['devices']}, "
       f"{rows[0]['worker_dtype']} workers, worker batch "
       f"{_groups(s, rows)}, micro-batch {rows[0]['minibatch_size'] or 'none'}"
-      f", autocast {rows[0]['autocast']}; baseline: one replica, batch W*b, "
+      f", autocast {rows[0]['autocast']}"
+      + ("; with a paired DDP lane (one more replica's compute at batch W*b"
+         " each step)" if rows[0].get("shadow") else "")
+      + "; baseline: one replica, batch W*b, "
       "same precision and micro-batches; "
       f"medians of {s['repeats']} timed calls; memory: "
       f"{rows[0]['memory_source']}",

@@ -302,6 +302,10 @@ def format_summary(summary: dict, s: dict) -> str:
     elif summary.get("final_eval_accuracy") is not None:
       extra = f", accuracy {summary['final_eval_accuracy']:.3f}"
     lines.append(f"  final eval loss   {summary['final_eval_loss']:.4f}{extra}")
+  if summary.get("final_shadow_eval_loss") is not None:
+    lines.append(f"  DDP lane          eval loss "
+                 f"{summary['final_shadow_eval_loss']:.4f} (gap "
+                 f"{summary['final_shadow_gap']:+.2%})")
   collectives = ", ".join(sorted(set(summary.get("collectives", {}).values())))
   lines.append(f"  sent per worker   {_bytes(summary['payload_bytes'])} payload, "
                f"{_bytes(summary['wire_bytes'])} on the wire ({collectives})")

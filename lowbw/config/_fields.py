@@ -253,6 +253,11 @@ RUN_FIELDS = (
     Field("eval_local", False, SHAPE, _R, "also evaluate every worker's own "
           "parameters (eval_local_loss: their mean; eval_local_loss_std: the "
           "spread)", bool),
+    Field("shadow", None, SHAPE, _R, "train a paired DDP lane in the same "
+          "program: one replica with the inner optimizer on the union of the "
+          "workers' batches, from the same start (shadow_eval_loss; "
+          "shadow_gap = eval_loss / shadow_eval_loss - 1); costs one more "
+          "replica's compute", choices=("ddp",)),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
           "network)"),

@@ -256,11 +256,12 @@ def default_eval_every(period: int) -> int:
 
 
 # ``lowbw.build`` arguments named as the settings are.
-# How the workers compute (devices, precision, memory), not what: what
-# ``lowbw bench`` takes besides the model, the strategy and the sizes.
+# How the workers compute (devices, precision, memory) and what runs beside
+# them (the paired DDP lane), not what they train: what ``lowbw bench``
+# takes besides the model, the strategy and the sizes.
 COMPUTE_SETTINGS = ("devices", "worker_dtype", "worker_batch",
                     "memory_budget", "minibatch_size", "autocast",
-                    "correlation_every")
+                    "correlation_every", "shadow")
 BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
                   *COMPUTE_SETTINGS, "eval_local")
 

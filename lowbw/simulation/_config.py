@@ -19,7 +19,7 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import network as net_lib
-from lowbw.simulation import _defaults, _memory, _mesh, _options
+from lowbw.simulation import _defaults, _memory, _mesh, _options, _shadow
 from lowbw.simulation._backward import AUTOCAST, Backward
 
 _TARGET_CHUNKS = 25
@@ -61,6 +61,7 @@ class RunConfig:
   autocast: str = "float32"
   correlation_every: int | None = None
   eval_local: bool = False
+  shadow: Any = None  # the paired DDP lane's optimizer (``_shadow``)
 
   @property
   def backward(self) -> Backward:
@@ -208,7 +209,7 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
                    rounds_per_chunk=None, devices=None, worker_dtype=None,
                    worker_batch="auto", memory_budget=None,
                    minibatch_size=None, autocast=None, correlation_every=None,
-                   eval_local=False) -> dict:
+                   eval_local=False, shadow=None) -> dict:
   """Every build setting but the model and the data, checked against the
   strategy (its period H): ``RunConfig``'s other fields. Needs no data, so
   ``lowbw.Config`` runs it when it is made."""
@@ -250,7 +251,7 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
       minibatch_size=minibatch_size, autocast=autocast,
       correlation_every=multiple_of_period("correlation_every",
                                            correlation_every, period),
-      eval_local=eval_local)
+      eval_local=eval_local, shadow=_shadow.check(shadow, strategy))
 
 
 def _check_asynchronous(strategy, network) -> None:

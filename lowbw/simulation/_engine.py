@@ -31,7 +31,7 @@ import optax
 
 from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
-from lowbw.simulation import _timing
+from lowbw.simulation import _shadow, _timing
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import local_compute, steps_in_groups
 from lowbw.simulation._leavers import redistributed
@@ -59,6 +59,8 @@ class SimState(NamedTuple):
       the simulated time the next round starts and its last sync ends
       (``network.round_end``), to look up the trace's values in force; the
       reported clock is the host's, in float64.
+    shadow: with a paired DDP lane only (``_shadow``): its replica's
+      ``ShadowState``, replicated across devices; None otherwise.
   """
 
   strategy: StrategyState
@@ -67,6 +69,7 @@ class SimState(NamedTuple):
   active: Array | None = None
   fleet: Any = None
   time_s: Array | None = None
+  shadow: Any = None
 
 
 class StepOut(NamedTuple):
@@ -126,7 +129,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
           backward: Backward = Backward(),
           correlation_every: int | None = None,
           eval_local: bool = False, overlap: bool = False,
-          redistribute: bool = False) -> Programs:
+          redistribute: bool = False, shadow=None) -> Programs:
   """Builds the run's pure functions; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
@@ -151,13 +154,16 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   parameters (``local_*`` results: mean and spread over workers).
   ``overlap``: the clock overlaps syncs with the next round (for the trace
   lookup's time). ``redistribute``: departed workers' data goes to those
-  that stay (``_leavers``).
+  that stay (``_leavers``). ``shadow``: the optimizer of a paired DDP lane
+  (``_shadow``) stepped with every round and evaluated next to the run, or
+  None.
   """
   precision = Precision(worker_dtype)
   compute = local_compute(model, strategy, precision, one_replica, backward)
   grouped = (None if worker_batch is None else
              steps_in_groups(model, strategy, precision, worker_batch,
                              backward))
+  lane = None if shadow is None else _shadow.lane(model, shadow, backward)
 
   def global_params(sim: SimState):
     with participating(sim.active):
@@ -182,6 +188,18 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def keys_at(sim: SimState, step):
     return local_workers(jax.random.split(
         jax.random.fold_in(sim.loss_key, step), num_workers))
+
+  def shadow_steps(sim: SimState, sampler, length: int) -> SimState:
+    """The paired DDP lane's ``length`` steps on the batches the workers
+    draw at the same steps (its own counter equals theirs)."""
+    if lane is None:
+      return sim
+
+    def sample(step):
+      return sampler.sample(sim.data_key, step, worker_offset())
+
+    return sim._replace(shadow=lane(sim.shadow, sample,
+                                    lambda step: keys_at(sim, step), length))
 
   def steps_by_group(sim: SimState, sampler, timing, length: int):
     """``local_steps`` with ``worker_batch``: the clock of steps that do
@@ -230,6 +248,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
     net = _now(sim, net)
     timing = _timing.timing(net, masks, num_workers, channels, strategy)
+    sim = shadow_steps(sim, sampler, strategy.period)
     sim, steps, carry = local_steps(sim, sampler, timing, strategy.period)
     st = precision.widen(sim.strategy)
     divergence = worker_divergence(st.params_W)
@@ -267,6 +286,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
   def tail(sim: SimState, sampler, net=None):
     net = _now(sim, net)
     timing = _timing.timing(net, masks, num_workers, channels, strategy)
+    sim = shadow_steps(sim, sampler, tail_steps)
     sim, steps, carry = local_steps(sim, sampler, timing, tail_steps)
     st, active = timing.rejoin(precision.widen(sim.strategy), carry,
                                sim.active, strategy.global_params)
@@ -282,6 +302,11 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
 
     losses, metrics = jax.lax.map(one, eval_batches)
     out = {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
+    if lane is not None:
+      shadow_losses, _ = jax.lax.map(
+          lambda batch: model.loss(sim.shadow.params, batch, key),
+          eval_batches)
+      out["shadow_loss"] = jnp.mean(shadow_losses)
     if eval_local:
       out.update(evaluate_workers(sim, eval_batches, key))
     return out

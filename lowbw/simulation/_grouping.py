@@ -54,15 +54,11 @@ def all_at_once(model, strategy: Strategy, precision: Precision,
   return compute
 
 
-def one_replica(model, strategy: Strategy, precision: Precision,
-                backward: Backward = Backward()):
-  """A ``replicated`` strategy (DDP without a codec) on one replica: the
-  state holds a single copy of the workers' identical parameters and
-  optimizer state (leading axis 1), and the gradient is that of the mean
-  loss over every worker's batch, which equals the mean of the workers'
-  gradients. The model runs with unbatched parameters over the W batches,
-  so its matmuls are the W*b-row GEMMs of one replica at batch W*b rather
-  than W small batched ones, and no reduction over workers is left.
+def replica_grads(model, backward: Backward = Backward()):
+  """``(params, batch_W, keys_W) -> (loss_W, metrics_W, grads)``: one model
+  (unbatched ``params``) on every worker's batch, and the gradient of the
+  mean loss over all of them, which equals the mean of the workers'
+  gradients. Its matmuls are the W*b-row GEMMs of one replica at batch W*b.
   Micro-batches split every worker's batch (axis 1 of ``batch_W``)."""
   loss = backward.loss(model)
 
@@ -76,9 +72,19 @@ def one_replica(model, strategy: Strategy, precision: Precision,
         mean_loss, has_aux=True)(params, batch_W, keys_W)
     return loss_W, metrics_W, grads
 
-  grads_of = backward.accumulated(
+  return backward.accumulated(
       grads_of, axis=1,
       fold=jax.vmap(jax.random.fold_in, in_axes=(0, None)))
+
+
+def one_replica(model, strategy: Strategy, precision: Precision,
+                backward: Backward = Backward()):
+  """A ``replicated`` strategy (DDP without a codec) on one replica: the
+  state holds a single copy of the workers' identical parameters and
+  optimizer state (leading axis 1), and the gradient is
+  ``replica_grads``': one replica at batch W*b rather than W small batched
+  models, with no reduction over workers left."""
+  grads_of = replica_grads(model, backward)
 
   def compute(stored: StrategyState, batch_W, keys_W):
     st = precision.widen(stored)

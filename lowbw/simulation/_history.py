@@ -437,13 +437,20 @@ class History:
       row = self._bare_row(step, wall_time_s)
       self.rows.append(row)
     for name, value in results.items():
-      row[names.EVAL_LOSS if name == "loss" else names.eval_metric(name)] = float(value)
+      row[_EVAL_COLUMNS.get(name) or names.eval_metric(name)] = float(value)
+    if "shadow_loss" in results:
+      row[names.SHADOW_GAP] = (float(results["loss"]) /
+                               float(results["shadow_loss"]) - 1.0)
     if perplexity:
       # A model whose loss adds regularisers (moe_gpt's router terms)
       # reports the language-modelling part as its cross_entropy metric.
       nll = results.get("cross_entropy", results["loss"])
       row[names.EVAL_PERPLEXITY] = float(np.exp(nll))
     return row
+
+
+# Evaluation results whose column is not eval_<name>.
+_EVAL_COLUMNS = {"loss": names.EVAL_LOSS, "shadow_loss": names.SHADOW_EVAL_LOSS}
 
 
 def worker_events(counts: dict, participants, sync_counts: dict = None,

@@ -236,6 +236,11 @@ def set_state(sim_state, values: dict, strategy):
     part = _part(sim_state, knob.where, strategy)
     sim_state = _with_part(sim_state, knob.where, strategy,
                            _set(part, knob.key, value))
+    if knob.where == "inner" and sim_state.shadow is not None:
+      # The paired DDP lane applies the inner optimizer too (``_shadow``).
+      shadow = sim_state.shadow
+      sim_state = sim_state._replace(shadow=shadow._replace(
+          inner=_set(shadow.inner, knob.key, value)))
   return sim_state
 
 

@@ -205,7 +205,13 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
                              micro_example, jax.random.PRNGKey(0))
   grads = _wide(abstract_params) * (2 if backward.micro > 1 else 1)
   update = _wide((stored.params_W, stored.inner_W), drop_leading=True)
-  state = mine / workers * (1 if c.one_replica else local_w) + shared
+  # The paired DDP lane (``_shadow``): its replica's state, and while its
+  # steps run (before the workers'), every local worker's examples through
+  # one set of gradients.
+  lane = 0.0 if abstract_state.shadow is None else _wide(abstract_state.shadow)
+  lane_flight = (0.0 if abstract_state.shadow is None
+                 else local_w * residuals + grads)
+  state = mine / workers * (1 if c.one_replica else local_w) + shared + lane
   # One replica computes every worker's examples through one set of
   # gradients; otherwise each worker in flight has its own.
   fixed = state + data_bytes + (grads if c.one_replica else 0.0)
@@ -218,7 +224,7 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
     return flight_all if size == local_w else flight_group
 
   def estimate(size: int) -> float:
-    return here * (fixed + size * flight(size))
+    return here * (fixed + max(size * flight(size), lane_flight))
 
   size = _group_size(c, local_w, can_group, estimate)
   chosen = estimate(size)

@@ -28,8 +28,9 @@ from lowbw import network as net_lib
 from lowbw.network import tiers_of
 from lowbw.simulation import (_compile_cache, _config, _engine, _hparams, _pace,
                               _logdir, _memory, _mesh, _options, _precision,
-                              _resume)
+                              _resume, _shadow)
 from lowbw.simulation._loop import Executables, drive
+from lowbw.strategies import _base
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import RunWarning, Track, clock_overlap
@@ -103,7 +104,8 @@ class Simulator:
         tuple(self.strategy_channels), c.masks, self.mesh, self.specs,
         _narrow(c), c.grouping, c.one_replica, c.backward,
         c.correlation_every, c.eval_local,
-        bool(clock_overlap(c.strategy, c.network)), c.redistributes)
+        bool(clock_overlap(c.strategy, c.network)), c.redistributes,
+        c.shadow)
     # Eager: op-by-op initialisation uses per-primitive executables that
     # the process already holds; compiling it as one program cost ~0.9 s
     # per build on the digits MLP (measured), more than it saves. Making
@@ -134,7 +136,9 @@ class Simulator:
         c.network.speed_trace is not None or
         c.network.bandwidth_trace is not None)
     time_s = jnp.zeros(2, jnp.float32) if traced else None
-    return _engine.SimState(st, data_key, loss_key, active, fleet, time_s)
+    shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
+    return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,
+                            shadow)
 
   def _reports(self) -> dict:
     """The shapes of what ``local`` and ``sync`` report (gradients have the
@@ -247,7 +251,8 @@ class Simulator:
         _mesh.replicated(self.abstract_state.loss_key),
         _mesh.active_specs(c.masks),
         _mesh.fleet_specs(c.strategy.asynchronous),
-        _mesh.replicated(self.abstract_state.time_s))
+        _mesh.replicated(self.abstract_state.time_s),
+        _mesh.replicated(self.abstract_state.shadow))
     sampler = c.data.build(c.num_workers, c.batch_size, 0)
     self.specs = (sim_specs, _mesh.sampler_specs(sampler))
     self.eval_batches = _mesh.place(
@@ -506,6 +511,9 @@ class Simulator:
         **({"correlation_every": c.correlation_every}
            if c.correlation_every else {}),
         **({"eval_local": True} if c.eval_local else {}),
+        **({"shadow": {"name": "ddp",
+                       "inner": _base.describe(c.shadow)}}
+           if c.shadow is not None else {}),
         "memory": self.memory.describe(),
         "devices": c.devices, "processes": self.processes,
         "metadata": dict(metadata or {}),
@@ -521,6 +529,8 @@ class Simulator:
     cols += [names.EVAL_LOSS] + [names.eval_metric(m)
                                  for m in self.metric_names]
     cols += [names.EVAL_PERPLEXITY] if lm else []
+    if c.shadow is not None:
+      cols += [names.SHADOW_EVAL_LOSS, names.SHADOW_GAP]
     if c.eval_local:
       cols += [names.EVAL_LOCAL_LOSS, names.EVAL_LOCAL_LOSS_STD] + [
           names.eval_metric("local_" + m) for m in self.metric_names]

@@ -229,6 +229,9 @@ class Track:
     }
     for m in self.sim.metric_names:
       summary["final_eval_" + m] = last(names.eval_metric(m))
+    if c.shadow is not None:
+      summary["final_" + names.SHADOW_EVAL_LOSS] = last(names.SHADOW_EVAL_LOSS)
+      summary["final_" + names.SHADOW_GAP] = last(names.SHADOW_GAP)
     if c.is_lm:
       summary["final_eval_perplexity"] = last(names.EVAL_PERPLEXITY)
       summary["tokens_per_s"] = rate(examples * c.data.tokens_per_example)

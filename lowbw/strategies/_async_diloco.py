@@ -246,7 +246,8 @@ def async_diloco(
        "delayed_nesterov": delayed_nesterov,
        "staleness_scale": staleness_scale, "dylu": dylu},
       outer_places={"outer": "outer_state"}, asynchronous=H,
-      time_budget=dylu)
+      time_budget=dylu,
+      inner=inner)
   # Driven step by step without the engine's schedule (a notebook), every
   # worker arrives after each H steps: synchronous DiLoCo.
   return strategy._replace(step=_base.compose_step(local, sync, H))

@@ -105,6 +105,10 @@ class Strategy(NamedTuple):
       weighted by the steps each worker took): each worker takes the inner steps
       its speed allows in the time the fastest takes for H, floor(H x its
       speed / the fastest's), at least 1.
+    inner: the optimizer the workers apply in their inner steps (what a
+      paired DDP lane, ``shadow="ddp"``, applies to the mean gradient), or
+      None for a strategy whose update is not a plain optimizer step on a
+      gradient (DeMo).
   """
 
   name: str
@@ -121,6 +125,7 @@ class Strategy(NamedTuple):
   outer_places: dict[str, str] | None = None
   asynchronous: int | None = None
   time_budget: bool | str = False
+  inner: optax.GradientTransformation | None = None
 
 
 def default_inner() -> optax.GradientTransformation:
@@ -231,12 +236,13 @@ def make(name: str, period: int, init, local, sync, global_params, channels,
          replicated: bool = False,
          outer_places: dict[str, str] | None = None,
          asynchronous: int | None = None,
-         time_budget: bool | str = False) -> Strategy:
+         time_budget: bool | str = False,
+         inner: optax.GradientTransformation | None = None) -> Strategy:
   return Strategy(name, period, init, local, sync,
                   compose_step(local, sync, period), global_params, channels,
                   config, overlap_steps, replicated,
                   {} if outer_places is None else dict(outer_places),
-                  asynchronous, time_budget)
+                  asynchronous, time_budget, inner)
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

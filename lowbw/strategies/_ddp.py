@@ -62,7 +62,8 @@ def ddp(inner: optax.GradientTransformation | None = None,
   return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
                     channels, {"name": "ddp", "inner": _base.describe(inner),
                                **comp.config},
-                    replicated=comp.codec is None and comp.message is None)
+                    replicated=comp.codec is None and comp.message is None,
+                    inner=inner)
 
 
 SPEC = _spec.spec(

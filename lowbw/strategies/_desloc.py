@@ -134,7 +134,8 @@ def desloc(
       lambda s, g: (_base.inner_update(inner, s, g), {}),
       desloc_sync(periods), _base.mean_of_workers, channels,
       {"name": "desloc", "inner": _base.describe(inner), "Kx": Kx, "Ku": Ku,
-       "Kv": Kv})
+       "Kv": Kv},
+      inner=inner)
 
 
 SPEC = _spec.spec(

@@ -134,7 +134,8 @@ def build(name: str, inner, outer, H: int, comp: Compression,
        **({"dylu_weighted": True} if dylu == "weighted" else {}),
        **(extra_config or {})},
       overlap_steps=H if outer_delay else None,
-      outer_places={"outer": place}, time_budget=dylu)
+      outer_places={"outer": place}, time_budget=dylu,
+      inner=inner)
 
 
 def diloco(

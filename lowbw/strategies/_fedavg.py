@@ -121,7 +121,8 @@ def fedavg(
       "fedavg", H, init, local, sync, _base.mean_of_workers, channels,
       {"name": "fedavg", "inner": _base.describe(inner), "H": H,
        "island_size": island_size, **comp.config,
-       "compress": compress if codec is not None else None})
+       "compress": compress if codec is not None else None},
+      inner=inner)
 
 
 def check_island_size(island_size, num_workers_):

@@ -261,7 +261,8 @@ def hierarchical_diloco(
        "group_size": group_size, "groups": groups, "global_every": R,
        **comp.config},
       outer_places={"outer": "regional_outer_W",
-                    "global_outer": "global_outer"})
+                    "global_outer": "global_outer"},
+      inner=inner)
 
 
 _SOURCE = "Decentralized Training Simulator: Technical Documentation"

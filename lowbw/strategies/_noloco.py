@@ -137,7 +137,8 @@ def noloco(
       lambda s: worker_mean(s.comm.outer_params_W), channels,
       {"name": "noloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "pull": pull},
-      outer_places={"outer": "outer_state_W"})
+      outer_places={"outer": "outer_state_W"},
+      inner=inner)
 
 
 SPEC = _spec.spec(

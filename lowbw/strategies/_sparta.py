@@ -113,7 +113,8 @@ def sparta(
        "selector": selector,
        "codec": None if codec is None else codec.name,
        # only when set: configurations (and checkpoints) from before it match
-       **({"sparta_interval": interval} if interval != 1 else {})})
+       **({"sparta_interval": interval} if interval != 1 else {})},
+      inner=inner)
 
 
 SPEC = _spec.spec(

@@ -71,7 +71,8 @@ def sparta_diloco(
        **({"sparta_interval": interval} if interval != 1 else {}),
        **comp.config,
        "sparse_codec": None if sparse_codec is None else sparse_codec.name},
-      outer_places={"outer": "outer_state"})
+      outer_places={"outer": "outer_state"},
+      inner=inner)
 
 
 SPEC = _spec.spec(

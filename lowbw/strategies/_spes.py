@@ -320,7 +320,8 @@ def spes(
        "assignment": None if assignment is None else list(assignment),
        "merge_warmup_steps": merging[1], "merge_every": merging[2],
        "merge_alpha": merging[0], "merge_top_k": merging[3], **comp.config},
-      outer_places={"outer": "outer_state"})
+      outer_places={"outer": "outer_state"},
+      inner=inner)
 
 
 def _owners(assignment) -> tuple[int, ...]:

@@ -270,7 +270,8 @@ def streaming_diloco(
        "outer": _base.describe(outer), "H": H, "fragments": P,
        "pattern": "user" if partition is not None else pattern,
        "delay": delay, "alpha": alpha, **comp.config},
-      overlap_steps=delay, outer_places={"outer": "outer_states"})
+      overlap_steps=delay, outer_places={"outer": "outer_states"},
+      inner=inner)
 
 
 def _channel(p: int) -> str:

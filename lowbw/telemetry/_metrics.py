@@ -35,6 +35,11 @@ TRAIN_PERPLEXITY = "train_perplexity"
 # loss, its spread over workers, and each model metric's mean.
 EVAL_LOCAL_LOSS = "eval_local_loss"
 EVAL_LOCAL_LOSS_STD = "eval_local_loss_std"
+# The paired DDP lane (shadow="ddp"): a DDP replica trained on the union of
+# the workers' batches, evaluated on the same windows; the gap is
+# eval_loss / shadow_eval_loss - 1.
+SHADOW_EVAL_LOSS = "shadow_eval_loss"
+SHADOW_GAP = "shadow_gap"
 LR = "lr"
 
 

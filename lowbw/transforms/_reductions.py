@@ -166,6 +166,16 @@ def _psum(x):
   return x if s is None else jax.lax.psum(x, s.axis)
 
 
+def device_mean(tree: PyTree) -> PyTree:
+  """The mean over devices of a tree every device computes for its own
+  workers (equally many on each), e.g. the gradient of their mean loss:
+  the same tree over all workers. Unsharded, ``tree`` itself."""
+  s = _sharded()
+  if s is None:
+    return tree
+  return jax.tree.map(lambda x: jax.lax.psum(x, s.axis) / s.shards, tree)
+
+
 def worker_sum(tree_W: PyTree, active_W: Array | None = None) -> PyTree:
   """The sum over workers of every leaf: (W, ...) -> (...); over the
   participating (or ``active_W``) workers only when there is a mask."""

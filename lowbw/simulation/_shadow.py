@@ -1,0 +1,91 @@
+"""The paired DDP lane (``shadow="ddp"``): one DDP replica trained in the same
+compiled program as the run, on the union of the workers' batches.
+
+At every step the lane draws the batch each worker draws (the same data key,
+step and worker indices), with the same loss keys, computes the gradient of
+the mean loss over all of them (``_grouping.replica_grads``: one replica at
+batch W*b) and applies its optimizer. It starts from the run's initial
+parameters. That is exactly a DDP run with the same seed, workers and batch
+size, so each evaluation compares the run with DDP at equal tokens and equal
+data, paired by seed: ``shadow_eval_loss`` and ``shadow_gap`` (the run's
+``eval_loss`` over it, minus 1).
+
+It costs one more model's compute at batch W*b per step, and one model's
+parameters and optimizer state (kept in float32 whatever ``worker_dtype``).
+It sees no faults, stragglers or codecs: it is the ideal DDP the run is
+measured against.
+"""
+
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from lowbw import _validate
+from lowbw._types import Array, Params, PyTree
+from lowbw.simulation._backward import Backward
+from lowbw.simulation._grouping import after_backward, replica_grads
+from lowbw.strategies import _base
+from lowbw.transforms import device_mean
+
+CHOICES = ("ddp",)
+
+
+class ShadowState(NamedTuple):
+  """The DDP lane's replica: its step, parameters and optimizer state."""
+
+  step: Array
+  params: Params
+  inner: PyTree
+
+
+def check(shadow, strategy) -> optax.GradientTransformation | None:
+  """The lane's optimizer, or None for no lane.
+
+  ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
+  (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
+  such as DeMo); or an optax transformation, the lane's optimizer.
+  """
+  if shadow is None:
+    return None
+  if isinstance(shadow, optax.GradientTransformation):
+    return shadow
+  if shadow in CHOICES:
+    return strategy.inner or _base.default_inner()
+  raise _validate.fail(
+      "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
+      "strategy's inner optimizer, trained on the union of the workers' "
+      "batches) or an optax.GradientTransformation (the replica's optimizer)")
+
+
+def init(inner: optax.GradientTransformation, params: Params) -> ShadowState:
+  """The lane at step 0 from the run's initial ``params``, copied: the
+  strategy's state may hold the same arrays, and the chunk program donates
+  both."""
+  params = jax.tree.map(jnp.copy, params)
+  return ShadowState(jnp.zeros((), jnp.int32), params, inner.init(params))
+
+
+def lane(model, inner: optax.GradientTransformation,
+         backward: Backward = Backward()):
+  """``run(shadow, sample, keys_at, length) -> shadow``: ``length`` DDP steps.
+
+  ``sample(step)`` draws this device's workers' batches and ``keys_at(step)``
+  their loss keys; sharded, each device computes the gradient over its own
+  workers and the devices average them (``device_mean``).
+  """
+  grads_of = replica_grads(model, backward)
+
+  def step(st: ShadowState, sample, keys_at) -> ShadowState:
+    _, _, grads = grads_of(st.params, sample(st.step), keys_at(st.step))
+    grads = after_backward(device_mean(grads))
+    updates, inner_state = inner.update(grads, st.inner, st.params)
+    return ShadowState(st.step + 1, optax.apply_updates(st.params, updates),
+                       inner_state)
+
+  def run(shadow: ShadowState, sample, keys_at, length: int) -> ShadowState:
+    return jax.lax.scan(lambda st, _: (step(st, sample, keys_at), None),
+                        shadow, length=length)[0]
+
+  return run

@@ -1,0 +1,112 @@
+"""The paired DDP lane (shadow="ddp"): trained in the run's own program, it
+equals a separate DDP run with the same seed, workers and batch size, in
+every way the run can be built (rounds and a tail, worker groups, a traced
+learning rate, its own optimizer, a resumed checkpoint); its errors and its
+command-line flag."""
+
+import json
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import lowbw
+from lowbw import cli, models, strategies
+
+RUN = dict(model=models.mlp(hidden=(16,)), data="digits", num_workers=4,
+           batch_size=8, eval_every=5, eval_examples=128, progress=False)
+
+
+def _evaluated(result, column):
+  h = result.history
+  at = ~np.isnan(h["eval_loss"])
+  return h["step"][at], np.asarray(h[column])[at]
+
+
+def _same_params(a, b):
+  for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-7)
+
+
+def _same_as_ddp(run, ddp):
+  steps, lane = _evaluated(run, "shadow_eval_loss")
+  ddp_steps, ddp_loss = _evaluated(ddp, "eval_loss")
+  np.testing.assert_array_equal(steps, ddp_steps)
+  assert len(steps) >= 3
+  np.testing.assert_allclose(lane, ddp_loss, rtol=1e-6)
+  _same_params(run.state.shadow.params, ddp.params)
+  _, loss = _evaluated(run, "eval_loss")
+  _, gap = _evaluated(run, "shadow_gap")
+  np.testing.assert_allclose(gap, loss / lane - 1, rtol=1e-6, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def ddp_22():
+  return lowbw.simulate(strategy=strategies.ddp(), steps=22, **RUN)
+
+
+def test_the_lane_equals_a_separate_ddp_run(ddp_22):
+  """DiLoCo H=5 over 22 steps (four rounds and a two-step tail): the lane's
+  evaluations are the DDP run's, its parameters DDP's final ones."""
+  run = lowbw.simulate(strategy=strategies.diloco(H=5), steps=22,
+                       shadow="ddp", **RUN)
+  _same_as_ddp(run, ddp_22)
+  # The run itself is not DDP: the comparison has something to show.
+  _, gap = _evaluated(run, "shadow_gap")
+  assert np.all(np.abs(gap[1:]) > 1e-4)
+  assert run.summary["final_shadow_gap"] == pytest.approx(gap[-1])
+  assert run.config["shadow"]["name"] == "ddp"
+
+
+def test_the_lane_with_worker_groups_and_a_traced_learning_rate():
+  """Workers computed two at a time, and an inner learning rate given per
+  run: the lane takes the same value (it applies the inner optimizer)."""
+  hp = {"inner_lr": 2e-3}
+  run = lowbw.simulate(strategy=strategies.diloco(H=5), steps=20,
+                       shadow="ddp", worker_batch=2, hparams=hp, **RUN)
+  ddp = lowbw.simulate(strategy=strategies.ddp(), steps=20, hparams=hp, **RUN)
+  _same_as_ddp(run, ddp)
+
+
+def test_the_lane_takes_an_optimizer_of_its_own():
+  """An optax transformation as ``shadow``: DDP with that optimizer, whatever
+  the strategy's inner one (here DeMo, which has none of the kind)."""
+  sgd = optax.sgd(0.3, momentum=0.9)
+  run = lowbw.simulate(strategy=strategies.demo(), steps=20, shadow=sgd,
+                       **RUN)
+  ddp = lowbw.simulate(strategy=strategies.ddp(sgd), steps=20, **RUN)
+  _same_as_ddp(run, ddp)
+
+
+def test_a_resumed_run_resumes_the_lane(tmp_path, ddp_22):
+  """A checkpoint holds the lane: stopping at step 10 and going on to 22
+  gives the uninterrupted lane."""
+  kw = dict(strategy=strategies.diloco(H=5), shadow="ddp", **RUN)
+  lowbw.simulate(steps=10, log_dir=str(tmp_path), checkpoint_every=10, **kw)
+  resumed = lowbw.simulate(steps=22, resume_from=str(tmp_path), **kw)
+  _same_params(resumed.state.shadow.params, ddp_22.params)
+
+
+@pytest.mark.parametrize("value", ["ddpx", 1, strategies.ddp()])
+def test_a_bad_shadow_names_the_field_and_what_is_allowed(value):
+  with pytest.raises(lowbw.ConfigError, match=r"^shadow=.* is invalid: "
+                     r"expected None, 'ddp' .*optax.GradientTransformation"):
+    lowbw.build(models.mlp(hidden=(16,)), "digits", strategies.diloco(H=5),
+                shadow=value, compile=False)
+
+
+def test_the_command_line_lane(tmp_path, capsys):
+  out = tmp_path / "run"
+  cli.main(["train", "--data", "digits", "--hidden", "16", "--workers", "4",
+            "--batch-size", "8", "--steps", "10", "--strategy", "diloco",
+            "--H", "5", "--eval-every", "5", "--shadow", "ddp", "--out",
+            str(out), "--no-progress"])
+  printed = capsys.readouterr().out
+  assert "DDP lane          eval loss" in printed
+  header = (out / "metrics.csv").read_text().splitlines()[0].split(",")
+  assert {"shadow_eval_loss", "shadow_gap"} <= set(header)
+  assert json.loads((out / "config.json").read_text())["shadow"]["name"] == "ddp"
+  assert cli.main(["train", "--shadow", "fedavg"]) == 2
+  assert ("--shadow='fedavg' is invalid: expected one of 'ddp'"
+          in capsys.readouterr().err)
