@@ -110,3 +110,56 @@ def test_the_command_line_lane(tmp_path, capsys):
   assert cli.main(["train", "--shadow", "fedavg"]) == 2
   assert ("--shadow='fedavg' is invalid: expected one of 'ddp'"
           in capsys.readouterr().err)
+
+
+def test_the_paired_interval_is_the_textbook_t_interval():
+  """Differences 1, 2, 3: mean 2, std 1 (ddof 1), t_0.95(2 df) = 2.919986,
+  so the one-sided 95 % bounds are 2 -/+ 2.919986 / sqrt(3)."""
+  from lowbw.studies._result import paired_interval
+  low, high = paired_interval([1.0, 2.0, 3.0])
+  assert (low, high) == pytest.approx((2 - 1.685854, 2 + 1.685854), abs=1e-5)
+  assert np.isnan(paired_interval([0.5])[0])
+
+
+def test_a_study_reports_the_gap_paired_by_seed(tmp_path):
+  base = lowbw.Config(data="digits", hidden="16", workers=4, batch_size=8,
+                      steps=10, eval_every=5, strategy="diloco", H=5,
+                      shadow="ddp", progress=False)
+  study = lowbw.study(base, grid={"outer_lr": [0.5]}, seeds=[0, 1, 2],
+                      out=str(tmp_path / "s"))
+  from lowbw.studies._result import paired_interval
+  gaps = [p.summary["final_shadow_gap"] for p in study.points]
+  final = study.final(frame=False)
+  assert final["final_shadow_gap_mean"][0] == pytest.approx(np.mean(gaps))
+  assert (final["final_shadow_gap_low"][0], final["final_shadow_gap_high"][0]
+          ) == pytest.approx(paired_interval(gaps))
+  header = (tmp_path / "s" / "final.csv").read_text().splitlines()[0]
+  assert "final_shadow_gap_high" in header
+
+
+def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,
+                                                               ddp_22):
+  """A DDP run's folder as ``init_from``: every worker and the lane hold its
+  final parameters at step 0; a folder of another model, or none, is an
+  error naming init_from."""
+  warm = tmp_path / "warm"
+  lowbw.simulate(strategy=strategies.ddp(), steps=10, log_dir=str(warm),
+                 **RUN)
+  sim = lowbw.build(strategy=strategies.diloco(H=5), steps=10, shadow="ddp",
+                    compile=False, **{k: v for k, v in RUN.items()
+                                      if k != "progress"})
+  state = sim.initial(0, init_from=str(warm))[0]
+  saved = np.load(warm / "params.npz")
+  flat = jax.tree_util.tree_flatten_with_path(state.strategy.params_W)[0]
+  for path, leaf_W in flat:
+    stored = saved[jax.tree_util.keystr(path)]
+    for w in range(RUN["num_workers"]):
+      np.testing.assert_array_equal(leaf_W[w], stored)
+  _same_params(state.shadow.params, jax.tree.map(
+      lambda p: p[0], state.strategy.params_W))
+  other = lowbw.build(model=models.mlp(hidden=(8,)), data="digits",
+                      strategy=strategies.ddp(), steps=10, compile=False)
+  with pytest.raises(lowbw.ConfigError, match=r"^init_from=.* has shape"):
+    other.initial(0, init_from=str(warm))
+  with pytest.raises(lowbw.ConfigError, match=r"^init_from=.* no params.npz"):
+    sim.initial(0, init_from=str(tmp_path / "nowhere"))

@@ -41,7 +41,7 @@ def run_config(sim: simulation.Simulator, config: Config, **kwargs):
               checkpoint_every=config.checkpoint_every,
               progress=config.progress, wandb_project=config.wandb_project,
               fail_on_divergence=config.fail_on_divergence,
-              config_yaml=text)
+              config_yaml=text, init_from=config.init_from)
   return sim.run(**{**args, **kwargs})
 
 

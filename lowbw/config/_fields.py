@@ -246,6 +246,10 @@ RUN_FIELDS = (
           "first multiple of H >= 100)", int, unit="steps"),
     Field("log_every", None, SHAPE, _R, "default: the power of two giving "
           "200 to 400 rows", int, unit="steps"),
+    Field("init_from", None, RUN, _R, "start every worker (and the DDP "
+          "lane) from this finished run's final parameters (its "
+          "params.npz), e.g. DiLoCo from a DDP warm-up; optimizer states "
+          "start fresh"),
     Field("checkpoint_every", None, RUN, _R, "save a checkpoint every N "
           "steps", int, unit="steps"),
     Field("eval_examples", None, SHAPE, _R, "held-out examples per "

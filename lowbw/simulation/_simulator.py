@@ -122,10 +122,14 @@ class Simulator:
       self.executables(*self.initial(0)[:3])
 
   # ------------------------------------------------------------- building
-  def _initial_state(self, key) -> _engine.SimState:
+  def _initial_state(self, key, params=None) -> _engine.SimState:
+    """The state of a run from ``key``; every worker (and the DDP lane)
+    starts from ``params`` when given (``init_from``), else from the model's
+    initialisation."""
     c = self.config
     init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
-    params = c.model.init(init_key, self.example)
+    if params is None:
+      params = c.model.init(init_key, self.example)
     st = c.strategy.init(params, 1 if c.one_replica else c.num_workers,
                          strategy_key)
     if _narrow(c) is not None:
@@ -356,16 +360,18 @@ class Simulator:
     return net_lib.net_params(network, self.config.num_workers,
                               self.pricing(network), seed)
 
-  def initial(self, seed: int = 0, hparams: dict | None = None):
+  def initial(self, seed: int = 0, hparams: dict | None = None,
+              init_from: str | None = None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with
     ``hparams``, placed on the run's devices.
 
-    ``state`` is the ``SimState`` every worker starts from; ``net`` the
-    traced network numbers (None without a network).
+    ``state`` is the ``SimState`` every worker starts from (the parameters
+    of the run folder ``init_from`` when given); ``net`` the traced network
+    numbers (None without a network).
     """
     seed = _config.check_seed(seed)
     state_values, network = self.check_hparams(hparams)
-    state = self._state(seed, state_values)
+    state = self._state(seed, state_values, self.start_params(init_from))
     sampler, net = self.sampler(seed), self.net_params(network, seed)
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs
@@ -375,9 +381,25 @@ class Simulator:
         net = _mesh.place(net, _mesh.replicated(net), self.mesh)
     return state, sampler, net, network
 
-  def _state(self, seed: int, state_values: dict):
+  def start_params(self, init_from: str | None):
+    """The parameters in run folder ``init_from`` (its ``params.npz``), in
+    the model's structure and types, or None; a folder written by another
+    model is an error naming ``init_from``."""
+    if init_from is None:
+      return None
+    _validate.non_empty_str("init_from", init_from)
+    try:
+      return telemetry.load_params(init_from, like=self.abstract_params)
+    except _validate.ConfigError as e:
+      raise _validate.fail("init_from", init_from, e.allowed) from None
+
+  def _state(self, seed: int, state_values: dict, params=None):
     """The initial ``SimState`` of ``seed`` with traced ``state_values``
-    set (on one device)."""
+    set (on one device), from ``params`` when given."""
+    if params is not None:
+      state = self._initial_state(jax.random.PRNGKey(seed), params)
+      return (_hparams.set_state(state, state_values, self.config.strategy)
+              if state_values else state)
     state = self._init(jax.random.PRNGKey(seed))
     if state_values:  # a few small arrays: not worth compiling a program
       state = _hparams.set_state(state, state_values, self.config.strategy)
@@ -395,7 +417,8 @@ class Simulator:
           overwrite: bool = False,
           wandb_project: str | None = None,
           fail_on_divergence: bool = False,
-          config_yaml: str | None = None) -> Result:
+          config_yaml: str | None = None,
+          init_from: str | None = None) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -413,6 +436,12 @@ class Simulator:
     ``config_yaml``: the run's ``lowbw.Config`` as YAML, written to
     ``log_dir/config.yaml`` before the first step (``lowbw train --config``
     repeats the run from it).
+
+    ``init_from``: a finished run's folder; every worker (and the DDP lane)
+    starts from its final parameters (``params.npz``) instead of the
+    model's initialisation, e.g. DiLoCo from a DDP warm-up as the DiLoCo
+    paper does. Optimizer states start fresh; the seed still sets the data
+    order and the keys.
     """
     c = self.config
     if not isinstance(fail_on_divergence, bool):
@@ -428,10 +457,12 @@ class Simulator:
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
       telemetry.import_wandb("wandb_project", wandb_project)
-    state, sampler, net, network = self.initial(seed, hparams)
+    state, sampler, net, network = self.initial(seed, hparams, init_from)
     if config_yaml is not None and log_dir and self.main_process:
       telemetry.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
+    if init_from is not None:
+      config["init_from"] = os.path.abspath(init_from)
     track = Track(self, c.default_log_every, network, log_dir, callback,
                   config)
     wall_offset = 0.0

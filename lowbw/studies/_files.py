@@ -22,7 +22,7 @@ from lowbw import _validate, telemetry
 from lowbw.config import FIELDS, RUN
 from lowbw.simulation import prepare_log_dir
 from lowbw.studies import _grid
-from lowbw.studies._result import FINAL, PointResult
+from lowbw.studies._result import PointResult
 
 STUDY = "study.json"
 POINTS = "points"
@@ -161,13 +161,13 @@ def _plain(value):
 
 def points_table(study) -> dict[str, list]:
   cols = {"point": [], "seed": [], **{n: [] for n in study.names},
-          **{k: [] for k in FINAL}, "error": []}
+          **{k: [] for k in study.final_keys()}, "error": []}
   for p in study.points:
     cols["point"].append(p.index)
     cols["seed"].append(p.seed)
     for n in study.names:
       cols[n].append(p.values.get(n))
-    for k in FINAL:
+    for k in study.final_keys():
       cols[k].append(p.summary.get(k))
     cols["error"].append(p.summary.get("error"))
   return cols

@@ -12,6 +12,10 @@ from lowbw.config import Config
 # mean and std over seeds.
 FINAL = ("final_eval_loss", "final_train_loss", "payload_bytes",
          "wire_bytes", "sim_time_s", "wall_time_s")
+# With the paired DDP lane (``shadow="ddp"``): the lane's loss and the gap
+# to it, which is paired by seed within each point; the gap also gets its
+# one-sided 95 % t-bounds over seeds (``paired_interval``).
+SHADOW = ("final_shadow_eval_loss", "final_shadow_gap")
 
 
 @dataclasses.dataclass
@@ -35,6 +39,22 @@ class PointResult:
   history: dict[str, np.ndarray]
   log_dir: str | None
   config: Config
+
+
+def paired_interval(diffs, confidence: float = 0.95) -> tuple[float, float]:
+  """The one-sided ``confidence`` t-bounds of the mean of paired
+  differences (e.g. a run's gap to its own seed's DDP lane): mean -/+
+  t_confidence(n - 1) x std (ddof 1) / sqrt(n); the pair is the two-sided
+  interval at 2 x confidence - 1. Fewer than two values: (nan, nan)."""
+  diffs = np.asarray(diffs, float)
+  diffs = diffs[np.isfinite(diffs)]
+  n = diffs.size
+  if n < 2:
+    return math.nan, math.nan
+  from scipy import stats  # a dependency of jax; imported when used
+  half = (stats.t.ppf(confidence, n - 1) * diffs.std(ddof=1)
+          / math.sqrt(n))
+  return float(diffs.mean() - half), float(diffs.mean() + half)
 
 
 def _frame(columns: dict):
@@ -110,14 +130,22 @@ class Study:
       ok = [p for p in points if not p.summary.get("error")]
       row["seeds"] = len(ok)
       row["failed"] = len(points) - len(ok)
-      for key in FINAL:
+      for key in self.final_keys():
         vals = np.asarray([_num(p.summary.get(key)) for p in ok])
         vals = vals[np.isfinite(vals)]
         row[f"{key}_mean"] = float(vals.mean()) if vals.size else math.nan
         row[f"{key}_std"] = float(vals.std()) if vals.size else math.nan
+        if key == "final_shadow_gap":
+          row[f"{key}_low"], row[f"{key}_high"] = paired_interval(vals)
       rows.append(row)
     columns = {k: [r[k] for r in rows] for k in (rows[0] if rows else {})}
     return _frame(columns) if frame else columns
+
+  def final_keys(self) -> tuple[str, ...]:
+    """The summary figures of the final tables: ``FINAL``, and ``SHADOW``
+    when a point ran the paired DDP lane."""
+    lane = any("final_shadow_gap" in p.summary for p in self.points)
+    return FINAL + (SHADOW if lane else ())
 
   def plot(self, folder: str | None = None) -> list[str]:
     """Draws the study's plots (final loss against bytes with the Pareto
