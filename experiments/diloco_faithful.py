@@ -25,7 +25,7 @@ to about 20 tokens per parameter:
 
 Every stage is a ``lowbw.study`` under ``experiments/studies/`` (a killed
 script resumes where it stopped); the results are cached in
-``docs/experiments/diloco_faithful_results.json``; ``--report-only``
+``docs/experiments/diloco_faithful_<preset>_results.json``; ``--report-only``
 rebuilds the report and the findings row from that cache.
 
 Usage:
@@ -45,9 +45,15 @@ import numpy as np
 import _report
 import lowbw
 
-CACHE = "diloco_faithful_results.json"
 COMMAND = "python experiments/diloco_faithful.py"
-REPORT = "diloco_faithful.md"
+
+
+def cache_name(preset: str) -> str:
+  return f"diloco_faithful_{preset}_results.json"
+
+
+def report_name(preset: str) -> str:
+  return f"diloco_faithful_{preset}.md"
 TUNE_SEED = 100
 GAP_MEAN, GAP_BOUND = 0.02, 0.03  # "reproduces": mean <= 2 %, bound <= 3 %
 
@@ -217,9 +223,10 @@ def main():
   parser = _report.parser(__doc__)
   parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
   args = parser.parse_args()
-  results = _report.results_for(args, CACHE, run_all)
+  results = _report.results_for(args, cache_name(args.preset), run_all)
   text = report(args, results)
-  _report.write_report(os.path.join(args.out, REPORT), text)
+  _report.write_report(os.path.join(args.out, report_name(args.preset)),
+                       text)
   print(text)
   print(json.dumps({"minutes": round(results.get("seconds", 0) / 60, 1)}))
 
