@@ -26,7 +26,7 @@ from lowbw import _validate
 from lowbw._types import Array, Params, PyTree
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import after_backward, replica_grads
-from lowbw.strategies import _base
+from lowbw import strategies
 from lowbw.transforms import device_mean
 
 CHOICES = ("ddp",)
@@ -52,7 +52,7 @@ def check(shadow, strategy) -> optax.GradientTransformation | None:
   if isinstance(shadow, optax.GradientTransformation):
     return shadow
   if shadow in CHOICES:
-    return strategy.inner or _base.default_inner()
+    return strategy.inner or strategies.default_inner()
   raise _validate.fail(
       "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
       "strategy's inner optimizer, trained on the union of the workers' "

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
+from lowbw import strategies as strategies_lib
 from lowbw import transforms as transforms_lib
 from lowbw import models as models_lib
 from lowbw.models import check_contract
@@ -30,7 +31,6 @@ from lowbw.simulation import (_compile_cache, _config, _engine, _hparams, _pace,
                               _logdir, _memory, _mesh, _options, _precision,
                               _resume, _shadow)
 from lowbw.simulation._loop import Executables, drive
-from lowbw.strategies import _base
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import RunWarning, Track, clock_overlap
@@ -543,7 +543,7 @@ class Simulator:
            if c.correlation_every else {}),
         **({"eval_local": True} if c.eval_local else {}),
         **({"shadow": {"name": "ddp",
-                       "inner": _base.describe(c.shadow)}}
+                       "inner": strategies_lib.describe(c.shadow)}}
            if c.shadow is not None else {}),
         "memory": self.memory.describe(),
         "devices": c.devices, "processes": self.processes,

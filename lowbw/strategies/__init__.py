@@ -5,7 +5,7 @@ from lowbw.strategies import (_async_diloco, _ddp, _demo, _desloc, _diloco, _fed
                               _hierarchical_diloco, _muloco, _noloco, _sparseloco, _sparta,
                               _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
-                                    default_inner)
+                                    default_inner, describe)
 from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
 from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
@@ -66,7 +66,7 @@ def spec(name: str) -> Spec:
 __all__ = [
     "async_diloco", "delayed_nesterov", "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo", "desloc",
-    "default_inner", "default_outer", "diloco", "fedavg", "get",
+    "default_inner", "default_outer", "describe", "diloco", "fedavg", "get",
     "hierarchical_diloco", "inner_optimizer", "outer_optimizer", "SCHEDULES",
     "unit_schedule",
     "hidden_matrices", "muloco", "noloco", "muon_inner", "PeakScheduleState", "OUTER_SCHEDULE", "OuterScheduleState", "outer_schedule", "check_outer_schedule",
