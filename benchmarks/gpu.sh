@@ -16,6 +16,9 @@ phase=${1:?phase: small or gpt2}
 out=${2:?output folder}
 mkdir -p "$out"
 bench() { python3 -m lowbw bench "$@"; }
+# The GPT-2-small shape, in bfloat16 autocast, two timed pairs per figure.
+gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --autocast bfloat16
+      --repeats 2)
 case "$phase" in
   small)
     bench --strategy ddp --workers 1,8,32 --rounds 100 --repeats 5 \
@@ -23,27 +26,21 @@ case "$phase" in
     bench --strategy diloco --H 50 --workers 1,8,32 --rounds 2 --repeats 5 \
       --json "$out/gpt_diloco.json" ;;
   gpt2)
-    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
-           --autocast bfloat16 --repeats 2)
-    bench --strategy diloco --H 20 --workers 1 "${shape[@]}" --batch-size 8 \
+    bench --strategy diloco --H 20 --workers 1 "${gpt2[@]}" --batch-size 8 \
       --minibatch-size 2 --json "$out/gpt2_diloco_w1.json"
-    bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 1 \
+    bench --strategy diloco --H 10 --workers 8 "${gpt2[@]}" --batch-size 1 \
       --worker-batch 8 --json "$out/gpt2_diloco_w8.json" ;;
   gpt2ddp)
-    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
-           --autocast bfloat16 --repeats 2)
-    bench --strategy ddp --rounds 10 --workers 1 "${shape[@]}" --batch-size 8 \
+    bench --strategy ddp --rounds 10 --workers 1 "${gpt2[@]}" --batch-size 8 \
       --minibatch-size 2 --json "$out/gpt2_ddp_w1.json"
-    bench --strategy ddp --rounds 10 --workers 8 "${shape[@]}" --batch-size 1 \
+    bench --strategy ddp --rounds 10 --workers 8 "${gpt2[@]}" --batch-size 1 \
       --json "$out/gpt2_ddp_w8.json"
-    bench --strategy ddp --rounds 10 --workers 32 "${shape[@]}" --batch-size 1 \
+    bench --strategy ddp --rounds 10 --workers 32 "${gpt2[@]}" --batch-size 1 \
       --json "$out/gpt2_ddp_w32.json" ;;
   gpt2w32)
-    shape=(--layers 12 --d-model 768 --heads 12 --seq-len 1024
-           --autocast bfloat16 --repeats 2)
-    bench --strategy diloco --H 10 --workers 32 "${shape[@]}" --batch-size 1 \
+    bench --strategy diloco --H 10 --workers 32 "${gpt2[@]}" --batch-size 1 \
       --worker-batch 4 --json "$out/gpt2_diloco_w32.json"
-    bench --strategy diloco --H 10 --workers 8 "${shape[@]}" --batch-size 4 \
+    bench --strategy diloco --H 10 --workers 8 "${gpt2[@]}" --batch-size 4 \
       --minibatch-size 2 --worker-batch 8 --json "$out/gpt2_diloco_w8_b4.json" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -163,3 +163,6 @@ def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,
     other.initial(0, init_from=str(warm))
   with pytest.raises(lowbw.ConfigError, match=r"^init_from=.* no params.npz"):
     sim.initial(0, init_from=str(tmp_path / "nowhere"))
+  with pytest.raises(lowbw.ConfigError, match=r"^init_from=3 is invalid: "
+                     r"expected the path of a finished run's folder"):
+    sim.initial(0, init_from=3)

@@ -48,6 +48,12 @@ def add_parser(subparsers) -> None:
         field.name != "workers":
       g.add_argument(field.flag, **config_lib.flag_kwargs(field))
   _train.add_scale_flags(p)
+  # The other settings the bench passes to the build (``_compute``), such
+  # as the paired DDP lane, whose cost it then measures.
+  for name in config_lib.COMPUTE_SETTINGS:
+    field = config_lib.FIELDS[name]
+    if field.group not in _train.SCALE_GROUPS:
+      p.add_argument(field.flag, **config_lib.flag_kwargs(field))
   p.set_defaults(run=run)
 
 

@@ -26,7 +26,7 @@ DEFAULTS = {name: f.default for name, f in FIELDS.items()}
 API_NAMES = {**config_lib.ALIASES, "resume_from": "resume",
              "stragglers.fraction": "keep_fraction"}
 # The groups add_scale_flags adds (train's and bench's).
-_SCALE_GROUPS = ("compute", "devices and hosts")
+SCALE_GROUPS = ("compute", "devices and hosts")
 
 
 def add_parser(subparsers) -> None:
@@ -68,13 +68,13 @@ def add_fields(p, groups) -> None:
 
 def add_run_flags(p) -> None:
   """Every setting of a run (train and sweep)."""
-  add_fields(p, [g for g in config_lib.GROUPS if g not in _SCALE_GROUPS])
+  add_fields(p, [g for g in config_lib.GROUPS if g not in SCALE_GROUPS])
   add_scale_flags(p)
 
 
 def add_scale_flags(p) -> None:
   """Devices, worker precision and multi-process flags (train and bench)."""
-  add_fields(p, _SCALE_GROUPS)
+  add_fields(p, SCALE_GROUPS)
   g = p.add_argument_group("processes")
   g.add_argument("--coordinator", help="multi-process: host:port of process "
                  "0 (or JAX_COORDINATOR_ADDRESS)")

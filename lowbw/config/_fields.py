@@ -261,7 +261,7 @@ RUN_FIELDS = (
           "program: one replica with the inner optimizer on the union of the "
           "workers' batches, from the same start (shadow_eval_loss; "
           "shadow_gap = eval_loss / shadow_eval_loss - 1); costs one more "
-          "replica's compute", choices=("ddp",)),
+          "replica's compute", choices=simulation.SHADOWS),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
           "network)"),

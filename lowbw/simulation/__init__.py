@@ -7,6 +7,7 @@ from lowbw.simulation._precision import cast_workers
 from lowbw.simulation._config import (RunConfig, check_seed, check_settings,
                                       configure, multiple_of_period)
 from lowbw.simulation._defaults import BATCH_SIZE, NUM_WORKERS, STEPS
+from lowbw.simulation._shadow import CHOICES as SHADOWS
 from lowbw.simulation._logdir import prepare as prepare_log_dir
 from lowbw.simulation._memory import CPU_ACTIVATION_CAP, check_budget
 from lowbw.simulation._engine import RoundOut, SimState, StepOut
@@ -25,7 +26,7 @@ __all__ = ["AUTOCAST", "Backward", "MESH_AXIS", "cast_workers", "is_spec",
            "strategy_specs", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
            "STEPS", "check_budget", "check_seed", "check_settings", "configure",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
-           "SimState",
+           "SimState", "SHADOWS",
            "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
            "default_points_per_batch", "initialize", "run_batch", "simulate",
            "sweep"]

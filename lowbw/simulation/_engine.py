@@ -190,16 +190,17 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
         jax.random.fold_in(sim.loss_key, step), num_workers))
 
   def shadow_steps(sim: SimState, sampler, length: int) -> SimState:
-    """The paired DDP lane's ``length`` steps on the batches the workers
-    draw at the same steps (its own counter equals theirs)."""
+    """The paired DDP lane's steps over the ``length`` steps the workers
+    take next, on the batches they draw at those steps."""
     if lane is None:
       return sim
 
     def sample(step):
       return sampler.sample(sim.data_key, step, worker_offset())
 
-    return sim._replace(shadow=lane(sim.shadow, sample,
-                                    lambda step: keys_at(sim, step), length))
+    return sim._replace(shadow=lane(
+        sim.shadow, sample, lambda step: keys_at(sim, step),
+        sim.strategy.step, length))
 
   def steps_by_group(sim: SimState, sampler, timing, length: int):
     """``local_steps`` with ``worker_batch``: the clock of steps that do

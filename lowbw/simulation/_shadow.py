@@ -33,9 +33,9 @@ CHOICES = ("ddp",)
 
 
 class ShadowState(NamedTuple):
-  """The DDP lane's replica: its step, parameters and optimizer state."""
+  """The DDP lane's replica: its parameters and optimizer state (its step
+  is the run's, ``StrategyState.step``)."""
 
-  step: Array
   params: Params
   inner: PyTree
 
@@ -64,28 +64,31 @@ def init(inner: optax.GradientTransformation, params: Params) -> ShadowState:
   strategy's state may hold the same arrays, and the chunk program donates
   both."""
   params = jax.tree.map(jnp.copy, params)
-  return ShadowState(jnp.zeros((), jnp.int32), params, inner.init(params))
+  return ShadowState(params, inner.init(params))
 
 
 def lane(model, inner: optax.GradientTransformation,
          backward: Backward = Backward()):
-  """``run(shadow, sample, keys_at, length) -> shadow``: ``length`` DDP steps.
+  """``run(shadow, sample, keys_at, start, length) -> shadow``: the DDP
+  steps ``start`` .. ``start + length - 1``.
 
-  ``sample(step)`` draws this device's workers' batches and ``keys_at(step)``
-  their loss keys; sharded, each device computes the gradient over its own
-  workers and the devices average them (``device_mean``).
+  ``sample(step)`` draws this device's workers' batches of that step and
+  ``keys_at(step)`` their loss keys, as the workers' own steps do; sharded,
+  each device computes the gradient over its own workers and the devices
+  average them (``device_mean``).
   """
   grads_of = replica_grads(model, backward)
 
-  def step(st: ShadowState, sample, keys_at) -> ShadowState:
-    _, _, grads = grads_of(st.params, sample(st.step), keys_at(st.step))
+  def step(st: ShadowState, at: Array, sample, keys_at) -> ShadowState:
+    _, _, grads = grads_of(st.params, sample(at), keys_at(at))
     grads = after_backward(device_mean(grads))
     updates, inner_state = inner.update(grads, st.inner, st.params)
-    return ShadowState(st.step + 1, optax.apply_updates(st.params, updates),
-                       inner_state)
+    return ShadowState(optax.apply_updates(st.params, updates), inner_state)
 
-  def run(shadow: ShadowState, sample, keys_at, length: int) -> ShadowState:
-    return jax.lax.scan(lambda st, _: (step(st, sample, keys_at), None),
-                        shadow, length=length)[0]
+  def run(shadow: ShadowState, sample, keys_at, start: Array,
+          length: int) -> ShadowState:
+    steps = start + jnp.arange(length, dtype=jnp.asarray(start).dtype)
+    return jax.lax.scan(lambda st, at: (step(st, at, sample, keys_at), None),
+                        shadow, steps)[0]
 
   return run

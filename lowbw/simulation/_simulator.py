@@ -387,7 +387,9 @@ class Simulator:
     model is an error naming ``init_from``."""
     if init_from is None:
       return None
-    _validate.non_empty_str("init_from", init_from)
+    if not isinstance(init_from, (str, os.PathLike)) or not str(init_from):
+      raise _validate.fail("init_from", init_from, "expected the path of a "
+                           "finished run's folder (holding params.npz)")
     try:
       return telemetry.load_params(init_from, like=self.abstract_params)
     except _validate.ConfigError as e:
@@ -396,11 +398,9 @@ class Simulator:
   def _state(self, seed: int, state_values: dict, params=None):
     """The initial ``SimState`` of ``seed`` with traced ``state_values``
     set (on one device), from ``params`` when given."""
-    if params is not None:
-      state = self._initial_state(jax.random.PRNGKey(seed), params)
-      return (_hparams.set_state(state, state_values, self.config.strategy)
-              if state_values else state)
-    state = self._init(jax.random.PRNGKey(seed))
+    key = jax.random.PRNGKey(seed)
+    state = (self._init(key) if params is None
+             else self._initial_state(key, params))
     if state_values:  # a few small arrays: not worth compiling a program
       state = _hparams.set_state(state, state_values, self.config.strategy)
     return state
