@@ -232,7 +232,8 @@ def test_demo_matches_reference():
   decay, lr = 0.9, 0.01
   codec = T.dct_top_k(chunk=4, k=2)
   state = run_vectorized(
-      strategies.demo(optax.sgd(lr), decay=decay, chunk=4, k=2), params,
+      strategies.demo(optax.sgd(lr), decay=decay, chunk=4, k=2,
+                      combine="sum"), params,
       batches)
   theta = params
   momentum_w = [jax.tree.map(jnp.zeros_like, params)] * W
@@ -257,6 +258,15 @@ def assert_demo_state(state, theta, momentum_w):
     chex.assert_trees_all_close(
         jax.tree.map(lambda x: x[w], state.comm.residual), momentum_w[w],
         atol=1e-5)
+
+
+def test_demo_averages_over_senders_by_default_with_the_dct_codec():
+  """The reference's mean is the default where it applies; a codec other
+  than the plain DCT top-k sums (the mean needs the DCT coefficients)."""
+  assert strategies.demo().config["combine"] == "mean"
+  assert "combine" not in strategies.demo(codec="dct:64:32,quant:8").config
+  with pytest.raises(ValueError, match="^combine='mean' is invalid"):
+    strategies.demo(codec="dct:64:32,quant:8", combine="mean")
 
 
 def test_demo_mean_over_senders_matches_reference():
@@ -297,7 +307,8 @@ def test_demo_mean_over_senders_matches_reference():
     theta = jax.tree.map(lambda p, u: p - lr * u, theta, update)
   assert_demo_state(state, theta, momentum_w)
   summed = run_vectorized(strategies.demo(optax.sgd(lr), decay=decay,
-                                          chunk=chunk, k=k), params, batches)
+                                          chunk=chunk, k=k, combine="sum"),
+                          params, batches)
   assert float(jnp.max(jnp.abs(summed.params_W["w"] -
                                state.params_W["w"]))) > 1e-4
 

@@ -3,10 +3,14 @@ factories, ``lowbw train`` and ``lowbw bench`` agree, and a new strategy is
 one spec away from the command line."""
 
 import json
+import math
 
+import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
+import lowbw
 from lowbw import cli, strategies, transforms
 from lowbw import config as config_lib
 from lowbw.cli import _bench, _train
@@ -21,10 +25,14 @@ def cli_strategy(*argv):
 
 @pytest.mark.parametrize("name", sorted(strategies.SPECS))
 def test_the_command_line_builds_the_factory_defaults(name):
+  """The factory's defaults, with its paper's inner schedule over the run's
+  steps (which only the command line knows)."""
   spec = strategies.spec(name)
-  from_api = strategies.get(name, **{p.name: p.cli_default for p in spec.params
-                                     if p.cli_default != p.default})
-  from_cli, _ = cli_strategy("--strategy", name)
+  from_cli, s = cli_strategy("--strategy", name)
+  from_api = strategies.get(
+      name, inner=strategies.paper_inner(name, s["steps"]),
+      **{p.name: p.cli_default for p in spec.params
+         if p.cli_default != p.default})
   assert from_cli.period == from_api.period
   assert json.dumps(from_cli.config, sort_keys=True) == json.dumps(
       from_api.config, sort_keys=True)
@@ -33,7 +41,8 @@ def test_the_command_line_builds_the_factory_defaults(name):
 def test_the_bench_reads_the_same_defaults():
   args = cli.build_parser().parse_args(["bench", "--strategy", "muloco"])
   s = _bench._settings(args)
-  assert config_lib.build_strategy(s).config == strategies.muloco().config
+  assert config_lib.build_strategy(s).config == strategies.muloco(
+      inner=strategies.paper_inner("muloco", s["steps"])).config
 
 
 def test_flags_override_the_spec_and_reach_the_factory():
@@ -49,10 +58,13 @@ def test_flags_override_the_spec_and_reach_the_factory():
   assert strategy.config == want.config
 
 
-def test_streaming_sends_the_papers_4_bit_floats_from_the_command_line():
-  """Python's default sends float32; the command line's is E3M0 (the paper's
-  outer-gradient format), and --codec none turns it off."""
-  assert strategies.streaming_diloco().config["codec"] is None
+def test_streaming_sends_the_papers_4_bit_floats_by_default():
+  """Python's and the command line's default is E3M0 (the paper's
+  outer-gradient format) with tau = 1; codec None / --codec none turns the
+  codec off."""
+  assert strategies.streaming_diloco().config["codec"] == "e3m0"
+  assert strategies.streaming_diloco().config["delay"] == 1
+  assert strategies.streaming_diloco(codec=None).config["codec"] is None
   strategy, _ = cli_strategy("--strategy", "streaming_diloco")
   assert strategy.config["codec"] == "e3m0"
   strategy, _ = cli_strategy("--strategy", "streaming_diloco", "--codec",
@@ -167,3 +179,45 @@ def test_spec_generated_flags_fail_with_one_line(argv, start, capsys):
   assert cli.main(["train", *argv]) == 2
   err = capsys.readouterr().err
   assert err.startswith(start) and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("name, schedule, warmup, floor", [
+    ("muloco", "cosine", round(1000 / 13740 * 400), 0.1),  # Table 4
+    ("spes", "cosine", 16, 0.1),      # 2,000 of 50,000 steps: 4 %
+    ("diloco", "constant", 0, 0.0),
+])
+def test_the_papers_schedules_are_the_configs_defaults(name, schedule, warmup,
+                                                       floor):
+  config = lowbw.Config(strategy=name, steps=400)
+  assert (config.schedule, config.warmup_steps, config.min_lr_ratio) == (
+      schedule, warmup, floor)
+  # Given settings win over the paper's.
+  assert lowbw.Config(strategy=name, steps=400,
+                      warmup_steps=3).warmup_steps == 3
+
+
+def test_paper_inner_is_the_papers_schedule_over_the_run():
+  """SPES's inner optimizer over 100 steps: betas (0.9, 0.95), a 4-step
+  linear warm-up, then cosine to 0.1x; the learning rate it applies at each
+  step equals the schedule written out by hand."""
+  steps, peak = 100, 5e-4
+  tx = strategies.paper_inner("spes", steps)
+  by_hand = strategies.inner_optimizer(
+      "adamw", peak, weight_decay=0.1, b2=0.95, max_norm=1.0,
+      schedule="cosine", warmup_steps=4, steps=steps, min_lr_ratio=0.1)
+  params = {"w": jnp.ones((3,))}
+  grads = {"w": jnp.asarray([1.0, -2.0, 0.5])}
+  s1, s2 = tx.init(params), by_hand.init(params)
+  for t in range(12):
+    u1, s1 = tx.update(grads, s1, params)
+    u2, s2 = by_hand.update(grads, s2, params)
+    np.testing.assert_array_equal(u1["w"], u2["w"])
+  shape = strategies.unit_schedule("cosine", 4, steps, 0.1)
+  for t in (0, 2, 4, 50, 99, 100):
+    want = t / 4 if t < 4 else 0.1 + 0.9 * 0.5 * (
+        1 + math.cos(math.pi * (t - 4) / (steps - 4)))
+    assert float(shape(t)) == pytest.approx(want, abs=1e-6), t
+  with pytest.raises(ValueError, match="^steps=0 is invalid"):
+    strategies.paper_inner("spes", 0)
+  with pytest.raises(ValueError, match="^strategy='nope' is invalid"):
+    strategies.paper_inner("nope", 10)

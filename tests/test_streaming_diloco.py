@@ -71,7 +71,7 @@ def test_fragments_and_delayed_merge_equal_a_loop_by_hand(pattern, frags,
   H, steps = 2 * len(frags), 4 * len(frags) + 1
   strategy = strategies.streaming_diloco(
       optax.sgd(LR), OUTER, H=H, fragments=len(frags), pattern=pattern,
-      delay=delay, alpha=alpha)
+      delay=delay, alpha=alpha, codec=None)
   state = run_strategy(strategy, steps)
   workers, glob = reference(steps, H, frags, delay, alpha)
   chex.assert_trees_all_close(state.comm.global_params, glob, atol=1e-6)
@@ -122,7 +122,8 @@ def test_fragments_partition_every_leaf_exactly_once():
 def test_bytes_are_each_fragments_pseudo_gradient():
   model = models.mlp(hidden=(16,), num_classes=10)  # digits: 64 inputs
   r = lowbw.simulate(model=model, data=data.digits(),
-                     strategy=strategies.streaming_diloco(H=4, fragments=2),
+                     strategy=strategies.streaming_diloco(H=4, fragments=2,
+                                                        codec=None),
                      num_workers=4, batch_size=8, steps=16, progress=False)
   dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)  # blocks, fp32
   # Syncs at steps 2, 4, ..., 16: Dense_0, head, Dense_0, ... (4 each).
@@ -161,7 +162,8 @@ def test_peak_step_bytes_is_the_largest_sync():
   dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)
   ring = 2 * (4 - 1) / 4
   runs = {"diloco": (strategies.diloco(H=4), ring * (dense + head)),
-          "streaming": (strategies.streaming_diloco(H=4, fragments=2),
+          "streaming": (strategies.streaming_diloco(H=4, fragments=2,
+                                                  codec=None),
                         ring * dense),
           "ddp": (strategies.ddp(), ring * (dense + head))}
   for name, (strategy, peak) in runs.items():
@@ -199,7 +201,8 @@ def test_clock_overlaps_a_fragments_sync_with_tau_steps():
     r = lowbw.simulate(
         model=model, data=data.digits(), num_workers=w, batch_size=8,
         steps=16, network=net, progress=False,
-        strategy=strategies.streaming_diloco(H=4, fragments=2, delay=tau))
+        strategy=strategies.streaming_diloco(H=4, fragments=2, delay=tau,
+                                             codec=None))
     times[tau] = r.summary["sim_time_s"]
     assert times[tau] == pytest.approx(by_hand(tau, (dense, head), 2, 16),
                                        rel=1e-6), tau
@@ -212,7 +215,7 @@ def test_a_users_partition_sets_the_fragments():
   partition = {"a": 1, "b": 0, "c": 1}
   strategy = strategies.streaming_diloco(
       optax.sgd(LR), OUTER, H=4, fragments=2, delay=1, alpha=0.5,
-      partition=partition)
+      partition=partition, codec=None)
   state = run_strategy(strategy, 9)
   workers, glob = reference(9, 4, [["b"], ["a", "c"]], 1, 0.5)
   chex.assert_trees_all_close(state.comm.global_params, glob, atol=1e-6)

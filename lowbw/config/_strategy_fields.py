@@ -16,11 +16,10 @@ from lowbw.transforms import Codec, as_codec
 
 DEFAULT_STRATEGY = "diloco"
 SCHEDULES = strategies_lib.SCHEDULES
-# Optimizer settings every strategy reads: the inner optimizer's default to
-# the spec's paper optimizer, the schedule's to SCHEDULE_DEFAULTS.
+# Optimizer settings every strategy reads, each defaulting to the spec's
+# paper optimizer (the warm-up: its fraction of the run's steps).
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
              "schedule", "min_lr_ratio", "max_norm", "b1", "b2")
-SCHEDULE_DEFAULTS = {"warmup_steps": 0, "schedule": "constant"}
 OUTER_SCHEDULE = tuple("outer_" + k for k in strategies_lib.OUTER_SCHEDULE)
 OUTER = ("outer_lr", "outer_momentum", *OUTER_SCHEDULE)
 _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
@@ -68,15 +67,17 @@ def flag_names() -> set[str]:
           {k for spec in specs().values() for k in _extra_outer(spec)})
 
 
-def defaults(spec: strategies_lib.Spec) -> dict:
+def defaults(spec: strategies_lib.Spec, steps: int | None = None) -> dict:
   """The settings ``spec`` fills when they are not given: its parameters'
-  defaults and its paper's optimizers."""
+  defaults and its paper's optimizers (with their schedule over a run of
+  ``steps`` steps)."""
   out = dict(inner=spec.inner.kind, inner_lr=spec.inner.lr,
              weight_decay=spec.inner.weight_decay,
              momentum=spec.inner.momentum,
              min_lr_ratio=spec.inner.min_lr_ratio,
              max_norm=spec.inner.max_norm, b1=spec.inner.b1,
-             b2=spec.inner.b2, **SCHEDULE_DEFAULTS)
+             b2=spec.inner.b2, schedule=spec.inner.schedule,
+             warmup_steps=spec.inner.warmup_steps(steps))
   # A strategy's own parameter may share an optimizer flag (DeMo's
   # weight_decay): its default wins.
   out.update({p.flag: p.cli_default for p in _cli(spec)})
@@ -92,7 +93,8 @@ def fill(s: dict, keep) -> dict:
   feedback) becomes None without a codec."""
   spec = strategies_lib.spec(s.get("strategy") or DEFAULT_STRATEGY)
   s = dict(s, strategy=spec.name)
-  for name, value in defaults(spec).items():
+  steps = s.get("steps") if isinstance(s.get("steps"), int) else None
+  for name, value in defaults(spec, steps).items():
     if name not in keep:
       s[name] = value
   for p in _cli(spec):
@@ -197,9 +199,11 @@ def _optimizer_fields() -> list[_fields.Field]:
         "decay [default: the kind's own, 0.999 (adopt 0.9999); " +
         _per_strategy(lambda s: s.inner.b2) + "]", float, knob="inner_b2"),
       F("warmup_steps", None, S, O, "linear learning-rate warm-up [default "
-        f"{SCHEDULE_DEFAULTS['warmup_steps']}]", int, unit="steps"),
-      F("schedule", None, S, O, "after warm-up [default "
-        f"{SCHEDULE_DEFAULTS['schedule']}]", choices=SCHEDULES),
+        "0; " + _per_strategy(lambda s: f"{s.inner.warmup:.1%} of the steps"
+                              if s.inner.warmup else None) + "]", int,
+        unit="steps"),
+      F("schedule", None, S, O, "after warm-up [" + _per_strategy(
+          lambda s: s.inner.schedule) + "]", choices=SCHEDULES),
       F("min_lr_ratio", None, S, O, "cosine schedule's floor, a fraction of "
         "the peak in [0, 1] [" + _per_strategy(
             lambda s: s.inner.min_lr_ratio) + "]", float),

@@ -1,7 +1,7 @@
 """Distributed training strategies: factories returning pure functions."""
 
 from lowbw import _validate
-from lowbw.strategies import (_async_diloco, _ddp, _demo, _desloc, _diloco, _fedavg,
+from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _diloco, _fedavg,
                               _hierarchical_diloco, _muloco, _noloco, _sparseloco, _sparta,
                               _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
@@ -63,11 +63,27 @@ def spec(name: str) -> Spec:
   return SPECS[name]
 
 
+def paper_inner(name: str, steps: int):
+  """The inner optimizer of strategy ``name``'s paper with its schedule over
+  a run of ``steps`` steps (MuLoCo: a 7.3 % warm-up, then cosine to 0.1x;
+  SPES: 4 %, then cosine to 0.1x; a constant rate where the paper states no
+  schedule). A factory called without ``inner=`` cannot know the run's
+  length and trains at the constant peak; ``lowbw.Config`` and ``lowbw
+  train`` apply the schedule themselves.
+
+  Example:
+    >>> strategy = lowbw.strategies.muloco(
+    ...     inner=lowbw.strategies.paper_inner("muloco", steps=2000))
+  """
+  return _optim.paper_inner(spec(name).inner,
+                            _validate.positive_int("steps", steps))
+
+
 __all__ = [
     "async_diloco", "delayed_nesterov", "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo", "desloc",
     "default_inner", "default_outer", "describe", "diloco", "fedavg", "get",
-    "hierarchical_diloco", "inner_optimizer", "outer_optimizer", "SCHEDULES",
+    "hierarchical_diloco", "inner_optimizer", "paper_inner", "outer_optimizer", "SCHEDULES",
     "unit_schedule",
     "hidden_matrices", "muloco", "noloco", "muon_inner", "PeakScheduleState", "OUTER_SCHEDULE", "OuterScheduleState", "outer_schedule", "check_outer_schedule",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",

@@ -69,4 +69,5 @@ def ddp(inner: optax.GradientTransformation | None = None,
 SPEC = _spec.spec(
     ddp, inner=_optim.DILOCO_INNER, outer=None,
     paper="Li et al. 2020, arXiv 2006.15704",
+    where="the gradient all-reduce of §3; the inner AdamW is DiLoCo's (arXiv 2311.08105, §3)",
     help={"codec": "codec of the gradients"})

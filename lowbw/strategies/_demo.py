@@ -61,7 +61,7 @@ def demo(
     k: int = 32,
     codec: Codec | str | None = None,
     weight_decay: float = 0.0,
-    combine: str = "sum",
+    combine: str | None = None,
 ) -> _base.Strategy:
   """DeMo: every step, each worker shares only the fast components of its
   momentum.
@@ -100,10 +100,11 @@ def demo(
       chunk and k at their defaults then. None: ``dct_top_k(chunk, k)``.
     weight_decay: decoupled weight decay wd >= 0, added to the sign update
       as wd x theta before ``inner``.
-    combine: "sum" (the paper's sum of the decoded components) or "mean":
-      each DCT coefficient averaged over the workers that sent it, as the
-      reference implementation does, before the inverse transform and the
-      sign (the DCT codec only).
+    combine: "mean": each DCT coefficient averaged over the workers that
+      sent it, as the reference implementation does, before the inverse
+      transform and the sign (the DCT codec only); or "sum" (the paper's
+      Algorithm 1: the sum of the decoded components). None: "mean" with
+      the DCT codec, "sum" with any other.
 
   Example:
     >>> strategy = lowbw.strategies.demo(optax.sgd(1e-3), k=16)
@@ -125,7 +126,10 @@ def demo(
         raise _validate.fail(field, value, "set it inside codec= instead "
                              "(codec replaces dct_top_k(chunk, k))")
     check_codec("codec", codec, optional=False)
-  combine = _validate.one_of("combine", combine, COMBINES)
+  plain_dct = codec.config.get("codec") == "dct_top_k"
+  combine = _validate.one_of(
+      "combine", ("mean" if plain_dct else "sum") if combine is None
+      else combine, COMBINES)
   if combine == "mean" and codec.config.get("codec") != "dct_top_k":
     raise _validate.fail("combine", combine, "averages DCT coefficients "
                          f"over their senders; codec {codec.name!r} is not "
@@ -171,11 +175,14 @@ def demo(
 SPEC = _spec.spec(
     demo, inner=_optim.DEMO_INNER, outer=None,
     paper="Peng et al. 2024, arXiv 2411.19870",
+    where="Algorithm 1: decay 0.999, DCT chunk 64, top-32, sign step; combine mean as in the authors' reference code",
     help={"decay": "momentum decay in [0, 1) (the error-feedback beta)",
           "chunk": "DCT block side",
           "k": "DCT coefficients kept per block",
           "codec": "replaces dct_top_k(chunk, k)",
           "weight_decay": "decoupled weight decay of the sign step, >= 0",
-          "combine": "sum the workers' DCT components, or average each "
-                     "coefficient over its senders (the reference's)"},
+          "combine": "mean: each DCT coefficient averaged over its "
+                     "senders (the reference's; default with the DCT "
+                     "codec), or sum the workers' DCT components "
+                     "(default with any other codec)"},
     choices={"combine": COMBINES})

@@ -247,6 +247,7 @@ def diloco(
 SPEC = _spec.spec(
     diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Douillard et al. 2023, arXiv 2311.08105",
+    where="§3 and its hyperparameter table: inner AdamW lr 4e-4, weight decay 0.1; outer Nesterov lr 0.7, momentum 0.9; H=100 is lowbw's (the paper's is 500)",
     help={"codec": "codec of the pseudo-gradients",
           "outer_delay": "1: each outer step applies the previous round's "
           "mean pseudo-gradient, overlapping the sync's communication with "

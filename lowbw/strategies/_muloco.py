@@ -118,4 +118,5 @@ def muloco(
 SPEC = _spec.spec(
     muloco, inner=_optim.MULOCO_INNER, outer=_optim.MULOCO_OUTER,
     paper="Thérien et al. 2025, arXiv 2505.23725",
+    where="§4 and Table 4: Muon lr 2.6827e-3, weight decay 7.2e-5, clipping 1.0, 1,000 warm-up steps of 13,740 then cosine to 0.1x; outer lr 0.8, Nesterov 0.9; 2-bit codes with error feedback 0.9 (Algorithm 1)",
     help={"codec": "codec of the pseudo-gradients"})

@@ -45,6 +45,11 @@ class Optimizer(NamedTuple):
       own default (0.999 for Adam, 0.9999 for ADOPT).
     nesterov: outer SGD's momentum is Nesterov's (DiLoCo); False: heavy
       ball (NoLoCo's authors' outer step).
+    schedule: the paper's schedule after warm-up, "constant" or "cosine"
+      (to ``min_lr_ratio`` times the peak at the run's last step).
+    warmup: the paper's linear warm-up as a fraction of the run's steps
+      (MuLoCo: 1,000 of 13,740); a run of ``steps`` warms up for
+      ``warmup_steps(steps)``.
   """
 
   kind: str
@@ -56,6 +61,8 @@ class Optimizer(NamedTuple):
   b1: float = 0.9
   b2: float | None = None
   nesterov: bool = True
+  schedule: str = "constant"
+  warmup: float = 0.0
 
   def describe(self) -> str:
     """A short human description, e.g. ``adamw, lr 0.0004, wd 0.1``."""
@@ -68,9 +75,17 @@ class Optimizer(NamedTuple):
       parts.append(f"momentum {self.momentum:g}")
     if self.max_norm is not None:
       parts.append(f"clipped at {self.max_norm:g}")
-    if self.min_lr_ratio:
+    if self.warmup:
+      parts.append(f"warm-up {self.warmup:.1%} of the run")
+    if self.schedule == "cosine":
+      parts.append(f"cosine to {self.min_lr_ratio:g}x")
+    elif self.min_lr_ratio:
       parts.append(f"cosine floor {self.min_lr_ratio:g}x")
     return ", ".join(parts)
+
+  def warmup_steps(self, steps: int | None) -> int:
+    """The warm-up of a run of ``steps`` steps (0 when unknown)."""
+    return round(self.warmup * steps) if steps else 0
 
   @property
   def second_decay(self) -> float:
@@ -139,6 +154,14 @@ def inner_optimizer(kind: str = "adamw", lr: float = 4e-4, *,
                unit_schedule(schedule, warmup_steps, steps, min_lr_ratio))
 
 
+def paper_inner(spec: Optimizer, steps: int
+                ) -> optax.GradientTransformation:
+  """``spec`` with its paper's schedule over a run of ``steps`` steps: the
+  warm-up fraction and the schedule it names."""
+  return inner(spec, unit_schedule(spec.schedule, spec.warmup_steps(steps),
+                                   steps, spec.min_lr_ratio))
+
+
 def inner(spec: Optimizer,
           shape: Callable | None = None
           ) -> optax.GradientTransformation:
@@ -205,7 +228,8 @@ def outer(spec: Optimizer, field: str = "outer", **schedule
 DILOCO_INNER = Optimizer("adamw", 4e-4, weight_decay=0.1)   # arXiv 2311.08105
 DILOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.9)
 MULOCO_INNER = Optimizer("muon", 2.6827e-3, weight_decay=7.2e-5,  # 2505.23725
-                         min_lr_ratio=0.1, max_norm=1.0)  # Table 4
+                         min_lr_ratio=0.1, max_norm=1.0,  # Table 4: 1,000
+                         schedule="cosine", warmup=1000 / 13740)  # warm-up
 MULOCO_OUTER = Optimizer("sgd", 0.8, momentum=0.9)
 AVERAGING = Optimizer("sgd", 1.0)   # outer SGD lr 1: the new model is the mean
 DEMO_INNER = Optimizer("sgd", 4e-4)                           # arXiv 2411.19870

@@ -84,8 +84,8 @@ class Param(NamedTuple):
       None for Python-only parameters (an optax transformation).
     choices: the allowed strings, when there is a fixed set.
     cli_default: the command line's default, where it differs from the
-      factory's (Streaming DiLoCo sends float32 from Python, the paper's
-      4-bit floats from the command line).
+      factory's (SPES's H, merge warm-up and interval, scaled to the
+      embedded data).
   """
 
   name: str
@@ -116,6 +116,7 @@ class Spec(NamedTuple):
       command line sets each with ``--<name>-lr`` and ``--<name>-momentum``.
     model: the built-in language model the command line trains when none
       is named (SPES needs ``moe_gpt``); None: ``gpt``.
+    where: where in the paper the defaults come from (sections, tables).
   """
 
   name: str
@@ -127,6 +128,7 @@ class Spec(NamedTuple):
   summary: str
   optimizers: dict[str, Optimizer] = {}
   model: str | None = None
+  where: str = ""
 
 
 def _kind(annotation) -> tuple[type, bool]:
@@ -150,7 +152,7 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
          choices: dict[str, tuple[str, ...]] | None = None,
          optimizers: dict[str, Optimizer] | None = None,
          cli: dict[str, Any] | None = None,
-         model: str | None = None) -> Spec:
+         model: str | None = None, where: str = "") -> Spec:
   """The ``Spec`` of ``factory``, read from its signature.
 
   Every parameter besides ``inner``/``outer`` needs a help line, in ``help``
@@ -189,7 +191,7 @@ def spec(factory: Callable, *, inner: Optimizer, outer: Optimizer | None,
     raise TypeError(f"{factory.__name__}: no parameter {sorted(missing)}")
   summary = (inspect.getdoc(factory) or "").split("\n")[0]
   return Spec(factory.__name__, factory, tuple(params), inner, outer, paper,
-              summary, dict(optimizers or {}), model)
+              summary, dict(optimizers or {}), model, where)
 
 
 def _value(value) -> str:
@@ -210,7 +212,7 @@ def _outer(o: Optimizer) -> str:
 def defaults_table(specs: dict[str, Spec]) -> str:
   """A markdown table of every strategy's defaults, for the docs (a test
   keeps docs/strategies/README.md equal to it)."""
-  rows = ["| strategy | inner | outer | parameters | paper |",
+  rows = ["| strategy | inner | outer | parameters | paper (where) |",
           "| --- | --- | --- | --- | --- |"]
   for name, s in specs.items():
     params = ", ".join(
@@ -219,6 +221,7 @@ def defaults_table(specs: dict[str, Spec]) -> str:
             f" (command line: {_value(p.cli_default)})"
             if p.cli_default != p.default else "") for p in s.params])
     outer = "" if s.outer is None else _outer(s.outer)
+    paper = s.paper + (f" ({s.where})" if s.where else "")
     rows.append(f"| `{name}` | {s.inner.describe()} | {outer} | {params} | "
-                f"{s.paper} |")
+                f"{paper} |")
   return "\n".join(rows) + "\n"

@@ -336,13 +336,18 @@ def _owners(assignment) -> tuple[int, ...]:
   return tuple(values)
 
 
-# SPES's 1B configuration (authors' code; Appendix B: AdamW, weight decay
-# 0.1). Its betas (0.9, 0.95), warm-up and cosine floor are not set here.
-SPES_INNER = _optim.Optimizer("adamw", 5e-4, weight_decay=0.1)
+# SPES's 1B configuration (Appendix B, Table A1, and the authors' config for
+# it): AdamW lr 5e-4, weight decay 0.1, betas (0.9, 0.95), gradients
+# clipped at 1.0, a 2,000-step warm-up of 50,000 steps (4 %), then cosine
+# to 0.1x of the peak.
+SPES_INNER = _optim.Optimizer("adamw", 5e-4, weight_decay=0.1, b2=0.95,
+                              max_norm=1.0, schedule="cosine", warmup=0.04,
+                              min_lr_ratio=0.1)
 
 SPEC = _spec.spec(
     spes, inner=SPES_INNER, outer=_optim.AVERAGING,
     paper="Zhang et al. 2026, arXiv 2602.11543",
+    where="Appendix B (Table A1) and the authors' 1B configuration: AdamW lr 5e-4, betas (0.9, 0.95), weight decay 0.1, clipping 1.0, 2,000 warm-up steps of 50,000 then cosine to 0.1x; §4.1: merge warm-up 12,500 steps, every 500, alpha 0.1, top-4",
     help={"experts_per_worker": "experts each worker owns and trains "
                                 "(default E / W)",
           "assignment": "the owner of each expert (Python only)",

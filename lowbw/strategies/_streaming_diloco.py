@@ -144,9 +144,9 @@ def streaming_diloco(
     H: int = 100,
     fragments: int = 2,
     pattern: str = "strided",
-    delay: int = 0,
+    delay: int = 1,
     alpha: float = 0.5,
-    codec: Codec | str | None = None,
+    codec: Codec | str | None = "e3m0",
     error_feedback: float | None = None,
     partition: dict | None = None,
 ) -> _base.Strategy:
@@ -154,9 +154,10 @@ def streaming_diloco(
 
   Defaults follow arXiv 2501.18512 where the paper fixes them: inner AdamW
   (lr 4e-4, weight decay 0.1), outer SGD with Nesterov momentum (lr 0.7,
-  momentum 0.9), strided fragments, merge weight alpha 0.5. H = 100 as
-  lowbw's DiLoCo; P = 2 and tau = 0 here (the paper's overlap runs use
-  tau = 1 to 5). P = 1, tau = 0, alpha = 0 is DiLoCo exactly.
+  momentum 0.9), strided fragments, merge weight alpha 0.5, tau = 1 (its
+  overlap runs use tau = 1 to 5) and 4-bit E3M0 pseudo-gradients (its
+  section 2.3). H = 100 as lowbw's DiLoCo; P = 2 here. P = 1, tau = 0,
+  alpha = 0 and ``codec=None`` is DiLoCo exactly.
 
   Bytes per worker: fragment p's sync sends its pseudo-gradient (4 bytes per
   parameter of the fragment in float32, or the codec's payload), so the most
@@ -170,10 +171,11 @@ def streaming_diloco(
     pattern: "strided" (block i in fragment i mod P) or "sequential"
       (block i of n in fragment floor(i·P/n)).
     delay: tau, inner steps between a fragment's outer update and the
-      workers' merge of it (0 <= tau < H/P).
+      workers' merge of it (0 <= tau < H/P; 0: no overlap).
     alpha: weight of the worker's own parameters in the merge, in [0, 1]
       (0: every worker takes the new global fragment, as DiLoCo does).
-    codec: codec of the fragments' pseudo-gradients, or None (float32).
+    codec: codec of the fragments' pseudo-gradients (default E3M0 4-bit
+      floats), or None (float32).
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
     partition: your own fragments instead of ``pattern``'s: the parameters'
       tree, or a prefix of it such as ``{"block_0": 0, "head": 1, ...}``,
@@ -190,7 +192,7 @@ def streaming_diloco(
   period = H // P
   if _validate.non_negative_int("delay", delay) >= period:
     raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
-                         f"[0, {period})")
+                         f"[0, {period}); 0 for no overlap")
   alpha = _validate.fraction("alpha", alpha, low_open=False)
   comp = compression(codec, error_feedback)
 
@@ -285,6 +287,7 @@ def _replace_at(items: tuple, i: int, value) -> tuple:
 SPEC = _spec.spec(
     streaming_diloco, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Douillard et al. 2025, arXiv 2501.18512",
+    where="§2: strided fragments, overlap tau = 1 (tau 1 to 5 in its overlap runs), merge alpha 0.5, 4-bit E3M0 outer gradients; DiLoCo's optimizers",
     help={"fragments": "P: fragments synced in turn (H must be a multiple)",
           "pattern": "which blocks form a fragment: strided (block i in "
                      "fragment i mod P) or sequential",
@@ -293,5 +296,4 @@ SPEC = _spec.spec(
           "alpha": "merge weight of the worker's own parameters, in [0, 1]",
           "codec": "codec of the fragments' pseudo-gradients",
           "partition": "your own fragment id per leaf (Python only)"},
-    choices={"pattern": PATTERNS},
-    cli={"codec": "e3m0"})  # the paper's outer-gradient format
+    choices={"pattern": PATTERNS})
