@@ -116,7 +116,7 @@ def summarise(results):
     mem = res["memory"]
     rows.append({
         "label": label, "ce": statistics.mean(ces),
-        "spread": statistics.stdev(ces) if len(ces) > 1 else 0.0,
+        "spread": _report.mean_std(ces)[1],  # ddof 0
         "first": statistics.mean(r["curve"][0][1] for r in res["runs"]),
         "wire": res["runs"][0]["wire_bytes"],
         "params": mem["params"], "optimizer": mem["optimizer"],

@@ -108,7 +108,7 @@ def summarise(results, target):
     hit = [t for t in reached if t is not None]
     rows.append({
         "label": label, "loss": statistics.mean(losses),
-        "spread": statistics.stdev(losses) if len(losses) > 1 else 0.0,
+        "spread": _report.mean_std(losses)[1],  # ddof 0
         "wire": runs[0]["wire_bytes"], "peak": runs[0]["peak_step_bytes"],
         "regional": runs[0]["wire_bytes_regional"],
         "global": runs[0]["wire_bytes_global"],
