@@ -17,8 +17,12 @@ to about 20 tokens per parameter:
 - DDP is the paired lane of every run (``shadow="ddp"``): one replica on
   the union of the workers' batches, same start, same seed, same tokens;
 - the inner learning rate is tuned for DDP (the lane) and reused; the outer
-  learning rate on a grid whose optimum must lie inside it (Nesterov 0.9, the
-  paper's); both at seed 100, then five fresh seeds at the best values;
+  learning rate on a grid (Nesterov 0.9, the paper's); both at seed 100,
+  each grid extended past the edge that holds its optimum until the optimum
+  is inside; then five fresh seeds at the best values;
+- the scaling-laws paper's axis (arXiv 2503.09799): the same run at W = 1,
+  2 and 4 (the per-worker batch fixed, so DDP's batch shrinks with W; three
+  seeds, W = 8's rates), W = 1 being its M = 1 against DDP;
 - verdict: *reproduces* when the mean paired relative gap (DiLoCo's eval
   loss over DDP's, minus 1) is at most +2 % and its one-sided 95 %
   t-bound at most +3 %.
@@ -26,7 +30,8 @@ to about 20 tokens per parameter:
 Every stage is a ``lowbw.study`` under ``experiments/studies/`` (a killed
 script resumes where it stopped); the results are cached in
 ``docs/experiments/diloco_faithful_<preset>_results.json``; ``--report-only``
-rebuilds the report and the findings row from that cache.
+rebuilds the report, the plot and the findings rows (1, 1.3, 1.4; the cpu
+preset's) from that cache.
 
 Usage:
   python experiments/diloco_faithful.py                 # 2 CPU cores
