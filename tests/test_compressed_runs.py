@@ -48,8 +48,11 @@ def test_cli_runs_on_the_default_gpt(name, tmp_path, capsys):
   if name == "muloco":
     assert config["strategy"]["error_feedback"] == 0.9
     assert config["strategy"]["H"] == 30
-    lr = config["strategy"]["inner"]["hyperparams"]["learning_rate"]
-    assert lr == pytest.approx(2.6827e-3)
+    # The paper's warm-up and cosine: the rate is set every step from the
+    # peak, which config.json records.
+    hyper = config["strategy"]["inner"]["hyperparams"]
+    assert hyper["peak_lr"] == pytest.approx(2.6827e-3)
+    assert hyper["learning_rate"] == 0.0
 
 
 def test_cli_codec_and_feedback_reach_the_strategy(tmp_path):

@@ -65,6 +65,8 @@ def test_streaming_sends_the_papers_4_bit_floats_by_default():
   assert strategies.streaming_diloco().config["codec"] == "e3m0"
   assert strategies.streaming_diloco().config["delay"] == 1
   assert strategies.streaming_diloco(codec=None).config["codec"] is None
+  # tau = 1 needs H/P >= 2; with one step per fragment there is no overlap.
+  assert strategies.streaming_diloco(H=2, fragments=2).config["delay"] == 0
   strategy, _ = cli_strategy("--strategy", "streaming_diloco")
   assert strategy.config["codec"] == "e3m0"
   strategy, _ = cli_strategy("--strategy", "streaming_diloco", "--codec",

@@ -255,11 +255,18 @@ def describe(tx: optax.GradientTransformation | None) -> dict | None:
   if tx is None:
     return None
   try:
-    hyper = optax.tree_utils.tree_get(tx.init(jnp.zeros((2,))), "hyperparams")
+    state = tx.init(jnp.zeros((2,)))
+    hyper = optax.tree_utils.tree_get(state, "hyperparams")
   except Exception:  # several or none found, or an init that needs real params
     hyper = None
   if not isinstance(hyper, dict):
     return {"hyperparams": "not exposed (wrap with optax.inject_hyperparams)"}
+  try:  # a scheduled rate (peak_schedule): learning_rate is set every step
+    peak = optax.tree_utils.tree_get(state, "peak_lr")
+  except Exception:  # several
+    peak = None
+  if peak is not None:
+    hyper = {**hyper, "peak_lr": peak}
   # float32 hyperparameters, printed to float32 precision (0.9, not 0.8999...).
   return {"hyperparams": {k: float(f"{float(v):.7g}") if jnp.ndim(v) == 0
                           else repr(v) for k, v in hyper.items()}}

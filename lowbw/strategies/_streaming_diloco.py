@@ -144,7 +144,7 @@ def streaming_diloco(
     H: int = 100,
     fragments: int = 2,
     pattern: str = "strided",
-    delay: int = 1,
+    delay: int | None = None,
     alpha: float = 0.5,
     codec: Codec | str | None = "e3m0",
     error_feedback: float | None = None,
@@ -171,7 +171,8 @@ def streaming_diloco(
     pattern: "strided" (block i in fragment i mod P) or "sequential"
       (block i of n in fragment floor(i·P/n)).
     delay: tau, inner steps between a fragment's outer update and the
-      workers' merge of it (0 <= tau < H/P; 0: no overlap).
+      workers' merge of it (0 <= tau < H/P; 0: no overlap). None: 1, the
+      paper's, or 0 where H/P = 1 leaves no step to overlap.
     alpha: weight of the worker's own parameters in the merge, in [0, 1]
       (0: every worker takes the new global fragment, as DiLoCo does).
     codec: codec of the fragments' pseudo-gradients (default E3M0 4-bit
@@ -190,6 +191,8 @@ def streaming_diloco(
     raise _validate.fail("H", H, f"a multiple of fragments={P} (each round "
                          "is H/fragments steps)")
   period = H // P
+  if delay is None:
+    delay = 1 if period > 1 else 0
   if _validate.non_negative_int("delay", delay) >= period:
     raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
                          f"[0, {period}); 0 for no overlap")
@@ -292,7 +295,8 @@ SPEC = _spec.spec(
           "pattern": "which blocks form a fragment: strided (block i in "
                      "fragment i mod P) or sequential",
           "delay": "tau: inner steps between a fragment's outer update and "
-                   "its merge (overlapped communication), < H/P",
+                   "its merge (overlapped communication), < H/P; default "
+                   "1, 0 when H/P = 1",
           "alpha": "merge weight of the worker's own parameters, in [0, 1]",
           "codec": "codec of the fragments' pseudo-gradients",
           "partition": "your own fragment id per leaf (Python only)"},
