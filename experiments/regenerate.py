@@ -51,7 +51,7 @@ def rebuild() -> list[str]:
         cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
         text=True)
     status = "ok" if done.returncode == 0 else "FAILED"
-    print(f"{script} {' '.join(extra)}: {status} "
+    print(f"{' '.join((script, *extra))}: {status} "
           f"({time.time() - started:.0f} s)", flush=True)
     if done.returncode:
       print(done.stderr[-2000:])
