@@ -60,6 +60,7 @@ def cache_name(preset: str) -> str:
 def report_name(preset: str) -> str:
   return f"diloco_faithful_{preset}.md"
 TUNE_SEED = 100
+WORKERS = 8  # the paper's, and the verdict's W
 GAP_MEAN, GAP_BOUND = 0.02, 0.03  # "reproduces": mean <= 2 %, bound <= 3 %
 
 PRESETS = {
@@ -85,7 +86,7 @@ def base(p: dict) -> lowbw.Config:
   """The settings every run shares (model, data, batch, optimizer)."""
   return lowbw.Config(
       data="text", model="gpt", layers=p["layers"], d_model=p["d_model"],
-      heads=p["heads"], seq_len=p["seq_len"], workers=8,
+      heads=p["heads"], seq_len=p["seq_len"], workers=WORKERS,
       batch_size=p["batch_size"], b2=0.99, weight_decay=0.1,
       eval_examples=256, progress=False)
 
@@ -169,10 +170,10 @@ def tuned(p: dict, warm: str, H: int, root: str) -> dict:
 
 
 def paired(p: dict, warm: str, H: int, lr: float, olr: float, root: str,
-           workers: int = 8, seeds=None) -> dict:
+           workers: int = WORKERS, seeds=None) -> dict:
   """The seeds at the tuned values: each run's gap to its own DDP lane
   (``workers`` workers, the per-worker batch fixed)."""
-  name = f"H{H}_seeds" if workers == 8 else f"H{H}_W{workers}"
+  name = f"H{H}_seeds" if workers == WORKERS else f"H{H}_W{workers}"
   result, seconds = study(name, phase(p, warm, H, lr).replace(
       outer_lr=olr, workers=workers), {"outer_lr": [olr]},
       p["seeds"] if seeds is None else seeds, root)
@@ -308,7 +309,8 @@ def _trend_lines(results: dict) -> list[str]:
   if not t:
     return []
   lines = ["", f"The gap against W (H={t['H']}, per-worker batch fixed, "
-           "W = 8's tuned rates; W = 1 is the scaling-laws paper's M = 1):",
+           f"W = {WORKERS}'s tuned rates; W = 1 is the scaling-laws paper's "
+           "M = 1):",
            "", "| W | seeds | DiLoCo | DDP (lane) | gap mean | "
            "gap 95 % bounds |", "| --- | --- | --- | --- | --- | --- |"]
   for W, r in _by_workers(results).items():
@@ -326,7 +328,7 @@ def _by_workers(results: dict) -> dict:
   """W -> paired results at the trend's H, W = 8 from the main seeds."""
   t = results["trend"]
   out = {int(W): r for W, r in t["workers"].items()}
-  out[8] = results["H"][str(t["H"])]
+  out[WORKERS] = results["H"][str(t["H"])]
   return dict(sorted(out.items()))
 
 
@@ -340,7 +342,7 @@ def plot(results: dict, path: str) -> None:
   H = str(results["trend"]["H"]) if "trend" in results else next(
       iter(results["H"]))
   runs = results["H"][H]["runs"]
-  for key, label, color in (("eval_loss", f"DiLoCo W=8 H={H}", "C1"),
+  for key, label, color in (("eval_loss", f"DiLoCo W={WORKERS} H={H}", "C1"),
                             ("shadow_eval_loss", "DDP (paired lane)", "C0")):
     tokens = runs[0]["curve"]["tokens"]
     curves = np.asarray([r["curve"][key] for r in runs])
@@ -375,12 +377,12 @@ def finding_rows(results: dict) -> list[dict]:
   r = results["H"][H]
   runs, t = r["runs"], r["tuning"]
   n = runs[0]["num_params"]
-  tokens = p["steps"] * 8 * p["batch_size"] * p["seq_len"]
-  warm = p["warm"] * 8 * p["batch_size"] * p["seq_len"]
+  tokens = p["steps"] * WORKERS * p["batch_size"] * p["seq_len"]
+  warm = p["warm"] * WORKERS * p["batch_size"] * p["seq_len"]
   v, why = verdict(r)
   blocks = f"{p['layers']} block" + ("s" if p["layers"] > 1 else "")
   setting = (f"GPT of {n:,} parameters ({blocks}, d_model "
-             f"{p['d_model']}), W=8 x {p['batch_size']} windows of "
+             f"{p['d_model']}), W={WORKERS} x {p['batch_size']} windows of "
              f"{p['seq_len']} bytes; a {p['warm']}-step DDP warm-up "
              f"({p['warm'] / (p['warm'] + p['steps']):.0%} of the steps), then "
              f"{p['steps']} steps at H={H} ({p['steps'] // int(H)} outer "
@@ -401,8 +403,8 @@ def finding_rows(results: dict) -> list[dict]:
     why += (f". At DiLoCo's own best inner lr ({g['values'][j]:g}, seed "
             f"{TUNE_SEED}, outer lr 0.7) the gap to the lane's best is "
             f"{g['diloco_loss'][j] / min(g['loss']) - 1:+.1%}: DDP gains from "
-            "rates that make 8 workers drift apart")
-  rows = [{"row": "1", "claim": "8 DiLoCo workers match DDP while "
+            f"rates that make {WORKERS} workers drift apart")
+  rows = [{"row": "1", "claim": f"{WORKERS} DiLoCo workers match DDP while "
            "communicating H times less (from a DDP warm-up, outer step tuned)",
            "source": "DiLoCo paper (arXiv 2311.08105) §3; EXO Gym paper §2",
            "setting": setting, "measured": measured, "verdict": v,
@@ -423,8 +425,9 @@ def _trend_rows(results: dict) -> list[dict]:
   common = {"source": "Scaling laws for DiLoCo (arXiv 2503.09799)",
             "plot": "diloco_faithful_cpu.png", "command": COMMAND}
   setting = (f"as row 1 at W in {W} (per-worker batch fixed, DDP lane at "
-             f"W times it), W=8's tuned rates, {len(by_w[W[0]]['runs'])} "
-             f"seeds ({len(by_w[8]['runs'])} at W=8)")
+             f"W times it), W={WORKERS}'s tuned rates, "
+             f"{len(by_w[W[0]]['runs'])} seeds ({len(by_w[WORKERS]['runs'])} "
+             f"at W={WORKERS})")
   one = by_w[1]
   low, high, mean = (one["final_shadow_gap_low"], one["final_shadow_gap_high"],
                      one["final_shadow_gap_mean"])
@@ -444,7 +447,7 @@ def _trend_rows(results: dict) -> list[dict]:
        f"{low:+.2%}, {high:+.2%})", "verdict": m1,
        "why": "'reproduces' means the one-sided 95 % upper bound of "
        "DiLoCo / DDP - 1 is below 0; 'partly' a mean below 0 within the "
-       "seeds' spread. The outer step is W=8's, not tuned for M=1 as the "
+       f"seeds' spread. The outer step is W={WORKERS}'s, not tuned for M=1 as the "
        "paper tunes it"}]
 
 

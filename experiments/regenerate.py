@@ -20,31 +20,37 @@ import time
 
 import _report
 
-# (script, extra arguments): every script with a findings row or a report
-# rebuilt from a cache.
-SCRIPTS = (
-    ("diloco_faithful.py", ()),
-    ("diloco_faithful.py", ("--preset", "gpu")),
-    ("diloco_scaling.py", ()),
-    ("cnn_two_nodes.py", ()),
-    ("sparta_sweep.py", ()),
-    ("muloco_compression.py", ()),
-    ("demo_vs_adamw.py", ()),
-    ("stragglers_and_faults.py", ()),
-    ("planner_vs_clock.py", ()),
-    ("streaming_and_hierarchy.py", ()),
-    ("spes_vs_diloco.py", ()),
-    ("heterogeneous_fleet.py", ()),
-    ("methods_2025.py", ()),
-)
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def scripts() -> list[tuple[str, tuple[str, ...]]]:
+  """(script, extra arguments) for every script that rebuilds its report
+  from a cache (it calls ``_report.results_for``); a script with presets
+  (``diloco_faithful.py``) once more for each other preset whose cache is
+  in docs/experiments."""
+  out = []
+  for name in sorted(os.listdir(HERE)):
+    if not name.endswith(".py") or name.startswith("_") or (
+        name == os.path.basename(__file__)):
+      continue
+    with open(os.path.join(HERE, name)) as f:
+      if "_report.results_for(" not in f.read():
+        continue
+    out.append((name, ()))
+    stem = name[:-3] + "_"
+    for cache in sorted(os.listdir(_report.DOCS)):
+      preset = cache[len(stem):-len("_results.json")]
+      if (cache.startswith(stem) and cache.endswith("_results.json")
+          and preset not in ("", "cpu")):
+        out.append((name, ("--preset", preset)))
+  return out
 
 
 def rebuild() -> list[str]:
   """Runs every script's ``--report-only``; the names of those that
   failed."""
   failed = []
-  for script, extra in SCRIPTS:
+  for script, extra in scripts():
     started = time.time()
     done = subprocess.run(
         [sys.executable, os.path.join(HERE, script), "--report-only", *extra],

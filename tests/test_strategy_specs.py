@@ -223,3 +223,10 @@ def test_paper_inner_is_the_papers_schedule_over_the_run():
     strategies.paper_inner("spes", 0)
   with pytest.raises(ValueError, match="^strategy='nope' is invalid"):
     strategies.paper_inner("nope", 10)
+
+
+@pytest.mark.parametrize("warmup", [-0.1, 1.0, "x"])
+def test_a_bad_warmup_fraction_names_the_field(warmup):
+  spec = _optim.Optimizer("adamw", 1e-3, schedule="cosine", warmup=warmup)
+  with pytest.raises(ValueError, match=r"^warmup=.* is invalid"):
+    _optim.paper_inner(spec, 100)

@@ -130,7 +130,7 @@ def demo(
   combine = _validate.one_of(
       "combine", ("mean" if plain_dct else "sum") if combine is None
       else combine, COMBINES)
-  if combine == "mean" and codec.config.get("codec") != "dct_top_k":
+  if combine == "mean" and not plain_dct:
     raise _validate.fail("combine", combine, "averages DCT coefficients "
                          f"over their senders; codec {codec.name!r} is not "
                          "a plain dct_top_k (its later stages would be "

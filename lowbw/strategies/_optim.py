@@ -84,8 +84,13 @@ class Optimizer(NamedTuple):
     return ", ".join(parts)
 
   def warmup_steps(self, steps: int | None) -> int:
-    """The warm-up of a run of ``steps`` steps (0 when unknown)."""
-    return round(self.warmup * steps) if steps else 0
+    """The warm-up of a run of ``steps`` steps (0 when unknown); errors
+    name ``warmup``, a fraction in [0, 1)."""
+    warmup = _validate.non_negative("warmup", self.warmup)
+    if warmup >= 1:
+      raise _validate.fail("warmup", warmup, "expected a fraction of the "
+                           "run's steps in [0, 1)")
+    return round(warmup * steps) if steps else 0
 
   @property
   def second_decay(self) -> float:
