@@ -157,7 +157,8 @@ def _entry(values, seed, history, summary) -> dict:
   curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
   keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
           "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
-          "num_params", "error")
+          "num_params", "error", "wire_bytes_regional", "wire_bytes_global",
+          "final_shadow_eval_loss", "final_shadow_gap")
   return {"values": dict(values), "seed": seed, "curve": curve,
           **{k: summary.get(k) for k in keep}}
 
@@ -181,6 +182,20 @@ def pm(values, digits: int = 4) -> str:
   """``mean ± std`` of ``values``, formatted."""
   m, s = mean_std(values)
   return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def paired(runs: list[dict], against: list[dict],
+           key: str = "final_eval_loss") -> dict:
+  """``runs`` against ``against`` seed by seed (``seeded`` entries): the
+  relative differences (a / b - 1), their mean, std (ddof 0) and one-sided
+  95 % t-bounds (``low``, ``high``)."""
+  from lowbw.studies import paired_interval
+  by_seed = {r["seed"]: r[key] for r in against}
+  diffs = [r[key] / by_seed[r["seed"]] - 1 for r in runs
+           if r["seed"] in by_seed]
+  mean, std = mean_std(diffs)
+  low, high = paired_interval(diffs)
+  return {"diffs": diffs, "mean": mean, "std": std, "low": low, "high": high}
 
 
 def cost_cells(runs: list[dict], baseline_payload: float) -> str:
@@ -241,6 +256,19 @@ def verdict(held: int, total: int) -> str:
   which hold: all of them reproduce it, some partly, none do not."""
   return ("reproduces" if held == total else "partly" if held else
           "does not")
+
+
+MEASURED = "measured (no published figure)"
+
+
+def assumption(held: int, total: int, why: str) -> dict:
+  """The ``verdict`` and ``why`` of a row that tests an engineering assumption
+  (a planning constant or heuristic, no published measurement behind it):
+  *measured*, with how many of its ``total`` checks held (the suite's
+  rule 7)."""
+  return {"verdict": MEASURED, "why": (
+      f"an engineering assumption, not a published measurement; {held} of "
+      f"{total} checks hold: {why}")}
 
 
 def publish(script: str, rows: list[dict], minutes: float,
@@ -332,3 +360,49 @@ def matching(spec, target: int, params, lo: float, hi: float,
     mid = (lo + hi) // 2 if integer else (lo + hi) / 2
     lo, hi = (mid, hi) if sent(mid) <= target else (lo, mid)
   return lo
+
+
+# ----------------------------------------------------------------- tuning
+
+TUNE_SEED = 100  # the seed grids are searched at (none of the verdicts')
+MAX_EXTENSIONS = 3  # grid values added past an edge before giving up
+
+
+def timed_study(name: str, config, grid, seeds, root: str):
+  """``lowbw.study`` in ``root/name`` (resumable) and its wall seconds."""
+  import lowbw
+  started = time.time()
+  result = lowbw.study(config, grid, list(seeds), out=os.path.join(root, name),
+                       progress=True, plots=False)
+  return result, time.time() - started
+
+
+def grid_search(name: str, config, field: str, values: list, key: str,
+                root: str) -> tuple[dict, float]:
+  """The grid of ``field`` at seed ``TUNE_SEED`` by final ``key``, extended
+  one value at a time past the edge that holds the optimum (by the ratio of
+  the two values next to it) until the optimum is strictly inside or
+  ``MAX_EXTENSIONS`` values were added (the suite's rule 4): the grid
+  (``values``, ``loss``, ``best``, ``inside`` and the runs' own
+  ``diloco_loss``) and the seconds it took."""
+  import numpy as np
+  seen, diloco, todo, seconds = {}, {}, list(values), 0.0
+  for k in range(MAX_EXTENSIONS + 1):
+    result, t = timed_study(name if k == 0 else f"{name}_x{k}", config,
+                            {field: todo}, [TUNE_SEED], root)
+    seconds += t
+    final = result.final(frame=False)
+    seen.update({float(v): float(x) for v, x in zip(
+        final[field], final[key + "_mean"])})
+    diloco.update({float(v): float(x) for v, x in zip(
+        final[field], final["final_eval_loss_mean"])})
+    xs = sorted(seen)
+    i = int(np.nanargmin([seen[x] for x in xs]))
+    inside = 0 < i < len(xs) - 1
+    if inside or len(xs) == 1:
+      break
+    past = xs[0] * xs[0] / xs[1] if i == 0 else xs[-1] * xs[-1] / xs[-2]
+    todo = [float(f"{past:.3g}")]
+  return {"values": xs, "loss": [seen[x] for x in xs], "best": xs[i],
+          "inside": inside or len(xs) == 1,
+          "diloco_loss": [diloco[x] for x in xs]}, seconds

@@ -59,7 +59,7 @@ def cache_name(preset: str) -> str:
 
 def report_name(preset: str) -> str:
   return f"diloco_faithful_{preset}.md"
-TUNE_SEED = 100
+TUNE_SEED = _report.TUNE_SEED
 WORKERS = 8  # the paper's, and the verdict's W
 GAP_MEAN, GAP_BOUND = 0.02, 0.03  # "reproduces": mean <= 2 %, bound <= 3 %
 
@@ -111,44 +111,6 @@ def phase(p: dict, warm: str, H: int, lr: float) -> lowbw.Config:
       eval_every=H * max(1, p["eval_every"] // H))
 
 
-def study(name: str, config, grid, seeds, root: str):
-  started = time.time()
-  result = lowbw.study(config, grid, list(seeds), out=os.path.join(root, name),
-                       progress=True, plots=False)
-  return result, time.time() - started
-
-
-MAX_EXTENSIONS = 3  # grid values added past an edge before giving up
-
-
-def grid_search(name: str, config, field: str, values: list, key: str,
-                root: str) -> tuple[dict, float]:
-  """The grid of ``field`` at seed ``TUNE_SEED`` by final ``key``, extended
-  one value at a time past the edge that holds the optimum (by the ratio of
-  the two values next to it) until the optimum is strictly inside or
-  ``MAX_EXTENSIONS`` values were added: (the grid, seconds)."""
-  seen, diloco, todo, seconds = {}, {}, list(values), 0.0
-  for k in range(MAX_EXTENSIONS + 1):
-    result, t = study(name if k == 0 else f"{name}_x{k}", config,
-                      {field: todo}, [TUNE_SEED], root)
-    seconds += t
-    final = result.final(frame=False)
-    seen.update({float(v): float(x) for v, x in zip(
-        final[field], final[key + "_mean"])})
-    diloco.update({float(v): float(x) for v, x in zip(
-        final[field], final["final_eval_loss_mean"])})
-    xs = sorted(seen)
-    i = int(np.nanargmin([seen[x] for x in xs]))
-    inside = 0 < i < len(xs) - 1
-    if inside or len(xs) == 1:
-      break
-    past = xs[0] * xs[0] / xs[1] if i == 0 else xs[-1] * xs[-1] / xs[-2]
-    todo = [float(f"{past:.3g}")]
-  return {"values": xs, "loss": [seen[x] for x in xs], "best": xs[i],
-          "inside": inside or len(xs) == 1,
-          "diloco_loss": [diloco[x] for x in xs]}, seconds
-
-
 def tuned(p: dict, warm: str, H: int, root: str) -> dict:
   """Seed ``TUNE_SEED``: the inner rate that serves DDP (the lane) best,
   then the outer rate that serves DiLoCo best at it, each on a grid
@@ -157,12 +119,12 @@ def tuned(p: dict, warm: str, H: int, root: str) -> dict:
   out, seconds = {}, 0.0
   lr, olr = p["inner_lrs"][0], p["outer_lrs"][0]
   if len(p["inner_lrs"]) > 1:
-    out["inner"], t = grid_search(
+    out["inner"], t = _report.grid_search(
         f"H{H}_inner", phase(p, warm, H, lr).replace(outer_lr=0.7),
         "inner_lr", p["inner_lrs"], "final_shadow_eval_loss", root)
     lr, seconds = out["inner"]["best"], seconds + t
   if len(p["outer_lrs"]) > 1:
-    out["outer"], t = grid_search(
+    out["outer"], t = _report.grid_search(
         f"H{H}_outer", phase(p, warm, H, lr), "outer_lr", p["outer_lrs"],
         "final_eval_loss", root)
     olr, seconds = out["outer"]["best"], seconds + t
@@ -174,7 +136,7 @@ def paired(p: dict, warm: str, H: int, lr: float, olr: float, root: str,
   """The seeds at the tuned values: each run's gap to its own DDP lane
   (``workers`` workers, the per-worker batch fixed)."""
   name = f"H{H}_seeds" if workers == WORKERS else f"H{H}_W{workers}"
-  result, seconds = study(name, phase(p, warm, H, lr).replace(
+  result, seconds = _report.timed_study(name, phase(p, warm, H, lr).replace(
       outer_lr=olr, workers=workers), {"outer_lr": [olr]},
       p["seeds"] if seeds is None else seeds, root)
   final = result.final(frame=False)
