@@ -107,8 +107,8 @@ def results_for(args, cache_name: str, run_all) -> dict:
 
 # ------------------------------------------------------------------ seeds
 
-CURVE = ("step", "tokens", "eval_loss", "sim_time_s", "payload_bytes",
-         "sent_bytes")
+CURVE = ("step", "tokens", "eval_loss", "eval_cross_entropy", "sim_time_s",
+         "payload_bytes", "sent_bytes")
 
 
 # Studies' folders (each point's logs; what a killed script resumes from).
@@ -142,8 +142,7 @@ def studied(name: str, base, grid, seeds) -> tuple[list[dict], float]:
   result = lowbw.study(base, grid, list(seeds),
                        out=os.path.join(STUDIES, name), progress=False,
                        plots=False, on_point=show)
-  seconds = sum((p.summary.get("compile_s") or 0.0) +
-                (p.summary.get("wall_time_s") or 0.0) for p in result.points)
+  seconds = compute_seconds(result.points)
   return [_entry(p.values, p.seed, p.history, p.summary)
           for p in result.points], seconds
 
@@ -155,7 +154,8 @@ def _entry(values, seed, history, summary) -> dict:
   h = history
   rows = ~np.isnan(h["eval_loss"]) if "eval_loss" in h else slice(0, 0)
   curve = {k: [float(v) for v in h[k][rows]] for k in CURVE if k in h}
-  keep = ("final_eval_loss", "final_eval_accuracy", "payload_bytes",
+  keep = ("final_eval_loss", "final_eval_accuracy",
+          "final_eval_cross_entropy", "payload_bytes",
           "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
           "num_params", "error", "wire_bytes_regional", "wire_bytes_global",
           "final_shadow_eval_loss", "final_shadow_gap")
@@ -369,12 +369,19 @@ MAX_EXTENSIONS = 3  # grid values added past an edge before giving up
 
 
 def timed_study(name: str, config, grid, seeds, root: str):
-  """``lowbw.study`` in ``root/name`` (resumable) and its wall seconds."""
+  """``lowbw.study`` in ``root/name`` (resumable) and the compute seconds
+  its points took (compiling and running, from their summaries, so a
+  resumed study still counts what it found finished)."""
   import lowbw
-  started = time.time()
   result = lowbw.study(config, grid, list(seeds), out=os.path.join(root, name),
                        progress=True, plots=False)
-  return result, time.time() - started
+  return result, compute_seconds(result.points)
+
+
+def compute_seconds(points) -> float:
+  """Compile and run seconds summed over a study's points."""
+  return sum((p.summary.get("compile_s") or 0.0) +
+             (p.summary.get("wall_time_s") or 0.0) for p in points)
 
 
 def grid_search(name: str, config, field: str, values: list, key: str,

@@ -1,5 +1,6 @@
-"""SPES against DiLoCo and DDP on one mixture-of-experts GPT: loss, bytes per
-worker and memory per worker.
+"""SPES against DiLoCo (and its paired DDP lane) on one mixture-of-experts
+GPT, under the suite's rules (rows 7.5-7.7 of the findings table in
+experiments/README.md).
 
 SPES (Zhang et al., 2026, arXiv 2602.11543) claims that training only E/W
 experts per worker (plus the shared parameters) costs little loss: slower
@@ -7,83 +8,109 @@ early, then close to DiLoCo (Fig. 4, Table 1); that the expert-merging
 warm-up helps (Table 4); and that it sends fewer bytes (only the trained
 parameters go up) and needs less memory (optimizer state for the trained
 parameters only). Here every run trains the same ``models.moe_gpt`` (2
-layers, d 64, 8 experts of width 128, top-2) on the byte corpus of the
-Python standard library with the same token budget (a global batch of 32
-sequences of 64 tokens per step, split over W workers), at W = 4 and 8, 3
-seeds each: DDP, DiLoCo (outer averaging, SPES's baseline: SGD lr 1, as the
-authors' code runs it), SPES without and with merging. The merge warm-up is
-scaled from the paper's (12,500 of 62,500 steps, every 5th sync) to the
-first quarter of the run, at every sync.
+layers, d 64, 8 experts of width 128, top-2, context 64) on the Python
+standard library's bytes with 4 sequences per worker and step (the
+per-worker batch fixed as W varies), at W = 4 (the preset's ``workers``
+takes more):
+
+- the paper's inner optimizer: AdamW betas (0.9, 0.95), weight decay 0.1,
+  clipping at 1.0, a 4 % linear warm-up and a cosine to 0.1x; H = 20 for 40
+  syncs (800 steps); DiLoCo averages (outer SGD lr 1, as the authors' code
+  runs SPES's baseline) and carries the paired DDP lane;
+- SPES without merging and with the merging warm-up: a merge at every sync
+  for the first fifth of the run (the paper's 12,500 of 62,500 steps), alpha
+  0.1 decaying to 0, top 4 peers;
+- the inner learning rate tuned for DiLoCo at the first W on a grid whose
+  optimum is inside (seed 100) and reused; 3 seeds paired.
+
+"Slower early" is read at the first quarter of the run, "close" at its end,
+both as paired relative gaps of eval cross-entropy (the loss without the
+router terms) with one-sided 95 % t-bounds.
 
 Usage:
-  python experiments/spes_vs_diloco.py               # ~40 min, 2 cores
-  python experiments/spes_vs_diloco.py --steps 60 --seeds 0 --out /tmp/s
+  python experiments/spes_vs_diloco.py               # 2 CPU cores
+  python experiments/spes_vs_diloco.py --report-only
+  python experiments/spes_vs_diloco.py --preset tiny --out /tmp/s
 """
 
-import argparse
 import os
-import statistics
+import time
 
 import numpy as np
-import optax
 
 import _report
 import lowbw
-from lowbw import bench, data, models, strategies
+from lowbw import bench
 from lowbw.strategies import _spes
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
-MODEL = dict(layers=2, d_model=64, heads=4, seq_len=64, num_experts=8,
-             top_k=2, expert_hidden=128)
-GLOBAL_BATCH = 32
+COMMAND = "python experiments/spes_vs_diloco.py"
+CACHE = "spes_vs_diloco_results.json"
+KEY = "final_eval_cross_entropy"
+
+PRESETS = {
+    "cpu": dict(layers=2, d_model=64, heads=4, seq_len=64, experts=8,
+                top_k=2, expert_hidden=128, batch_size=4, steps=800, H=20,
+                eval_every=40, workers=[4], inner_lrs=[1e-3, 2e-3, 4e-3],
+                seeds=[0, 1, 2]),
+    "tiny": dict(layers=1, d_model=32, heads=2, seq_len=32, experts=8,
+                 top_k=2, expert_hidden=32, batch_size=2, steps=80, H=10,
+                 eval_every=20, workers=[4], inner_lrs=[2e-3, 4e-3],
+                 seeds=[0, 1]),
+}
+MODEL_FIELDS = ("layers", "d_model", "heads", "seq_len", "experts", "top_k",
+                "expert_hidden")
 
 
-def configs(args):
-  """(label, workers, strategy factory) of every run."""
-  avg = optax.sgd(1.0)
-  warmup = args.steps // 4
-  for W in args.workers:
-    yield f"DDP W={W}", W, lambda: strategies.ddp(inner(args.lr))
-    yield f"DiLoCo W={W}", W, lambda: strategies.diloco(
-        inner(args.lr), avg, H=args.H)
-    yield f"SPES W={W}", W, lambda: strategies.spes(
-        inner(args.lr), H=args.H, merge_warmup_steps=0)
-    yield f"SPES+merge W={W}", W, lambda: strategies.spes(
-        inner(args.lr), H=args.H, merge_warmup_steps=warmup,
-        merge_every=args.H, merge_alpha=0.1, merge_top_k=4)
+def base(p: dict) -> dict:
+  """What every run shares (a dict: DiLoCo leaves out SPES's merging)."""
+  return dict(
+      data="text", model="moe_gpt", **{k: p[k] for k in MODEL_FIELDS},
+      batch_size=p["batch_size"], steps=p["steps"], H=p["H"], b1=0.9,
+      b2=0.95, weight_decay=0.1, max_norm=1.0,
+      warmup_steps=max(1, p["steps"] * 4 // 100), schedule="cosine",
+      min_lr_ratio=0.1, outer_lr=1.0, outer_momentum=0.0,
+      eval_every=p["eval_every"], eval_examples=256, progress=False)
 
 
-def inner(lr):
-  return optax.inject_hyperparams(optax.adamw)(learning_rate=lr,
-                                               weight_decay=0.1)
+def points(p: dict, W: int) -> dict:
+  """Label -> the point's values at W workers."""
+  merge = p["steps"] // 5
+  return {
+      f"DiLoCo W={W}": {"strategy": "diloco", "workers": W, "shadow": "ddp"},
+      f"SPES W={W}": {"strategy": "spes", "workers": W,
+                      "merge_warmup_steps": 0},
+      f"SPES+merge W={W}": {"strategy": "spes", "workers": W,
+                            "merge_warmup_steps": merge, "merge_every": p["H"],
+                            "merge_alpha": 0.1, "merge_top_k": 4}}
 
 
-def run_config(W, factory, args):
-  """One build, one run per seed: what each run measured."""
-  model = models.moe_gpt(**MODEL)
-  sim = lowbw.build(
-      model=model, data=data.text_bytes(seq_len=MODEL["seq_len"]),
-      strategy=factory(), num_workers=W, batch_size=GLOBAL_BATCH // W,
-      steps=args.steps, eval_every=args.eval_every,
-      eval_examples=args.eval_examples)
-  memory = bench.state_bytes(sim)
-  runs = []
-  for seed in args.seeds:
-    r = sim.run(seed=seed, progress=False)
-    s, h = r.summary, r.history
-    evals = ~np.isnan(h["eval_loss"])
-    runs.append({
-        "seed": seed, "eval_ce": s["final_eval_cross_entropy"],
-        "wire_bytes": s["wire_bytes"], "payload_bytes": s["payload_bytes"],
-        "curve": [[int(t), float(v)] for t, v in
-                  zip(h["step"][evals], h["eval_cross_entropy"][evals])]})
-  return {"runs": runs, "num_params": sim.num_params, "memory": memory}
+def memory(p: dict, lr: float, W: int, strategy: str) -> dict:
+  """What one worker keeps between steps (built, not run)."""
+  merging = {"merge_warmup_steps": 0} if strategy == "spes" else {}
+  config = lowbw.Config(strategy=strategy, workers=W, inner_lr=lr,
+                        **base(p), **merging)
+  return bench.state_bytes(lowbw.build(config, compile=False))
 
 
-def run_all(args, cache_path):
-  return _report.run_resumable(
-      cache_path, configs(args),
-      lambda W, factory: run_config(W, factory, args), "eval_ce")
+def run_all(args, cache_path: str) -> dict:
+  p = PRESETS[args.preset]
+  root = os.path.join(_report.STUDIES, f"spes_vs_diloco_{args.preset}")
+  tuning, tune_s = _report.grid_search(
+      "inner", lowbw.Config(strategy="diloco", workers=p["workers"][0],
+                            **base(p)),
+      "inner_lr", p["inner_lrs"], "final_eval_loss", root)
+  labelled = {k: v for W in p["workers"] for k, v in points(p, W).items()}
+  grid = [{k: [v] for k, v in values.items()} for values in labelled.values()]
+  runs, seconds = _report.studied(
+      f"spes_vs_diloco_{args.preset}/runs",
+      {**base(p), "inner_lr": tuning["best"]}, grid, p["seeds"])
+  results = {label: [r for r in runs if r["values"] == values]
+             for label, values in labelled.items()}
+  state = {f"{s} W={W}": memory(p, tuning["best"], W, s)
+           for W in p["workers"] for s in ("diloco", "spes")}
+  return _report.save_results(cache_path, {
+      "preset": args.preset, "settings": p, "tuning": tuning,
+      "runs": results, "state": state, "compute_seconds": tune_s + seconds})
 
 
 # The paper's configurations (Table 2; the Qwen tokenizer's 151,936-entry
@@ -109,50 +136,114 @@ def paper_table():
   return lines
 
 
-def summarise(results):
-  rows = []
-  for label, res in results.items():
-    ces = [r["eval_ce"] for r in res["runs"]]
-    mem = res["memory"]
-    rows.append({
-        "label": label, "ce": statistics.mean(ces),
-        "spread": _report.mean_std(ces)[1],  # ddof 0
-        "first": statistics.mean(r["curve"][0][1] for r in res["runs"]),
-        "wire": res["runs"][0]["wire_bytes"],
-        "params": mem["params"], "optimizer": mem["optimizer"],
-        "messages": mem["messages"]})
-  return rows
+# ------------------------------------------------------------------ report
+
+def ce(runs: list[dict]) -> list[float]:
+  return [r[KEY] for r in runs]
 
 
-def table(rows, first_step):
-  lines = ["| run | eval CE (mean ± std) | eval CE at step "
-           f"{first_step} | wire MB per worker | state per worker MB "
-           "(params + optimizer) |", "| --- | --- | --- | --- | --- |"]
-  for r in rows:
-    state = r["params"] + r["optimizer"] + r["messages"]
+def early(runs: list[dict], at: int) -> list[dict]:
+  """Each run's eval cross-entropy at step ``at``, as ``KEY`` (for
+  ``_report.paired``)."""
+  out = []
+  for r in runs:
+    i = r["curve"]["step"].index(at)
+    out.append({"seed": r["seed"], KEY: r["curve"]["eval_cross_entropy"][i]})
+  return out
+
+
+def early_step(p: dict) -> int:
+  """The evaluation nearest a quarter of the run."""
+  return max(p["eval_every"], p["steps"] // 4 // p["eval_every"]
+             * p["eval_every"])
+
+
+def table(results: dict) -> list[str]:
+  p, runs, state = results["settings"], results["runs"], results["state"]
+  at = early_step(p)
+  lines = [f"| run | eval CE (mean ± std) | vs DiLoCo at step {at} (paired) "
+           "| vs DiLoCo at the end (paired) | wire MB per worker | state per "
+           "worker MB (params + optimizer) |",
+           "| --- | --- | --- | --- | --- | --- |"]
+  for label, rs in runs.items():
+    W = label.split("W=")[1]
+    ref = runs[f"DiLoCo W={W}"]
+    s = state[("diloco" if label.startswith("DiLoCo") else "spes") + f" W={W}"]
+    cells = []
+    for a, b in ((early(rs, at), early(ref, at)), (rs, ref)):
+      g = _report.paired(a, b, KEY)
+      cells.append("-" if rs is ref else
+                   f"{g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]")
     lines.append(
-        f"| {r['label']} | {r['ce']:.4f} ± {r['spread']:.4f} | "
-        f"{r['first']:.4f} | {r['wire'] / 1e6:.2f} | {state / 1e6:.2f} "
-        f"({r['params'] / 1e6:.2f} + {r['optimizer'] / 1e6:.2f}) |")
+        f"| {label} | {_report.pm(ce(rs))} | {cells[0]} | {cells[1]} | "
+        f"{rs[0]['wire_bytes'] / 1e6:.2f} | "
+        f"{(s['params'] + s['optimizer']) / 1e6:.2f} ({s['params'] / 1e6:.2f}"
+        f" + {s['optimizer'] / 1e6:.2f}) |")
   return lines
 
 
-def _abstract_params():
+def lane_lines(results: dict) -> list[str]:
+  out = []
+  for W in results["settings"]["workers"]:
+    rs = results["runs"][f"DiLoCo W={W}"]
+    gaps = [r["final_shadow_gap"] for r in rs]
+    out.append(f"- W={W}: the DDP lane ends at eval loss "
+               f"{_report.pm([r['final_shadow_eval_loss'] for r in rs])}; "
+               f"DiLoCo is {_report.mean_std(gaps)[0]:+.2%} from it.")
+  return out
+
+
+def report(results: dict) -> str:
+  p, t = results["settings"], results["tuning"]
+  params = next(iter(results["runs"].values()))[0]["num_params"]
+  grid = ", ".join(f"{v:g}: {x:.4f}" for v, x in zip(t["values"], t["loss"]))
+  lines = [
+      "# SPES vs DiLoCo on a mixture-of-experts GPT", "",
+      f"Generated by `{COMMAND}` (preset {results['preset']}). "
+      f"`moe_gpt` ({params:,} parameters: {p['layers']} layers, d "
+      f"{p['d_model']}, {p['experts']} experts of width {p['expert_hidden']}, "
+      f"top-{p['top_k']}, context {p['seq_len']}) on the Python standard "
+      f"library's bytes, {p['batch_size']} sequences per worker and step, "
+      f"{p['steps']} steps, H = {p['H']} ({p['steps'] // p['H']} syncs); "
+      "AdamW (0.9, 0.95), weight decay 0.1, clipping 1.0, 4 % warm-up, "
+      "cosine to 0.1x; DiLoCo and SPES average (outer SGD lr 1); SPES+merge "
+      f"merges at every sync of the first {p['steps'] // 5} steps (alpha 0.1 "
+      f"decaying to 0, top 4 peers); seeds {p['seeds']} paired. State per "
+      "worker from the simulator's state (`lowbw.bench.state_bytes`).", "",
+      f"Inner lr tuned for DiLoCo at W = {p['workers'][0]} (seed "
+      f"{_report.TUNE_SEED}, final eval loss): {grid}; best {t['best']:g}, "
+      f"optimum {'inside' if t['inside'] else 'AT THE EDGE'}.", ""]
+  lines += table(results) + [""] + lane_lines(results)
+  lines += ["", "![eval cross-entropy against steps](spes_vs_diloco.png)",
+            "", "## Bytes per round with a parameter server", ""]
+  lines += bytes_lines(p)
+  lines += ["", "## The paper's configurations, by its formulas", "",
+            "`lowbw.strategies._spes.node_bytes` on Table 2's architectures "
+            "(parameter counts from `moe_param_counts`):", ""]
+  lines += paper_table()
+  return "\n".join(lines) + "\n"
+
+
+def _abstract_params(p: dict):
   """The experiment model's parameter shapes (nothing computed)."""
   import jax
-  return jax.eval_shape(
-      models.moe_gpt(**MODEL).init, jax.random.key(0),
-      {"tokens": np.zeros((1, MODEL["seq_len"] + 1), np.int32)})
+  from lowbw import models
+  model = models.moe_gpt(
+      layers=p["layers"], d_model=p["d_model"], heads=p["heads"],
+      seq_len=p["seq_len"], num_experts=p["experts"], top_k=p["top_k"],
+      expert_hidden=p["expert_hidden"])
+  return jax.eval_shape(model.init, jax.random.key(0), {
+      "tokens": np.zeros((1, p["seq_len"] + 1), np.int32)})
 
 
-def bytes_lines(args):
-  params = _abstract_params()
+def bytes_lines(p: dict) -> list[str]:
+  params = _abstract_params(p)
   out = []
-  for W in args.workers:
+  for W in p["workers"]:
     b = _spes.round_bytes(params, W)
     out.append(
         f"- W={W}: per worker and round SPES uploads "
-        f"{b['spes_uplink'] / 1e6:.3f} MB (shared + {MODEL['num_experts'] // W}"
+        f"{b['spes_uplink'] / 1e6:.3f} MB (shared + {p['experts'] // W}"
         f" experts) and downloads {b['spes_downlink'] / 1e6:.3f} MB; DiLoCo "
         f"{b['diloco_uplink'] / 1e6:.3f} MB each way: uplink "
         f"{b['spes_uplink'] / b['diloco_uplink']:.3f}x, up + down "
@@ -160,161 +251,104 @@ def bytes_lines(args):
   return out
 
 
-def _trained_share(W):
-  """Phi_t / Phi of the experiment's model at W workers (the uplink ratio
-  in float32: both count each trained parameter once)."""
-  b = _spes.round_bytes(_abstract_params(), W)
-  return b["spes_uplink"] / b["diloco_uplink"]
-
-
-def findings(by, args):
-  out = ["## What the runs show", ""]
-  for W in args.workers:
-    try:
-      d, s, m = (by[f"{n} W={W}"] for n in ("DiLoCo", "SPES", "SPES+merge"))
-      ddp = by[f"DDP W={W}"]
-    except KeyError as missing:
-      out.append(f"- W={W}: run {missing} not done yet.")
-      continue
-    fp = (s["params"] + s["optimizer"]) / (d["params"] + d["optimizer"])
-    share = _trained_share(W)
-    out.append(
-        f"- W={W}: final eval CE DDP {ddp['ce']:.4f}, DiLoCo {d['ce']:.4f}, "
-        f"SPES {s['ce']:.4f} ({s['ce'] - d['ce']:+.4f}), SPES+merge "
-        f"{m['ce']:.4f} ({m['ce'] - s['ce']:+.4f} vs SPES); at the first "
-        f"eval SPES {s['first'] - d['first']:+.4f} vs DiLoCo. Wire bytes "
-        f"SPES/DiLoCo {s['wire'] / d['wire']:.3f}; optimizer state "
-        f"{s['optimizer'] / d['optimizer']:.3f}x, state with params {fp:.3f}x "
-        f"(the formulas: optimizer Phi_t/Phi = {share:.3f}, state "
-        f"(4 Phi + 8 Phi_t)/(12 Phi) = {(1 + 2 * share) / 3:.3f}).")
-  return out
-
-
-def write_report(results, args, out):
-  rows = summarise(results)
-  by = {r["label"]: r for r in rows}
-  num_params = next(iter(results.values()))["num_params"]
-  tokens = args.steps * GLOBAL_BATCH * MODEL["seq_len"]
-  lines = [
-      "# SPES vs DiLoCo and DDP on a mixture-of-experts GPT", "",
-      "Generated by `python experiments/spes_vs_diloco.py` (--steps "
-      f"{args.steps} --H {args.H} --lr {args.lr} --workers "
-      f"{','.join(map(str, args.workers))} --seeds "
-      f"{','.join(map(str, args.seeds))}). `models.moe_gpt({MODEL})` "
-      f"({num_params:,} parameters) on the Python standard library's bytes, "
-      f"{tokens:,} training tokens per run (a global batch of {GLOBAL_BATCH} "
-      "sequences per step split over the workers), inner AdamW (lr "
-      f"{args.lr}, wd 0.1); DiLoCo and SPES average (outer SGD lr 1), H = "
-      f"{args.H}; SPES+merge merges at every sync of the first "
-      f"{args.steps // 4} steps (alpha 0.1 decaying to 0, top 4 peers). "
-      "Eval cross-entropy (the loss without the router terms) on "
-      f"{args.eval_examples} held-out windows every {args.eval_every} steps. "
-      "Wire bytes per worker, whole run, ring collectives; state per worker "
-      "from the simulator's state (`lowbw.bench.state_bytes`).", ""]
-  lines += table(rows, args.eval_every)
-  lines += ["", "![eval cross-entropy against tokens](spes_vs_diloco.png)", ""]
-  lines += findings(by, args)
-  lines += ["", "## Bytes per round with a parameter server", ""]
-  lines += bytes_lines(args)
-  lines += ["", "## The paper's configurations, by its formulas", "",
-            "`lowbw.strategies._spes.node_bytes` on Table 2's architectures "
-            "(parameter counts from `moe_param_counts`):", ""]
-  lines += paper_table()
-  _report.write_report(os.path.join(out, "spes_vs_diloco.md"),
-                       "\n".join(lines))
-  plot(results, os.path.join(out, "spes_vs_diloco.png"))
-
-
-def finding_rows(results, args):
-  """Rows 7.5-7.7 of the findings table, from the cached runs."""
-  def ce(label):
-    return [r["eval_ce"] for r in results[label]["runs"]]
-
-  def gap(a, b):
-    return _report.mean_std(ce(a))[0] - _report.mean_std(ce(b))[0]
-  setting = (f"MoE GPT (8 experts), W in {args.workers}, H={args.H}, "
-             f"{args.steps} steps, {len(args.seeds)} seeds")
-  row = dict(plot="spes_vs_diloco.png",
-             command="python experiments/spes_vs_diloco.py")
-  loss = "; ".join(f"W={W}: SPES {_report.pm(ce(f'SPES W={W}'), 3)} vs DiLoCo "
-                   f"{_report.pm(ce(f'DiLoCo W={W}'), 3)}"
-                   for W in args.workers)
-  merge = {W: (gap(f"SPES+merge W={W}", f"SPES W={W}"),
-               max(_report.mean_std(ce(f"SPES W={W}"))[1],
-                   _report.mean_std(ce(f"SPES+merge W={W}"))[1]))
-           for W in args.workers}
-  state, off = [], []
-  for W in args.workers:
-    m = {n: results[f"{n} W={W}"]["memory"] for n in ("SPES", "DiLoCo")}
-    share, got = _trained_share(W), (m["SPES"]["optimizer"]
-                                     / m["DiLoCo"]["optimizer"])
-    off.append(abs(got - share))
-    state.append(f"W={W}: optimizer state {got:.3f}x (formula "
-                 f"{share:.3f}), uplink {share:.3f}x")
-  gaps = {W: gap(f"SPES W={W}", f"DiLoCo W={W}") for W in args.workers}
-  closed = all(g <= 2 * _report.mean_std(ce(f"DiLoCo W={W}"))[1]
-               for W, g in gaps.items())
-  return [
-      {"row": "7.5", "claim": "SPES (each worker trains E/W experts) is "
-       "slower early, then close to DiLoCo", "source": "SPES paper (arXiv 2602.11543) Fig. 4, "
-       "Table 1", "setting": setting, "measured": loss,
-       "verdict": "reproduces" if closed else "not testable at this scale",
-       "why": f"the gap ({', '.join(f'{g:.2f}' for g in gaps.values())}) "
-       "has not closed at 0.8M tokens, with every curve still falling; the "
-       "paper's runs are 10^5 times longer",
-       **row},
-      {"row": "7.6", "claim": "the expert-merging warm-up helps",
-       "source": "SPES paper (arXiv 2602.11543) Table 4", "setting": setting + ", merges in the "
-       "first quarter", "measured": "; ".join(
-           f"W={W}: {d:+.4f} (seeds' std {sd:.3f})"
-           for W, (d, sd) in merge.items()),
-       "verdict": ("reproduces" if all(d < -sd for d, sd in merge.values())
-                   else "not testable at this scale"),
-       "why": "the change is in the right direction but smaller than the "
-       "spread across seeds, with 4 merges of strength <= 0.08", **row},
-      {"row": "7.7", "claim": "SPES keeps optimizer state and uploads for "
-       "its trained share only (up to 33.3% fewer bytes up + down)",
-       "source": "SPES paper (arXiv 2602.11543) §3, Table 2", "setting": setting,
-       "measured": "; ".join(state) + "; the paper's 2B/16 nodes by its "
-       "formulas: 33.3% (spes_vs_diloco.md)",
-       "verdict": "reproduces" if max(off) < 0.005 else "does not",
-       "why": "measured state equals the formula Phi_t/Phi to the third "
-       "digit; bytes are counted exactly", **row}]
-
-
-def plot(results, path):
+def plot(results: dict, path: str) -> None:
   fig, ax = _report.axes()
-  per_step = GLOBAL_BATCH * MODEL["seq_len"]
-  for label, res in results.items():
-    if label.startswith("DDP") and "W=8" in label:
-      continue
-    curves = np.array([r["curve"] for r in res["runs"]])
-    ax.plot(curves[0, :, 0] * per_step, curves[:, :, 1].mean(0), marker=".",
-            label=label, linestyle="--" if "W=8" in label else "-")
-  _report.save_plot(fig, ax, path, "training tokens", "eval cross-entropy "
-                    "(mean of seeds)")
+  for label, rs in results["runs"].items():
+    steps = rs[0]["curve"]["step"]
+    ys = np.mean([r["curve"]["eval_cross_entropy"] for r in rs], axis=0)
+    ax.plot(steps, ys, marker=".", label=label,
+            linestyle="--" if "W=8" in label else "-")
+  _report.save_plot(fig, ax, path, "step", "eval cross-entropy (mean of "
+                    "seeds)")
+
+
+# ---------------------------------------------------------------- findings
+
+def finding_rows(results: dict) -> list[dict]:
+  p, runs = results["settings"], results["runs"]
+  at = early_step(p)
+  setting = (f"MoE GPT (8 experts), W in {p['workers']} x {p['batch_size']} "
+             f"sequences, H={p['H']} for {p['steps'] // p['H']} syncs, the "
+             "paper's AdamW (0.9, 0.95) with warm-up + cosine, lr tuned for "
+             f"DiLoCo, {len(p['seeds'])} seeds paired")
+  row = dict(plot="spes_vs_diloco.png", command=COMMAND)
+  return [_slower_early_row(p, runs, at, setting, row),
+          _merge_row(p, runs, setting, row),
+          _state_row(results, setting, row)]
+
+
+def _slower_early_row(p, runs, at, setting, row) -> dict:
+  g = {W: (_report.paired(early(runs[f"SPES W={W}"], at),
+                          early(runs[f"DiLoCo W={W}"], at), KEY),
+           _report.paired(runs[f"SPES W={W}"], runs[f"DiLoCo W={W}"], KEY))
+       for W in p["workers"]}
+  slower = all(e["low"] > 0 for e, _ in g.values())
+  close = all(f["high"] <= 0.02 for _, f in g.values())
+  return {
+      "row": "7.5", "claim": "SPES (each worker trains E/W experts) is "
+      "slower early, then close to DiLoCo", "source": "SPES paper (arXiv "
+      "2602.11543) Fig. 4, Table 1", "setting": setting,
+      "measured": "; ".join(
+          f"W={W}: SPES vs DiLoCo at step {at} {e['mean']:+.2%} [{e['low']:+.2%}, "
+          f"{e['high']:+.2%}], at the end {f['mean']:+.2%} [{f['low']:+.2%}, "
+          f"{f['high']:+.2%}]" for W, (e, f) in g.items()),
+      "verdict": _report.verdict(slower + close, 2),
+      "why": "two checks, paired by seed on eval cross-entropy: slower early "
+      f"(the one-sided 95 % lower bound at step {at} above 0) and close at "
+      "the end (the upper bound <= +2 %)", **row}
+
+
+def _merge_row(p, runs, setting, row) -> dict:
+  g = {W: _report.paired(runs[f"SPES+merge W={W}"], runs[f"SPES W={W}"], KEY)
+       for W in p["workers"]}
+  verdict = ("reproduces" if all(x["high"] < 0 for x in g.values()) else
+             "partly" if all(x["mean"] < 0 for x in g.values()) else
+             "does not")
+  return {
+      "row": "7.6", "claim": "the expert-merging warm-up helps",
+      "source": "SPES paper (arXiv 2602.11543) Table 4",
+      "setting": setting + f", a merge at every sync of the first "
+      f"{p['steps'] // 5} steps", "measured": "SPES+merge vs SPES: " +
+      "; ".join(f"W={W}: {x['mean']:+.2%} [{x['low']:+.2%}, {x['high']:+.2%}]"
+                for W, x in g.items()),
+      "verdict": verdict,
+      "why": "'reproduces' means the paired upper bound below 0 at each W; "
+      "'partly' a mean below 0 whose bound is not", **row}
+
+
+def _state_row(results, setting, row) -> dict:
+  p, state = results["settings"], results["state"]
+  params = _abstract_params(p)
+  text, off = [], []
+  for W in p["workers"]:
+    share = (_spes.round_bytes(params, W)["spes_uplink"]
+             / _spes.round_bytes(params, W)["diloco_uplink"])
+    got = state[f"spes W={W}"]["optimizer"] / state[f"diloco W={W}"]["optimizer"]
+    off.append(abs(got - share))
+    text.append(f"W={W}: optimizer state {got:.3f}x (formula {share:.3f}), "
+                f"uplink {share:.3f}x")
+  return {
+      "row": "7.7", "claim": "SPES keeps optimizer state and uploads for its "
+      "trained share only (up to 33.3% fewer bytes up + down)",
+      "source": "SPES paper (arXiv 2602.11543) §3, Table 2",
+      "setting": setting, "measured": "; ".join(text) + "; the paper's 2B/16 "
+      "nodes by its formulas: 33.3% (spes_vs_diloco.md)",
+      "verdict": "reproduces" if max(off) < 0.005 else "does not",
+      "why": "measured state against the formula Phi_t/Phi; bytes are "
+      "counted exactly", **row}
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ints = lambda t: [int(x) for x in t.split(",")]  # noqa: E731
-  parser.add_argument("--workers", type=ints, default=[4, 8])
-  parser.add_argument("--steps", type=int, default=400)
-  parser.add_argument("--H", type=int, default=20)
-  parser.add_argument("--lr", type=float, default=2e-3)
-  parser.add_argument("--eval-every", type=int, default=40)
-  parser.add_argument("--eval-examples", type=int, default=64)
-  parser.add_argument("--seeds", type=ints, default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true",
-                      help="write the report from the runs done so far")
+  parser = _report.parser(__doc__)
+  parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
   args = parser.parse_args()
-  results = _report.results_for(args, "spes_vs_diloco_results.json", run_all)
-  write_report(results, args, args.out)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    # Minutes: the docstring's estimate (these runs predate timing them).
-    _report.publish("spes_vs_diloco", finding_rows(results, args), 40,
-                    measured=False)
+  results = _report.results_for(args, CACHE, run_all)
+  _report.write_report(os.path.join(args.out, "spes_vs_diloco.md"),
+                       report(results))
+  plot(results, os.path.join(args.out, "spes_vs_diloco.png"))
+  if os.path.abspath(args.out) == os.path.abspath(_report.DOCS):
+    _report.publish("spes_vs_diloco", finding_rows(results),
+                    results["compute_seconds"] / 60)
 
 
 if __name__ == "__main__":

@@ -1,403 +1,385 @@
-"""Streaming and hierarchical DiLoCo, trained: peak bandwidth, overlap and a
-two-tier network measured by the simulated clock, next to the planner.
+"""Streaming and hierarchical DiLoCo under the suite's rules (rows 7.1-7.4
+of the findings table in experiments/README.md).
 
 Streaming DiLoCo (Douillard et al., 2025, arXiv 2501.18512) claims three
 things: syncing P fragments in turn cuts the peak bandwidth by about P;
 merging a fragment tau steps after its sync hides the communication behind
-compute, so a slow link costs less time; 4-bit (E3M0) outer gradients cost
-little loss. The Decentralized Training Simulator documentation (§3.2)
-models hierarchical DiLoCo: regions sync often on
-fast links, the WAN rarely. Here every run trains the default GPT (478,976
-parameters) on the byte corpus of the Python standard library, W = 4 workers
-in two regions of 2 on one two-tier network (regional 1 Gbit/s, 5 ms; WAN
-10 Mbit/s, 100 ms; 0.05 s of compute per step, a stand-in for a model whose
-step takes that long), 3 seeds each: DDP, DiLoCo, Streaming DiLoCo with
-P in {1, 2, 4}, tau in {0, 1, 5}, float32 or E3M0, and hierarchical DiLoCo
-(regional every H/2 steps, global every 2 regional syncs: the WAN as often
-as DiLoCo's). Then ``lowbw.network.plan`` predicts the same settings.
+compute; 4-bit (E3M0) outer gradients cost little loss. Its fragments are
+groups of blocks, so the model needs depth: every run here trains an
+8-block narrow GPT (d_model 32, about 122k parameters) on the Python
+standard library's bytes, from scratch, with AdamW (betas 0.9, 0.99, weight
+decay 0.1) warming up linearly and decaying with a cosine to 0.1x, the
+outer step DiLoCo's (SGD lr 0.7, Nesterov 0.9), H = 100 for 20 outer steps
+(about 17 tokens per parameter at W = 2), 3 seeds paired:
+
+- streaming: W = 2 workers on a 10 Mbit/s, 100 ms link with 0.05 s of
+  compute per step (a stand-in for a larger model's step): DiLoCo and
+  Streaming DiLoCo with P = 4 and tau in {1, 5}, each in float32 and E3M0;
+  DiLoCo float32 carries the paired DDP lane as the reference;
+- hierarchy: the Decentralized Training Simulator documentation's model of
+  hierarchical DiLoCo (regions sync often on fast links, the WAN rarely;
+  its efficiency heuristic H_eff = H_inner x R^0.5 for R regional syncs per
+  global one). W = 4 in two regions of 2 (1 Gbit/s, 5 ms inside; the WAN
+  as above): hierarchical DiLoCo averaging plainly inside the regions every
+  50 steps and taking the Nesterov step on the WAN every 100, against flat
+  DiLoCo at H = 100 (the same WAN interval) and H = 50 (the regional one).
+
+The inner learning rate is tuned for DiLoCo float32 (W = 2) on a grid whose
+optimum is inside, at seed 100, and reused by every run. Every stage is a
+``lowbw.study`` under ``experiments/studies/`` (a killed script resumes);
+results are cached in ``docs/experiments/streaming_hierarchy_results.json``
+and ``--report-only`` rebuilds the report, plot and rows from it.
 
 Usage:
-  python experiments/streaming_and_hierarchy.py              # ~30 min, 2 cores
-  python experiments/streaming_and_hierarchy.py --steps 80 --seeds 0 --out /tmp/s
+  python experiments/streaming_and_hierarchy.py              # 2 CPU cores
+  python experiments/streaming_and_hierarchy.py --report-only
+  python experiments/streaming_and_hierarchy.py --preset tiny --out /tmp/s
 """
 
-import argparse
+import math
 import os
-import statistics
 
 import numpy as np
-import optax
 
 import _report
 import lowbw
-from lowbw import data, models, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
-CODECS = {"fp32": None, "E3M0": "e3m0"}
+COMMAND = "python experiments/streaming_and_hierarchy.py"
+CACHE = "streaming_hierarchy_results.json"
 WAN = ("10Mbps", "100ms")
 REGIONAL = ("1Gbps", "5ms")
 STEP_S = 0.05
+CODECS = {"fp32": "none", "E3M0": "e3m0"}
+STREAM_W, HIER_W, REGION = 2, 4, 2
+
+PRESETS = {
+    "cpu": dict(layers=8, d_model=32, heads=2, seq_len=128, batch_size=4,
+                steps=2000, H=100, fragments=4, taus=[1, 5], warmup=100,
+                regional_every=2, eval_every=100,
+                inner_lrs=[2e-3, 4e-3, 8e-3], seeds=[0, 1, 2]),
+    "tiny": dict(layers=2, d_model=16, heads=2, seq_len=32, batch_size=2,
+                 steps=120, H=40, fragments=4, taus=[1, 5], warmup=8,
+                 regional_every=2, eval_every=40, inner_lrs=[2e-3, 4e-3],
+                 seeds=[0, 1]),
+}
 
 
-def configs(H):
-  """(label, factory, keyword arguments) of every run."""
-  yield "DDP", strategies.ddp, {}
+def base(p: dict, workers: int) -> lowbw.Config:
+  """What every run shares: model, data, batch, schedule, link, clock."""
+  return lowbw.Config(
+      data="text", model="gpt", layers=p["layers"], d_model=p["d_model"],
+      heads=p["heads"], seq_len=p["seq_len"], workers=workers,
+      batch_size=p["batch_size"], steps=p["steps"], strategy="diloco",
+      H=p["H"], b2=0.99, weight_decay=0.1, warmup_steps=p["warmup"],
+      schedule="cosine", min_lr_ratio=0.1, outer_lr=0.7, outer_momentum=0.9,
+      bandwidth=WAN[0], latency=WAN[1], hardware=f"{STEP_S}s",
+      eval_every=p["eval_every"], eval_examples=256, progress=False)
+
+
+def two_regions(config: lowbw.Config) -> lowbw.Config:
+  return config.replace(topology="hierarchical", group_size=REGION,
+                        regional_bandwidth=REGIONAL[0],
+                        regional_latency=REGIONAL[1])
+
+
+def streaming_points(p: dict) -> dict:
+  """Label -> the point's values (W = 2)."""
+  points = {}
   for name, codec in CODECS.items():
-    yield f"DiLoCo {name}", strategies.diloco, {"H": H, "codec": codec}
-  for name, codec in CODECS.items():
-    for P in (1, 2, 4):
-      for tau in (0, 1, 5):
-        yield (f"Streaming P={P} tau={tau} {name}", strategies.streaming_diloco,
-               {"H": H, "fragments": P, "delay": tau, "codec": codec})
-  for name, codec in CODECS.items():
-    yield (f"Hierarchical {name}", strategies.hierarchical_diloco,
-           {"H": H // 2, "group_size": 2, "global_every": 2, "codec": codec})
+    points[f"DiLoCo {name}"] = {"codec": codec, **(
+        {"shadow": "ddp"} if name == "fp32" else {})}
+    for tau in p["taus"]:
+      points[f"Streaming P={p['fragments']} tau={tau} {name}"] = {
+          "strategy": "streaming_diloco", "fragments": p["fragments"],
+          "delay": tau, "codec": codec}
+  return points
 
 
-def network():
-  return lowbw.network.network(
-      *WAN, topology="hierarchical", group_size=2,
-      regional_bandwidth=REGIONAL[0], regional_latency=REGIONAL[1],
-      hardware=f"{STEP_S}s")
+def hierarchy_points(p: dict) -> dict:
+  """Label -> the point's values (W = 4 in two regions)."""
+  inner_h = p["H"] // p["regional_every"]
+  return {
+      f"DiLoCo H={p['H']}": {"codec": "none", "shadow": "ddp"},
+      f"DiLoCo H={inner_h}": {"codec": "none", "H": inner_h},
+      f"Hierarchical {inner_h}x{p['regional_every']}": {
+          "strategy": "hierarchical_diloco", "H": inner_h,
+          "global_every": p["regional_every"], "codec": "none",
+          "outer_lr": 1.0, "outer_momentum": 0.0, "global_outer_lr": 0.7,
+          "global_outer_momentum": 0.9}}
 
 
-def inner(lr):
-  return optax.inject_hyperparams(optax.adamw)(learning_rate=lr,
-                                               weight_decay=0.1)
-
-
-def run_config(factory, kwargs, args):
-  """One build, one run per seed: what each run measured."""
-  sim = lowbw.build(
-      model=models.gpt(), data=data.text_bytes(),
-      strategy=factory(inner=inner(args.lr), **kwargs),
-      num_workers=args.workers, batch_size=args.batch_size, steps=args.steps,
-      eval_every=args.eval_every, eval_examples=args.eval_examples,
-      network=network())
-  runs, comm_s = [], None
-  for seed in args.seeds:
-    r = sim.run(seed=seed, progress=False)
-    comm_s = r.config["network"]["comm_s_per_event"]
-    s, h = r.summary, r.history
-    evals = ~np.isnan(h["eval_loss"])
-    runs.append({
-        "seed": seed, "eval_loss": s["final_eval_loss"],
-        "wire_bytes": s["wire_bytes"], "payload_bytes": s["payload_bytes"],
-        "peak_step_bytes": s["peak_step_bytes"], "sim_time_s": s["sim_time_s"],
-        "wire_bytes_regional": s.get("wire_bytes_regional"),
-        "wire_bytes_global": s.get("wire_bytes_global"),
-        "curve": [[float(t), float(v)] for t, v in
-                  zip(h["sim_time_s"][evals], h["eval_loss"][evals])],
-        "steps": [int(x) for x in h["step"][evals]]})
-  return {"runs": runs, "num_params": sim.num_params, "comm_s": comm_s}
-
-
-def run_all(args, cache_path):
-  return _report.run_resumable(
-      cache_path, configs(args.H),
-      lambda factory, kwargs: run_config(factory, kwargs, args), "eval_loss")
-
-
-def summarise(results, target):
-  rows = []
-  for label, res in results.items():
-    runs = res["runs"]
-    losses = [r["eval_loss"] for r in runs]
-    reached = [next((t for t, v in r["curve"] if v <= target), None)
-               for r in runs]
-    hit = [t for t in reached if t is not None]
-    rows.append({
-        "label": label, "loss": statistics.mean(losses),
-        "spread": _report.mean_std(losses)[1],  # ddof 0
-        "wire": runs[0]["wire_bytes"], "peak": runs[0]["peak_step_bytes"],
-        "regional": runs[0]["wire_bytes_regional"],
-        "global": runs[0]["wire_bytes_global"],
-        "time": statistics.mean(r["sim_time_s"] for r in runs),
-        "to_target": statistics.mean(hit) if hit else None,
-        "reached": len(hit), "seeds": len(runs)})
-  return rows
-
-
-def plans(args, num_params):
-  """The planner on the same settings: DiLoCo with and without streaming,
-  hierarchical; compute per step matched to the simulation's."""
-  tokens_per_step = args.batch_size * 128
-  pflops = 6 * num_params * tokens_per_step / (STEP_S * 0.4) / 1e15
-  common = dict(parameters=num_params / 1e9, num_nodes=args.workers,
-                pflops_per_node=pflops, mfu=0.4, bandwidth_mbps=10.0,
-                latency_ms=200.0, local_batch=tokens_per_step,
-                tokens=args.steps * args.workers * tokens_per_step / 1e12)
+def run_points(name: str, config, points: dict, seeds) -> tuple[dict, float]:
+  """One study over ``points`` (label -> values): label -> its runs."""
+  grid = [{k: [v] for k, v in values.items()} for values in points.values()]
+  runs, seconds = _report.studied(name, config, grid, seeds)
   out = {}
-  for name, ratio in (("fp32", 0.5), ("E3M0", 4.0)):
-    out[f"DiLoCo {name}"] = lowbw.network.plan(
-        **common, inner_steps=args.H, compression=ratio, streaming=False)
-    out[f"DiLoCo {name}, streaming"] = lowbw.network.plan(
-        **common, inner_steps=args.H, compression=ratio, streaming=True)
-    out[f"Hierarchical {name}"] = lowbw.network.plan(
-        **common, inner_steps=args.H // 2, compression=ratio,
-        streaming=False, hierarchical=True, nodes_per_group=2,
-        regional_bandwidth_mbps=1000.0, regional_latency_ms=10.0,
-        regional_steps=2)
-  return out
+  for label, values in points.items():
+    out[label] = [r for r in runs if r["values"] == values]
+  return out, seconds
 
 
-def _mb(x):
-  return "-" if x is None else f"{x / 1e6:.2f}"
+def run_all(args, cache_path: str) -> dict:
+  p = PRESETS[args.preset]
+  root = os.path.join(_report.STUDIES, f"streaming_hierarchy_{args.preset}")
+  stream = base(p, STREAM_W)
+  tuning, tune_s = _report.grid_search(
+      "inner", stream.replace(codec="none"), "inner_lr", p["inner_lrs"],
+      "final_eval_loss", root)
+  stream = stream.replace(inner_lr=tuning["best"])
+  streaming, s1 = run_points(f"streaming_hierarchy_{args.preset}/streaming",
+                             stream, streaming_points(p), p["seeds"])
+  hier = two_regions(base(p, HIER_W).replace(inner_lr=tuning["best"]))
+  hierarchy, s2 = run_points(f"streaming_hierarchy_{args.preset}/hierarchy",
+                             hier, hierarchy_points(p), p["seeds"])
+  return _report.save_results(cache_path, {
+      "preset": args.preset, "settings": p, "tuning": tuning,
+      "streaming": streaming, "hierarchy": hierarchy,
+      "compute_seconds": tune_s + s1 + s2})
 
 
-def table(rows, target):
-  lines = [
-      "| run | eval loss (mean ± std) | wire MB per worker | regional / global "
-      "MB | peak step KB | sim time s | time to loss "
-      f"{target:.4f} s |", "| --- | --- | --- | --- | --- | --- | --- |"]
-  for r in rows:
-    tiers = ("-" if r["regional"] is None
-             else f"{_mb(r['regional'])} / {_mb(r['global'])}")
-    reach = ("not reached" if r["to_target"] is None else
-             f"{r['to_target']:.1f} ({r['reached']}/{r['seeds']} seeds)")
-    lines.append(f"| {r['label']} | {r['loss']:.4f} ± {r['spread']:.4f} | "
-                 f"{_mb(r['wire'])} | {tiers} | {r['peak'] / 1e3:.1f} | "
-                 f"{r['time']:.1f} | {reach} |")
+# ------------------------------------------------------------------ report
+
+def losses(runs: list[dict]) -> list[float]:
+  return [r["final_eval_loss"] for r in runs]
+
+
+def mean_of(runs: list[dict], key: str) -> float:
+  return _report.mean_std([r[key] for r in runs])[0]
+
+
+def run_table(group: dict, reference: str) -> list[str]:
+  """Loss, paired gap to ``reference``, bytes, peak and simulated time."""
+  lines = ["| run | eval loss (mean ± std) | vs " + reference + " (paired, "
+           "95 % bounds) | wire MB per worker | regional / WAN MB | peak "
+           "step KB | simulated s |", "| --- | --- | --- | --- | --- | --- "
+           "| --- |"]
+  for label, runs in group.items():
+    gap = _report.paired(runs, group[reference])
+    regional = runs[0].get("wire_bytes_regional")
+    tiers = ("-" if regional is None else
+             f"{regional / 1e6:.2f} / {runs[0]['wire_bytes_global'] / 1e6:.2f}")
+    lines.append(
+        f"| {label} | {_report.pm(losses(runs))} | "
+        + ("-" if label == reference else
+           f"{gap['mean']:+.2%} [{gap['low']:+.2%}, {gap['high']:+.2%}]")
+        + f" | {runs[0]['wire_bytes'] / 1e6:.2f} | {tiers} | "
+        f"{runs[0]['peak_step_bytes'] / 1e3:.1f} | "
+        f"{mean_of(runs, 'sim_time_s'):.1f} |")
   return lines
 
 
-def findings(by, H, steps):
-  """Each finding whose runs are all in ``by`` (a partial run has fewer)."""
-  def f(label, key):
-    return by[label][key]
-  out = ["## What the runs show", ""]
-  try:
-    _findings(out, f, by, H, steps)
-  except KeyError as missing:
-    out.append(f"- (the remaining findings need run {missing}, not done yet)")
-  return out
+def lane_line(runs: list[dict], label: str) -> str:
+  lane = [r["final_shadow_eval_loss"] for r in runs]
+  gap = _report.paired(runs, [{**r, "final_eval_loss": r[
+      "final_shadow_eval_loss"]} for r in runs])
+  return (f"- {label}'s paired DDP lane (one replica on the union of the "
+          f"workers' batches): {_report.pm(lane)}; {label} is "
+          f"{gap['mean']:+.2%} [{gap['low']:+.2%}, {gap['high']:+.2%}] from "
+          "it.")
 
 
-def _findings(out, f, by, H, steps):
-  for codec in CODECS:
-    d = f(f"DiLoCo {codec}", "peak")
-    shares = ", ".join(
-        f"P={P}: {f(f'Streaming P={P} tau=0 {codec}', 'peak') / d:.3f}"
-        for P in (1, 2, 4))
-    out.append(f"- Peak bandwidth ({codec}): the most bytes one step sends, "
-               f"as a share of DiLoCo's: {shares}.")
-  d = f("DiLoCo fp32", "time")
-  times = ", ".join(f"tau={t}: {f(f'Streaming P=4 tau={t} fp32', 'time'):.1f}"
-                    for t in (0, 1, 5))
-  out.append(f"- Overlap: DiLoCo fp32 took {d:.1f} simulated s for {steps} "
-             f"steps ({steps * STEP_S:.0f} s of it compute); Streaming "
-             f"P=4 fp32 took {times} s.")
-  gaps = ", ".join(
-      f"{lab}: {f(lab + ' E3M0', 'loss') - f(lab + ' fp32', 'loss'):+.4f}"
-      for lab in ("DiLoCo", "Streaming P=4 tau=5", "Streaming P=2 tau=1",
-                  "Hierarchical"))
-  out.append(f"- 4-bit E3M0 outer gradients, loss minus float32's: {gaps}.")
-  h, flat = by["Hierarchical fp32"], by["DiLoCo fp32"]
-  out.append(
-      f"- Hierarchical (regional every {H // 2} steps, the WAN every {H}) vs "
-      f"flat DiLoCo (H={H}) on the same network: eval loss "
-      f"{h['loss']:.4f} vs {flat['loss']:.4f}, simulated time "
-      f"{h['time']:.1f} vs {flat['time']:.1f} s, WAN-tier bytes "
-      f"{_mb(h['global'])} MB vs all of DiLoCo's {_mb(flat['wire'])} MB "
-      "(whose hierarchical all-reduce also crosses the regions).")
-
-
-def planner_table(results, plan_out, args):
-  """The planner's closed form next to what the clock measured."""
-  rounds = args.steps / args.H
-  lines = ["| setting | planner sync s | measured sync s | planner s per "
-           f"{args.H} steps | measured s per {args.H} steps | planner total s "
-           "| measured total s |", "| --- | --- | --- | --- | --- | --- | --- |"]
-  for name in CODECS:
-    pairs = ((f"DiLoCo {name}", f"DiLoCo {name}", "pseudo_gradients"),
-             (f"DiLoCo {name}, streaming",
-              f"Streaming P=4 tau=5 {name}", None),
-             (f"Hierarchical {name}", f"Hierarchical {name}", None))
-    for plan_label, run_label, channel in pairs:
-      if run_label not in results:
-        continue
-      p, res = plan_out[plan_label], results[run_label]
-      comm = res["comm_s"]
-      measured_sync = (comm[channel] if channel else sum(comm.values()))
-      if run_label.startswith("Hierarchical"):
-        planned_sync = f"{p['t_regional_s']:.3f} + {p['t_global_s']:.3f}"
-        measured = f"{comm['regional']:.3f} + {comm['global']:.3f}"
-      else:
-        planned_sync = f"{p['t_sync_s']:.3f}"
-        measured = (f"{measured_sync:.3f}" if channel else
-                    "fragments " + " + ".join(f"{v:.3f}"
-                                              for v in comm.values()))
-      total = statistics.mean(r["sim_time_s"] for r in res["runs"])
-      per_outer = p["t_outer_s"]  # both modes: one cycle is H steps here
-      lines.append(
-          f"| {plan_label} (measured: {run_label}) | {planned_sync} | "
-          f"{measured} | {per_outer:.3f} | {total / rounds:.3f} | "
-          f"{p['time_before_efficiency_days'] * 86400:.1f} | {total:.1f} |")
-  return lines
-
-
-def write_report(results, args, out):
-  # The loss every DiLoCo-family run reaches: the worst final one.
-  target = max(r["eval_loss"] for label, res in results.items()
-               if label != "DDP" for r in res["runs"])
-  rows = summarise(results, target)
-  by = {r["label"]: r for r in rows}
-  num_params = results["DDP"]["num_params"]
-  plan_out = plans(args, num_params)
-  tokens = args.steps * args.workers * args.batch_size * 128
+def report(results: dict) -> str:
+  p, t = results["settings"], results["tuning"]
+  tokens = p["steps"] * p["batch_size"] * p["seq_len"]
+  params = results["streaming"]["DiLoCo fp32"][0]["num_params"]
+  grid = ", ".join(f"{v:g}: {x:.4f}" for v, x in zip(t["values"], t["loss"]))
   lines = [
       "# Streaming and hierarchical DiLoCo, trained", "",
-      "Generated by `python experiments/streaming_and_hierarchy.py` "
-      f"(--steps {args.steps} --H {args.H} --workers {args.workers} "
-      f"--batch-size {args.batch_size} --lr {args.lr} --seeds "
-      f"{','.join(map(str, args.seeds))}). The default GPT "
-      f"({num_params:,} parameters) on the Python standard library's bytes, "
-      f"{tokens:,} training tokens per run, inner AdamW (lr {args.lr}, wd "
-      "0.1), DiLoCo's outer SGD (lr 0.7, Nesterov 0.9); Streaming DiLoCo's "
-      "merge alpha 0.5, strided fragments. One network for every run: two "
-      f"regions of 2 workers, regional links {REGIONAL[0]} / {REGIONAL[1]}, "
-      f"WAN {WAN[0]} / {WAN[1]} (one-way, per hop), {STEP_S} s of compute per "
-      "step. Eval loss on "
-      f"{args.eval_examples} held-out windows every {args.eval_every} steps; "
-      "the target loss is the worst final loss of any DiLoCo-family run and "
-      "seed (every one of them reaches it; time to it is read at the eval "
-      "points). Bytes are per worker, "
-      "whole run; E3M0 payloads are all-gathered (their scales differ per "
-      "worker).", ""]
-  missing = [c[0] for c in configs(args.H) if c[0] not in results]
-  if missing:
-    lines += [f"**Partial: {len(missing)} of the {len(missing) + len(rows)} "
-              "runs are not done yet** (" + ", ".join(missing) + "); run the "
-              "script again to finish them (it resumes from its JSON).", ""]
-  lines += table(rows, target)
-  lines += ["", "![eval loss against simulated time]"
-            "(streaming_hierarchy.png)", ""]
-  lines += findings(by, args.H, args.steps)
-  lines += ["", "## The planner on the same settings", "",
-            "`lowbw.network.plan` with the same parameters, 4 nodes, "
-            f"{args.batch_size * 128} tokens per node and step, compute "
-            f"matched to {STEP_S} s per step, WAN 10 Mbit/s with a 200 ms round "
-            "trip (the clock's 100 ms is one way), regions of 2 at 1 Gbit/s / "
-            "10 ms, compression 0.5 (float32 against the planner's FP16) or "
-            "4 (E3M0). Its streaming DiLoCo is a whole-model sync overlapped "
-            "with the next H steps; the measured column is P=4, tau=5.", ""]
-  lines += planner_table(results, plan_out, args)
-  _report.write_report(os.path.join(out, "streaming_hierarchy.md"),
-                       "\n".join(lines))
-  plot(results, os.path.join(out, "streaming_hierarchy.png"))
+      f"Generated by `{COMMAND}` (preset {results['preset']}). A GPT of "
+      f"{params:,} parameters ({p['layers']} blocks, d_model {p['d_model']}, "
+      f"context {p['seq_len']}) on the Python standard library's bytes, "
+      f"{p['batch_size']} windows per worker and step, {p['steps']} steps "
+      f"from scratch ({tokens * STREAM_W / params:.0f} tokens per parameter "
+      f"at W = {STREAM_W}, {tokens * HIER_W / params:.0f} at W = {HIER_W}), "
+      f"AdamW (betas 0.9, 0.99; weight decay 0.1) with a {p['warmup']}-step "
+      "linear warm-up and a cosine to 0.1x, DiLoCo's outer step (lr 0.7, "
+      f"Nesterov 0.9), H = {p['H']} ({p['steps'] // p['H']} outer steps), "
+      f"seeds {p['seeds']} paired. Links: WAN {WAN[0]} / {WAN[1]} one way, "
+      f"{STEP_S} s of compute per step; regions {REGIONAL[0]} / "
+      f"{REGIONAL[1]}. Bytes are per worker, whole run.", "",
+      f"Inner lr tuned for DiLoCo float32 at W = {STREAM_W} (seed "
+      f"{_report.TUNE_SEED}, final eval loss): {grid}; best {t['best']:g}, "
+      f"optimum {'inside' if t['inside'] else 'AT THE EDGE'} the grid.", "",
+      f"## Streaming DiLoCo (W = {STREAM_W}, one WAN link)", ""]
+  lines += run_table(results["streaming"], "DiLoCo fp32")
+  lines += ["", lane_line(results["streaming"]["DiLoCo fp32"], "DiLoCo fp32"),
+            "", f"## Hierarchical DiLoCo (W = {HIER_W} in two regions of "
+            f"{REGION})", ""]
+  flat = f"DiLoCo H={p['H']}"
+  lines += run_table(results["hierarchy"], flat)
+  lines += ["", lane_line(results["hierarchy"][flat], flat), "",
+            "![eval loss against simulated time](streaming_hierarchy.png)"]
+  return "\n".join(lines) + "\n"
 
 
-def finding_rows(results, args):
-  """Rows 7.1-7.4 of the findings table, from the cached runs."""
-  def runs(label, key="eval_loss"):
-    return [r[key] for r in results[label]["runs"]]
-
-  def mean(label, key):
-    return _report.mean_std(runs(label, key))[0]
-  peak = {P: mean(f"Streaming P={P} tau=0 fp32", "peak_step_bytes")
-          / mean("DiLoCo fp32", "peak_step_bytes") for P in (2, 4)}
-  setting = (f"default GPT, W={args.workers} in 2 regions, H={args.H}, "
-             f"{args.steps} steps, WAN 10 Mbit/s, {STEP_S} s compute/step, "
-             f"{len(args.seeds)} seeds")
-  compute = args.steps * STEP_S
-  t = {k: mean(k, "sim_time_s") for k in (
-      "DiLoCo fp32", "Streaming P=4 tau=0 fp32", "Streaming P=4 tau=5 fp32")}
-  hidden = 1 - (t["Streaming P=4 tau=5 fp32"] - compute) / (
-      t["DiLoCo fp32"] - compute)
-  pairs = [_report.mean_std(runs(f"{k} E3M0"))[0]
-           - _report.mean_std(runs(f"{k} fp32"))[0]
-           for k in ("DiLoCo", "Streaming P=4 tau=5", "Streaming P=2 tau=1",
-                     "Hierarchical")]
-  e3m0 = max(abs(x) for x in pairs)
-  better = mean("Hierarchical fp32", "eval_loss") < mean("DiLoCo fp32",
-                                                         "eval_loss")
-  row = dict(plot="streaming_hierarchy.png",
-             command="python experiments/streaming_and_hierarchy.py")
-  return [
-      {"row": "7.1", "claim": "Streaming DiLoCo's P fragments cut the peak "
-       "bandwidth by about P", "source": "EXO Gym paper §2 (Streaming DiLoCo)",
-       "setting": setting, "measured": f"peak per step vs DiLoCo: P=2 "
-       f"{peak[2]:.3f}, P=4 {peak[4]:.3f}", "verdict": (
-           "reproduces" if all(v <= 1.2 / P for P, v in peak.items()) else
-           "partly" if peak[2] <= 0.6 else "does not"),
-       "why": "fragments are whole blocks; a block of the 2-layer GPT holds "
-       "~41% of the parameters, so P=4 cannot go below it (a leaf-level "
-       "partition reaches 0.27)", **row},
-      {"row": "7.2", "claim": "merging tau steps after the sync hides the "
-       "communication behind compute", "source": "EXO Gym paper §2 (Streaming "
-       "DiLoCo); Decentralized Training Simulator documentation §3.1", "setting": setting,
-       "measured": f"simulated s: DiLoCo {t['DiLoCo fp32']:.1f}, P=4 tau=0 "
-       f"{t['Streaming P=4 tau=0 fp32']:.1f}, tau=5 "
-       f"{t['Streaming P=4 tau=5 fp32']:.1f} ({compute:.0f} s compute): "
-       f"{hidden:.0%} of DiLoCo's communication time hidden; loss tau=5 "
-       f"{_report.pm(runs('Streaming P=4 tau=5 fp32'), 3)} vs DiLoCo "
-       f"{_report.pm(runs('DiLoCo fp32'), 3)}", "verdict": (
-           "reproduces" if hidden >= 0.9 else "partly" if hidden > 0
-           else "does not"),
-       "why": "tau=5 of H=40 overlaps only part of a 10 Mbit/s sync; the "
-       "direction holds at a loss cost within the seeds' spread", **row},
-      {"row": "7.3", "claim": "4-bit (E3M0) outer gradients cost little "
-       "loss", "source": "EXO Gym paper §2 (Streaming DiLoCo)", "setting": setting,
-       "measured": f"DiLoCo E3M0 {_report.pm(runs('DiLoCo E3M0'), 3)} vs "
-       f"fp32 {_report.pm(runs('DiLoCo fp32'), 3)} with 4x fewer bytes; "
-       "Streaming P=4 tau=5 "
-       f"{_report.pm(runs('Streaming P=4 tau=5 E3M0'), 3)} vs "
-       f"{_report.pm(runs('Streaming P=4 tau=5 fp32'), 3)}",
-       "verdict": "reproduces" if e3m0 <= 0.02 else "partly",
-       "why": f"the largest E3M0 - float32 gap over four methods is "
-       f"{e3m0:.3f}, about the seeds' spread ('reproduces': <= 0.02)",
-       **row},
-      {"row": "7.4", "claim": "hierarchical DiLoCo: regional syncs anchor "
-       "the drift (H_eff = H_inner·H_regional^0.5), so it loses less than "
-       "flat DiLoCo with the same WAN interval", "source": "Decentralized Training Simulator documentation §3.2, "
-       "§4.4", "setting": setting + ", regional sync every H/2",
-       "measured": f"hierarchical {_report.pm(runs('Hierarchical fp32'), 3)}"
-       f" vs flat {_report.pm(runs('DiLoCo fp32'), 3)}; simulated s "
-       f"{mean('Hierarchical fp32', 'sim_time_s'):.1f} vs "
-       f"{t['DiLoCo fp32']:.1f}",
-       "verdict": "reproduces" if better else "does not",
-       "why": "regional averaging between global syncs made the loss worse "
-       "here, and flat DiLoCo's hierarchical all-reduce already keeps WAN "
-       "traffic low on this topology; the seed calls H_eff a heuristic",
-       **row}]
-
-
-def plot(results, path):
+def plot(results: dict, path: str) -> None:
   fig, ax = _report.axes()
-  for label in ("DDP", "DiLoCo fp32", "DiLoCo E3M0", "Streaming P=4 tau=0 fp32",
-                "Streaming P=4 tau=5 fp32", "Streaming P=4 tau=5 E3M0",
-                "Hierarchical fp32"):
-    if label not in results:
-      continue
-    curves = np.array([r["curve"] for r in results[label]["runs"]])
-    ax.plot(curves[:, :, 0].mean(0), curves[:, :, 1].mean(0), marker=".",
-            label=label)
-  _report.save_plot(fig, ax, path, "simulated seconds", "eval loss (mean of "
-                    "seeds)")
+  for part in ("streaming", "hierarchy"):
+    for label, runs in results[part].items():
+      xs = np.mean([r["curve"]["sim_time_s"] for r in runs], axis=0)
+      ys = np.mean([r["curve"]["eval_loss"] for r in runs], axis=0)
+      ax.plot(xs, ys, marker=".", linestyle="-" if part == "streaming"
+              else "--", label=f"{label} (W={STREAM_W if part == 'streaming' else HIER_W})")
+  _report.save_plot(fig, ax, path, "simulated seconds",
+                    "eval loss (mean of seeds)", legend_size=7)
+
+
+# ---------------------------------------------------------------- findings
+
+def finding_rows(results: dict) -> list[dict]:
+  """Rows 7.1-7.4 from the cached runs."""
+  p, s = results["settings"], results["streaming"]
+  P, taus = p["fragments"], p["taus"]
+  setting = (f"GPT of {s['DiLoCo fp32'][0]['num_params']:,} parameters "
+             f"({p['layers']} blocks, d_model {p['d_model']}), W={STREAM_W} on "
+             f"a 10 Mbit/s link, H={p['H']} for {p['steps'] // p['H']} outer "
+             f"steps from scratch, warm-up + cosine, inner lr tuned for "
+             f"DiLoCo, {STEP_S} s compute/step, {len(p['seeds'])} seeds paired")
+  row = dict(plot="streaming_hierarchy.png", command=COMMAND)
+  return [_peak_row(s, P, taus, setting, row),
+          _overlap_row(s, p, setting, row),
+          _e3m0_row(s, P, taus, setting, row),
+          _hierarchy_row(results, row)]
+
+
+def _stream(P: int, tau: int, codec: str) -> str:
+  return f"Streaming P={P} tau={tau} {codec}"
+
+
+def _peak_row(s, P, taus, setting, row) -> dict:
+  share = (s[_stream(P, taus[0], "fp32")][0]["peak_step_bytes"]
+           / s["DiLoCo fp32"][0]["peak_step_bytes"])
+  return {
+      "row": "7.1", "claim": "Streaming DiLoCo's P fragments cut the peak "
+      "bandwidth by about P", "source": "Streaming DiLoCo paper "
+      "(arXiv 2501.18512) §3; EXO Gym paper §2", "setting": setting,
+      "measured": f"the most bytes one step sends, P={P} over DiLoCo's: "
+      f"{share:.3f} (1/P = {1 / P:.3f}); counted exactly",
+      "verdict": ("reproduces" if share <= 1.2 / P else "partly"
+                  if share < 1 else "does not"),
+      "why": f"'reproduces' means at most 1.2/P of DiLoCo's peak; fragments "
+      "are whole blocks taken in a strided pattern, and the embeddings and "
+      "head travel with the fragments they belong to, so a fragment is "
+      "rarely exactly 1/P of the model", **row}
+
+
+def _overlap_row(s, p, setting, row) -> dict:
+  P, compute = p["fragments"], p["steps"] * STEP_S
+  t = {k: mean_of(runs, "sim_time_s") for k, runs in s.items()}
+  comm = t["DiLoCo fp32"] - compute
+  hidden = {tau: 1 - (t[_stream(P, tau, "fp32")] - compute) / comm
+            for tau in p["taus"]}
+  cost = {tau: _report.paired(s[_stream(P, tau, "fp32")], s["DiLoCo fp32"])
+          for tau in p["taus"]}
+  best = max(hidden.values())
+  return {
+      "row": "7.2", "claim": "merging each fragment tau steps after its sync "
+      "hides the communication behind compute", "source": "Streaming "
+      "DiLoCo paper (arXiv 2501.18512) §2.3; EXO Gym paper §2",
+      "setting": setting, "measured": f"simulated s: DiLoCo "
+      f"{t['DiLoCo fp32']:.1f} ({compute:.0f} s of it compute); " + "; ".join(
+          f"P={P} tau={tau}: {t[_stream(P, tau, 'fp32')]:.1f} ("
+          + (f"{h:.0%} of DiLoCo's communication time hidden" if h >= 0 else
+             f"{-h:.0%} more communication time than DiLoCo")
+          + f"), loss {c['mean']:+.2%} "
+          f"[{c['low']:+.2%}, {c['high']:+.2%}] from DiLoCo"
+          for (tau, h), c in zip(hidden.items(), cost.values())),
+      "verdict": ("reproduces" if best >= 0.9 else "partly" if best > 0
+                  else "does not"),
+      "why": "'reproduces' means at least 90 % of DiLoCo's communication time "
+      "hidden at some tau. Each of the P fragment syncs pays the link's "
+      "latency, so a short tau costs more time than DiLoCo's one sync; the "
+      "loss is paired by seed", **row}
+
+
+def _e3m0_row(s, P, taus, setting, row) -> dict:
+  labels = ["DiLoCo"] + [f"Streaming P={P} tau={tau}" for tau in taus]
+  gaps = {k: _report.paired(s[f"{k} E3M0"], s[f"{k} fp32"]) for k in labels}
+  worst = max(g["mean"] for g in gaps.values())
+  ratio = s["DiLoCo fp32"][0]["payload_bytes"] / s["DiLoCo E3M0"][0][
+      "payload_bytes"]
+  return {
+      "row": "7.3", "claim": "4-bit (E3M0) outer gradients cost little loss",
+      "source": "Streaming DiLoCo paper (arXiv 2501.18512) §3.3; EXO Gym "
+      "paper §2", "setting": setting,
+      "measured": f"E3M0 over float32, paired ({ratio:.1f}x fewer payload "
+      "bytes): " + "; ".join(
+          f"{k} {g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
+          for k, g in gaps.items()),
+      "verdict": ("reproduces" if worst <= 0.01 else "partly"
+                  if worst <= 0.03 else "does not"),
+      "why": "'reproduces' means every mean paired loss increase <= 1 %; "
+      "'partly' <= 3 %" + _outlier_text(s, labels), **row}
+
+
+def _outlier_text(s: dict, labels: list) -> str:
+  """The seed behind the worst pair, when one seed's pair carries it."""
+  k = max(labels, key=lambda k: _report.paired(s[f"{k} E3M0"],
+                                               s[f"{k} fp32"])["mean"])
+  g = _report.paired(s[f"{k} E3M0"], s[f"{k} fp32"])
+  if len(g["diffs"]) < 2 or max(g["diffs"]) <= 2 * max(
+      abs(d) for d in sorted(g["diffs"])[:-1]):
+    return ""
+  return (f"; {k}'s mean rests on one seed ({max(g['diffs']):+.1%}; the "
+          f"others {', '.join(f'{d:+.1%}' for d in sorted(g['diffs'])[:-1])})"
+          ", so this row needs the 5 seeds the suite's rule 5 asks for a "
+          "close verdict")
+
+
+def _hierarchy_row(results, row) -> dict:
+  p, h = results["settings"], results["hierarchy"]
+  inner_h, R = p["H"] // p["regional_every"], p["regional_every"]
+  flat, short = h[f"DiLoCo H={p['H']}"], h[f"DiLoCo H={inner_h}"]
+  hier = h[f"Hierarchical {inner_h}x{R}"]
+  h_eff = _implied_h(losses(hier), losses(short), losses(flat), inner_h,
+                     p["H"])
+  vs_flat = _report.paired(hier, flat)
+  return {
+      "row": "7.4", "claim": "hierarchical DiLoCo: regional syncs anchor "
+      "the drift (H_eff = H_inner·R^0.5), so it loses less than flat DiLoCo "
+      "with the same WAN interval", "source": "Decentralized Training "
+      "Simulator documentation §3.2, §4.4", "setting":
+      f"as rows 7.1-7.3 at W={HIER_W} in 2 regions (1 Gbit/s inside, 10 "
+      f"Mbit/s WAN): plain averaging in the regions every {inner_h} steps, "
+      f"DiLoCo's Nesterov step on the WAN every {p['H']}; flat DiLoCo at "
+      f"H={p['H']} and H={inner_h}",
+      "measured": f"hierarchical {_report.pm(losses(hier), 3)}, flat H="
+      f"{p['H']} {_report.pm(losses(flat), 3)}, flat H={inner_h} "
+      f"{_report.pm(losses(short), 3)}; hierarchical vs flat H={p['H']} "
+      f"{vs_flat['mean']:+.2%} [{vs_flat['low']:+.2%}, {vs_flat['high']:+.2%}]"
+      f"; H_eff read off the flat runs (log-linear in H): {h_eff} against "
+      f"the heuristic's {inner_h * math.sqrt(R):.0f}; simulated s "
+      f"{mean_of(hier, 'sim_time_s'):.1f} vs {mean_of(flat, 'sim_time_s'):.1f}",
+      "verdict": "measured (no published figure)",
+      "why": "H_eff is the documentation's planning heuristic, not a "
+      "published measurement; "
+      + ("it loses less than flat DiLoCo here" if vs_flat["high"] < 0 else
+         "it does not lose less than flat DiLoCo here by the paired bound"),
+      **row}
+
+
+def _implied_h(hier, short, flat, h_short: int, h_flat: int) -> str:
+  """The flat H whose loss the hierarchical run matches, interpolating the
+  two flat runs' mean losses linearly in log H ('outside' when it is not
+  between them)."""
+  a, b, x = (float(np.mean(v)) for v in (short, flat, hier))
+  if not min(a, b) <= x <= max(a, b) or a == b:
+    return f"outside [{h_short}, {h_flat}]"
+  frac = (x - a) / (b - a)
+  return f"{h_short * (h_flat / h_short) ** frac:.0f}"
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("--workers", type=int, default=4)
-  parser.add_argument("--batch-size", type=int, default=4)
-  parser.add_argument("--steps", type=int, default=320)
-  parser.add_argument("--H", type=int, default=40)
-  parser.add_argument("--lr", type=float, default=1e-3)
-  parser.add_argument("--eval-every", type=int, default=40)
-  parser.add_argument("--eval-examples", type=int, default=64)
-  parser.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")],
-                      default=[0, 1, 2])
-  parser.add_argument("--out", default=OUT)
-  parser.add_argument("--report-only", action="store_true",
-                      help="write the report from the runs done so far")
+  parser = _report.parser(__doc__)
+  parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
   args = parser.parse_args()
-  results = _report.results_for(args, "streaming_hierarchy_results.json",
-                                run_all)
-  write_report(results, args, args.out)
-  if os.path.abspath(args.out) == os.path.abspath(OUT):
-    # Minutes: the docstring's estimate (these runs predate timing them).
-    _report.publish("streaming_and_hierarchy", finding_rows(results, args),
-                    30, measured=False)
+  results = _report.results_for(args, CACHE, run_all)
+  _report.write_report(os.path.join(args.out, "streaming_hierarchy.md"),
+                       report(results))
+  plot(results, os.path.join(args.out, "streaming_hierarchy.png"))
+  if os.path.abspath(args.out) == os.path.abspath(_report.DOCS):
+    _report.publish("streaming_and_hierarchy", finding_rows(results),
+                    results["compute_seconds"] / 60)
 
 
 if __name__ == "__main__":
