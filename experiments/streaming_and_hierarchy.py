@@ -56,11 +56,12 @@ PRESETS = {
     "cpu": dict(layers=8, d_model=32, heads=2, seq_len=128, batch_size=4,
                 steps=2000, H=100, fragments=4, taus=[1, 5], warmup=100,
                 regional_every=2, eval_every=100,
-                inner_lrs=[2e-3, 4e-3, 8e-3], seeds=[0, 1, 2]),
+                inner_lrs=[2e-3, 4e-3, 8e-3], seeds=[0, 1, 2],
+                close_seeds=[3, 4]),
     "tiny": dict(layers=2, d_model=16, heads=2, seq_len=32, batch_size=2,
                  steps=120, H=40, fragments=4, taus=[1, 5], warmup=8,
                  regional_every=2, eval_every=40, inner_lrs=[2e-3, 4e-3],
-                 seeds=[0, 1]),
+                 seeds=[0, 1], close_seeds=[]),
 }
 
 
@@ -128,6 +129,14 @@ def run_all(args, cache_path: str) -> dict:
   stream = stream.replace(inner_lr=tuning["best"])
   streaming, s1 = run_points(f"streaming_hierarchy_{args.preset}/streaming",
                              stream, streaming_points(p), p["seeds"])
+  if p["close_seeds"]:  # the suite's rule 5: 5 seeds for a close verdict
+    close = {k: v for k, v in streaming_points(p).items()
+             if k.startswith("DiLoCo")}
+    more, s3 = run_points(f"streaming_hierarchy_{args.preset}/close", stream,
+                          close, p["close_seeds"])
+    s1 += s3
+    for label, runs in more.items():
+      streaming[label] += runs
   hier = two_regions(base(p, HIER_W).replace(inner_lr=tuning["best"]))
   hierarchy, s2 = run_points(f"streaming_hierarchy_{args.preset}/hierarchy",
                              hier, hierarchy_points(p), p["seeds"])
@@ -194,7 +203,9 @@ def report(results: dict) -> str:
       f"AdamW (betas 0.9, 0.99; weight decay 0.1) with a {p['warmup']}-step "
       "linear warm-up and a cosine to 0.1x, DiLoCo's outer step (lr 0.7, "
       f"Nesterov 0.9), H = {p['H']} ({p['steps'] // p['H']} outer steps), "
-      f"seeds {p['seeds']} paired. Links: WAN {WAN[0]} / {WAN[1]} one way, "
+      f"seeds {p['seeds']} paired"
+      + (f" (DiLoCo float32 and E3M0 also {p['close_seeds']}: a close "
+         "verdict)" if p.get("close_seeds") else "") + ". Links: WAN {WAN[0]} / {WAN[1]} one way, "
       f"{STEP_S} s of compute per step; regions {REGIONAL[0]} / "
       f"{REGIONAL[1]}. Bytes are per worker, whole run.", "",
       f"Inner lr tuned for DiLoCo float32 at W = {STREAM_W} (seed "
@@ -296,6 +307,7 @@ def _e3m0_row(s, P, taus, setting, row) -> dict:
   labels = ["DiLoCo"] + [f"Streaming P={P} tau={tau}" for tau in taus]
   gaps = {k: _report.paired(s[f"{k} E3M0"], s[f"{k} fp32"]) for k in labels}
   worst = max(g["mean"] for g in gaps.values())
+  bound = max(g["high"] for g in gaps.values())
   ratio = s["DiLoCo fp32"][0]["payload_bytes"] / s["DiLoCo E3M0"][0][
       "payload_bytes"]
   return {
@@ -306,10 +318,11 @@ def _e3m0_row(s, P, taus, setting, row) -> dict:
       "bytes): " + "; ".join(
           f"{k} {g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
           for k, g in gaps.items()),
-      "verdict": ("reproduces" if worst <= 0.01 else "partly"
-                  if worst <= 0.03 else "does not"),
-      "why": "'reproduces' means every mean paired loss increase <= 1 %; "
-      "'partly' <= 3 %" + _outlier_text(s, labels), **row}
+      "verdict": ("reproduces" if worst <= 0.01 and bound <= 0.03 else
+                  "partly" if worst <= 0.03 else "does not"),
+      "why": "'reproduces' means every mean paired loss increase <= 1 % with "
+      "its one-sided 95 % bound <= 3 %; 'partly' every mean <= 3 %"
+      + _outlier_text(s, labels), **row}
 
 
 def _outlier_text(s: dict, labels: list) -> str:
@@ -320,10 +333,10 @@ def _outlier_text(s: dict, labels: list) -> str:
   if len(g["diffs"]) < 2 or max(g["diffs"]) <= 2 * max(
       abs(d) for d in sorted(g["diffs"])[:-1]):
     return ""
-  return (f"; {k}'s mean rests on one seed ({max(g['diffs']):+.1%}; the "
+  return (f"; {k}'s spread comes from one seed ({max(g['diffs']):+.1%}; the "
           f"others {', '.join(f'{d:+.1%}' for d in sorted(g['diffs'])[:-1])})"
-          ", so this row needs the 5 seeds the suite's rule 5 asks for a "
-          "close verdict")
+          + ("" if len(g["diffs"]) >= 5 else ", so this row needs the 5 seeds "
+             "the suite's rule 5 asks for a close verdict"))
 
 
 def _hierarchy_row(results, row) -> dict:
