@@ -31,6 +31,25 @@ def parser(doc: str):
   return p
 
 
+def preset_parser(doc: str, presets: dict):
+  """``parser(doc)`` with ``--preset`` (one of ``presets``, default cpu)."""
+  p = parser(doc)
+  p.add_argument("--preset", choices=sorted(presets), default="cpu")
+  return p
+
+
+def finish(args, results: dict, name: str, script: str, report, plot,
+           rows) -> None:
+  """Writes ``report(results)`` to ``NAME.md`` (keeping its hand-written
+  reading) and ``plot`` to ``NAME.png`` in ``args.out``; when that is
+  docs/experiments, publishes ``rows(results)`` with the compute the runs
+  took (``results["compute_seconds"]``)."""
+  write_report(os.path.join(args.out, name + ".md"), report(results))
+  plot(results, os.path.join(args.out, name + ".png"))
+  if os.path.abspath(args.out) == os.path.abspath(DOCS):
+    publish(script, rows(results), results["compute_seconds"] / 60)
+
+
 def publish_rows(args, script: str, results: dict, rows) -> None:
   """``publish(script, rows())`` with the compute the cached runs took,
   when the report went to docs/experiments (not for a trial ``--out``)."""
@@ -382,6 +401,15 @@ def compute_seconds(points) -> float:
   """Compile and run seconds summed over a study's points."""
   return sum((p.summary.get("compile_s") or 0.0) +
              (p.summary.get("wall_time_s") or 0.0) for p in points)
+
+
+def grid_text(grid: dict) -> str:
+  """A ``grid_search`` result as ``value: loss, ...; best B, optimum
+  inside`` (or AT THE EDGE)."""
+  cells = ", ".join(f"{v:g}: {x:.4f}" for v, x in zip(grid["values"],
+                                                      grid["loss"]))
+  return (f"{cells}; best {grid['best']:g}, optimum "
+          f"{'inside' if grid['inside'] else 'AT THE EDGE'}")
 
 
 def grid_search(name: str, config, field: str, values: list, key: str,

@@ -174,7 +174,7 @@ def report(results, args):
     targets, steps = steps_to_target(r["runs"])
     lines += [f"## {task}", "", f"Learning rates (final eval loss at seed "
               f"{_report.TUNE_SEED}):", ""] + [
-                  f"- {k}: " + _grid_text(t) for k, t in r["tuning"].items()]
+                  f"- {k}: " + _report.grid_text(t) for k, t in r["tuning"].items()]
     lines += ["", "Targets (each seed's one-node final loss): "
               + _report.pm(list(targets.values())) + ".", "",
               "| nodes | eval loss | eval accuracy | steps to the target | "
@@ -192,12 +192,6 @@ def report(results, args):
   _report.write_report(os.path.join(args.out, "cnn_two_nodes.md"),
                        "\n".join(lines))
   plot(results, os.path.join(args.out, "cnn_two_nodes.png"))
-
-
-def _grid_text(t: dict) -> str:
-  cells = ", ".join(f"{v:g}: {x:.4f}" for v, x in zip(t["values"], t["loss"]))
-  return (f"{cells}; best {t['best']:g}, optimum "
-          f"{'inside' if t['inside'] else 'AT THE EDGE'}")
 
 
 def plot(results, path):
