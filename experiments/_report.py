@@ -166,6 +166,17 @@ def studied(name: str, base, grid, seeds) -> tuple[list[dict], float]:
           for p in result.points], seconds
 
 
+def labelled_study(name: str, base, points: dict,
+                   seeds) -> tuple[dict, float]:
+  """``studied`` over ``points`` (label -> one point's values, an irregular
+  grid): label -> its runs (matched on the exact values), and the compute
+  seconds."""
+  grid = [{k: [v] for k, v in values.items()} for values in points.values()]
+  runs, seconds = studied(name, base, grid, seeds)
+  return {label: [r for r in runs if r["values"] == values]
+          for label, values in points.items()}, seconds
+
+
 def _entry(values, seed, history, summary) -> dict:
   """One run's values, seed, summary figures and eval-loss curve (rows with
   an evaluation), plain JSON."""

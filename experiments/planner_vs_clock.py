@@ -143,9 +143,9 @@ def findings(table, eta):
       f"({hi}); within 25% in {len(close)} of {len(ratios)}",
       **_report.assumption(
           len(close), len(ratios), "'holds' means within 25 % of the "
-          "clock; the planner pays one round trip and the whole payload twice "
-      "per sync, times f(n); a ring all-reduce pays 2(W-1) one-way hops "
-      "and 2(W-1)/W of the payload, with no straggler wait without "
+          "clock; the planner pays one round trip and the whole payload "
+          "twice per sync, times f(n); a ring all-reduce pays 2(W-1) one-way "
+          "hops and 2(W-1)/W of the payload, with no straggler wait without "
           "jitter"),
       "plot": "", "command": COMMAND}]
   if eta:

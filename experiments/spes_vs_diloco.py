@@ -35,7 +35,6 @@ Usage:
 """
 
 import os
-import time
 
 import numpy as np
 
@@ -101,17 +100,15 @@ def run_all(args, cache_path: str) -> dict:
                             **base(p)),
       "inner_lr", p["inner_lrs"], "final_eval_loss", root)
   labelled = {k: v for W in p["workers"] for k, v in points(p, W).items()}
-  grid = [{k: [v] for k, v in values.items()} for values in labelled.values()]
-  runs, seconds = _report.studied(
-      f"spes_vs_diloco_{args.preset}/runs",
-      {**base(p), "inner_lr": tuning["best"]}, grid, p["seeds"])
+  tuned = {**base(p), "inner_lr": tuning["best"]}
+  results, seconds = _report.labelled_study(
+      f"spes_vs_diloco_{args.preset}/runs", tuned, labelled, p["seeds"])
   if p["close_seeds"]:  # the suite's rule 5: 5 seeds for a close verdict
-    more, t = _report.studied(
-        f"spes_vs_diloco_{args.preset}/close",
-        {**base(p), "inner_lr": tuning["best"]}, grid, p["close_seeds"])
-    runs, seconds = runs + more, seconds + t
-  results = {label: [r for r in runs if r["values"] == values]
-             for label, values in labelled.items()}
+    more, t = _report.labelled_study(
+        f"spes_vs_diloco_{args.preset}/close", tuned, labelled,
+        p["close_seeds"])
+    results = {k: v + more[k] for k, v in results.items()}
+    seconds += t
   state = {f"{s} W={W}": memory(p, tuning["best"], W, s)
            for W in p["workers"] for s in ("diloco", "spes")}
   return _report.save_results(cache_path, {

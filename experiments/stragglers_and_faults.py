@@ -288,12 +288,12 @@ def findings(results, args):
           f"{_report.pm(v['threshold']['efficiency'], 3)}"
           for k, v in t.items()),
       **_report.assumption(
-          verdict_threshold(eff, cut), 2, "'holds' means >= 0.9 of the "
+          threshold_checks(eff, cut), 2, "'holds' means >= 0.9 of the "
           "wait removed and an efficiency within 0.05 of 1/1.15; the "
-          "9th-fastest of 10 is still later than a worker without "
-      "jitter, so part of the wait stays; and on IID shards dropping the "
-      "slowest tenth of updates only shrinks that step's batch (no stale "
-      "gradients), so tokens are hardly wasted"),
+          "9th-fastest of 10 is still later than a worker without jitter, "
+          "so part of the wait stays; and on IID shards dropping the "
+          "slowest tenth of updates only shrinks that step's batch (no "
+          "stale gradients), so tokens are hardly wasted"),
       "plot": "stragglers_faults.png", "command": COMMAND})
   removed = {k: _report.mean_std(v["backup"]["delay_removed"])[0]
              for k, v in t.items()}
@@ -305,9 +305,10 @@ def findings(results, args):
           for k, v in t.items()) + " (claim 0.70)",
       **_report.assumption(
           sum(abs(v - 0.7) <= 0.1 for v in removed.values()), len(removed),
-          "'holds' means 0.7 ± 0.1 of the delay removed; one spare of 11 lets the round close at the 10th-fastest "
-      "worker, which under lognormal jitter still lags; the 70% is the "
-      "planner's assumption, the clock measures the order statistic"),
+          "'holds' means 0.7 ± 0.1 of the delay removed; one spare of 11 "
+          "lets the round close at the 10th-fastest worker, which under "
+          "lognormal jitter still lags; the 70% is the planner's "
+          "assumption, the clock measures the order statistic"),
       "plot": "stragglers_faults.png", "command": COMMAND})
   losses = {k: results[f"DiLoCo {k} failed"]["runs"] for k in FAILED}
   rows.append({
@@ -326,12 +327,11 @@ def findings(results, args):
   return rows
 
 
-def verdict_threshold(efficiency: dict, removed: dict) -> int:
+def threshold_checks(efficiency: dict, removed: dict) -> int:
   """How many halves of the claim hold: the wait gone (>= 0.9 of it
   removed) and the efficiency within 0.05 of 1/1.15."""
   return (all(v >= 0.9 for v in removed.values())
           + all(abs(v - 1 / 1.15) <= 0.05 for v in efficiency.values()))
-
 
 
 def main():

@@ -115,7 +115,7 @@ def test_the_command_line_lane(tmp_path, capsys):
 def test_the_paired_interval_is_the_textbook_t_interval():
   """Differences 1, 2, 3: mean 2, std 1 (ddof 1), t_0.95(2 df) = 2.919986,
   so the one-sided 95 % bounds are 2 -/+ 2.919986 / sqrt(3)."""
-  from lowbw.studies._result import paired_interval
+  from lowbw.studies import paired_interval
   low, high = paired_interval([1.0, 2.0, 3.0])
   assert (low, high) == pytest.approx((2 - 1.685854, 2 + 1.685854), abs=1e-5)
   assert np.isnan(paired_interval([0.5])[0])
@@ -127,7 +127,7 @@ def test_a_study_reports_the_gap_paired_by_seed(tmp_path):
                       shadow="ddp", progress=False)
   study = lowbw.study(base, grid={"outer_lr": [0.5]}, seeds=[0, 1, 2],
                       out=str(tmp_path / "s"))
-  from lowbw.studies._result import paired_interval
+  from lowbw.studies import paired_interval
   gaps = [p.summary["final_shadow_gap"] for p in study.points]
   final = study.final(frame=False)
   assert final["final_shadow_gap_mean"][0] == pytest.approx(np.mean(gaps))
