@@ -228,6 +228,13 @@ def paired(runs: list[dict], against: list[dict],
   return {"diffs": diffs, "mean": mean, "std": std, "low": low, "high": high}
 
 
+def lane_gap(runs: list[dict]) -> dict:
+  """``paired``: each run against its own paired DDP lane (``shadow="ddp"``:
+  its ``final_shadow_eval_loss``)."""
+  return paired(runs, [{**r, "final_eval_loss": r["final_shadow_eval_loss"]}
+                       for r in runs])
+
+
 def cost_cells(runs: list[dict], baseline_payload: float) -> str:
   """A report row's cost cells: payload MB per worker, its fraction of the
   baseline's (``1/60``) and the simulated seconds (mean over seeds)."""

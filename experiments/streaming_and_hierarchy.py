@@ -169,8 +169,7 @@ def run_table(group: dict, reference: str) -> list[str]:
 
 def lane_line(runs: list[dict], label: str) -> str:
   lane = [r["final_shadow_eval_loss"] for r in runs]
-  gap = _report.paired(runs, [{**r, "final_eval_loss": r[
-      "final_shadow_eval_loss"]} for r in runs])
+  gap = _report.lane_gap(runs)
   return (f"- {label}'s paired DDP lane (one replica on the union of the "
           f"workers' batches): {_report.pm(lane)}; {label} is "
           f"{gap['mean']:+.2%} [{gap['low']:+.2%}, {gap['high']:+.2%}] from "
