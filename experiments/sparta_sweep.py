@@ -35,7 +35,6 @@ import os
 import numpy as np
 
 import _report
-import lowbw
 
 COMMAND = "python experiments/sparta_sweep.py"
 CACHE = "sparta_results.json"
@@ -228,7 +227,7 @@ def rows(r: dict) -> list[dict]:
   plain = _report.paired(runs[f"DiLoCo H={long}"], runs[f"DiLoCo H={short}"])
   held = reg["mean"] <= MATCH and reg["high"] <= MATCH_BOUND
   out.append({
-      "row": "2.2", "claim": f"with DiLoCo, SPARTA (p as low as 0.05%) acts "
+      "row": "2.2", "claim": "with DiLoCo, SPARTA (p as low as 0.05%) acts "
       "as a regularizer: longer H without a penalty",
       "source": "EXO Gym paper §2",
       "setting": f"{setting(r)}; DiLoCo and SPARTA-DiLoCo (p={p['p']:g}) at "
