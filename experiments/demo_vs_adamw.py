@@ -49,7 +49,7 @@ CACHE = "demo_results.json"
 KEY = "final_eval_loss"
 DEMO_CODEC = "dct:64:32"  # DeMo's chunk 64, top-32 (its paper's defaults)
 METHODS = ("DDP", "DeMo", "DDP top-k", "DiLoCo")
-MATCH, MATCH_BOUND = 0.02, 0.03  # row 1's 'matches': mean, one-sided bound
+MATCH, MATCH_BOUND = _report.MATCH, _report.MATCH_BOUND
 
 PRESETS = {
     "cpu": dict(layers=2, d_model=64, heads=4, seq_len=64, workers=4,

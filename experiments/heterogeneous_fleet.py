@@ -230,7 +230,7 @@ def _gap(g: dict) -> str:
   return f"{g['mean']:+.1%} [{g['low']:+.1%}, {g['high']:+.1%}]"
 
 
-MATCH, MATCH_BOUND = 0.02, 0.03  # row 1's 'matches': mean, one-sided bound
+MATCH, MATCH_BOUND = _report.MATCH, _report.MATCH_BOUND
 
 
 def findings(results) -> list[dict]:

@@ -182,11 +182,6 @@ def gap_text(g: dict) -> str:
   return f"{g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
 
 
-def lane(runs: list[dict]) -> list[dict]:
-  """The runs' paired DDP lanes, as runs (``final_eval_loss`` the lane's)."""
-  return [{**r, KEY: r["final_shadow_eval_loss"]} for r in runs]
-
-
 def setting(r: dict) -> str:
   p, t = r["settings"], r["tuning"]
   n = r["runs"]["DiLoCo | fp32"][0]["num_params"]
@@ -241,7 +236,7 @@ def report(r: dict) -> str:
   for m in METHODS:
     x = runs[f"{m} | fp32"]
     lines.append(f"- {m}'s lane (DDP with its inner optimizer and rate): "
-                 f"{_report.pm(losses(lane(x)))}; {m} is "
+                 f"{_report.pm(losses(_report.lanes(x)))}; {m} is "
                  f"{gap_text(_report.lane_gap(x))} from it.")
   lines += ["", "## Memory per worker (Table 1)", "",
             "`lowbw.bench.state_bytes`, in parameter copies (the outer "
@@ -328,8 +323,8 @@ def muon_row(r: dict, s: str, row: dict) -> dict:
     di = runs[f"DiLoCo | {lab.format(b=beta['DiLoCo'])}"]
     gaps[lab.split(" |")[0]] = _report.paired(mu, di)
   wins = [c for c, g in gaps.items() if g["high"] < 0]
-  muon = _report.paired(lane(runs["MuLoCo | fp32"]),
-                        lane(runs["DiLoCo | fp32"]))
+  muon = _report.paired(_report.lanes(runs["MuLoCo | fp32"]),
+                        _report.lanes(runs["DiLoCo | fp32"]))
   return {
       "row": "3.2", "claim": "MuLoCo converges to a lower loss than DiLoCo, "
       "with and without compression", "setting": s + "; each codec with "

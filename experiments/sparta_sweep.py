@@ -39,7 +39,7 @@ import _report
 COMMAND = "python experiments/sparta_sweep.py"
 CACHE = "sparta_results.json"
 KEY = "final_eval_loss"
-MATCH, MATCH_BOUND = 0.02, 0.03  # row 1's 'matches': mean, one-sided bound
+MATCH, MATCH_BOUND = _report.MATCH, _report.MATCH_BOUND
 
 PRESETS = {
     "cpu": dict(layers=2, d_model=32, heads=2, seq_len=64, workers=4,
