@@ -228,6 +228,17 @@ def paired(runs: list[dict], against: list[dict],
   return {"diffs": diffs, "mean": mean, "std": std, "low": low, "high": high}
 
 
+def losses(runs: list[dict], key: str = "final_eval_loss") -> list[float]:
+  """Each run's final ``key``."""
+  return [r[key] for r in runs]
+
+
+def gap_text(g: dict) -> str:
+  """A ``paired`` result as ``+1.23% [+0.45%, +2.01%]`` (mean, then its
+  one-sided 95 % bounds)."""
+  return f"{g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
+
+
 # The suite's "matches": a mean paired relative gap <= +2 % whose one-sided
 # 95 % t-bound is <= +3 % (row 1's rule, read by every row that asks it).
 MATCH, MATCH_BOUND = 0.02, 0.03

@@ -124,14 +124,6 @@ def run_all(args, cache_path: str) -> dict:
 
 # ------------------------------------------------------------------ report
 
-def losses(runs: list[dict]) -> list[float]:
-  return [r[KEY] for r in runs]
-
-
-def gap_text(g: dict) -> str:
-  return f"{g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
-
-
 def setting(r: dict) -> str:
   p = r["settings"]
   n = next(iter(r["runs"].values()))[0]["num_params"]
@@ -162,9 +154,9 @@ def report(r: dict) -> str:
   for label in sweep_points(p):
     x = runs[label]
     lines.append(
-        f"| {label} | {_report.pm(losses(x))} | "
+        f"| {label} | {_report.pm(_report.losses(x))} | "
         f"{_report.pm([y['final_shadow_eval_loss'] for y in x])} | "
-        f"{gap_text(_report.lane_gap(x))} | {x[0]['payload_bytes'] / 1e6:.2f}"
+        f"{_report.gap_text(_report.lane_gap(x))} | {x[0]['payload_bytes'] / 1e6:.2f}"
         f" | {_report.mean_std(y['sim_time_s'] for y in x)[0]:.1f} |")
   lines += ["", "## DiLoCo with and without SPARTA, and at SPARTA's bytes",
             "", f"| run | eval loss | vs DiLoCo H={p['H'][0]} [95 % bounds] "
@@ -173,8 +165,8 @@ def report(r: dict) -> str:
   short = runs[f"DiLoCo H={p['H'][0]}"]
   for label in {**regularizer_points(p), **matched_points(p)}:
     x = runs[label]
-    vs = ("-" if x is short else gap_text(_report.paired(x, short)))
-    lines.append(f"| {label} | {_report.pm(losses(x))} | {vs} | "
+    vs = ("-" if x is short else _report.gap_text(_report.paired(x, short)))
+    lines.append(f"| {label} | {_report.pm(_report.losses(x))} | {vs} | "
                  f"{x[0]['payload_bytes'] / 1e6:.2f} | "
                  f"1/{ddp_pay / x[0]['payload_bytes']:.0f} |")
   lines += ["", "![eval loss against payload bytes](sparta.png)", ""]
@@ -192,8 +184,8 @@ def plot(r: dict, path: str) -> None:
     xs = [runs[k][0]["payload_bytes"] for k in labels]
     order = np.argsort(xs)
     ax.errorbar(np.asarray(xs)[order],
-                [_report.mean_std(losses(runs[labels[i]]))[0] for i in order],
-                yerr=[_report.mean_std(losses(runs[labels[i]]))[1]
+                [_report.mean_std(_report.losses(runs[labels[i]]))[0] for i in order],
+                yerr=[_report.mean_std(_report.losses(runs[labels[i]]))[1]
                       for i in order], marker=marker, capsize=3, label=name)
   lane = [y["final_shadow_eval_loss"] for k in sweep_points(p)
           for y in runs[k]]
@@ -215,7 +207,7 @@ def rows(r: dict) -> list[dict]:
       "setting": f"{setting(r)}; p in {p['sweep']}, each with its paired DDP "
       f"lane, inner lr tuned on DDP; {len(p['seeds'])} seeds",
       "measured": "gap to the paired DDP lane by p: " + "; ".join(
-          f"{q:g}: {gap_text(g)}" for q, g in zip(p["sweep"], gaps)),
+          f"{q:g}: {_report.gap_text(g)}" for q, g in zip(p["sweep"], gaps)),
       "verdict": _report.verdict(closer, n),
       "why": f"'reproduces' means the mean gap shrinks at every step of p "
       f"(here {closer} of {n})", **row}]
@@ -235,8 +227,8 @@ def rows(r: dict) -> list[dict]:
       f"tuned on DiLoCo H={short}; {len(p['seeds'] + p['close_seeds'])} "
       "seeds paired",
       "measured": f"SPARTA-DiLoCo H={long} vs DiLoCo H={short} "
-      f"{gap_text(reg)}; vs DiLoCo H={long} {gap_text(same)}; DiLoCo "
-      f"H={long} vs H={short} {gap_text(plain)}",
+      f"{_report.gap_text(reg)}; vs DiLoCo H={long} {_report.gap_text(same)}; DiLoCo "
+      f"H={long} vs H={short} {_report.gap_text(plain)}",
       "verdict": ("reproduces" if held else "partly" if same["high"] < 0
                   else "does not"),
       "why": f"'reproduces' means SPARTA-DiLoCo at {long // short}x the H "
@@ -248,7 +240,7 @@ def rows(r: dict) -> list[dict]:
   for q, H in p["matched"].items():  # keys are text once read from JSON
     q = float(q)
     g = _report.paired(runs[f"SPARTA p={q:g}"], runs[f"DiLoCo H={H}"])
-    matched.append(f"SPARTA p={q:g} vs DiLoCo H={H}: {gap_text(g)}")
+    matched.append(f"SPARTA p={q:g} vs DiLoCo H={H}: {_report.gap_text(g)}")
   out.append({
       "row": "2.3", "claim": "SPARTA against DiLoCo at matched bytes (H = "
       "1/p)", "source": "no published figure",

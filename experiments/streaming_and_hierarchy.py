@@ -138,10 +138,6 @@ def run_all(args, cache_path: str) -> dict:
 
 # ------------------------------------------------------------------ report
 
-def losses(runs: list[dict]) -> list[float]:
-  return [r["final_eval_loss"] for r in runs]
-
-
 def mean_of(runs: list[dict], key: str) -> float:
   return _report.mean_std([r[key] for r in runs])[0]
 
@@ -158,7 +154,7 @@ def run_table(group: dict, reference: str) -> list[str]:
     tiers = ("-" if regional is None else
              f"{regional / 1e6:.2f} / {runs[0]['wire_bytes_global'] / 1e6:.2f}")
     lines.append(
-        f"| {label} | {_report.pm(losses(runs))} | "
+        f"| {label} | {_report.pm(_report.losses(runs))} | "
         + ("-" if label == reference else
            f"{gap['mean']:+.2%} [{gap['low']:+.2%}, {gap['high']:+.2%}]")
         + f" | {runs[0]['wire_bytes'] / 1e6:.2f} | {tiers} | "
@@ -332,7 +328,7 @@ def _hierarchy_row(results, row) -> dict:
   inner_h, R = p["H"] // p["regional_every"], p["regional_every"]
   flat, short = h[f"DiLoCo H={p['H']}"], h[f"DiLoCo H={inner_h}"]
   hier = h[f"Hierarchical {inner_h}x{R}"]
-  h_eff = _implied_h(losses(hier), losses(short), losses(flat), inner_h,
+  h_eff = _implied_h(_report.losses(hier), _report.losses(short), _report.losses(flat), inner_h,
                      p["H"])
   vs_flat = _report.paired(hier, flat)
   return {
@@ -344,9 +340,9 @@ def _hierarchy_row(results, row) -> dict:
       f"Mbit/s WAN): plain averaging in the regions every {inner_h} steps, "
       f"DiLoCo's Nesterov step on the WAN every {p['H']}; flat DiLoCo at "
       f"H={p['H']} and H={inner_h}",
-      "measured": f"hierarchical {_report.pm(losses(hier), 3)}, flat H="
-      f"{p['H']} {_report.pm(losses(flat), 3)}, flat H={inner_h} "
-      f"{_report.pm(losses(short), 3)}; hierarchical vs flat H={p['H']} "
+      "measured": f"hierarchical {_report.pm(_report.losses(hier), 3)}, flat H="
+      f"{p['H']} {_report.pm(_report.losses(flat), 3)}, flat H={inner_h} "
+      f"{_report.pm(_report.losses(short), 3)}; hierarchical vs flat H={p['H']} "
       f"{vs_flat['mean']:+.2%} [{vs_flat['low']:+.2%}, {vs_flat['high']:+.2%}]"
       f"; H_eff read off the flat runs (log-linear in H): {h_eff} against "
       f"the heuristic's {inner_h * math.sqrt(R):.0f}; simulated s "
