@@ -68,7 +68,15 @@ PRESETS = {
                 warm=250, steps=750, H=[30], eval_every=30,
                 inner_lrs=[1e-3, 2e-3, 4e-3, 8e-3],
                 outer_lrs=[0.3, 0.5, 0.7, 1.0], seeds=[0, 1, 2, 3, 4],
-                trend_workers=[1, 2, 4], trend_seeds=[0, 1, 2]),
+                trend_workers=[1, 2, 4], trend_seeds=[0, 1, 2],
+                # The scaling-laws paper's size axis: the same tokens per
+                # parameter (29) and H, at least 20 outer steps, the
+                # per-worker batch growing with the model as the paper's
+                # tuned batches do.
+                sizes=[dict(d_model=32, heads=2, batch_size=1, warm=330,
+                            steps=990),
+                       dict(d_model=48, heads=3, batch_size=2, warm=310,
+                            steps=930)]),
     # Issue-sized GPU run: ~5M parameters, 32 windows of 256 tokens per
     # worker; the paper's outer step and a fixed inner rate, no tuning.
     "gpu": dict(layers=6, d_model=256, heads=4, seq_len=256, batch_size=32,
@@ -78,7 +86,9 @@ PRESETS = {
     "tiny": dict(layers=1, d_model=32, heads=2, seq_len=32, batch_size=2,
                  warm=20, steps=60, H=[10], eval_every=30,
                  inner_lrs=[2e-3, 4e-3], outer_lrs=[0.5, 0.7], seeds=[0, 1],
-                 trend_workers=[1, 2], trend_seeds=[0, 1]),
+                 trend_workers=[1, 2], trend_seeds=[0, 1],
+                 sizes=[dict(d_model=16, heads=2, batch_size=1, warm=20,
+                             steps=60)]),
 }
 
 
@@ -91,15 +101,17 @@ def base(p: dict) -> lowbw.Config:
       eval_examples=256, progress=False)
 
 
-def warm_up(p: dict, root: str) -> str:
-  """The DDP warm-up's folder (run once; its params.npz is the start)."""
+def warm_up(p: dict, root: str) -> tuple[str, float]:
+  """The DDP warm-up's folder (run once; its params.npz is the start) and
+  its final eval loss."""
   out = os.path.join(root, "warm")
   if not os.path.exists(os.path.join(out, "params.npz")):
     config = base(p).replace(
         strategy="ddp", steps=p["warm"], inner_lr=max(p["inner_lrs"]) / 2,
         warmup_steps=p["warm"] // 2, out=out, seed=0)
     lowbw.simulate(config, overwrite=True)
-  return out
+  with open(os.path.join(out, "summary.json")) as f:
+    return out, json.load(f)["final_eval_loss"]
 
 
 def phase(p: dict, warm: str, H: int, lr: float) -> lowbw.Config:
@@ -163,33 +175,57 @@ def _curve(h) -> dict:
 
 
 def run_all(args, cache_path: str) -> dict:
+  """Every stage missing from the cache (the main H runs, the trend over W,
+  the model sizes), each a resumable study."""
   p = PRESETS[args.preset]
   root = os.path.join(_report.STUDIES, "diloco_faithful_" + args.preset)
-  started, before = time.time(), _cached_seconds(cache_path)
-  warm = warm_up(p, root)
-  with open(os.path.join(warm, "summary.json")) as f:
-    warm_loss = json.load(f)["final_eval_loss"]
-  results = {"preset": args.preset, "settings": p, "H": {},
-             "warm_eval_loss": warm_loss}
+  started, results = time.time(), _cached(cache_path, args.preset)
+  before = results.get("seconds", 0.0)
+  results.update(preset=args.preset, settings=p)
   for H in p["H"]:
-    t = tuned(p, warm, H, root)
-    results["H"][str(H)] = {"tuning": t, **paired(
-        p, warm, H, t["inner_lr"], t["outer_lr"], root)}
-    _report.save_results(cache_path, results)
-  if p["trend_workers"]:
+    if str(H) not in results["H"]:
+      warm, results["warm_eval_loss"] = warm_up(p, root)
+      t = tuned(p, warm, H, root)
+      results["H"][str(H)] = {"tuning": t, **paired(
+          p, warm, H, t["inner_lr"], t["outer_lr"], root)}
+      _report.save_results(cache_path, results)
+  if p["trend_workers"] and "trend" not in results:
     H = p["H"][0]
+    warm, _ = warm_up(p, root)
     results["trend"] = {"H": H, "workers": trend(
         p, warm, H, results["H"][str(H)]["tuning"], root)}
+  sizes = results.setdefault("sizes", {})
+  for size in p.get("sizes", []):
+    if str(size["d_model"]) not in sizes:
+      sizes[str(size["d_model"])] = sized(p, size, root)
+      _report.save_results(cache_path, {**results, "seconds": before +
+                                        time.time() - started})
   # A resumed script adds its own time to what the cached runs took.
   results["seconds"] = before + time.time() - started
   return _report.save_results(cache_path, results)
 
 
-def _cached_seconds(cache_path: str) -> float:
-  if not os.path.exists(cache_path):
-    return 0.0
-  with open(cache_path) as f:
-    return json.load(f).get("seconds", 0.0)
+def sized(p: dict, size: dict, root: str) -> dict:
+  """Row 1 at another model size (its own warm-up, both rates tuned, the
+  trend's seeds), at the same H and tokens per parameter."""
+  q = {**p, **size}
+  where = os.path.join(root, f"d{size['d_model']}")
+  warm, warm_loss = warm_up(q, where)
+  H = p["H"][0]
+  t = tuned(q, warm, H, where)
+  return {"settings": size, "warm_eval_loss": warm_loss, "tuning": t,
+          **paired(q, warm, H, t["inner_lr"], t["outer_lr"], where,
+                   seeds=p["trend_seeds"])}
+
+
+def _cached(cache_path: str, preset: str) -> dict:
+  """The cache's results (for this preset), or an empty start."""
+  if os.path.exists(cache_path):
+    with open(cache_path) as f:
+      cached = json.load(f)
+    if cached.get("preset") == preset:
+      return cached
+  return {"H": {}}
 
 
 def verdict(r: dict) -> tuple[str, str]:
@@ -232,7 +268,7 @@ def report(args, results: dict) -> str:
     lines += ["", f"The DDP warm-up ({p['warm']} steps, seed 0) ends at eval "
               f"loss {results['warm_eval_loss']:.4f}; every run above starts "
               "from its parameters with fresh optimizer states."]
-  lines += _grids(results) + _trend_lines(results)
+  lines += _grids(results) + _trend_lines(results) + _size_lines(results)
   return "\n".join(lines) + "\n"
 
 
@@ -286,6 +322,55 @@ def _trend_lines(results: dict) -> list[str]:
   return lines
 
 
+def _by_size(results: dict) -> dict:
+  """Parameters -> (the size's settings, its paired results at the trend's
+  H); the main size from row 1's seeds."""
+  p, H = results["settings"], str(results["trend"]["H"])
+  main = {k: p[k] for k in ("d_model", "heads", "batch_size", "warm",
+                            "steps")}
+  out = {results["H"][H]["runs"][0]["num_params"]: (main, results["H"][H])}
+  for r in results.get("sizes", {}).values():
+    out[r["runs"][0]["num_params"]] = (r["settings"], r)
+  return dict(sorted(out.items()))
+
+
+def _tokens_per_param(size: dict, p: dict, n: int) -> float:
+  return ((size["warm"] + size["steps"]) * WORKERS * size["batch_size"]
+          * p["seq_len"] / n)
+
+
+def _size_lines(results: dict) -> list[str]:
+  if not results.get("sizes"):
+    return []
+  p, H = results["settings"], results["trend"]["H"]
+  lines = ["", f"The gap against model size (H={H}, W={WORKERS}, the same "
+           "tokens per parameter, each size with its own DDP warm-up (25 % of "
+           "its steps) and both rates tuned; the per-worker batch grows with "
+           "the model):", "",
+           "| parameters | d_model | per-worker batch | steps (warm-up + "
+           "DiLoCo) | outer steps | tokens per parameter | inner lr | outer "
+           "lr | seeds | DiLoCo | DDP (lane) | gap mean | gap 95 % bounds |",
+           "| " + " | ".join(["---"] * 13) + " |"]
+  for n, (size, r) in _by_size(results).items():
+    runs, t = r["runs"], r["tuning"]
+    lines.append(
+        f"| {n:,} | {size['d_model']} | {size['batch_size']} | "
+        f"{size['warm']} + {size['steps']} | {size['steps'] // H} | "
+        f"{_tokens_per_param(size, p, n):.0f} | {t['inner_lr']:g} | "
+        f"{t['outer_lr']:g} | {len(runs)} | "
+        f"{_report.pm([x['final_eval_loss'] for x in runs])} | "
+        f"{_report.pm([x['final_shadow_eval_loss'] for x in runs])} | "
+        f"{r['final_shadow_gap_mean']:+.2%} | [{r['final_shadow_gap_low']:+.2%}"
+        f", {r['final_shadow_gap_high']:+.2%}] |")
+  lines += ["", "Tuning of the other sizes:", ""]
+  for n, (size, r) in _by_size(results).items():
+    for kind in ("inner", "outer"):
+      if kind in r["tuning"] and size["d_model"] != p["d_model"]:
+        lines.append(f"- d_model {size['d_model']}, {kind} lr (seed "
+                     f"{TUNE_SEED}): {_report.grid_text(r['tuning'][kind])}")
+  return lines
+
+
 def _by_workers(results: dict) -> dict:
   """W -> paired results at the trend's H, W = 8 from the main seeds."""
   t = results["trend"]
@@ -300,7 +385,9 @@ def plot(results: dict, path: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+  sizes = bool(results.get("sizes"))
+  fig, axes = plt.subplots(1, 2 + sizes, figsize=(11 + 5 * sizes, 4.5))
+  left, right = axes[:2]
   H = str(results["trend"]["H"]) if "trend" in results else next(
       iter(results["H"]))
   runs = results["H"][H]["runs"]
@@ -328,8 +415,25 @@ def plot(results: dict, path: str) -> None:
     right.set_xlabel("workers W (per-worker batch fixed)")
     right.set_ylabel("DiLoCo / DDP - 1 (%), one-sided 95 % bounds")
     right.grid(alpha=0.3)
+  if sizes:
+    _plot_sizes(axes[2], results)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
+
+
+def _plot_sizes(ax, results: dict) -> None:
+  """The gap against parameters (W = 8, each size tuned)."""
+  by_n = _by_size(results)
+  n = np.asarray(list(by_n), float)
+  mean, low, high = (np.asarray([r[f"final_shadow_gap_{k}"]
+                                 for _, r in by_n.values()]) * 100
+                     for k in ("mean", "low", "high"))
+  ax.errorbar(n, mean, yerr=[mean - low, high - mean], marker="o", capsize=3)
+  ax.axhline(0, color="k", lw=0.8)
+  ax.set_xscale("log")
+  ax.set_xlabel(f"parameters (W={WORKERS}, same tokens per parameter)")
+  ax.set_ylabel("DiLoCo / DDP - 1 (%), one-sided 95 % bounds")
+  ax.grid(alpha=0.3)
 
 
 def finding_rows(results: dict) -> list[dict]:
@@ -400,8 +504,8 @@ def _trend_rows(results: dict) -> list[dict]:
        "measured": "paired gap " + cells, "verdict": v,
        "why": f"'reproduces' means the mean gap rises at every step of W "
        f"(here {rising} of {len(gaps) - 1}); 'partly' that it ends higher "
-       "than it starts. The paper's second axis (the gap shrinks as the "
-       "model grows) is not measured in this row"},
+       "than it starts. The paper's second axis (the gap against model size) "
+       "is row 1.5"},
       {**common, "row": "1.4", "claim": "DiLoCo with one replica (M=1) "
        "reaches a lower loss than DDP at the same tokens",
        "setting": setting.replace(f"at W in {W}", "at W=1"),
@@ -410,7 +514,43 @@ def _trend_rows(results: dict) -> list[dict]:
        "why": "'reproduces' means the one-sided 95 % upper bound of "
        "DiLoCo / DDP - 1 is below 0; 'partly' a mean below 0 within the "
        f"seeds' spread. The outer step is W={WORKERS}'s, not tuned for M=1 as the "
-       "paper tunes it"}]
+       "paper tunes it"}] + _size_rows(results, common)
+
+
+def _size_rows(results: dict, common: dict) -> list[dict]:
+  """Row 1.5: the gap against model size at equal tokens per parameter."""
+  if not results.get("sizes"):
+    return []
+  p, H = results["settings"], results["trend"]["H"]
+  by_n = _by_size(results)
+  gaps = [r["final_shadow_gap_mean"] for _, r in by_n.values()]
+  falling = sum(b < a for a, b in zip(gaps, gaps[1:]))
+  v = ("reproduces" if falling == len(gaps) - 1 else
+       "partly" if gaps[-1] < gaps[0] else "does not")
+  sizes = ", ".join(
+      f"{n:,} (d_model {x['d_model']}, {x['batch_size']} per worker, "
+      f"{x['steps'] // H} outer steps)" for n, (x, _) in by_n.items())
+  tpp = [_tokens_per_param(x, p, n) for n, (x, _) in by_n.items()]
+  return [{
+      **common, "row": "1.5", "claim": "at the same tokens per parameter "
+      "the gap between DiLoCo and DDP shrinks as the model grows",
+      "setting": f"as row 1 (W={WORKERS}, H={H}, a DDP warm-up of 25 % of "
+      f"the steps, then DiLoCo with its paired DDP lane) at {len(by_n)} GPT "
+      f"sizes: {sizes}; {min(tpp):.0f} to {max(tpp):.0f} tokens per "
+      "parameter; inner and outer rates tuned per size; "
+      f"{min(len(r['runs']) for _, r in by_n.values())} seeds "
+      f"({len(results['H'][str(H)]['runs'])} at row 1's size)",
+      "measured": "paired gap by parameters: " + ", ".join(
+          f"{n:,} {r['final_shadow_gap_mean']:+.2%} "
+          f"[{r['final_shadow_gap_low']:+.2%}, "
+          f"{r['final_shadow_gap_high']:+.2%}]" for n, (_, r) in by_n.items()),
+      "verdict": v,
+      "why": f"'reproduces' means the mean gap falls at every step of size "
+      f"(here {falling} of {len(gaps) - 1}); 'partly' that it ends lower "
+      "than it starts. The per-worker batch grows with the model (as the "
+      "paper's tuned batches do) so that every size makes at least 20 "
+      "outer steps at the same tokens per parameter; the paper's sizes "
+      "start at 35M parameters"}]
 
 
 def main():
