@@ -26,12 +26,15 @@ baseline):
   and random-k at top-k's exact bytes with the paper's beta;
 - 3 seeds paired (seed s shares its initialisation and data order); the
   headline pairs (float32, and MuLoCo 2-bit + EF against DiLoCo float32) get
-  2 more when close. Verdicts use paired relative differences of the final
+  2 more when close. For 2-bit, top-k 10 % and top-k 1 %, EF off and on
+  are run once more, each at its own outer rate tuned on its own grid (the
+  float32 rate may not suit a compressed, error-fed pseudo-gradient): row
+  3.1 is judged there. Verdicts use paired relative differences of the final
   eval loss and their one-sided 95 % t-bounds. Memory per worker comes from
   ``lowbw.bench.state_bytes``.
 
 Usage:
-  python experiments/muloco_compression.py          # ~40 min on 2 CPU cores
+  python experiments/muloco_compression.py          # ~65 min on 2 CPU cores
   python experiments/muloco_compression.py --report-only
   python experiments/muloco_compression.py --preset tiny --out /tmp/m
 """
@@ -53,6 +56,9 @@ CODECS = {"8-bit": "quant:8:statistical:muloco",
           "2-bit": "quant:2:statistical:muloco",
           "top-k 10%": "topk:0.1", "top-k 1%": "topk:0.01"}
 SPARSE = {"10%": 0.1, "1%": 0.01}
+# The codecs whose EF on/off pairs are also run at their own tuned outer
+# rate (row 3.1 asked at rates tuned per codec, not float32's).
+EF_TUNED = ("2-bit", "top-k 10%", "top-k 1%")
 _PAPER = strategies.spec("muloco").outer  # section 4, for both methods
 CLOSE = 0.02  # a headline gap this small gets the close seeds (rule 5)
 TWO_BIT = f"MuLoCo | 2-bit | EF {METHODS['MuLoCo'][1]}"
@@ -167,20 +173,49 @@ def run_all(args, cache_path: str) -> dict:
           tuned, {label: points(m, s)[label]}, p["close_seeds"])
       runs[label] = runs[label] + more[label]
       seconds += t
+  ef_tuning = {}
+  for m in METHODS:
+    grids, found, t = own_outer_rate(p, m, tuning[m], name, root)
+    ef_tuning.update(grids)
+    runs.update(found)
+    seconds += t
   return _report.save_results(cache_path, {
       "preset": args.preset, "settings": p, "sizes": s, "tuning": tuning,
-      "runs": runs, "memory": memory, "compute_seconds": seconds})
+      "runs": runs, "memory": memory, "ef_tuning": ef_tuning,
+      "compute_seconds": seconds})
+
+
+def own_label(m: str, c: str, ef: float) -> str:
+  return f"{m} | {c} | EF {ef if ef else 'off'} | own outer lr"
+
+
+def own_outer_rate(p: dict, m: str, t: dict, name: str,
+                   root: str) -> tuple[dict, dict, float]:
+  """Each ``EF_TUNED`` codec with EF off and at the paper's beta, its outer
+  rate tuned on its own grid (seed 100, optimum inside), then the seeds at
+  it: label -> grid, label -> runs, and the seconds."""
+  tuned = {**method_base(p, m), "inner_lr": t["inner"]["best"],
+           "outer_momentum": _PAPER.momentum}
+  grids, runs, seconds = {}, {}, 0.0
+  for c in EF_TUNED:
+    for ef in (0.0, METHODS[m][1]):
+      label = own_label(m, c, ef)
+      slug = "".join(ch for ch in f"{m}_{c}_ef{ef}" if ch.isalnum() or
+                     ch in "_.")
+      grids[label], t1 = _report.grid_search(
+          f"tune_own_{slug}", {**tuned, "codec": CODECS[c], "ef": ef}, "outer_lr",
+          p["outer_lrs"], KEY, root)
+      print(f"{label}: {_report.grid_text(grids[label])}", flush=True)
+      found, t2 = _report.labelled_study(
+          f"{name}/own_{slug}", tuned, {label: {
+              "codec": CODECS[c], "ef": ef,
+              "outer_lr": grids[label]["best"]}}, p["seeds"])
+      runs.update(found)
+      seconds += t1 + t2
+  return grids, runs, seconds
 
 
 # ----------------------------------------------------------------- analysis
-
-def losses(runs: list[dict]) -> list[float]:
-  return [r[KEY] for r in runs]
-
-
-def gap_text(g: dict) -> str:
-  return f"{g['mean']:+.2%} [{g['low']:+.2%}, {g['high']:+.2%}]"
-
 
 def setting(r: dict) -> str:
   p, t = r["settings"], r["tuning"]
@@ -229,15 +264,16 @@ def report(r: dict) -> str:
             "| --- | --- | --- | --- |"]
   for label, x in runs.items():
     own = runs[label.split(" | ")[0] + " | fp32"]
-    vs = "-" if x is own else gap_text(_report.paired(x, own))
-    lines.append(f"| {label} | {_report.pm(losses(x))} | {vs} | "
+    vs = "-" if x is own else _report.gap_text(_report.paired(x, own))
+    lines.append(f"| {label} | {_report.pm(_report.losses(x))} | {vs} | "
                  f"{x[0]['payload_bytes'] / 1e6:.3f} |")
+  lines += own_rate_lines(r)
   lines += ["", "## The paired DDP lanes (float32 runs)", ""]
   for m in METHODS:
     x = runs[f"{m} | fp32"]
     lines.append(f"- {m}'s lane (DDP with its inner optimizer and rate): "
-                 f"{_report.pm(losses(_report.lanes(x)))}; {m} is "
-                 f"{gap_text(_report.lane_gap(x))} from it.")
+                 f"{_report.pm(_report.losses(_report.lanes(x)))}; {m} is "
+                 f"{_report.gap_text(_report.lane_gap(x))} from it.")
   lines += ["", "## Memory per worker (Table 1)", "",
             "`lowbw.bench.state_bytes`, in parameter copies (the outer "
             "optimizer's momentum is one more copy, global).", "",
@@ -250,13 +286,39 @@ def report(r: dict) -> str:
   return "\n".join(lines)
 
 
+def own_rate_lines(r: dict) -> list[str]:
+  """EF off against on, each at its own tuned outer rate."""
+  if not r.get("ef_tuning"):
+    return []
+  runs, g = r["runs"], r["ef_tuning"]
+  lines = ["", "## Error feedback at each codec's own outer rate", "",
+           "The outer rate (Nesterov 0.9) tuned for each codec with EF off "
+           "and with EF at the paper's beta, on its own grid at seed 100; "
+           "then the seeds at the best rate.", "",
+           "| method | codec | EF off: outer lr, eval loss | EF on: beta, "
+           "outer lr, eval loss | with EF / without - 1 |",
+           "| --- | --- | --- | --- | --- |"]
+  for m, (_, beta) in METHODS.items():
+    for c in EF_TUNED:
+      off, on = own_label(m, c, 0.0), own_label(m, c, beta)
+      lines.append(
+          f"| {m} | {c} | {g[off]['best']:g}, "
+          f"{_report.pm(_report.losses(runs[off]))} | {beta}, "
+          f"{g[on]['best']:g}, {_report.pm(_report.losses(runs[on]))} | "
+          f"{_report.gap_text(_report.paired(runs[on], runs[off]))} |")
+  lines += ["", "Grids (final eval loss, seed 100):", ""]
+  lines += [f"- {label}: {_report.grid_text(grid)}"
+            for label, grid in g.items()]
+  return lines
+
+
 def plot(r: dict, path: str) -> None:
   fig, ax = _report.axes()
   runs = r["runs"]
   for m, (_, beta) in METHODS.items():
     for ef, style in ((f"EF {beta}", "-"), ("EF off", ":")):
       labels = [f"{m} | fp32"] + [f"{m} | {c} | {ef}" for c in CODECS]
-      pts = sorted((runs[k][0]["payload_bytes"], losses(runs[k]))
+      pts = sorted((runs[k][0]["payload_bytes"], _report.losses(runs[k]))
                    for k in labels)
       ax.errorbar([x for x, _ in pts], [np.mean(v) for _, v in pts],
                   yerr=[np.std(v) for _, v in pts], marker="o", capsize=3,
@@ -278,39 +340,56 @@ def rows(r: dict) -> list[dict]:
 
 def error_feedback_row(r: dict, s: str, row: dict) -> dict:
   """Claim 1: EF at the paper's beta against off, per compressed setting;
-  where compression alone costs loss, EF should win it back."""
+  where compression alone costs loss, EF should win it back. Judged at each
+  codec's own tuned outer rate (``EF_TUNED``); the shared-rate pairs of
+  every codec are reported beside it."""
   runs = r["runs"]
-  pairs = [(m, c) for m in METHODS for c in CODECS]
+  shared = ef_effects(runs, [(m, c) for m in METHODS for c in CODECS],
+                      lambda m, c, ef: (f"{m} | {c} | EF {ef}" if ef else
+                                        f"{m} | {c} | EF off"))
+  own = ef_effects(runs, [(m, c) for m in METHODS for c in EF_TUNED],
+                   own_label)
+  held = not own["hurt"] and not own["missed"]
+  return {
+      "row": "3.1", "claim": "error feedback consistently improves top-k "
+      "and quantized updates", "setting": s + "; EF at the paper's beta vs "
+      f"off, each of {', '.join(EF_TUNED)} also at its own outer rate tuned "
+      "with EF off and on", "measured": "at each codec's own outer rate: "
+      + own["text"] + ". At the float32-tuned outer rate, every codec: "
+      + shared["text"],
+      "verdict": ("reproduces" if held else "partly" if own["helped"]
+                  else "does not"),
+      "why": "judged at each codec's own outer rate: 'helped' and 'hurt' "
+      "mean a one-sided 95 % bound of the paired difference beyond 0, "
+      "'cost' that compression without EF is above float32 the same way; "
+      "'reproduces' means EF never hurts and helps wherever compression "
+      "alone costs loss. EF's beta is the paper's, not tuned", **row}
 
+
+def ef_effects(runs: dict, pairs: list, label) -> dict:
+  """EF on against off for each (method, codec) of ``pairs`` (``label(m,
+  c, beta or 0)`` names the runs): which it helped, hurt, where
+  compression alone cost loss and EF did not win it back, and the text."""
   def on(m, c):
-    return runs[f"{m} | {c} | EF {METHODS[m][1]}"]
+    return runs[label(m, c, METHODS[m][1])]
 
   def off(m, c):
-    return runs[f"{m} | {c} | EF off"]
+    return runs[label(m, c, 0.0)]
   effect = {q: _report.paired(on(*q), off(*q)) for q in pairs}
   cost = {q: _report.paired(off(*q), runs[f"{q[0]} | fp32"]) for q in pairs}
   helped = [q for q in pairs if effect[q]["high"] < 0]
   hurt = [q for q in pairs if effect[q]["low"] > 0]
   costly = [q for q in pairs if cost[q]["low"] > 0]
   missed = [q for q in costly if q not in helped]
-  held = not hurt and not missed
-  return {
-      "row": "3.1", "claim": "error feedback consistently improves top-k "
-      "and quantized updates", "setting": s + "; EF at the paper's beta vs "
-      "off", "measured": f"EF helped in {len(helped)}, hurt in {len(hurt)} "
-      f"of {len(pairs)} (with EF / without - 1: " + "; ".join(
-          f"{m} {c} {gap_text(effect[(m, c)])}" for m, c in pairs)
-      + f"); compression without EF cost loss in {len(costly)}: "
-      + (", ".join(f"{m} {c} {cost[q]['mean']:+.2%}"
-                   for q in costly for m, c in [q]) or "none")
-      + "; of those EF did not win back: "
-      + (", ".join(f"{m} {c}" for m, c in missed) or "none"),
-      "verdict": ("reproduces" if held else "partly" if helped
-                  else "does not"),
-      "why": "'helped' and 'hurt' mean a one-sided 95 % bound of the paired "
-      "difference beyond 0, 'cost' that compression without EF is above "
-      "float32 the same way; 'reproduces' means EF never hurts and helps "
-      "wherever compression alone costs loss", **row}
+  text = (f"EF helped in {len(helped)}, hurt in {len(hurt)} of {len(pairs)} "
+          "(with EF / without - 1: " + "; ".join(
+              f"{m} {c} {_report.gap_text(effect[(m, c)])}" for m, c in pairs)
+          + f"); compression without EF cost loss in {len(costly)}: "
+          + (", ".join(f"{m} {c} {cost[q]['mean']:+.2%}"
+                       for q in costly for m, c in [q]) or "none")
+          + "; of those EF did not win back: "
+          + (", ".join(f"{m} {c}" for m, c in missed) or "none"))
+  return {"helped": helped, "hurt": hurt, "missed": missed, "text": text}
 
 
 def muon_row(r: dict, s: str, row: dict) -> dict:
@@ -331,9 +410,9 @@ def muon_row(r: dict, s: str, row: dict) -> dict:
       "the paper's EF beta; the float32 runs' paired DDP lanes (DDP with "
       "Muon against DDP with AdamW)",
       "measured": f"MuLoCo lower in {len(wins)} of {len(gaps)}; MuLoCo / "
-      "DiLoCo - 1: " + "; ".join(f"{c} {gap_text(g)}"
+      "DiLoCo - 1: " + "; ".join(f"{c} {_report.gap_text(g)}"
                                  for c, g in gaps.items())
-      + f". Muon alone, DDP lanes: {gap_text(muon)}",
+      + f". Muon alone, DDP lanes: {_report.gap_text(muon)}",
       "verdict": _report.verdict(len(wins), len(gaps)),
       "why": "'lower' means the one-sided 95 % upper bound of the paired "
       "relative difference below 0. The lanes say how much of the gap Muon "
@@ -350,9 +429,9 @@ def two_bit_row(r: dict, s: str, row: dict) -> dict:
   return {
       "row": "3.3", "claim": "MuLoCo with 2-bit quantization and EF beats "
       "uncompressed DiLoCo while sending 8x less", "setting": s,
-      "measured": f"MuLoCo 2-bit+EF {_report.pm(losses(two), 3)} vs DiLoCo "
-      f"float32 {_report.pm(losses(runs['DiLoCo | fp32']), 3)}: "
-      f"{gap_text(g)}; {ratio:.2f}x fewer bytes than a 16-bit payload",
+      "measured": f"MuLoCo 2-bit+EF {_report.pm(_report.losses(two), 3)} vs DiLoCo "
+      f"float32 {_report.pm(_report.losses(runs['DiLoCo | fp32']), 3)}: "
+      f"{_report.gap_text(g)}; {ratio:.2f}x fewer bytes than a 16-bit payload",
       "verdict": ("reproduces" if beats and ratio >= 7.5 else
                   "partly" if beats or g["mean"] < 0 else "does not"),
       "why": "'reproduces' means the one-sided 95 % upper bound of the "
@@ -394,8 +473,8 @@ def figure4(r: dict, s: str, row: dict) -> dict:
                 for a, b in ((first, second), (t, rk), (d, rk))]
       held, total = held + sum(checks), total + len(checks)
       cells.append(f"{m} {label}: DCT / top-k - 1 "
-                   f"{gap_text(_report.paired(d, t))}, random-k / top-k - 1 "
-                   f"{gap_text(_report.paired(rk, t))}")
+                   f"{_report.gap_text(_report.paired(d, t))}, random-k / top-k - 1 "
+                   f"{_report.gap_text(_report.paired(rk, t))}")
   return {"row": "3.5", "claim": "Figure 4: DCT top-k slightly beats top-k "
           "at 10%, top-k beats DCT at 1%, random-k deteriorates fast",
           "setting": s + "; EF at the paper's beta, DCT chunk 128 and "
