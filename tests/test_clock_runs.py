@@ -96,10 +96,13 @@ def test_ddp_and_diloco_clocks_by_hand():
       pytest.approx(T))
 
 
-def test_default_gpt_ddp_vs_diloco_h100_factor():
-  """The issue's case: the default GPT on a 100 Mbit/s, 100 ms link, DDP
-  against DiLoCo(H=100), on the default hardware (H100 at MFU 0.4)."""
-  gpt, text = models.gpt(), data.text_bytes()
+def test_gpt_ddp_vs_diloco_h100_factor():
+  """A GPT on a 100 Mbit/s, 100 ms link, DDP against DiLoCo(H=100), on the
+  default hardware (H100 at MFU 0.4). The clock reads the model only through
+  its parameter count, so a one-block GPT tests the same formula as the
+  default one at a fraction of the compile time."""
+  gpt = models.gpt(layers=1, d_model=32, seq_len=32)
+  text = data.text_bytes(seq_len=32)
   net = net_lib.network("100Mbps", "100ms")
   kw = dict(model=gpt, data=text, num_workers=2, batch_size=1, steps=100,
             network=net, progress=False, eval_examples=2)
