@@ -244,6 +244,26 @@ def gap_text(g: dict) -> str:
 MATCH, MATCH_BOUND = 0.02, 0.03
 
 
+def matches(g: dict) -> bool:
+  """The suite's 'matches' for a ``paired`` result (or any dict with its
+  ``mean`` and ``high``)."""
+  return g["mean"] <= MATCH and g["high"] <= MATCH_BOUND
+
+
+def every(interval: int, H: int) -> int:
+  """An evaluation interval that lands on syncs: the first multiple of H
+  at or after ``interval``."""
+  return H * -(-interval // H)
+
+
+def gpt_text(p: dict, n: int, context: bool = False) -> str:
+  """``GPT of 44,160 parameters (2 blocks, d_model 32)`` from a preset's
+  ``layers``, ``d_model`` (and ``seq_len`` with ``context``)."""
+  blocks = f"{p['layers']} block" + ("s" if p["layers"] != 1 else "")
+  extra = f", context {p['seq_len']}" if context else ""
+  return f"GPT of {n:,} parameters ({blocks}, d_model {p['d_model']}{extra})"
+
+
 def lanes(runs: list[dict]) -> list[dict]:
   """The runs' paired DDP lanes (``shadow="ddp"``) as runs: each entry with
   its lane's ``final_shadow_eval_loss`` as ``final_eval_loss``."""

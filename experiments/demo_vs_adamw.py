@@ -154,8 +154,7 @@ def model_text(r: dict) -> str:
   p = r["settings"]
   n = r["runs"]["DDP"][0]["num_params"]
   tokens = p["workers"] * p["batch_size"] * p["seq_len"] * p["steps"]
-  return (f"GPT of {n:,} parameters ({p['layers']} blocks, d_model "
-          f"{p['d_model']}, context {p['seq_len']}), {p['workers']} workers x "
+  return (f"{_report.gpt_text(p, n, context=True)}, {p['workers']} workers x "
           f"{p['batch_size']} windows, {p['steps']:,} steps "
           f"({tokens / n:.0f} tokens per parameter), 5 % warm-up + cosine to "
           f"0.1x, inner lr tuned per method ({_edges(r['tuning'])})")
@@ -223,7 +222,7 @@ def rows(r: dict) -> list[dict]:
   runs, eq = r["runs"], r["bytes"]
   gap = _report.paired(runs["DeMo"], runs["DDP"])
   ratio = runs["DDP"][0]["payload_bytes"] / runs["DeMo"][0]["payload_bytes"]
-  held = gap["mean"] <= MATCH and gap["high"] <= MATCH_BOUND
+  held = _report.matches(gap)
   near = gap["mean"] <= MATCH
   at_bytes = {k: _report.paired(runs["DeMo"], runs[k])
               for k in ("DDP top-k", "DiLoCo")}

@@ -241,7 +241,7 @@ def verdict(r: dict) -> tuple[str, str]:
         " learning-rate grid is at its edge, so the grid must be extended")
   if math.isnan(high):
     return "not testable at this scale", why + " (one seed: no bound)"
-  if mean <= GAP_MEAN and high <= GAP_BOUND:
+  if _report.matches({"mean": mean, "high": high}):
     return "reproduces", why
   return ("partly" if mean <= GAP_MEAN else "does not"), why
 
@@ -446,9 +446,7 @@ def finding_rows(results: dict) -> list[dict]:
   tokens = p["steps"] * WORKERS * p["batch_size"] * p["seq_len"]
   warm = p["warm"] * WORKERS * p["batch_size"] * p["seq_len"]
   v, why = verdict(r)
-  blocks = f"{p['layers']} block" + ("s" if p["layers"] > 1 else "")
-  setting = (f"GPT of {n:,} parameters ({blocks}, d_model "
-             f"{p['d_model']}), W={WORKERS} x {p['batch_size']} windows of "
+  setting = (f"{_report.gpt_text(p, n)}, W={WORKERS} x {p['batch_size']} windows of "
              f"{p['seq_len']} bytes; a {p['warm']}-step DDP warm-up "
              f"({p['warm'] / (p['warm'] + p['steps']):.0%} of the steps), then "
              f"{p['steps']} steps at H={H} ({p['steps'] // int(H)} outer "

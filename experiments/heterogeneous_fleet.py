@@ -238,8 +238,7 @@ def findings(results) -> list[dict]:
   best, sync = "async + Delayed Nesterov + DyLU", "DiLoCo (synchronous)"
   per_update = _paired(table, best, sync, "at_updates")
   at_time = _paired(table, best, sync, "at_time")
-  matches = (per_update["mean"] <= MATCH
-             and per_update["high"] <= MATCH_BOUND)
+  matches = _report.matches(per_update)
   faster = at_time["high"] < 0
   naive = _paired(table, "async", sync, "at_updates")
   dn = _paired(table, "async + Delayed Nesterov", sync, "at_updates")

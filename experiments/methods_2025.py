@@ -80,11 +80,6 @@ def base(p: dict) -> dict:
       progress=False)
 
 
-def every(interval: int, H: int) -> int:
-  """The first multiple of H at or after ``interval``."""
-  return H * -(-interval // H)
-
-
 ADAMW = dict(inner="adamw", b1=0.9, b2=0.95, weight_decay=0.1)
 ADOPT = dict(inner="adopt", b1=0.95, b2=0.9999)
 
@@ -94,13 +89,14 @@ def row_bases(p: dict) -> dict:
   H, Kx, n, e = p["sparse_H"], p["Kx"], p["noloco_H"], p["eval_every"]
   w = p["noloco_workers"]  # at 4 workers' tokens: steps x 4 / w
   return {
-      "sparseloco": {**base(p), **ADAMW, "H": H, "eval_every": every(e, H)},
+      "sparseloco": {**base(p), **ADAMW, "H": H,
+                     "eval_every": _report.every(e, H)},
       "desloc": {**base(p), **ADOPT, "strategy": "desloc",
-                 "eval_every": every(e, Kx)},
+                 "eval_every": _report.every(e, Kx)},
       "noloco": {**base(p), **ADAMW, "workers": w, "H": n,
                  "steps": p["steps"] * 4 // w,
                  "warmup_steps": max(1, p["steps"] * 4 // w // 20),
-                 "eval_every": every(e * 4 // w, n),
+                 "eval_every": _report.every(e * 4 // w, n),
                  "bandwidth": "100Mbps", "latency": "50ms"},
   }
 
@@ -116,23 +112,25 @@ def tune_all(p: dict, root: str) -> tuple[dict, float]:
   """Each row's inner rate, then its methods' outer rates."""
   b, t, seconds = row_bases(p), {}, 0.0
   diloco = {"strategy": "diloco", "outer_lr": 0.7, "outer_momentum": 0.9}
+  # (stage, the stage whose inner rate it runs at, config, field, grid)
   steps = (
-      ("sparse_inner", {**b["sparseloco"], **diloco}, "inner_lr",
+      ("sparse_inner", None, {**b["sparseloco"], **diloco}, "inner_lr",
        "adamw_lrs"),
-      ("sparse_diloco_outer", {**b["sparseloco"], **diloco}, "outer_lr",
-       "diloco_outer"),
-      ("sparse_outer", {**b["sparseloco"], "strategy": "sparseloco",
-                        "codec": SPARSE["1.6 %"]}, "outer_lr", "sparse_outer"),
-      ("desloc_inner", {**b["desloc"], "Kx": p["Kx"], "Ku": p["Kx"],
-                        "Kv": p["Kx"]}, "inner_lr", "adopt_lrs"),
-      ("noloco_inner", {**b["noloco"], **diloco}, "inner_lr", "adamw_lrs"),
-      ("noloco_diloco_outer", {**b["noloco"], **diloco}, "outer_lr",
-       "diloco_outer"),
-      ("noloco_outer", {**b["noloco"], "strategy": "noloco"}, "outer_lr",
-       "noloco_outer"))
-  for name, config, field, grid in steps:
-    inner = name.split("_")[0] + "_inner"
-    if field == "outer_lr":
+      ("sparse_diloco_outer", "sparse_inner", {**b["sparseloco"], **diloco},
+       "outer_lr", "diloco_outer"),
+      ("sparse_outer", "sparse_inner", {
+          **b["sparseloco"], "strategy": "sparseloco",
+          "codec": SPARSE["1.6 %"]}, "outer_lr", "sparse_outer"),
+      ("desloc_inner", None, {**b["desloc"], "Kx": p["Kx"], "Ku": p["Kx"],
+                              "Kv": p["Kx"]}, "inner_lr", "adopt_lrs"),
+      ("noloco_inner", None, {**b["noloco"], **diloco}, "inner_lr",
+       "adamw_lrs"),
+      ("noloco_diloco_outer", "noloco_inner", {**b["noloco"], **diloco},
+       "outer_lr", "diloco_outer"),
+      ("noloco_outer", "noloco_inner", {**b["noloco"], "strategy": "noloco"},
+       "outer_lr", "noloco_outer"))
+  for name, inner, config, field, grid in steps:
+    if inner:
       config = {**config, "inner_lr": t[inner]["best"]}
     t[name], s = tune(name, config, field, p[grid], root)
     seconds += s
@@ -188,19 +186,17 @@ def run_all(args, cache_path: str) -> dict:
 
 # ------------------------------------------------------------------ report
 
-ROWS = ("sparseloco", "desloc", "noloco")
+
+
+STAGES = {"sparseloco": ("sparseloco", "sparseloco_plain"),
+          "desloc": ("desloc",), "noloco": ("noloco",)}  # row -> its studies
+ROWS = tuple(STAGES)
 
 
 def labels(r: dict, row: str) -> list[str]:
-  """The row's labels, in the order its studies ran."""
-  p = r["settings"]
-  names = {"sparseloco": ["DiLoCo (float32)",
-                          *(f"SparseLoCo {k}" for k in SPARSE),
-                          *(f"SparseLoCo {k}, plain mean" for k in SPARSE)],
-           "desloc": [f"Local Adam (K = {p['Kx']})",
-                      f"DES-LOC ({p['Kx']}, {3 * p['Kx']}, {6 * p['Kx']})"],
-           "noloco": ["DiLoCo", "NoLoCo"]}
-  return names[row]
+  """The row's labels, in the order its studies ran (``points``'s)."""
+  staged = points(r["settings"], r["tuning"])
+  return [label for stage in STAGES[row] for label in staged[stage][1]]
 
 
 def payload(r: dict, label: str) -> int:
@@ -219,8 +215,7 @@ def setting(r: dict, row: str) -> str:
             "noloco": f"H={p['noloco_H']}"}[row]
   rounds = steps // {"sparseloco": p["sparse_H"], "desloc": p["Kx"],
                      "noloco": p["noloco_H"]}[row]
-  return (f"GPT of {n:,} parameters ({p['layers']} blocks, d_model "
-          f"{p['d_model']}), W={w} x {p['batch_size']} windows of "
+  return (f"{_report.gpt_text(p, n)}, W={w} x {p['batch_size']} windows of "
           f"{p['seq_len']}, {period} for {steps:,} steps ({rounds} rounds, "
           f"{tokens / n:.0f} tokens per parameter), {inner} with warm-up + "
           "cosine to 0.1x, shared by the row's methods")
@@ -311,11 +306,6 @@ def plot(r: dict, path: str) -> None:
 
 # ------------------------------------------------------------------ rows
 
-def matches(g: dict) -> bool:
-  """The suite's 'matches': mean paired gap and its bound within limits."""
-  return g["mean"] <= MATCH and g["high"] <= MATCH_BOUND
-
-
 def rows(r: dict) -> list[dict]:
   row = dict(plot="methods_2025.png", command=COMMAND)
   return [_sparseloco_row(r, row), _desloc_row(r, row),
@@ -342,7 +332,7 @@ def _sparseloco_row(r: dict, row: dict) -> dict:
       "measured": f"DiLoCo {_report.pm(_report.losses(runs[dense]), 3)}; "
       "SparseLoCo / DiLoCo - 1: " + "; ".join(cells),
       "verdict": ("reproduces" if strong["high"] < 0 else "partly"
-                  if matches(strong) else "does not"),
+                  if _report.matches(strong) else "does not"),
       "why": "'reproduces' means the >97x setting (1.6 %, with the authors' "
       "aggregation: each entry averaged over the workers that sent it) "
       "below DiLoCo by the one-sided 95 % bound; 'partly' that it matches "
@@ -360,7 +350,7 @@ def _desloc_row(r: dict, row: dict) -> dict:
   lane = _report.lane_gap(runs[des])
   ddp_pay = 4 * runs[des][0]["num_params"] * r["settings"]["steps"]
   half = payload(r, local) / payload(r, des)
-  held = matches(g) + (abs(half - 2) < 0.01)
+  held = _report.matches(g) + (abs(half - 2) < 0.01)
   return {
       "row": "9.2", "claim": "DES-LOC sends half of Local Adam's bytes "
       "(170x less than DDP at Kx = 256) at matched loss",
@@ -397,7 +387,7 @@ def _noloco_row(r: dict, row: dict) -> dict:
       f"vs DiLoCo {_report.pm(_report.losses(runs['DiLoCo']), 3)}: "
       f"{_report.gap_text(g)}; simulated s {sim['NoLoCo']:.1f} vs "
       f"{sim['DiLoCo']:.1f}",
-      "verdict": ("reproduces" if matches(g) else "partly"
+      "verdict": ("reproduces" if _report.matches(g) else "partly"
                   if g["mean"] <= MATCH else "does not"),
       "why": f"'matches' means a mean paired gap <= +{MATCH:.0%} with its "
       f"one-sided 95 % bound <= +{MATCH_BOUND:.0%} (row 1's rule); 'partly' "

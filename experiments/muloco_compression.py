@@ -224,8 +224,7 @@ def setting(r: dict) -> str:
   rates = "; ".join(
       f"{m} inner {t[m]['inner']['best']:g}, outer {t[m]['outer']['best']:g}"
       for m in METHODS)
-  return (f"GPT of {n:,} parameters ({p['layers']} blocks, d_model "
-          f"{p['d_model']}), K={p['workers']} x {p['batch_size']} windows of "
+  return (f"{_report.gpt_text(p, n)}, K={p['workers']} x {p['batch_size']} windows of "
           f"{p['seq_len']}, H={p['H']} for {p['steps'] // p['H']} outer steps "
           f"({tokens / n:.0f} tokens per parameter), warm-up + cosine to "
           f"0.1x, rates tuned per method with Nesterov 0.9 ({rates})")

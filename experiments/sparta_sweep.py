@@ -68,8 +68,8 @@ def base(p: dict) -> dict:
 
 
 def every(p: dict, H: int) -> int:
-  """The first multiple of H at or after the preset's evaluation interval."""
-  return H * -(-p["eval_every"] // H)
+  """The preset's evaluation interval, landing on syncs."""
+  return _report.every(p["eval_every"], H)
 
 
 def sweep_points(p: dict) -> dict:
@@ -128,8 +128,7 @@ def setting(r: dict) -> str:
   p = r["settings"]
   n = next(iter(r["runs"].values()))[0]["num_params"]
   tokens = p["workers"] * p["batch_size"] * p["seq_len"] * p["steps"]
-  return (f"GPT of {n:,} parameters ({p['layers']} blocks, d_model "
-          f"{p['d_model']}), {p['workers']} workers x {p['batch_size']} "
+  return (f"{_report.gpt_text(p, n)}, {p['workers']} workers x {p['batch_size']} "
           f"windows of {p['seq_len']}, {p['steps']:,} steps ({tokens / n:.0f} "
           "tokens per parameter), AdamW (0.9, 0.95) with warm-up + cosine to "
           "0.1x")
@@ -217,7 +216,7 @@ def rows(r: dict) -> list[dict]:
   same = _report.paired(runs[f"SPARTA-DiLoCo H={long}"],
                         runs[f"DiLoCo H={long}"])
   plain = _report.paired(runs[f"DiLoCo H={long}"], runs[f"DiLoCo H={short}"])
-  held = reg["mean"] <= MATCH and reg["high"] <= MATCH_BOUND
+  held = _report.matches(reg)
   out.append({
       "row": "2.2", "claim": "with DiLoCo, SPARTA (p as low as 0.05%) acts "
       "as a regularizer: longer H without a penalty",

@@ -225,8 +225,8 @@ def finding_rows(results: dict) -> list[dict]:
   """Rows 7.1-7.4 from the cached runs."""
   p, s = results["settings"], results["streaming"]
   P, taus = p["fragments"], p["taus"]
-  setting = (f"GPT of {s['DiLoCo fp32'][0]['num_params']:,} parameters "
-             f"({p['layers']} blocks, d_model {p['d_model']}), W={STREAM_W} on "
+  setting = (f"{_report.gpt_text(p, s['DiLoCo fp32'][0]['num_params'])}, "
+             f"W={STREAM_W} on "
              f"a 10 Mbit/s link, H={p['H']} for {p['steps'] // p['H']} outer "
              f"steps from scratch, warm-up + cosine, inner lr tuned for "
              f"DiLoCo, {STEP_S} s compute/step, {len(p['seeds'])} seeds paired")
