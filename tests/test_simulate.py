@@ -88,6 +88,21 @@ def test_ddp_one_replica_equals_per_worker_gradients():
   assert not strategies.ddp(adamw, codec="quant:8").replicated
 
 
+def test_ddp_one_replica_names_the_worker_whose_loss_is_not_finite():
+  # The one-replica path scores the W*b examples as one batch; a NaN in
+  # worker 2's shard (contiguous shards of 32) still names worker 2, as the
+  # per-worker path does. Features near float32's largest value overflow
+  # the first layer of that worker's model only.
+  x, y = toy_arrays(128)
+  x = np.array(x)
+  x[64:96] = 3e38
+  source = data.arrays(x, y, eval=EVAL, sharding="contiguous")
+  for strategy in (strategies.ddp(optax.sgd(0.1)),
+                   strategies.ddp(optax.sgd(0.1))._replace(replicated=False)):
+    with pytest.raises(FloatingPointError, match="at step 1 on worker 2;"):
+      run(strategy, source=source)
+
+
 def test_fedavg_h1_equals_ddp_with_sgd():
   sgd = optax.sgd(0.1, momentum=0.9)
   fedavg = run(strategies.fedavg(sgd, H=1))

@@ -73,4 +73,5 @@ def cnn(
   module = CNN(channels=channels, dense=dense, num_classes=num_classes)
   config = {"name": "cnn", "channels": list(channels), "dense": dense,
             "num_classes": num_classes}
-  return _contract.wrap_module(module, "classification", "cnn", config)
+  return _contract.wrap_module(module, "classification", "cnn", config,
+                               pooled=True)

@@ -44,6 +44,12 @@ class Model(NamedTuple):
       ``"classification"`` ``inputs`` are ``x`` (b, ...) and the logits are
       (b, classes). Last and optional, so ``Model(init, loss, task, name,
       config)`` still builds one.
+    pooled: True when ``loss`` is the mean of its examples' losses (and
+      metrics the mean of theirs) and examples do not interact, so that a
+      stack of W batches of b examples scores as one batch of W*b (the
+      built-in mlp, cnn and gpt). DDP then differentiates one replica on the
+      W*b examples as one batch, as a single-replica loop would. Default
+      False: each worker's batch is scored on its own.
   """
   init: Callable[[PRNGKey, Batch], Params]
   loss: Callable[[Params, Batch, PRNGKey], tuple[Array, dict[str, Array]]]
@@ -51,6 +57,7 @@ class Model(NamedTuple):
   name: str
   config: dict[str, Any]
   apply: Callable[[Params, Array], Array] | None = None
+  pooled: bool = False
 
 
 def param_count(params: PyTree) -> int:
@@ -119,10 +126,12 @@ def _cross_entropy(
 
 
 def wrap_module(
-    module: nn.Module, task: str, name: str, config: dict[str, Any]
+    module: nn.Module, task: str, name: str, config: dict[str, Any],
+    pooled: bool = False
 ) -> Model:
   """The Model of a linen module mapping inputs to logits: ``apply`` is the
-  module's forward and ``loss`` the cross-entropy of its logits."""
+  module's forward and ``loss`` the cross-entropy of its logits. ``pooled``:
+  the module treats each example on its own (``Model.pooled``)."""
 
   def init(key: PRNGKey, batch: Batch) -> Params:
     inputs, _ = _inputs_and_labels(batch, task)
@@ -148,7 +157,7 @@ def wrap_module(
     return _cross_entropy(apply(params, inputs), labels)
 
   return Model(init=init, loss=loss, task=task, name=name, config=config,
-               apply=apply)
+               apply=apply, pooled=pooled)
 
 
 def from_flax(module: nn.Module, task: str = "classification") -> Model:

@@ -200,7 +200,7 @@ def gpt(
             "heads": heads, "seq_len": seq_len, "vocab": vocab,
             "mlp_ratio": mlp_ratio,
             **{k: v for k, v in options.items() if v != OPTIONS[k]}}
-  model = _contract.wrap_module(module, "lm", "gpt", config)
+  model = _contract.wrap_module(module, "lm", "gpt", config, pooled=True)
 
   def init(key: PRNGKey, batch: Batch) -> Params:
     _check_token_range(batch, vocab)

@@ -64,4 +64,5 @@ def mlp(
   module = MLP(hidden=hidden, num_classes=num_classes, activation=activation)
   config = {"name": "mlp", "hidden": list(hidden), "num_classes": num_classes,
             "activation": activation}
-  return _contract.wrap_module(module, "classification", "mlp", config)
+  return _contract.wrap_module(module, "classification", "mlp", config,
+                               pooled=True)
