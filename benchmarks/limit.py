@@ -16,13 +16,20 @@ contender once; figures are medians of per-repeat ratios):
 - ``replica``: ONE model at batch W*b (``lowbw.bench.baseline``), the same
   FLOPs without any per-worker structure: the machine's limit;
 - DDP also ``lowbw per-worker``: lowbw's DDP forced onto the per-worker path
-  (W copies and W gradients, as it runs with a codec or masks).
+  (W copies and W gradients, as it runs with a codec or masks);
+- DiLoCo also ``adamw x W`` and ``adamw x 1``: AdamW updates alone on W
+  stacked copies of the parameters and on one, for the bound in the last
+  column (``bound``).
+
+lowbw runs as a user's run does: with ``devices`` left to lowbw, so on a CPU
+its DiLoCo spreads the workers over one device per core; the minimal loop
+and the replica run on JAX's default device.
 
 Every contender uses AdamW (lr 1e-3) as its (inner) optimizer; DiLoCo's outer
 step is SGD 0.7 with Nesterov momentum 0.9, H = 10. Compilation is excluded.
 
 Usage:
-  python benchmarks/limit.py                        # MLP W=8,64,256; GPT W=8,32
+  python benchmarks/limit.py                        # MLP W=8,64,256; CNN W=8,64; GPT W=8,32
   python benchmarks/limit.py --workload mlp --strategy ddp --repeats 7
   python benchmarks/limit.py --json docs/benchmarks/limit_cpu.json
 """
@@ -58,6 +65,11 @@ WORKLOADS = {
     "mlp": dict(model=lambda: models.mlp(hidden=(256, 256), num_classes=10),
                 data=lambda w, b: tiled_digits(w * b), batch_size=32,
                 workers=(8, 64, 256), steps=40),
+    # The digits CNN (3x3 convs of 16 and 32 channels, dense 64; 13,706
+    # parameters), b = 32.
+    "cnn": dict(model=lambda: models.cnn(),
+                data=lambda w, b: tiled_digits(w * b), batch_size=32,
+                workers=(8, 64), steps=40),
     # The default GPT (478,976 parameters, context 128), b = 8 sequences.
     "gpt": dict(model=lambda: models.gpt(), data=lambda w, b: data.text_bytes(),
                 batch_size=8, workers=(8, 32), steps=10),
@@ -145,6 +157,36 @@ def minimal(strategy: str, model, sampler, w: int, b: int, steps: int,
   return _timed(call)
 
 
+def optimizer_only(model, sampler, copies: int, steps: int):
+  """``run() -> seconds`` of ``steps`` AdamW updates of ``copies`` stacked
+  copies of the model's parameters (a fixed gradient, no forward or
+  backward pass): the optimizer's share of a step. DiLoCo's workers each
+  keep their own optimizer state, so a step updates W copies where one
+  replica updates one; the difference bounds DiLoCo's speed against one
+  replica even if its matmuls ran at one replica's speed."""
+  key = jax.random.PRNGKey(0)
+  params = model.init(key, jax.tree.map(lambda x: x[:1],
+                                        bench.uniform_sample(sampler, 1)(key)))
+  params_C = jax.tree.map(lambda x: jnp.stack([x] * copies), params)
+  grads_C = jax.tree.map(lambda x: x * 1e-3, params_C)
+  inner = _inner()
+  update = jax.vmap(inner.update)
+
+  def step(carry, _):
+    p, s = carry
+    u, s = update(grads_C, s, p)
+    return (optax.apply_updates(p, u), s), None
+
+  loop = jax.jit(lambda c: jax.lax.scan(step, c, length=steps)[0],
+                 donate_argnums=0)
+  state = {"carry": (params_C, jax.vmap(inner.init)(params_C))}
+
+  def call():
+    state["carry"] = loop(state["carry"])
+    return state["carry"]
+  return _timed(call)
+
+
 def lowbw_chunk(strategy, model, source, w: int, b: int, steps: int):
   """``run() -> seconds`` of a lowbw run's compiled chunk of ``steps``."""
   rounds = steps // strategy.period
@@ -172,6 +214,9 @@ def contenders(strategy: str, wl: dict, w: int) -> dict:
                                               model, source, w, b, steps)
   runs["minimal"] = minimal(strategy, model, sampler, w, b, steps)
   runs["replica"] = bench.baseline(model, sampler, _inner(), w * b, steps)
+  if strategy == "diloco":
+    runs["adamw x W"] = optimizer_only(model, sampler, w, steps)
+    runs["adamw x 1"] = optimizer_only(model, sampler, 1, steps)
   return runs
 
 
@@ -196,25 +241,37 @@ def measure(strategy: str, workload: str, w: int, repeats: int) -> dict:
           "minimal_vs_replica": ratio("minimal", "replica"),
           "per_worker_vs_minimal": (ratio("lowbw per-worker", "minimal")
                                     if "lowbw per-worker" in runs else None),
+          "bound_vs_replica": (bound(times) if "adamw x W" in runs
+                               else None),
           "times_s": times}
 
 
+def bound(times: dict) -> float:
+  """One replica's step time over (that time + the optimizer time W copies
+  add over one), per repeat, median: the most of one replica's speed
+  DiLoCo can reach if its W workers' matmuls ran at one replica's speed."""
+  return statistics.median(
+      rep / (rep + opt_w - opt_1) for rep, opt_w, opt_1 in zip(
+          times["replica"], times["adamw x W"], times["adamw x 1"]))
+
+
 def _row(r: dict) -> str:
-  pw = r["per_worker_vs_minimal"]
+  pw, bd = r["per_worker_vs_minimal"], r["bound_vs_replica"]
   return (f"| {r['strategy']} | {r['workload']} | {r['W']} | "
           f"{r['examples_per_s']['lowbw']:,.0f} | "
           f"{r['examples_per_s']['minimal']:,.0f} | "
           f"{r['examples_per_s']['replica']:,.0f} | "
           f"**{r['lowbw_vs_minimal']:.2f}** | {r['lowbw_vs_replica']:.2f} | "
           f"{r['minimal_vs_replica']:.2f} | "
-          f"{'' if pw is None else f'{pw:.2f}'} |")
+          f"{'' if pw is None else f'{pw:.2f}'} | "
+          f"{'' if bd is None else f'{bd:.2f}'} |")
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--strategy", default="ddp,diloco",
                       help="ddp and/or diloco, comma-separated")
-  parser.add_argument("--workload", default="mlp,gpt",
+  parser.add_argument("--workload", default="mlp,cnn,gpt",
                       help=f"{' and/or '.join(WORKLOADS)}, comma-separated")
   parser.add_argument("--workers", default=None,
                       help="worker counts (default: the workload's)")
@@ -229,8 +286,8 @@ def main():
                    f"{', '.join(allowed)}")
   print("| strategy | model | W | lowbw ex/s | minimal ex/s | replica ex/s | "
         "lowbw / minimal | lowbw / replica | minimal / replica | "
-        "per-worker / minimal |")
-  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        "per-worker / minimal | optimizer bound / replica |")
+  print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
   rows = []
   for workload in args.workload.split(","):
     ws = (WORKLOADS[workload]["workers"] if args.workers is None

@@ -6,7 +6,11 @@ counts the bytes exactly.
 
 Example:
   >>> import optax, lowbw
-  >>> from lowbw import data, models, strategies
+  >>> from lowbw import _cores
+
+_cores.configure()  # before anything starts JAX's backends
+
+from lowbw import data, models, strategies
   >>> result = lowbw.simulate(
   ...     model=models.mlp(hidden=(64,), num_classes=10), data=data.digits(),
   ...     strategy=strategies.diloco(inner=optax.adamw(1e-3), H=20),
@@ -14,7 +18,12 @@ Example:
   >>> result.history["eval_loss"], result.history["payload_bytes"]
 """
 
-from lowbw import data, models, network, strategies, telemetry, transforms
+from lowbw import _cores
+
+_cores.configure()  # before anything starts JAX's backends
+
+# pylint: disable=wrong-import-position
+from lowbw import data, models, network, strategies, telemetry, transforms  # noqa: E402
 from lowbw._validate import ConfigError
 from lowbw.config import Config, SavedRun, build, load, simulate
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,

@@ -21,7 +21,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from lowbw import simulation
-from lowbw.simulation import build
+from lowbw.simulation import _engine, build
 
 
 def _proc_status(field: str) -> int | None:
@@ -156,17 +156,26 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0,
   return run
 
 
-def _time_sync(strategy, state, repeats: int) -> float | None:
+def _time_sync(sim, state, repeats: int) -> float | None:
   """Seconds of one sync (the outer step with its codec and reductions),
   compiled on its own; None for strategies that communicate every step.
 
   The sync is applied to its own output, its input donated, as it runs
   inside a round: state it leaves alone (the inner optimizer states) is not
-  copied, which an undonated call would add to its time."""
+  copied, which an undonated call would add to its time. Over several
+  devices it runs under the run's ``shard_map``, as in the round."""
+  strategy = sim.config.strategy
   if strategy.sync is None:
     return None
-  sync = jax.jit(lambda st: strategy.sync(
-      simulation.cast_workers(st, jnp.float32))[0], donate_argnums=0)
+
+  def one(st):
+    return strategy.sync(simulation.cast_workers(st, jnp.float32))[0]
+
+  if sim.mesh is not None:
+    specs = sim.specs[0].strategy
+    one = _engine.map_workers(one, sim.mesh, (specs,), specs,
+                              sim.config.num_workers)
+  sync = jax.jit(one, donate_argnums=0)
   st = jax.tree.map(jnp.copy, simulation.cast_workers(state.strategy,
                                                       jnp.float32))
   sync = sync.lower(st).compile()
@@ -244,7 +253,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   start = time.perf_counter()
   exe, state = simulator.executables(state, sampler, None)
   compile_s = time.perf_counter() - start
-  sync_s = (_time_sync(simulator.config.strategy, state, repeats)
+  sync_s = (_time_sync(simulator, state, repeats)
             if sync_cost else None)
   memory.after_compile()
   for _ in range(max(warmup, 1)):

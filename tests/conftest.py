@@ -23,6 +23,11 @@ os.environ["XLA_FLAGS"] = " ".join(filter(None, [
 # For tests that give a subprocess flags of their own (several CPU devices).
 os.environ["LOWBW_TEST_FAST_COMPILE"] = FAST_COMPILE
 
+# lowbw gives JAX one CPU device per core when it is imported (``_cores``);
+# the suite keeps one device, as its references do, and tests the default
+# spread in subprocesses (test_cores.py).
+os.environ.setdefault("LOWBW_CPU_DEVICES", "1")
+
 import jax  # noqa: E402  (after XLA_FLAGS)
 
 jax.config.update("jax_numpy_rank_promotion", "raise")

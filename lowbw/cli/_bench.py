@@ -244,7 +244,9 @@ def format_table(s: dict, rows: list[dict]) -> str:
 
 
 def _groups(s: dict, rows: list[dict]) -> str:
-  chosen = sorted({r["worker_batch"] or r["workers"] for r in rows})
+  # None: all of a device's workers at once.
+  chosen = sorted({r["worker_batch"] or r["workers"] // r["devices"]
+                   for r in rows})
   given = s["worker_batch"]
   return (f"{given} ({', '.join(map(str, chosen))})" if given == "auto"
           else str(given or "all"))

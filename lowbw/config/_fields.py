@@ -286,8 +286,9 @@ RUN_FIELDS = (
           choices=tuple(simulation.AUTOCAST)),
     # -- devices
     Field("devices", None, SHAPE, _D, "spread the workers over N devices "
-          "(must divide workers; default 1, or all devices of a "
-          "multi-process run)", int),
+          "(must divide workers); default: on CPU, one device per core when "
+          "the workers are kept apart (not DDP's one replica), else 1; all "
+          "devices of a multi-process run", int),
     Field("worker_dtype", None, SHAPE, _D, "bfloat16: keep every worker's "
           "parameters and optimizer state in bf16 (half the memory); default "
           "float32"),

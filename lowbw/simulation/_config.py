@@ -62,6 +62,8 @@ class RunConfig:
   correlation_every: int | None = None
   eval_local: bool = False
   shadow: Any = None  # the paired DDP lane's optimizer (``_shadow``)
+  # ``devices`` was not given: lowbw chose it (``_mesh.default_devices``).
+  auto_devices: bool = False
 
   @property
   def backward(self) -> Backward:
@@ -80,9 +82,7 @@ class RunConfig:
   @property
   def masks(self) -> bool:
     """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
-    net = self.network
-    return net is not None and (net.faults is not None or (
-        net.stragglers is not None and net.stragglers.mitigation != "none"))
+    return has_masks(self.network)
 
   @property
   def redistributes(self) -> bool:
@@ -112,6 +112,21 @@ class RunConfig:
   @property
   def is_lm(self) -> bool:
     return self.data.tokens_per_example is not None
+
+
+def has_masks(network) -> bool:
+  """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
+  return network is not None and (network.faults is not None or (
+      network.stragglers is not None and
+      network.stragglers.mitigation != "none"))
+
+
+def _spreads(strategy, network, worker_batch) -> bool:
+  """Whether a run that names no devices spreads its workers over CPU
+  devices: not DDP's one replica (one large matmul already uses every core)
+  and not a ``worker_batch`` the user chose (it counts a device's workers)."""
+  one_replica = strategy.replicated and not has_masks(network)
+  return not one_replica and worker_batch in (None, "auto")
 
 
 def _precision(field: str, value, allowed) -> str:
@@ -195,6 +210,10 @@ def configure(model, data, strategy, **settings) -> RunConfig:
   strategy = _resolve("strategy", strategy, strategies_lib.get,
                       strategies_lib.Strategy)
   settings = check_settings(strategy, **settings)
+  if settings["auto_devices"] and type(data).build is not data_lib.DataSource.build:
+    # A data source of its own may not give a WorkerSampler, which
+    # spreading needs: one device, as before the default spread.
+    settings.update(devices=1, auto_devices=False)
   _check_model_fits_data(model, data)
   data.check_workers(settings["num_workers"])
   return RunConfig(model, data, strategy, **settings)
@@ -216,12 +235,14 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
   num_workers = _validate.positive_int("num_workers", num_workers)
   batch_size = _validate.positive_int("batch_size", batch_size)
   steps = _validate.positive_int("steps", steps)
-  devices = _mesh.check_devices(devices, num_workers)
   worker_dtype = check_worker_dtype(worker_dtype)
   minibatch_size = check_minibatch_size(minibatch_size, batch_size)
   autocast = check_autocast(autocast)
   if network is not None:
     network = net_lib.check_network(network, num_workers)
+  auto_devices = devices is None
+  devices = _mesh.check_devices(devices, num_workers,
+                                _spreads(strategy, network, worker_batch))
   period = strategy.period
   if steps < period:
     raise _validate.fail(
@@ -251,7 +272,8 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
       minibatch_size=minibatch_size, autocast=autocast,
       correlation_every=multiple_of_period("correlation_every",
                                            correlation_every, period),
-      eval_local=eval_local, shadow=_shadow.check(shadow, strategy))
+      eval_local=eval_local, shadow=_shadow.check(shadow, strategy),
+      auto_devices=auto_devices and devices > 1)
 
 
 def _check_asynchronous(strategy, network) -> None:

@@ -98,6 +98,18 @@ def _first_bad(loss_W: Array) -> Array:
   return jnp.where(jnp.any(bad_W), jnp.argmax(bad_W), -1).astype(jnp.int32)
 
 
+def _reduced(steps: "StepOut") -> "StepOut":
+  """Steps whose ``loss`` and ``metrics`` hold each of this device's
+  workers' values (leading axes: steps, workers), reduced over all workers
+  for every step at once: over several devices, one collective per round
+  rather than one per step, which would make the devices wait for each
+  other at every step."""
+  loss_HW = steps.loss
+  return steps._replace(loss=jax.vmap(worker_mean)(loss_HW),
+                        metrics=jax.vmap(worker_mean)(steps.metrics),
+                        first_bad_worker=jax.vmap(_first_bad)(loss_HW))
+
+
 def _inner_lr(inner_W: PyTree) -> Array:
   # inject_hyperparams keeps the current value in ``hyperparams`` (and, for a
   # schedule, the schedule's own state under another "learning_rate" key).
@@ -180,8 +192,9 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                     sim.active)
     counts, own = _timing.split_report(report, channels)
-    out = StepOut(worker_mean(loss_W), worker_mean(metrics_W),
-                  _first_bad(loss_W), counts, clock, own)
+    # This device's workers' values; reduced over workers once the steps are
+    # done (``_reduced``), not at every step.
+    out = StepOut(loss_W, metrics_W, None, counts, clock, own)
     sim = sim._replace(strategy=precision.narrow(st), active=active)
     return sim, out, carry
 
@@ -228,9 +241,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     up = local_workers(carry.up_W) if masks else None
     stored, loss_HW, metrics_HW = grouped(
         sim.strategy, sample, lambda step: keys_at(sim, step), length, up)
-    steps = StepOut(jax.lax.map(worker_mean, loss_HW),
-                    jax.lax.map(worker_mean, metrics_HW),
-                    jax.lax.map(_first_bad, loss_HW), {}, clocks, {})
+    steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {}))
     return sim._replace(strategy=stored), steps, carry
 
   def local_steps(sim: SimState, sampler, timing, length: int):
@@ -244,7 +255,7 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
       return (sim, carry), out
 
     (sim, carry), steps = jax.lax.scan(body, (sim, carry), length=length)
-    return sim, steps, carry
+    return sim, _reduced(steps), carry
 
   def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
     net = _now(sim, net)
@@ -349,6 +360,19 @@ def _later(time_s, clock, overlap: bool):
 MESH_AXIS = "workers"
 
 
+def map_workers(fn, mesh, in_specs, out_specs, num_workers: int):
+  """``fn`` under ``shard_map`` over ``mesh``'s workers axis, with the
+  reductions of ``lowbw.transforms`` told that each device holds a slice of
+  the ``num_workers`` workers."""
+  shards = mesh.shape[MESH_AXIS]
+
+  def body(*args):
+    with sharded_workers(MESH_AXIS, shards, num_workers):
+      return fn(*args)
+  return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
+                       out_specs=out_specs, check_vma=False)
+
+
 def _shard(chunk, tail, mesh, specs, num_workers: int):
   """``chunk`` and ``tail`` under ``shard_map`` over ``mesh``'s workers axis.
 
@@ -357,15 +381,10 @@ def _shard(chunk, tail, mesh, specs, num_workers: int):
   per-round output is such a reduction, hence replicated.
   """
   sim_specs, sampler_specs = specs
-  shards = mesh.shape[MESH_AXIS]
   rep = jax.sharding.PartitionSpec()
 
   def mapped(fn, in_specs, out_specs):
-    def body(*args):
-      with sharded_workers(MESH_AXIS, shards, num_workers):
-        return fn(*args)
-    return jax.shard_map(body, mesh=mesh, in_specs=in_specs,
-                         out_specs=out_specs, check_vma=False)
+    return map_workers(fn, mesh, in_specs, out_specs, num_workers)
 
   chunk_s = mapped(chunk, (sim_specs, sampler_specs, rep, rep),
                    (sim_specs, rep))

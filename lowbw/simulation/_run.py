@@ -60,8 +60,13 @@ def simulate(model, data, strategy, **options) -> Result:
       ``warnings`` say so.
     devices: spread the workers over this many devices (``shard_map`` over a
       ``"workers"`` mesh axis; must divide ``num_workers``); the trajectory is
-      the same as on one device up to float rounding. Default: 1, or every
-      device of a multi-process run (``lowbw.simulation.initialize``).
+      the same as on one device up to float rounding. Default: on CPU, as
+      many of the CPU devices lowbw asks JAX for (one per core,
+      ``LOWBW_CPU_DEVICES``) as divide ``num_workers``, unless the strategy
+      keeps one replica (DDP without a codec or masks) or ``worker_batch``
+      is given: XLA runs a batched matmul on one core, so the devices are
+      what puts every core to work. Else 1; every device of a multi-process
+      run (``lowbw.simulation.initialize``).
     worker_dtype: "bfloat16" keeps every worker's parameters and inner
       optimizer state in bf16 between steps (half their memory); steps, syncs
       and the global parameters stay float32. Updates smaller than bf16's

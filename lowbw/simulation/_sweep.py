@@ -210,6 +210,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
                   create=jax.process_index() == 0)
   sim = build_args if isinstance(build_args, Simulator) else (
       _build(build_args))
+  sim = _on_one_device(sim)
   c = sim.config
   if c.devices > 1 or sim.processes > 1:
     raise _validate.fail("devices", c.devices, "a sweep runs on one device "
@@ -269,6 +270,20 @@ def default_points_per_batch(points: int, memory=None) -> int:
   per_point = memory.estimate_bytes - memory.data_bytes
   room = memory.budget.bytes - memory.data_bytes
   return max(1, min(points, int(room // max(per_point, 1.0))))
+
+
+def _on_one_device(sim: Simulator) -> Simulator:
+  """``sim`` on one device, if lowbw spread its workers over CPU devices by
+  default (``devices`` not given): a sweep's points are its vmapped axis."""
+  c = sim.config
+  if not c.auto_devices:
+    return sim
+  worker_batch = c.worker_batch
+  if worker_batch in (None, c.num_workers // c.devices):
+    worker_batch = "auto"
+  return Simulator(dataclasses.replace(c, devices=1, auto_devices=False,
+                                       worker_batch=worker_batch),
+                   compile=False)
 
 
 def _build(args) -> Simulator:
