@@ -21,7 +21,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from lowbw import simulation
-from lowbw.simulation import _engine, build
+from lowbw.simulation import build
 
 
 def _proc_status(field: str) -> int | None:
@@ -173,7 +173,7 @@ def _time_sync(sim, state, repeats: int) -> float | None:
 
   if sim.mesh is not None:
     specs = sim.specs[0].strategy
-    one = _engine.map_workers(one, sim.mesh, (specs,), specs,
+    one = simulation.map_workers(one, sim.mesh, (specs,), specs,
                               sim.config.num_workers)
   sync = jax.jit(one, donate_argnums=0)
   st = jax.tree.map(jnp.copy, simulation.cast_workers(state.strategy,

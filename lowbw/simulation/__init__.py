@@ -1,7 +1,7 @@
 """The simulation engine: compiled rounds of W workers and the host loop."""
 
 from lowbw.simulation._backward import AUTOCAST, Backward
-from lowbw.simulation._engine import MESH_AXIS
+from lowbw.simulation._engine import MESH_AXIS, map_workers
 from lowbw.simulation._mesh import is_spec, strategy_specs
 from lowbw.simulation._precision import cast_workers
 from lowbw.simulation._config import (RunConfig, check_seed, check_settings,
@@ -23,6 +23,7 @@ from lowbw.simulation._sweep import (SweepPoint, SweepResult,
 from lowbw.simulation._track import RunWarning
 
 __all__ = ["AUTOCAST", "Backward", "MESH_AXIS", "cast_workers", "is_spec",
+           "map_workers",
            "strategy_specs", "BATCH_SIZE", "CPU_ACTIVATION_CAP", "NUM_WORKERS",
            "STEPS", "check_budget", "check_seed", "check_settings", "configure",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",

@@ -23,8 +23,11 @@ from jax.experimental.compilation_cache import compilation_cache
 from lowbw import _validate
 
 MAX_BYTES = 4 << 30
-# Programs that compile faster than this are not worth a file (JAX's default
-# is 1 s, which would leave out the digits MLP's 0.5-1 s programs).
+# Programs that compile faster than this are not kept (JAX's default is 1 s,
+# which would leave out the digits MLP's 0.5-1 s programs). Not 0: keeping
+# the ~70 single operations of an eager initial state too made a cold start
+# of the digits MLP 1.7-2 s slower (a locked file each) and a warm one only
+# about 1 s faster (benchmarks/startup.py).
 MIN_COMPILE_S = 0.2
 _OFF = ("0", "false", "off", "no", "")
 

@@ -104,9 +104,11 @@ def _reduced(steps: "StepOut") -> "StepOut":
   for every step at once: over several devices, one collective per round
   rather than one per step, which would make the devices wait for each
   other at every step."""
-  loss_HW = steps.loss
+  loss_HW, metrics_HW = steps.loss, steps.metrics
+  if jax.tree.leaves(metrics_HW):  # a model may have no metrics: {}
+    metrics_HW = jax.vmap(worker_mean)(metrics_HW)
   return steps._replace(loss=jax.vmap(worker_mean)(loss_HW),
-                        metrics=jax.vmap(worker_mean)(steps.metrics),
+                        metrics=metrics_HW,
                         first_bad_worker=jax.vmap(_first_bad)(loss_HW))
 
 

@@ -186,14 +186,23 @@ def is_spec(x):
   return isinstance(x, PartitionSpec)
 
 
+def shardings(tree, specs, mesh: Mesh):
+  """The ``NamedSharding`` of every leaf of ``tree`` (arrays or shapes) as
+  ``specs`` (a prefix of ``tree``) say."""
+  return jax.tree.map(
+      lambda spec, sub: jax.tree.map(lambda _: NamedSharding(mesh, spec), sub),
+      specs, tree, is_leaf=is_spec)
+
+
 def place(tree, specs, mesh: Mesh):
   """Puts ``tree`` on ``mesh`` as ``specs`` say (works across processes:
   every process passes the same values and keeps its devices' slices)."""
 
+  if jax.process_count() == 1:  # one transfer call for the whole tree
+    return jax.device_put(tree, shardings(tree, specs, mesh))
+
   def one(x, spec):
     sharding = NamedSharding(mesh, spec)
-    if jax.process_count() == 1:
-      return jax.device_put(x, sharding)
     if jax.dtypes.issubdtype(getattr(x, "dtype", None), jax.dtypes.prng_key):
       impl = jax.random.key_impl(x)
       return jax.random.wrap_key_data(one(jax.random.key_data(x), spec),

@@ -106,13 +106,22 @@ class Simulator:
         c.correlation_every, c.eval_local,
         bool(clock_overlap(c.strategy, c.network)), c.redistributes,
         c.shadow)
-    # Eager: op-by-op initialisation uses per-primitive executables that
-    # the process already holds; compiling it as one program cost ~0.9 s
-    # per build on the digits MLP (measured), more than it saves. Making
-    # the first state on another thread while the programs compile (on the
-    # abstract state) was measured too: no faster on a 2-core CPU, the
-    # threads contend and compiling slowed by as much as it hid.
+    # On one device, eager: op-by-op initialisation keeps the bits of
+    # ``model.init`` called on its own (a compiled program may fuse its math
+    # differently), and in a process that builds many runs (a notebook, the
+    # test suite) its per-primitive executables are compiled once; as one
+    # program it cost the suite minutes of compiling. Over several devices
+    # of one process, one program that writes each worker's state straight
+    # to its device: placing an eager state cost 0.4 s, and the compiled
+    # program comes from the persistent cache in a fresh process, where the
+    # ~70 eager operations compile again every time (2.5 s on the digits
+    # MLP; benchmarks/startup.py). Making the first state on another thread
+    # while the programs compile was measured too: no faster on a 2-core
+    # CPU, the threads contend.
     self._init = self._initial_state
+    if self.mesh is not None and self.processes == 1:
+      self._init = jax.jit(self._initial_state, out_shardings=_mesh.shardings(
+          self.abstract_state, self.specs[0], self.mesh))
     self._point_programs: dict = {}
     self._jitted = self._jit_single()
     self._cache: dict = {}

@@ -1,0 +1,131 @@
+"""Seconds from a fresh ``lowbw train`` process to its first logged row.
+
+Each measurement starts a new process, as a user's command does, and
+records, from the moment it is started:
+
+- ``import``: ``python -c "import lowbw"`` alone (its own process);
+- ``first row``: the run's ``metrics.csv`` holds its first logged row (the
+  file is polled every 10 ms);
+- ``exit``: the process ended (the run, its evaluation and its files);
+- ``compile``: the run's own ``compile_s`` (compiling or loading its
+  programs), from its ``summary.json``.
+
+*Cold*: the persistent compilation cache (``LOWBW_COMPILE_CACHE``) is an
+empty folder; *warm*: the same command again on the folder the cold run
+filled. Each configuration runs with lowbw's default devices (one CPU
+device per core) and with ``LOWBW_CPU_DEVICES=1``; repeats are
+interleaved, figures are medians.
+
+Usage:
+  python benchmarks/startup.py                    # digits MLP and the default GPT
+  python benchmarks/startup.py --runs mlp --repeats 5
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+RUNS = {
+    # The digits MLP (64-256-256-10) under DiLoCo, W = 8.
+    "mlp": ["--data", "digits", "--model", "mlp", "--hidden", "256,256",
+            "--strategy", "diloco", "--H", "10", "--steps", "200"],
+    # The default run (the default GPT on the embedded text), 40 steps.
+    "gpt": ["--steps", "40"],
+}
+DEVICES = {"cores": None, "one": "1"}
+
+
+def _env(cache: str, devices: str | None) -> dict:
+  env = dict(os.environ, LOWBW_COMPILE_CACHE=cache)
+  env.pop("LOWBW_CPU_DEVICES", None)
+  if devices is not None:
+    env["LOWBW_CPU_DEVICES"] = devices
+  return env
+
+
+def import_s(devices: str | None) -> float:
+  start = time.perf_counter()
+  subprocess.run([sys.executable, "-c", "import lowbw"], check=True,
+                 env=_env(tempfile.gettempdir(), devices))
+  return time.perf_counter() - start
+
+
+def one(args: list, cache: str, devices: str | None) -> dict:
+  """A ``lowbw train`` process: seconds to its first row and to its exit."""
+  with tempfile.TemporaryDirectory() as out:
+    csv = os.path.join(out, "metrics.csv")
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lowbw", "train", *args, "--no-progress",
+         "--out", out], env=_env(cache, devices),
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    first = None
+    while proc.poll() is None:
+      if first is None and os.path.exists(csv):
+        with open(csv) as f:
+          if len(f.read().splitlines()) >= 2:
+            first = time.perf_counter() - start
+      time.sleep(0.01)
+    end = time.perf_counter() - start
+    if proc.returncode:
+      raise RuntimeError(proc.stderr.read())
+    with open(os.path.join(out, "summary.json")) as f:
+      summary = json.load(f)
+  return {"first_row_s": first if first is not None else end, "exit_s": end,
+          "compile_s": summary["compile_s"],
+          "devices": summary.get("config", {}).get("devices")}
+
+
+def measure(name: str, repeats: int) -> list[dict]:
+  times = {(d, phase): [] for d in DEVICES for phase in ("cold", "warm")}
+  imports = {d: [] for d in DEVICES}
+  for _ in range(repeats):
+    for d, value in DEVICES.items():
+      imports[d].append(import_s(value))
+      with tempfile.TemporaryDirectory() as cache:
+        for phase in ("cold", "warm"):
+          times[(d, phase)].append(one(RUNS[name], cache, value))
+  rows = []
+  for (d, phase), runs in times.items():
+    row = {"run": name, "devices": d, "cache": phase,
+           "import_s": statistics.median(imports[d])}
+    for key in ("first_row_s", "exit_s", "compile_s"):
+      row[key] = statistics.median(r[key] for r in runs)
+    row["all"] = runs
+    rows.append(row)
+  return rows
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--runs", default=",".join(RUNS),
+                      help=f"{' and/or '.join(RUNS)}, comma-separated")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--json", default=None)
+  args = parser.parse_args()
+  bad = sorted(set(args.runs.split(",")) - set(RUNS))
+  if bad:
+    parser.error(f"--runs={','.join(bad)}: expected one of {', '.join(RUNS)}")
+  print("| run | devices | cache | import s | first row s | exit s | "
+        "compile s |")
+  print("| --- | --- | --- | --- | --- | --- | --- |")
+  rows = []
+  for name in args.runs.split(","):
+    for r in measure(name, args.repeats):
+      rows.append(r)
+      print(f"| {r['run']} | {r['devices']} | {r['cache']} | "
+            f"{r['import_s']:.2f} | {r['first_row_s']:.2f} | "
+            f"{r['exit_s']:.2f} | {r['compile_s']:.2f} |", flush=True)
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump({"repeats": args.repeats, "cpus": os.cpu_count(),
+                 "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+  main()
