@@ -93,23 +93,29 @@ class RoundOut(NamedTuple):
   correlation: Any = None  # with correlation_every: pre-sync, nan when not due
 
 
-def _first_bad(loss_W: Array) -> Array:
-  bad_W = ~jnp.isfinite(all_workers(loss_W))
-  return jnp.where(jnp.any(bad_W), jnp.argmax(bad_W), -1).astype(jnp.int32)
-
-
 def _reduced(steps: "StepOut") -> "StepOut":
   """Steps whose ``loss`` and ``metrics`` hold each of this device's
   workers' values (leading axes: steps, workers), reduced over all workers
-  for every step at once: over several devices, one collective per round
-  rather than one per step, which would make the devices wait for each
-  other at every step."""
+  for every step at once.
+
+  Over several devices the values of all workers are gathered once per
+  round (one collective; a reduction per step, or one per quantity, made
+  the devices wait for each other each time) and every device reduces the
+  same (W, ...) array, so the logs have the one-device run's summation
+  order whatever the number of devices."""
   loss_HW, metrics_HW = steps.loss, steps.metrics
-  if jax.tree.leaves(metrics_HW):  # a model may have no metrics: {}
-    metrics_HW = jax.vmap(worker_mean)(metrics_HW)
-  return steps._replace(loss=jax.vmap(worker_mean)(loss_HW),
-                        metrics=metrics_HW,
-                        first_bad_worker=jax.vmap(_first_bad)(loss_HW))
+  leaves, tree = jax.tree.flatten(metrics_HW)
+  stacked_KHW = jnp.stack([loss_HW] + [x.astype(jnp.float32)
+                                       for x in leaves])
+  all_WKH = all_workers(jnp.moveaxis(stacked_KHW, -1, 0))
+  mean_KH = jnp.mean(all_WKH, axis=0)
+  bad_WH = ~jnp.isfinite(all_WKH[:, 0])
+  first_bad_H = jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
+                          -1).astype(jnp.int32)
+  metrics = jax.tree.unflatten(
+      tree, [m.astype(x.dtype) for m, x in zip(mean_KH[1:], leaves)])
+  return steps._replace(loss=mean_KH[0].astype(loss_HW.dtype),
+                        metrics=metrics, first_bad_worker=first_bad_H)
 
 
 def _inner_lr(inner_W: PyTree) -> Array:
