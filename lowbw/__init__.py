@@ -6,11 +6,7 @@ counts the bytes exactly.
 
 Example:
   >>> import optax, lowbw
-  >>> from lowbw import _cores
-
-_cores.configure()  # before anything starts JAX's backends
-
-from lowbw import data, models, strategies
+  >>> from lowbw import data, models, strategies
   >>> result = lowbw.simulate(
   ...     model=models.mlp(hidden=(64,), num_classes=10), data=data.digits(),
   ...     strategy=strategies.diloco(inner=optax.adamw(1e-3), H=20),

@@ -19,6 +19,8 @@ process that only uses JAX's default device sees no difference.
 
 import os
 
+from lowbw import _validate
+
 ENV = "LOWBW_CPU_DEVICES"
 # Measured on 2 cores; more devices than this would each get a small slice.
 MAX_DEVICES = 8
@@ -43,8 +45,8 @@ def wanted() -> int:
   except ValueError:
     count = 0
   if count < 1:
-    raise ValueError(f"{ENV}={value!r} is invalid: expected an integer >= 1 "
-                     "(1 keeps JAX's single CPU device)")
+    raise _validate.fail(ENV, value, "expected an integer >= 1 (1 keeps "
+                         "JAX's single CPU device)")
   return count
 
 
