@@ -5,6 +5,7 @@ bytes and the state's memory are exact, bad flags are one-line errors.
 import json
 
 import jax.numpy as jnp
+import numpy as np
 import optax
 import pytest
 
@@ -77,6 +78,29 @@ def test_cli_table_and_json(tmp_path, capsys):
   saved = json.loads(out.read_text())
   (row,) = saved["configurations"]
   assert row["workers"] == 2 and row["wire_bytes_per_round"] == 4 * P
+
+
+def test_data_of_your_own_sets_the_model_shapes(tmp_path, capsys):
+  # 5 features and 3 classes: an MLP with hidden 8 has 5*8+8 + 8*3+3 = 75
+  # parameters (610 on the digits).
+  rng = np.random.default_rng(0)
+  path = tmp_path / "d.npz"
+  np.savez(path, x=rng.normal(size=(64, 5)).astype(np.float32),
+           y=rng.integers(0, 3, 64).astype(np.int32))
+  out = tmp_path / "b.json"
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--data",
+                   str(path), "--workers", "2", "--H", "2", "--batch-size",
+                   "4", "--repeats", "1", "--json", str(out)])
+  assert code == 0, capsys.readouterr().err
+  (row,) = json.loads(out.read_text())["configurations"]
+  assert row["num_params"] == 75
+
+
+def test_a_missing_data_path_names_the_flag(tmp_path, capsys):
+  code = cli.main(["bench", "--model", "mlp", "--data",
+                   str(tmp_path / "none.npz"), "--workers", "2"])
+  err = capsys.readouterr().err
+  assert code == 2 and err.startswith("lowbw: error: --data="), err
 
 
 def test_an_unknown_strategy_is_a_usage_error(capsys):

@@ -33,6 +33,10 @@ def add_parser(subparsers) -> None:
   for name in _MODEL_FIELDS:  # lowbw train's, from the Config's table
     field = config_lib.FIELDS[name]
     add(field.flag, **config_lib.flag_kwargs(field))
+  data = config_lib.FIELDS["data"]
+  add(data.flag, help=data.help.split(";")[0] + " (default: text for the language models, digits for mlp and "
+      "cnn; a dataset of your own where W*b outgrows the digits' 1,438 "
+      "examples)")
   add("--workers", help="worker counts, comma-separated (default 1,8,32)")
   add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
   add("--repeats", type=int, help="timed calls per program (default 3)")
@@ -65,7 +69,7 @@ def _settings(args) -> dict:
            if v is not None and k in s}
   s = config_lib.fill({**s, **given}, set(given))
   s["model"] = s["model"] or config_lib.spec_of(s).model or "gpt"
-  if s["model"] in ("mlp", "cnn"):
+  if s["model"] in ("mlp", "cnn") and "data" not in given:
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
     _validate.positive_int(name, s[name])
