@@ -8,7 +8,10 @@ records, from the moment it is started:
   file is polled every 10 ms);
 - ``exit``: the process ended (the run, its evaluation and its files);
 - ``compile``: the run's own ``compile_s`` (compiling or loading its
-  programs), from its ``summary.json``.
+  programs), from its ``summary.json``;
+- the run's own breakdown (``summary.json``'s ``startup``): building the
+  simulator, the initial state, tracing, compiling or loading, and the
+  first chunk (training until the first row).
 
 *Cold*: the persistent compilation cache (``LOWBW_COMPILE_CACHE``) is an
 empty folder; *warm*: the same command again on the folder the cold run
@@ -34,10 +37,13 @@ RUNS = {
     # The digits MLP (64-256-256-10) under DiLoCo, W = 8.
     "mlp": ["--data", "digits", "--model", "mlp", "--hidden", "256,256",
             "--strategy", "diloco", "--H", "10", "--steps", "200"],
-    # The default run (the default GPT on the embedded text), 40 steps.
-    "gpt": ["--steps", "40"],
+    # The default run (the default GPT on the embedded text), one round.
+    "gpt": ["--steps", "100"],
 }
 DEVICES = {"cores": None, "one": "1"}
+# The run's own breakdown (summary.json's ``startup``), in the order spent.
+PHASES = ("build_s", "initial_state_s", "trace_s", "compile_load_s",
+          "first_row_s")
 
 
 def _env(cache: str, devices: str | None) -> dict:
@@ -76,8 +82,10 @@ def one(args: list, cache: str, devices: str | None) -> dict:
       raise RuntimeError(proc.stderr.read())
     with open(os.path.join(out, "summary.json")) as f:
       summary = json.load(f)
+  startup = summary["startup"]
   return {"first_row_s": first if first is not None else end, "exit_s": end,
           "compile_s": summary["compile_s"],
+          **{"run_" + k: startup[k] for k in PHASES},
           "devices": summary.get("config", {}).get("devices")}
 
 
@@ -94,7 +102,8 @@ def measure(name: str, repeats: int) -> list[dict]:
   for (d, phase), runs in times.items():
     row = {"run": name, "devices": d, "cache": phase,
            "import_s": statistics.median(imports[d])}
-    for key in ("first_row_s", "exit_s", "compile_s"):
+    for key in ("first_row_s", "exit_s", "compile_s",
+                *("run_" + k for k in PHASES)):
       row[key] = statistics.median(r[key] for r in runs)
     row["all"] = runs
     rows.append(row)
@@ -112,15 +121,18 @@ def main():
   if bad:
     parser.error(f"--runs={','.join(bad)}: expected one of {', '.join(RUNS)}")
   print("| run | devices | cache | import s | first row s | exit s | "
-        "compile s |")
-  print("| --- | --- | --- | --- | --- | --- | --- |")
+        "compile s | build | initial state | trace | compile/load | "
+        "first chunk |")
+  print("| --- " * 12 + "|")
   rows = []
   for name in args.runs.split(","):
     for r in measure(name, args.repeats):
       rows.append(r)
       print(f"| {r['run']} | {r['devices']} | {r['cache']} | "
             f"{r['import_s']:.2f} | {r['first_row_s']:.2f} | "
-            f"{r['exit_s']:.2f} | {r['compile_s']:.2f} |", flush=True)
+            f"{r['exit_s']:.2f} | {r['compile_s']:.2f} | "
+            + " | ".join(f"{r['run_' + k]:.2f}" for k in PHASES) + " |",
+            flush=True)
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"repeats": args.repeats, "cpus": os.cpu_count(),

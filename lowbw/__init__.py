@@ -29,6 +29,10 @@ from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
 
+from lowbw import _startup  # noqa: E402
+
+_startup.mark_imported()
+
 __all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

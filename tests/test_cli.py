@@ -33,6 +33,19 @@ def test_train_writes_logs_and_prints_a_summary(tmp_path, capsys):
   assert config["strategy"]["name"] == "diloco" and config["num_workers"] == 2
   assert config["metadata"]["train_args"]["H"] == 5
   assert steps_logged(tmp_path)[-1] == 10
+  # Where the start-up went, in the summary and in one printed line.
+  summary = json.loads((tmp_path / "summary.json").read_text())
+  startup = summary["startup"]
+  parts = [startup[k] for k in ("build_s", "initial_state_s", "trace_s",
+                                "compile_load_s", "first_row_s")]
+  assert all(v >= 0 for v in parts) and startup["first_row_s"] > 0
+  assert startup["trace_s"] + startup["compile_load_s"] == pytest.approx(
+      summary["compile_s"])
+  assert startup["first_row_s"] <= summary["wall_time_s"]
+  if startup["first_row_after_start_s"] is not None:  # Linux
+    assert startup["first_row_after_start_s"] > (startup["import_s"]
+                                                 + sum(parts))
+  assert "start-up          import" in printed and "first chunk" in printed
 
 
 def test_config_file_with_flags_overriding(tmp_path):

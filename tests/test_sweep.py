@@ -103,6 +103,10 @@ def test_runs_with_new_values_do_not_compile_and_equal_fresh_runs(sim):
                                    "drop_prob": 0.4}, progress=False)
   assert not c.events and sim.compilations == compiled
   assert got.summary["compile_s"] == 0.0
+  # Built and traced for an earlier run: nothing of that is this run's.
+  startup = got.summary["startup"]
+  assert startup["build_s"] == startup["trace_s"] == 0.0
+  assert startup["compile_load_s"] == 0.0 and startup["initial_state_s"] > 0
   want = single(strategies.diloco(adamw(5e-3), outer(0.5, 0.5), H=H), 3,
                 network.network("10Mbps", "80ms", hardware="0.01s",
                                 faults=network.Faults(drop_prob=0.4)))

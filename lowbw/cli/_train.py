@@ -329,6 +329,26 @@ def format_summary(summary: dict, s: dict) -> str:
         + (f"; clock as if {s['clock_params']} parameters"
            if s.get("clock_params") else "") + ")")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
+  if summary.get("startup"):
+    lines.append(f"  start-up          {startup_line(summary['startup'])}")
   lines.append(f"  logs              {summary['log_dir']}")
   lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]
   return "\n".join(lines)
+
+
+def startup_line(st: dict) -> str:
+  """The summary's start-up breakdown in one line: where the seconds
+  before the first logged row went."""
+  parts = [(name, st.get(key)) for name, key in (
+      ("import", "import_s"), ("build", "build_s"),
+      ("initial state", "initial_state_s"), ("trace", "trace_s"),
+      ("compile/load", "compile_load_s"), ("first chunk", "first_row_s"))]
+  text = ", ".join(f"{name} {value:.1f} s" for name, value in parts
+                   if value is not None)
+  after = st.get("first_row_after_start_s")
+  if after is not None:
+    rest = after - sum(value for _, value in parts if value is not None)
+    if rest >= 0.05:  # arguments, the dataset's files, the writers
+      text += f", other {rest:.1f} s"
+    text += f"; first row {after:.1f} s after the process started"
+  return text

@@ -20,7 +20,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from lowbw import _validate, telemetry
+from lowbw import _startup, _validate, telemetry
 from lowbw import strategies as strategies_lib
 from lowbw import transforms as transforms_lib
 from lowbw import models as models_lib
@@ -57,7 +57,9 @@ class Simulator:
 
   hparam_names = tuple(_hparams.KNOBS)
 
-  def __init__(self, config: _config.RunConfig, compile: bool = True):
+  def __init__(self, config: _config.RunConfig, compile: bool = True,
+               started: float | None = None):
+    started = time.perf_counter() if started is None else started
     c = self.config = config
     self.processes = jax.process_count()
     self.main_process = jax.process_index() == 0
@@ -127,6 +129,9 @@ class Simulator:
     self._cache: dict = {}
     self._samplers: dict = {}
     self._unreported_compile_s = 0.0
+    # Start-up seconds not yet in a run's summary (``take_startup``).
+    self._unreported_startup = {
+        "build_s": time.perf_counter() - started, "trace_s": 0.0}
     if compile and self.mesh is None:
       self.executables(*self.initial(0)[:3])
 
@@ -289,16 +294,20 @@ class Simulator:
     sig = (key, _signature((state, sampler, net)))
     if sig not in self._cache:
       start = time.perf_counter()
-      exe = Executables(
-          jitted.chunk.lower(state, sampler, 1, net).compile(),
+      lowered = (
+          jitted.chunk.lower(state, sampler, 1, net),
           None if jitted.tail is None
-          else jitted.tail.lower(state, sampler, net).compile(),
-          jitted.evaluate.lower(state, self.eval_batches).compile(),
-          jitted.global_params.lower(state).compile())
+          else jitted.tail.lower(state, sampler, net),
+          jitted.evaluate.lower(state, self.eval_batches),
+          jitted.global_params.lower(state))
+      traced = time.perf_counter()
+      exe = Executables(*(None if program is None else program.compile()
+                          for program in lowered))
       state, _ = exe.chunk(state, sampler, 0, net)
       jax.block_until_ready(exe.evaluate(state, self.eval_batches))
       self._cache[sig] = exe
       self._unreported_compile_s += time.perf_counter() - start
+      self._unreported_startup["trace_s"] += traced - start
     return self._cache[sig], state
 
   def take_compile_s(self) -> float:
@@ -306,6 +315,18 @@ class Simulator:
     compilation is reported by the first run)."""
     seconds, self._unreported_compile_s = self._unreported_compile_s, 0.0
     return seconds
+
+  def take_startup(self, compile_s: float, initial_s: float) -> dict:
+    """Where a run's start-up went, in seconds: building the simulator
+    (validation, data, memory plan; reported by its first run, 0 after),
+    the initial state, tracing the programs and compiling or loading them
+    (``compile_s`` less the tracing; 0 when they were compiled before), and
+    the process's age when ``import lowbw`` finished (None off Linux)."""
+    spent = self._unreported_startup
+    self._unreported_startup = {"build_s": 0.0, "trace_s": 0.0}
+    return {"import_s": _startup.IMPORT_S, "build_s": spent["build_s"],
+            "initial_state_s": initial_s, "trace_s": spent["trace_s"],
+            "compile_load_s": max(compile_s - spent["trace_s"], 0.0)}
 
   def jit_points(self, sampler_axes, net_axes) -> Executables:
     """The programs vmapped over a leading axis of sweep points (state
@@ -466,7 +487,9 @@ class Simulator:
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
       telemetry.import_wandb("wandb_project", wandb_project)
+    start = time.perf_counter()
     state, sampler, net, network = self.initial(seed, hparams, init_from)
+    initial_s = time.perf_counter() - start
     if config_yaml is not None and log_dir and self.main_process:
       telemetry.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
@@ -480,12 +503,14 @@ class Simulator:
                                            c.log_every is not None)
     exe, state = self.executables(state, sampler, net)
     compile_s = self.take_compile_s()
+    track.startup = self.take_startup(compile_s, initial_s)
     show = telemetry.is_terminal() if progress is None else progress
     bar = (telemetry.ProgressBar(c.steps, initial=track.history.step)
            if show and self.main_process else None)
     save = _resume.saver(log_dir, track) if checkpoint_every else None
     track.open_writers(resume_from is not None, wandb_project)
     started = time.perf_counter() - wall_offset
+    track.training_started = time.perf_counter()
     try:
       state, elapsed = drive(self, exe, state, sampler, net, [track],
                              track.history.step, self.fetch,
@@ -628,9 +653,10 @@ def build(model, data, strategy, *, compile: bool = True,
     >>> a = sim.run(seed=0, hparams={"inner_lr": 1e-3})
     >>> b = sim.run(seed=1, hparams={"inner_lr": 3e-3})   # no compilation
   """
+  started = time.perf_counter()
   config = _config.configure(model, data, strategy, **settings)
   _compile_cache.enable(_compile_cache.check(compile_cache))
-  return Simulator(config, compile=compile)
+  return Simulator(config, compile=compile, started=started)
 
 
 # The settings (``check_settings``'s, one list) show in build's signature.

@@ -5,12 +5,13 @@ numpy copies of the device outputs (one point's slice of them in a sweep).
 """
 
 import os
+import time
 from typing import Any
 
 import jax
 import numpy as np
 
-from lowbw import telemetry
+from lowbw import _startup, telemetry
 from lowbw import network as net_lib
 from lowbw.simulation import _divergence
 from lowbw.simulation._history import (History, NonFiniteLossError,
@@ -53,9 +54,16 @@ class Track:
     self.config = config or {}
     self.writers: list = []
     self.error: NonFiniteLossError | None = None
+    # Start-up figures (``Simulator.take_startup``), the moment training
+    # began in this process and the moment its first row was logged.
+    self.startup: dict | None = None
+    self.training_started: float | None = None
+    self.first_row: tuple[float, float | None] | None = None
 
   # ----------------------------------------------------------------- rows
   def emit(self, rows: list[dict]) -> None:
+    if rows and self.first_row is None and self.training_started is not None:
+      self.first_row = (time.perf_counter(), _startup.process_age_s())
     for row in rows:
       for w in self.writers:
         w.write(row)
@@ -238,11 +246,23 @@ class Track:
     if self.error is not None:
       summary["error"] = str(self.error)
     summary.update(self.time_split())
+    if self.startup is not None:
+      summary["startup"] = self.startup_figures()
     summary["warnings"] = self.warnings()
     summary["degenerate"] = self.degenerate()
     diverged = self.divergence()
     summary["diverged_at_step"] = None if diverged is None else diverged.step
     return summary
+
+  def startup_figures(self) -> dict:
+    """The start-up breakdown, and when the first row was logged: seconds
+    of training before it (the first chunk, and its evaluation if any) and
+    the process's age then (None off Linux, or before any row)."""
+    at, age = self.first_row or (None, None)
+    first = (None if at is None or self.training_started is None
+             else at - self.training_started)
+    return {**self.startup, "first_row_s": first,
+            "first_row_after_start_s": age}
 
   def time_split(self) -> dict:
     """Nominal compute and communication seconds of the run (per worker,
