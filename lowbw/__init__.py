@@ -29,9 +29,7 @@ from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
 
-from lowbw import _startup  # noqa: E402
-
-_startup.mark_imported()
+telemetry.mark_imported()  # the process's age now: the summary's import_s
 
 __all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",

@@ -271,10 +271,9 @@ def block_results(tmp_path_factory):
   runnable = [(name, body, result_unread(body))
                for name, body, sketch in PY_BLOCKS if not sketch]
   env = dict(os.environ)
-  # Compiling is what the blocks cost; the least-optimizing backend
-  # compiles ~1.3x faster and runs the short programs as well.
-  env["XLA_FLAGS"] = ("--xla_backend_optimization_level=0 "
-                      "--xla_llvm_disable_expensive_passes=true")
+  # Compiling is what the blocks cost: the session's fast-compiling flags
+  # (conftest), without the several devices a test may have asked for.
+  env["XLA_FLAGS"] = os.environ["LOWBW_TEST_FAST_COMPILE"]
   env["LOWBW_COMPILE_CACHE"] = jax.config.jax_compilation_cache_dir or "0"
   folder = tmp_path_factory.mktemp("docs")
   out = folder / "results.json"

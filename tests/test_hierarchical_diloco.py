@@ -90,13 +90,21 @@ INNER = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
 @pytest.mark.parametrize("codec, ef", [(None, None), ("quant:4", 0.7)])
 def test_one_group_is_diloco(codec, ef):
   """One group, the default global averaging: DiLoCo with the regional
-  optimizer (the global step's a - (a - b) rounds, hence the tolerance)."""
+  optimizer (the global step's a - (a - b) rounds, hence the tolerance;
+  with a 4-bit codec that rounding may move a rare value across a bucket
+  boundary, one quantization step apart)."""
   a = lowbw.simulate(strategy=strategies.diloco(
       INNER, REGIONAL, H=3, codec=codec, error_feedback=ef), **KW)
   b = lowbw.simulate(strategy=strategies.hierarchical_diloco(
       INNER, REGIONAL, H=3, groups=1, global_every=2, codec=codec,
       error_feedback=ef), **KW)
-  chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+  if codec is None:
+    chex.assert_trees_all_close(a.params, b.params, atol=1e-5)
+  else:
+    x, y = (np.concatenate([np.ravel(v) for v in jax.tree.leaves(t)])
+            for t in (a.params, b.params))
+    off = np.abs(x - y) > 1e-5
+    assert off.mean() < 0.005 and np.abs(x - y).max() < 1e-3
   np.testing.assert_allclose(a.history["eval_loss"], b.history["eval_loss"],
                              rtol=1e-5)
   # The only group sends nothing globally: the bytes are DiLoCo's.

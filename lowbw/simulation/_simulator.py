@@ -20,7 +20,7 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from lowbw import _startup, _validate, telemetry
+from lowbw import _validate, telemetry
 from lowbw import strategies as strategies_lib
 from lowbw import transforms as transforms_lib
 from lowbw import models as models_lib
@@ -324,7 +324,7 @@ class Simulator:
     the process's age when ``import lowbw`` finished (None off Linux)."""
     spent = self._unreported_startup
     self._unreported_startup = {"build_s": 0.0, "trace_s": 0.0}
-    return {"import_s": _startup.IMPORT_S, "build_s": spent["build_s"],
+    return {"import_s": telemetry.import_s(), "build_s": spent["build_s"],
             "initial_state_s": initial_s, "trace_s": spent["trace_s"],
             "compile_load_s": max(compile_s - spent["trace_s"], 0.0)}
 

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from lowbw import _startup, telemetry
+from lowbw import telemetry
 from lowbw import network as net_lib
 from lowbw.simulation import _divergence
 from lowbw.simulation._history import (History, NonFiniteLossError,
@@ -63,7 +63,7 @@ class Track:
   # ----------------------------------------------------------------- rows
   def emit(self, rows: list[dict]) -> None:
     if rows and self.first_row is None and self.training_started is not None:
-      self.first_row = (time.perf_counter(), _startup.process_age_s())
+      self.first_row = (time.perf_counter(), telemetry.process_age_s())
     for row in rows:
       for w in self.writers:
         w.write(row)

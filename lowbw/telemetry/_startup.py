@@ -3,7 +3,7 @@ of a run's summary (``startup`` in summary.json).
 
 ``process_age_s`` reads the process's start time from Linux's ``/proc``
 (clock ticks after boot, so 10 ms resolution); elsewhere it is None.
-``IMPORT_S`` is the process's age when ``import lowbw`` finished: the
+``import_s()`` is the process's age when ``import lowbw`` finished: the
 interpreter's start plus every import up to lowbw's own.
 """
 
@@ -47,9 +47,14 @@ def process_age_s() -> float | None:
   return max(time.time() - _STARTED_AT_S, 0.0)
 
 
-IMPORT_S = process_age_s()  # updated by lowbw/__init__ once it is imported
+_IMPORT_S = [process_age_s()]  # set again once ``import lowbw`` finished
 
 
 def mark_imported() -> None:
-  global IMPORT_S
-  IMPORT_S = process_age_s()
+  """Records the process's age now: lowbw's ``__init__`` calls it last."""
+  _IMPORT_S[0] = process_age_s()
+
+
+def import_s() -> float | None:
+  """The process's age when ``import lowbw`` finished (None off Linux)."""
+  return _IMPORT_S[0]
