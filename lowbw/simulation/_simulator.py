@@ -108,11 +108,17 @@ class Simulator:
         c.correlation_every, c.eval_local,
         bool(clock_overlap(c.strategy, c.network)), c.redistributes,
         c.shadow)
-    # On one device, eager: op-by-op initialisation keeps the bits of
-    # ``model.init`` called on its own (a compiled program may fuse its math
-    # differently), and in a process that builds many runs (a notebook, the
-    # test suite) its per-primitive executables are compiled once; as one
-    # program it cost the suite minutes of compiling. Over several devices
+    # On one CPU device, a small model's state is made eagerly: op-by-op
+    # initialisation keeps the bits of ``model.init`` called on its own (a
+    # compiled program may fuse its math differently, by an ulp), and in a
+    # process that builds many runs (a notebook, the test suite) its
+    # per-primitive executables are compiled once; as one program it cost
+    # the suite minutes of compiling. A model of many parameter arrays (a
+    # GPT), or any model on an accelerator, is one compiled program: op by
+    # op the default GPT's ~170 arrays took 6.3 s in every fresh process on
+    # a CPU (2.3 s compiled, and it loads from the persistent cache after
+    # that; benchmarks/startup.py), and an accelerator compiles each
+    # eager operation too. Over several devices
     # of one process, one program that writes each worker's state straight
     # to its device: placing an eager state cost 0.4 s, and the compiled
     # program comes from the persistent cache in a fresh process, where the
@@ -124,6 +130,8 @@ class Simulator:
     if self.mesh is not None and self.processes == 1:
       self._init = jax.jit(self._initial_state, out_shardings=_mesh.shardings(
           self.abstract_state, self.specs[0], self.mesh))
+    elif self.mesh is None and _compiled_init(self.abstract_params):
+      self._init = jax.jit(self._initial_state)
     self._point_programs: dict = {}
     self._jitted = self._jit_single()
     self._cache: dict = {}
@@ -621,6 +629,17 @@ def _narrow(c: _config.RunConfig):
 def _signature(tree):
   leaves, treedef = jax.tree.flatten(tree)
   return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
+
+
+# Parameter arrays past which a one-device CPU run makes its initial state
+# as one compiled program rather than op by op (see ``Simulator.__init__``):
+# the built-in MLP and CNN have 4 to 8, a GPT 17 or more.
+EAGER_INIT_MAX_ARRAYS = 16
+
+
+def _compiled_init(abstract_params) -> bool:
+  return (jax.default_backend() != "cpu"
+          or len(jax.tree.leaves(abstract_params)) > EAGER_INIT_MAX_ARRAYS)
 
 
 def _strategy_bytes(tree) -> int:
