@@ -34,9 +34,9 @@ def add_parser(subparsers) -> None:
     field = config_lib.FIELDS[name]
     add(field.flag, **config_lib.flag_kwargs(field))
   data = config_lib.FIELDS["data"]
-  add(data.flag, help=data.help.split(";")[0] + " (default: text for the language models, digits for mlp and "
-      "cnn; a dataset of your own where W*b outgrows the digits' 1,438 "
-      "examples)")
+  add(data.flag, help=data.help.split(";")[0] + " (default: text for the "
+      "language models, digits for mlp and cnn; a dataset of your own "
+      "where W*b outgrows the digits' 1,438 examples)")
   add("--workers", help="worker counts, comma-separated (default 1,8,32)")
   add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
   add("--repeats", type=int, help="timed calls per program (default 3)")

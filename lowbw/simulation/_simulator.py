@@ -108,30 +108,7 @@ class Simulator:
         c.correlation_every, c.eval_local,
         bool(clock_overlap(c.strategy, c.network)), c.redistributes,
         c.shadow)
-    # On one CPU device, a small model's state is made eagerly: op-by-op
-    # initialisation keeps the bits of ``model.init`` called on its own (a
-    # compiled program may fuse its math differently, by an ulp), and in a
-    # process that builds many runs (a notebook, the test suite) its
-    # per-primitive executables are compiled once; as one program it cost
-    # the suite minutes of compiling. A model of many parameter arrays (a
-    # GPT), or any model on an accelerator, is one compiled program: op by
-    # op the default GPT's ~170 arrays took 6.3 s in every fresh process on
-    # a CPU (2.3 s compiled, and it loads from the persistent cache after
-    # that; benchmarks/startup.py), and an accelerator compiles each
-    # eager operation too. Over several devices
-    # of one process, one program that writes each worker's state straight
-    # to its device: placing an eager state cost 0.4 s, and the compiled
-    # program comes from the persistent cache in a fresh process, where the
-    # ~70 eager operations compile again every time (2.5 s on the digits
-    # MLP; benchmarks/startup.py). Making the first state on another thread
-    # while the programs compile was measured too: no faster on a 2-core
-    # CPU, the threads contend.
-    self._init = self._initial_state
-    if self.mesh is not None and self.processes == 1:
-      self._init = jax.jit(self._initial_state, out_shardings=_mesh.shardings(
-          self.abstract_state, self.specs[0], self.mesh))
-    elif self.mesh is None and _compiled_init(self.abstract_params):
-      self._init = jax.jit(self._initial_state)
+    self._init = self._initial_state_program()
     self._point_programs: dict = {}
     self._jitted = self._jit_single()
     self._cache: dict = {}
@@ -144,6 +121,34 @@ class Simulator:
       self.executables(*self.initial(0)[:3])
 
   # ------------------------------------------------------------- building
+  def _initial_state_program(self):
+    """How this run makes its initial state: ``_initial_state`` op by op,
+    or compiled as one program.
+
+    On one CPU device, a small model's state is made op by op: that keeps
+    the bits of ``model.init`` called on its own (a compiled program may
+    fuse its math differently, by an ulp), and a process that builds many
+    runs (a notebook, the test suite) compiles each operation once; as one
+    program per run it cost the suite minutes of compiling. A model of many
+    parameter arrays (a GPT), or any model on an accelerator, is one
+    compiled program: op by op the default GPT's ~170 arrays took 6.3 s in
+    every fresh process on a CPU (2.3-3.0 s compiled, 0.5 s loaded from the
+    persistent cache; benchmarks/startup.py), and an accelerator compiles
+    each eager operation too. Over several devices of one process, one
+    program that writes each worker's state straight to its device: placing
+    an eager state cost 0.4 s, and the compiled program comes from the
+    persistent cache in a fresh process, where the ~70 eager operations
+    compile again every time (2.5 s on the digits MLP). Making the first
+    state on another thread while the programs compile was measured too: no
+    faster on a 2-core CPU, the threads contend.
+    """
+    if self.mesh is not None and self.processes == 1:
+      return jax.jit(self._initial_state, out_shardings=_mesh.shardings(
+          self.abstract_state, self.specs[0], self.mesh))
+    if self.mesh is None and _compiled_init(self.abstract_params):
+      return jax.jit(self._initial_state)
+    return self._initial_state
+
   def _initial_state(self, key, params=None) -> _engine.SimState:
     """The state of a run from ``key``; every worker (and the DDP lane)
     starts from ``params`` when given (``init_from``), else from the model's
