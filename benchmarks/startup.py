@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from lowbw.telemetry import STARTUP_PHASES
+
 RUNS = {
     # The digits MLP (64-256-256-10) under DiLoCo, W = 8.
     "mlp": ["--data", "digits", "--model", "mlp", "--hidden", "256,256",
@@ -41,9 +43,9 @@ RUNS = {
     "gpt": ["--steps", "100"],
 }
 DEVICES = {"cores": None, "one": "1"}
-# The run's own breakdown (summary.json's ``startup``), in the order spent.
-PHASES = ("build_s", "initial_state_s", "trace_s", "compile_load_s",
-          "first_row_s")
+# The run's own breakdown (summary.json's ``startup``), in the order spent;
+# the import is measured here, in a process of its own.
+PHASES = tuple(key for key, _ in STARTUP_PHASES if key != "import_s")
 
 
 def _env(cache: str, devices: str | None) -> dict:
@@ -121,8 +123,8 @@ def main():
   if bad:
     parser.error(f"--runs={','.join(bad)}: expected one of {', '.join(RUNS)}")
   print("| run | devices | cache | import s | first row s | exit s | "
-        "compile s | build | initial state | trace | compile/load | "
-        "first chunk |")
+        "compile s | " + " | ".join(
+            name for key, name in STARTUP_PHASES if key in PHASES) + " |")
   print("| --- " * 12 + "|")
   rows = []
   for name in args.runs.split(","):

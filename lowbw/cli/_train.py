@@ -339,10 +339,7 @@ def format_summary(summary: dict, s: dict) -> str:
 def startup_line(st: dict) -> str:
   """The summary's start-up breakdown in one line: where the seconds
   before the first logged row went."""
-  parts = [(name, st.get(key)) for name, key in (
-      ("import", "import_s"), ("build", "build_s"),
-      ("initial state", "initial_state_s"), ("trace", "trace_s"),
-      ("compile/load", "compile_load_s"), ("first chunk", "first_row_s"))]
+  parts = [(name, st.get(key)) for key, name in telemetry.STARTUP_PHASES]
   text = ", ".join(f"{name} {value:.1f} s" for name, value in parts
                    if value is not None)
   after = st.get("first_row_after_start_s")

@@ -637,7 +637,8 @@ def _signature(tree):
 
 
 # Parameter arrays past which a one-device CPU run makes its initial state
-# as one compiled program rather than op by op (see ``Simulator.__init__``):
+# as one compiled program rather than op by op (see
+# ``Simulator._initial_state_program``):
 # the built-in MLP and CNN have 4 to 8, a GPT 17 or more.
 EAGER_INIT_MAX_ARRAYS = 16
 

@@ -7,14 +7,15 @@ from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
                                          latest_step, read_meta, restore, save)
 from lowbw.telemetry._params import PARAMS, load_params, save_params
 from lowbw.telemetry._progress import ProgressBar, is_terminal
-from lowbw.telemetry._startup import import_s, mark_imported, process_age_s
+from lowbw.telemetry._startup import (STARTUP_PHASES, import_s, mark_imported,
+                                      process_age_s)
 from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      WandbWriter, WriteError, check_writable,
                                      import_wandb, quiet_logs, write_json,
                                      write_text)
 
 __all__ = [
-    "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
+    "STARTUP_PHASES", "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
     "CHECKPOINTS", "CSVWriter", "PARAMS", "load_params", "save_params", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_s", "import_wandb", "is_terminal", "latest_step",
