@@ -290,14 +290,17 @@ def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
     return sim, RoundOut(steps, counts, divergence, lr, clock, own,
                          correlation)
 
+  # Traced once: the shapes below and the loop's body share the trace.
+  round_traced = jax.jit(run_round)
+
   def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
-    out_shape = jax.eval_shape(run_round, sim, sampler, net)[1]
+    out_shape = jax.eval_shape(round_traced, sim, sampler, net)[1]
     buf = jax.tree.map(lambda s: jnp.zeros((max_rounds,) + s.shape, s.dtype),
                        out_shape)
 
     def body(r, carry):
       sim, buf = carry
-      sim, out = run_round(sim, sampler, net)
+      sim, out = round_traced(sim, sampler, net)
       buf = jax.tree.map(lambda b, o: b.at[r].set(o), buf, out)
       return sim, buf
 

@@ -143,6 +143,8 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
 
   def run(stored: StrategyState, sample, keys_at, length: int, up):
     local_w = jax.tree.leaves(stored.params_W)[0].shape[0]
+    # Traced once: the loop's steps and the shapes below share the trace.
+    group_grads = jax.jit(jax.vmap(grads))
 
     def group(g, carry):
       params_W, inner_W, loss_HW, metrics_HW, _ = carry
@@ -156,7 +158,7 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
       def step(st, _):
         wide = precision.widen(st)
         keys = jax.lax.dynamic_slice_in_dim(keys_at(st.step), first, size)
-        loss, metrics, grads_g = jax.vmap(grads)(
+        loss, metrics, grads_g = group_grads(
             wide.params_W, sample(st.step, first), keys)
         new = precision.narrow(strategy.local(wide, after_backward(grads_g))[0])
         if up_g is not None:  # static: the run has masks
@@ -181,8 +183,8 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
 
     def first_group(st):  # the shapes of a group's loss and metrics
       params = jax.tree.map(lambda x: x[:size], precision.widen(st).params_W)
-      return jax.vmap(grads)(params, sample(st.step, 0),
-                             keys_at(st.step)[:size])[:2]
+      return group_grads(params, sample(st.step, 0),
+                         keys_at(st.step)[:size])[:2]
 
     zeros = jax.tree.map(
         lambda s: jnp.zeros((length, local_w) + s.shape[1:], s.dtype),
