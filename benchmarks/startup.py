@@ -4,6 +4,8 @@ Each measurement starts a new process, as a user's command does, and
 records, from the moment it is started:
 
 - ``import``: ``python -c "import lowbw"`` alone (its own process);
+- ``first step``: the process's age when training started, from the
+  run's summary (``startup.first_step_after_start_s``; Linux);
 - ``first row``: the run's ``metrics.csv`` holds its first logged row (the
   file is polled every 10 ms);
 - ``exit``: the process ended (the run, its evaluation and its files);
@@ -85,10 +87,15 @@ def one(args: list, cache: str, devices: str | None) -> dict:
     with open(os.path.join(out, "summary.json")) as f:
       summary = json.load(f)
   startup = summary["startup"]
-  return {"first_row_s": first if first is not None else end, "exit_s": end,
+  return {"first_step_s": startup.get("first_step_after_start_s"),
+          "first_row_s": first if first is not None else end, "exit_s": end,
           "compile_s": summary["compile_s"],
           **{"run_" + k: startup[k] for k in PHASES},
           "devices": summary.get("config", {}).get("devices")}
+
+
+def _seconds(value) -> str:
+  return "–" if value is None else f"{value:.2f}"
 
 
 def measure(name: str, repeats: int) -> list[dict]:
@@ -104,9 +111,10 @@ def measure(name: str, repeats: int) -> list[dict]:
   for (d, phase), runs in times.items():
     row = {"run": name, "devices": d, "cache": phase,
            "import_s": statistics.median(imports[d])}
-    for key in ("first_row_s", "exit_s", "compile_s",
+    for key in ("first_step_s", "first_row_s", "exit_s", "compile_s",
                 *("run_" + k for k in PHASES)):
-      row[key] = statistics.median(r[key] for r in runs)
+      values = [r[key] for r in runs if r[key] is not None]
+      row[key] = statistics.median(values) if values else None
     row["all"] = runs
     rows.append(row)
   return rows
@@ -122,16 +130,18 @@ def main():
   bad = sorted(set(args.runs.split(",")) - set(RUNS))
   if bad:
     parser.error(f"--runs={','.join(bad)}: expected one of {', '.join(RUNS)}")
-  print("| run | devices | cache | import s | first row s | exit s | "
+  print("| run | devices | cache | import s | first step s | first row s | "
+        "exit s | "
         "compile s | " + " | ".join(
             name for key, name in STARTUP_PHASES if key in PHASES) + " |")
-  print("| --- " * 12 + "|")
+  print("| --- " * 13 + "|")
   rows = []
   for name in args.runs.split(","):
     for r in measure(name, args.repeats):
       rows.append(r)
       print(f"| {r['run']} | {r['devices']} | {r['cache']} | "
-            f"{r['import_s']:.2f} | {r['first_row_s']:.2f} | "
+            f"{r['import_s']:.2f} | {_seconds(r['first_step_s'])} | "
+            f"{r['first_row_s']:.2f} | "
             f"{r['exit_s']:.2f} | {r['compile_s']:.2f} | "
             + " | ".join(f"{r['run_' + k]:.2f}" for k in PHASES) + " |",
             flush=True)

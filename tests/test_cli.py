@@ -45,6 +45,11 @@ def test_train_writes_logs_and_prints_a_summary(tmp_path, capsys):
   if startup["first_row_after_start_s"] is not None:  # Linux
     assert startup["first_row_after_start_s"] > (startup["import_s"]
                                                  + sum(parts))
+    assert startup["first_step_after_start_s"] == pytest.approx(
+        startup["first_row_after_start_s"] - startup["first_row_s"])
+    assert startup["first_step_after_start_s"] > (startup["import_s"]
+                                                  + sum(parts[:-1]))
+    assert "first step" in printed
   assert "start-up          import" in printed and "first chunk" in printed
 
 

@@ -347,5 +347,8 @@ def startup_line(st: dict) -> str:
     rest = after - sum(value for _, value in parts if value is not None)
     if rest >= 0.05:  # arguments, the dataset's files, the writers
       text += f", other {rest:.1f} s"
-    text += f"; first row {after:.1f} s after the process started"
+    step = st.get("first_step_after_start_s")
+    first_step = "" if step is None else f"first step {step:.1f} s, "
+    text += (f"; {first_step}first row {after:.1f} s after the process "
+             "started")
   return text

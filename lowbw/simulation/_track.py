@@ -257,12 +257,15 @@ class Track:
   def startup_figures(self) -> dict:
     """The start-up breakdown, and when the first row was logged: seconds
     of training before it (the first chunk, and its evaluation if any) and
-    the process's age then (None off Linux, or before any row)."""
+    the process's age then and when training started (None off Linux, or
+    before any row)."""
     at, age = self.first_row or (None, None)
     first = (None if at is None or self.training_started is None
              else at - self.training_started)
     return {**self.startup, "first_row_s": first,
-            "first_row_after_start_s": age}
+            "first_row_after_start_s": age,
+            "first_step_after_start_s": (
+                None if age is None or first is None else age - first)}
 
   def time_split(self) -> dict:
     """Nominal compute and communication seconds of the run (per worker,
