@@ -77,7 +77,9 @@ def child(workload: str, arm: str) -> dict:
 
 def phases(workload: str) -> dict:
   """The study once, in this process, with its time split into compiling,
-  running, the first and later initial states and builds, and the rest."""
+  running, the first and later initial states and builds, and the rest.
+  (A compiled initial state's program is compiled in the run's
+  ``compile_s``; the initial states' seconds here include it.)"""
   import collections
   import lowbw
   from lowbw.simulation import Simulator
