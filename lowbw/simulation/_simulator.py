@@ -116,9 +116,7 @@ class Simulator:
     self._samplers: dict = {}
     self._unreported_compile_s = 0.0
     # Start-up seconds not yet in a run's summary (``take_startup``).
-    self._unreported_startup = {
-        "build_s": time.perf_counter() - started, "trace_s": 0.0,
-        "init_compile_s": 0.0}
+    self._unreported_startup = _no_startup(time.perf_counter() - started)
     if compile and self.mesh is None:
       self.executables(*self.initial(0)[:3])
 
@@ -151,22 +149,31 @@ class Simulator:
       return jax.jit(self._initial_state)
     return self._initial_state
 
-  def _initial_program(self, key) -> _engine.SimState:
+  def _seeded_state(self, key) -> _engine.SimState:
     """The initial state from ``key``. A compiled initial state is
     compiled ahead, once, and counted as compiling (``compile_s``, traced
     and compiled or loaded), not as making the state."""
     if not hasattr(self._init, "lower"):  # op by op
       return self._init(key)
     if self._init_compiled is None:
-      start = time.perf_counter()
-      lowered = self._init.lower(key)
-      traced = time.perf_counter()
-      self._init_compiled = lowered.compile()
-      seconds = time.perf_counter() - start
-      self._unreported_compile_s += seconds
-      self._unreported_startup["trace_s"] += traced - start
+      (self._init_compiled,), seconds = self._compile(
+          lambda: (self._init.lower(key),))
       self._unreported_startup["init_compile_s"] += seconds
     return self._init_compiled(key)
+
+  def _compile(self, lower) -> tuple[tuple, float]:
+    """``(compiled programs, seconds)`` of the programs ``lower()``
+    returns (None stays None), their tracing and compiling (or loading)
+    counted in the next run's ``compile_s`` and start-up breakdown."""
+    start = time.perf_counter()
+    lowered = lower()
+    traced = time.perf_counter()
+    compiled = tuple(None if program is None else program.compile()
+                     for program in lowered)
+    seconds = time.perf_counter() - start
+    self._unreported_compile_s += seconds
+    self._unreported_startup["trace_s"] += traced - start
+    return compiled, seconds
 
   def _initial_state(self, key, params=None) -> _engine.SimState:
     """The state of a run from ``key``; every worker (and the DDP lane)
@@ -328,21 +335,18 @@ class Simulator:
     jitted = jitted or self._jitted
     sig = (key, _signature((state, sampler, net)))
     if sig not in self._cache:
-      start = time.perf_counter()
-      lowered = (
+      compiled, _ = self._compile(lambda: (
           jitted.chunk.lower(state, sampler, 1, net),
           None if jitted.tail is None
           else jitted.tail.lower(state, sampler, net),
           jitted.evaluate.lower(state, self.eval_batches),
-          jitted.global_params.lower(state))
-      traced = time.perf_counter()
-      exe = Executables(*(None if program is None else program.compile()
-                          for program in lowered))
+          jitted.global_params.lower(state)))
+      exe = Executables(*compiled)
+      start = time.perf_counter()
       state, _ = exe.chunk(state, sampler, 0, net)
       jax.block_until_ready(state)
       self._cache[sig] = exe
       self._unreported_compile_s += time.perf_counter() - start
-      self._unreported_startup["trace_s"] += traced - start
     return self._cache[sig], state
 
   def take_compile_s(self) -> float:
@@ -357,9 +361,7 @@ class Simulator:
     the initial state, tracing the programs and compiling or loading them
     (``compile_s`` less the tracing; 0 when they were compiled before), and
     the process's age when ``import lowbw`` finished (None off Linux)."""
-    spent = self._unreported_startup
-    self._unreported_startup = {"build_s": 0.0, "trace_s": 0.0,
-                                "init_compile_s": 0.0}
+    spent, self._unreported_startup = self._unreported_startup, _no_startup()
     return {"import_s": telemetry.import_s(), "build_s": spent["build_s"],
             "initial_state_s": max(initial_s - spent["init_compile_s"], 0.0),
             "trace_s": spent["trace_s"],
@@ -466,7 +468,7 @@ class Simulator:
     """The initial ``SimState`` of ``seed`` with traced ``state_values``
     set (on one device), from ``params`` when given."""
     key = jax.random.PRNGKey(seed)
-    state = (self._initial_program(key) if params is None
+    state = (self._seeded_state(key) if params is None
              else self._initial_state(key, params))
     if state_values:  # a few small arrays: not worth compiling a program
       state = _hparams.set_state(state, state_values, self.config.strategy)
@@ -653,6 +655,12 @@ class Simulator:
 
 def _narrow(c: _config.RunConfig):
   return None if c.worker_dtype == "float32" else jnp.bfloat16
+
+
+def _no_startup(build_s: float = 0.0) -> dict:
+  """Start-up seconds not yet reported: building, tracing, and compiling
+  the initial state (inside ``initial_s``, reported as compiling)."""
+  return {"build_s": build_s, "trace_s": 0.0, "init_compile_s": 0.0}
 
 
 def _signature(tree):
