@@ -48,6 +48,19 @@ def _run(strategy):
   return sim.run(0), params0, model, data
 
 
+def _delayed_nesterov_arrival(g, m, pending, count, every):
+  """One arrival of Algorithm 2: the model moves by g / N at once, the
+  momentum every N-th arrival by the buffered ones (their sum / N)."""
+  pending = jax.tree.map(lambda p, x: p + x / every, pending, g)
+  count += 1
+  step = jax.tree.map(lambda x: x / every, g)
+  if count == every:
+    m = jax.tree.map(lambda m, p: MOMENTUM * m + p, m, pending)
+    step = jax.tree.map(lambda s, m: s + MOMENTUM * m, step, m)
+    pending, count = jax.tree.map(jnp.zeros_like, pending), 0
+  return step, m, pending, count
+
+
 def _reference(params0, model, data, inner, dylu=False, every=0,
                staleness_scale=False):
   """Events in continuous time; returns the server's model after TICKS
@@ -87,18 +100,12 @@ def _reference(params0, model, data, inner, dylu=False, every=0,
     g = jax.tree.map(lambda *d: sum(d) / len(arriving), *[
         jax.tree.map(lambda a, t: c * (a - t), anchor[w], theta[w])
         for w, c in zip(arriving, scale)])
-    if every:  # Delayed Nesterov, Algorithm 2 of the paper
-      n = len(arriving)
-      share = jax.tree.map(lambda x: x * n / every, g)
-      pending = jax.tree.map(lambda p, s: p + s, pending, share)
-      count += n
-      if count >= every:
-        m = jax.tree.map(lambda m, p: MOMENTUM * m + p, m, pending)
-        step = jax.tree.map(lambda s, m: s + MOMENTUM * m, share, m)
-        pending = jax.tree.map(jnp.zeros_like, pending)
-        count -= every
-      else:
-        step = share
+    if every:  # Delayed Nesterov: the instant's arrivals one at a time
+      step = jax.tree.map(jnp.zeros_like, g)
+      for _ in arriving:
+        (one, m, pending, count) = _delayed_nesterov_arrival(
+            g, m, pending, count, every)
+        step = jax.tree.map(lambda s, o: s + o, step, one)
     else:  # Nesterov SGD on the arrivals' mean
       m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
       step = jax.tree.map(lambda x, m: x + MOMENTUM * m, g, m)
@@ -107,6 +114,35 @@ def _reference(params0, model, data, inner, dylu=False, every=0,
     for w in arriving:
       theta[w] = anchor[w] = server
       pulled[w], done[w] = version, 0
+
+
+def test_delayed_nesterov_with_several_arrivals_is_them_one_at_a_time():
+  """An update of n arrivals of the mean g equals n updates of one arrival
+  (a plain loop of Algorithm 2), also when they cross one or several N-th
+  arrivals: only the arrivals that complete N enter the momentum."""
+  every = 2
+  dn = strategies.delayed_nesterov(OUTER_LR, MOMENTUM, every=every)
+  update = jax.jit(lambda g, s, n: dn.update(g, s, arrivals=n))
+  rng = np.random.default_rng(0)
+  state, m = dn.init(jnp.zeros(3)), np.zeros(3, np.float32)
+  pending, count = np.zeros(3, np.float32), 0
+  for n in (3, 1, 2, 5, 1, 1, 4, 3):
+    g = rng.normal(size=3).astype(np.float32)
+    step, state = update(jnp.asarray(g), state, n)
+    want = np.zeros(3, np.float32)
+    for _ in range(n):
+      one, m, pending, count = _delayed_nesterov_arrival(
+          g, m, pending, count, every)
+      want += one
+    np.testing.assert_allclose(step, -OUTER_LR * want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state.momentum, m, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state.pending, pending, rtol=1e-5, atol=1e-6)
+    assert int(state.arrivals) == count
+  # The figures of the report: three arrivals of 1 from zero, N = 2.
+  step, state = dn.update(jnp.ones(1), dn.init(jnp.zeros(1)), arrivals=3)
+  np.testing.assert_allclose(step, [-0.7 * (1.5 + 0.9)], rtol=1e-6)
+  np.testing.assert_allclose(state.momentum, [1.0])
+  assert int(state.arrivals) == 1
 
 
 @pytest.mark.parametrize("options", [

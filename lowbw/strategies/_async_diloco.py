@@ -62,8 +62,11 @@ def delayed_nesterov(learning_rate: float = 0.7, momentum: float = 0.9,
   Each arrival's pseudo-gradient g moves the model at once by -lr x g / N;
   the momentum moves only every N = ``every`` arrivals, by the buffered
   ones: m <- momentum x m + (sum of the N arrivals' g) / N, and that step
-  adds -lr x momentum x m. With N arrivals at once (an equal fleet, N = W)
-  it is SGD with Nesterov momentum on their mean: DiLoCo's outer step.
+  adds -lr x momentum x m. An update with ``arrivals`` = n is n arrivals of
+  the mean g fed one at a time: when they cross the N-th arrival, only those
+  that complete it enter the momentum (several moves if n spans several N)
+  and the rest wait in the buffer. With N arrivals at once (an equal fleet,
+  N = W) it is SGD with Nesterov momentum on their mean: DiLoCo's outer step.
   """
   every = _validate.positive_int("delayed_nesterov", every)
 
@@ -75,19 +78,36 @@ def delayed_nesterov(learning_rate: float = 0.7, momentum: float = 0.9,
   def update(grads, state, params=None, *, arrivals=1, **extra):
     del params, extra
     n = jnp.asarray(arrivals, jnp.int32)
-    share = optax.tree.scale(n.astype(jnp.float32) / every, grads)
-    pending = optax.tree.add(state.pending, share)
-    count = state.arrivals + n
-    due = count >= every
-    m = jax.tree.map(lambda m, p: jnp.where(due, momentum * m + p, m),
-                     state.momentum, pending)
-    step = jax.tree.map(lambda s, m: -learning_rate * (
-        s + jnp.where(due, momentum * m, 0.0)), share, m)
-    pending = jax.tree.map(lambda p: jnp.where(due, 0.0, p), pending)
-    return step, DelayedNesterovState(m, pending,
-                                      jnp.where(due, count - every, count))
+    total = state.arrivals + n
+    moves = total // every          # momentum moves these arrivals complete
+    left = total - moves * every    # arrivals buffered after them
+    share = optax.tree.scale(1.0 / every, grads)   # one arrival's g / N
+    times = lambda k, t: jax.tree.map(  # noqa: E731
+        lambda x: k.astype(x.dtype) * x, t)
+    # The first move takes the buffer and the arrivals that complete it;
+    # any later one N arrivals of g, i.e. g itself.
+    first = optax.tree.add(state.pending, times(every - state.arrivals, share))
+    m, moved = _momentum_moves(momentum, moves, state.momentum, first, grads)
+    step = jax.tree.map(lambda s, acc: -learning_rate * (
+        n.astype(s.dtype) * s + momentum * acc), share, moved)
+    pending = jax.tree.map(lambda p, s: jnp.where(
+        moves > 0, left.astype(s.dtype) * s, p + n.astype(s.dtype) * s),
+                           state.pending, share)
+    return step, DelayedNesterovState(m, pending, left)
 
   return optax.GradientTransformationExtraArgs(init, update)
+
+
+def _momentum_moves(momentum, moves, m, first, rest):
+  """``moves`` (traced) momentum moves m <- momentum x m + p, p = ``first``
+  then ``rest``; returns m and the sum of the moved m's (each move's step
+  adds -lr x momentum x m)."""
+  def move(i, carry):
+    m, moved = carry
+    p = jax.tree.map(lambda f, r: jnp.where(i == 0, f, r), first, rest)
+    m = jax.tree.map(lambda m, p: momentum * m + p, m, p)
+    return m, optax.tree.add(moved, m)
+  return jax.lax.fori_loop(0, moves, move, (m, optax.tree.zeros_like(m)))
 
 
 def _with_delayed_nesterov(outer: optax.GradientTransformation, every: int
