@@ -7,6 +7,7 @@ finished; irregular grids work from the API and from ``--grid-file``.
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -352,3 +353,41 @@ def test_each_tier_of_outer_optimizers_is_traced_where_the_strategy_says():
                      "invalid: strategy 'diloco' has no global outer"):
     lowbw.sweep(diloco, grid={"global_outer_lr": [0.1]})
 
+
+
+def test_a_reloaded_study_pairs_each_point_with_its_own_settings(
+    base, tmp_path):
+  # The grid's fields out of alphabetical order: study.json stores the grid
+  # with sorted keys, so re-enumerating it on reload ran the product in
+  # another order than the points were run in.
+  out = str(tmp_path / "study")
+  grid = {"outer_lr": [0.5, 0.7], "inner_lr": [1e-3, 3e-3]}
+  ran = lowbw.study(base, grid, seeds=[0], out=out, progress=False,
+                    plots=False)
+  assert [p.values for p in ran.points] == [
+      {"outer_lr": a, "inner_lr": b} for a in (0.5, 0.7) for b in (1e-3, 3e-3)]
+  loaded = lowbw.studies.load(out)
+  for before, after in zip(ran.points, loaded.points):
+    assert (after.index, after.values, after.seed) == (
+        before.index, before.values, before.seed)
+    assert after.config.replace(out=None) == before.config.replace(out=None)
+    assert after.summary["final_eval_loss"] == before.summary[
+        "final_eval_loss"]
+  assert loaded.final(frame=False) == ran.final(frame=False)
+  # Each point's record names its settings, and final.csv reads the same.
+  for p in loaded.points:
+    with open(os.path.join(p.log_dir, "point.json")) as f:
+      assert json.load(f)["values"] == p.values
+  rows = (tmp_path / "study" / "final.csv").read_text().splitlines()
+  assert rows[0].startswith("outer_lr,inner_lr,")
+  assert [r.split(",")[:2] for r in rows[1:]] == [
+      ["0.5", "0.001"], ["0.5", "0.003"], ["0.7", "0.001"], ["0.7", "0.003"]]
+  # The same study with its fields in another order is another order of
+  # points: refused, not resumed with each folder's results under another
+  # point's settings.
+  with pytest.raises(lowbw.ConfigError, match=re.escape(
+      f"out='{out}' is invalid: its point 1 ran inner_lr=0.003, "
+      "outer_lr=0.5 (seed 0) but this grid puts inner_lr=0.001, outer_lr=0.7 "
+      "(seed 0) there")):
+    lowbw.study(base, {"inner_lr": [1e-3, 3e-3], "outer_lr": [0.5, 0.7]},
+                seeds=[0], out=out, progress=False, plots=False)

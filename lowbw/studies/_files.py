@@ -50,6 +50,12 @@ def spec(base, grid, seeds) -> dict:
       _grid.check_grid(grid)), "seeds": list(seeds)}
 
 
+def names(grid) -> list[str]:
+  """The swept fields, in the order the grid gives them (``study.json``
+  keeps them as a list: its dicts are written with sorted keys)."""
+  return list(dict.fromkeys(n for sub in _grid.check_grid(grid) for n in sub))
+
+
 def point_dir(out: str | None, index: int) -> str | None:
   return None if out is None else os.path.join(out, POINTS, f"{index:04d}")
 
@@ -83,7 +89,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
       elif os.path.exists(target):
         os.remove(target)
   prepare_log_dir(out, overwrite=overwrite, field="out")
-  telemetry.write_json(path, {"spec": mine})
+  telemetry.write_json(path, {"spec": mine, "names": names(grid)})
   return set()
 
 
@@ -131,10 +137,51 @@ def read_history(path: str) -> dict[str, np.ndarray]:
                             for r in body]) for i, name in enumerate(head)}
 
 
+def read_done(out: str, index: int) -> dict:
+  """The record of finished point ``index`` (its ``point.json``)."""
+  with open(os.path.join(point_dir(out, index), DONE)) as f:
+    return json.load(f)
+
+
+def check_finished(out: str | None, points: list, done: set[int]) -> None:
+  """Each finished point of ``out`` ran the settings and seed that ``points``
+  (this study's expansion) gives its index: the same grid with its fields
+  or values in another order is another order of points, whose folders
+  would be read as the wrong points.
+
+  Raises:
+    ConfigError: naming ``out`` and the first point that differs.
+  """
+  for p in points:
+    if p.index not in done:
+      continue
+    saved = read_done(out, p.index)
+    mine = _jsonable(p.values)
+    if saved["values"] == mine and saved["seed"] == p.seed:
+      continue
+    ran = _grid.describe(dict(sorted(saved["values"].items())))
+    here = _grid.describe(dict(sorted(mine.items())))
+    raise _validate.fail(
+        "out", out, f"its point {p.index} ran {ran} (seed {saved['seed']}) "
+        f"but this grid puts {here} (seed {p.seed}) there; give the grid's "
+        "fields, values and seeds in the order the study was started with, "
+        "or another folder")
+
+
+def recorded_point(out: str, base: dict, index: int,
+                   order: list[str]) -> _grid.Point:
+  """Finished point ``index`` as its own record stores it: its values (in
+  the grid's field ``order``) and seed, its config rebuilt from ``base``."""
+  saved = read_done(out, index)
+  values = {n: saved["values"][n] for n in order if n in saved["values"]}
+  values.update(saved["values"])  # fields ``order`` lacks (an old record)
+  return _grid.Point(index, values, saved["seed"],
+                     _grid.point_config(base, values, saved["seed"]))
+
+
 def read_point(out: str, point: _grid.Point) -> PointResult:
   folder = point_dir(out, point.index)
-  with open(os.path.join(folder, DONE)) as f:
-    saved = json.load(f)
+  saved = read_done(out, point.index)
   history = read_history(os.path.join(folder, "metrics.csv"))
   if "step" in history:
     history["step"] = history["step"].astype(np.int64)
@@ -185,7 +232,7 @@ def write_tables(study, out: str) -> None:
   with open(path) as f:
     record = json.load(f)
   record["summary"] = _jsonable(study.summary)
-  record["names"] = study.names
+  record["names"] = list(study.names)
   telemetry.write_json(path, record)
 
 

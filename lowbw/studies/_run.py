@@ -69,12 +69,12 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   points = _grid.expand(base, grid, seeds)
   points_per_batch = _validate.optional_positive_int("points_per_batch",
                                                      points_per_batch)
-  names = list(dict.fromkeys(n for sub in _grid.check_grid(grid)
-                             for n in sub))
+  names = _files.names(grid)
   groups = _grid.groups(points)
   for group in groups:  # what a build checks with the data, before any runs
     _check_build(group[0])
   done = _files.prepare(out, base, grid, seeds, overwrite)
+  _files.check_finished(out, points, done)
   show = telemetry.is_terminal() if progress is None else progress
   bar = _bar(len(points), len(done)) if show else None
   results: dict[int, PointResult] = {}
@@ -225,15 +225,16 @@ def _run_point(sim, point: _grid.Point, out: str | None,
 
 def load(out: str) -> Study:
   """The study in folder ``out`` as it stands: its finished points (a
-  study still running, or killed, has fewer than its grid)."""
+  study still running, or killed, has fewer than its grid), each with the
+  values and seed its own record stores (not the grid enumerated again:
+  ``study.json`` keeps the grid with its fields sorted)."""
   record = _files.read_record(out)
   spec = record["spec"]
   base = spec["base"]
   points = _grid.expand(base, spec["grid"], spec["seeds"])
-  done = _files.finished(out)
-  results = [_files.read_point(out, p) for p in points if p.index in done]
-  names = record.get("names") or list(dict.fromkeys(
-      n for sub in spec["grid"] for n in sub))
+  names = record.get("names") or _files.names(spec["grid"])
+  results = [_files.read_point(out, _files.recorded_point(out, base, i, names))
+             for i in sorted(_files.finished(out))]
   summary = {"points": len(points), "groups": len(_grid.groups(points)),
              "builds": 0, "resumed": len(results), "wall_time_s": 0.0,
              "compile_s": 0.0, **record.get("summary", {}), "out": out}
