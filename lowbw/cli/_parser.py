@@ -91,6 +91,10 @@ class Parser(argparse.ArgumentParser):
                   self._record)
 
   def _record(self, action: argparse.Action) -> argparse.Action:
+    if isinstance(action.help, str) and "%(" not in action.help:
+      # argparse %-formats every help text: a plain "0.05%" would crash
+      # --help. Texts that use %(default)s escape their own.
+      action.help = action.help.replace("%", "%%")
     if not action.option_strings or action.dest == "help":
       return action
     flag = long_name(action)
