@@ -193,7 +193,16 @@ class Track:
       name = self.log_dir and os.path.basename(os.path.normpath(self.log_dir))
       self.writers.append(telemetry.WandbWriter(
           wandb_project, self.config, name=name, directory=self.log_dir))
-    for row in self.history.rows:
+    # A checkpoint at the last step holds that step's row before
+    # ``finalize`` completes it; finalize writes it (once), as in the
+    # uninterrupted run.
+    last = self.sim.config.steps
+    self._rewrite([r for r in self.history.rows if r[names.STEP] < last])
+
+  def _rewrite(self, rows: list[dict]) -> None:
+    """Writes ``rows`` to the files again, without the user's callback (a
+    resumed run's rows from before its checkpoint)."""
+    for row in rows:
       for w in self.writers:
         w.write(row)
 

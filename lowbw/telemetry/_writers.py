@@ -237,7 +237,8 @@ class TensorBoardWriter:
   def __init__(self, log_dir: str, purge_step: int | None = None,
                run_dir: str | None = None):
     """``purge_step``: on resume, events at or after it from the interrupted
-    run are discarded, so TensorBoard shows one curve. ``run_dir``: the
+    run are discarded, so TensorBoard shows one curve (at 0, the resumed run
+    writes every row again and the older event files are removed). ``run_dir``: the
     folder a failed write tells to resume (default: ``log_dir``'s parent)."""
     # imported lazily: slow to import
     from tensorboardX.proto.event_pb2 import Event, SessionLog
@@ -258,6 +259,8 @@ class TensorBoardWriter:
                       session_log=SessionLog(status=SessionLog.START))]
     with _closed_on_error(self._file):
       self._file.write(b"".join(map(self._record, first)))
+    if purge_step == 0:
+      _remove_other_events(log_dir, self._file.name)
 
   def write(self, row: dict[str, Any]) -> None:
     step, now = int(row["step"]), time.time()
@@ -276,6 +279,19 @@ class TensorBoardWriter:
 
   def close(self) -> None:
     self._file.close()
+
+
+def _remove_other_events(log_dir: str, keep: str) -> None:
+  """Removes the event files of interrupted runs: TensorBoard discards all
+  their events once it reads this file's purge at step 0 (a resumed run
+  writes every row again), so only the disk space and a second copy of
+  each scalar for other readers would remain. Best effort: a file left
+  behind is still purged."""
+  for name in os.listdir(log_dir):
+    path = os.path.join(log_dir, name)
+    if name.startswith("events.out.tfevents.") and path != keep:
+      with contextlib.suppress(OSError):
+        os.remove(path)
 
 
 def _event_file(log_dir: str, run_dir: str) -> _File:
