@@ -99,3 +99,45 @@ def test_traces_must_fit_the_fleet(tmp_path):
     net_lib.network(hardware="1s", speeds=str(tmp_path / "missing.csv"))
   with pytest.raises(ValueError, match="speeds"):
     net_lib.network(hardware="1s", speeds=[1, 0, 1, 1])
+
+
+@pytest.mark.parametrize("ending", ["plain", "bom_crlf"])
+def test_a_one_row_speed_trace_is_a_constant_fleet(tmp_path, ending):
+  """One row (worker 1 at half speed from 0) holds for the whole run, as
+  ``speeds=[1, 0.5, 1, 1]`` does: every round takes 20 one-second steps'
+  worth. A spreadsheet's byte-order mark and CRLF line ends read the same."""
+  path = tmp_path / "one.csv"
+  text = "time,a,b,c,d\n0,1,0.5,1,1\n"
+  if ending == "bom_crlf":
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+  else:
+    path.write_text(text)
+  net = net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=str(path))
+  assert net.speed_trace.values == ((1.0, 0.5, 1.0, 1.0),)
+  sim_time = _run(net).history["sim_time_s"]
+  np.testing.assert_allclose(sim_time, [20, 40, 60, 80], atol=1e-3)
+
+
+def test_a_trace_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
+  path = tmp_path / "latin.csv"
+  path.write_bytes("time,a\xe9\n0,1\n".encode("latin-1"))
+  with pytest.raises(ValueError, match="speeds.*latin.csv.*not UTF-8"):
+    net_lib.network(hardware="1s", speeds=str(path))
+
+
+def test_a_long_trace_is_looked_up_by_binary_search():
+  """``Trace.at`` against a plain scan of the rows, on a trace with
+  repeated look-ups between, at and past its change times."""
+  times = tuple(float(t) for t in range(0, 300, 3))
+  values = tuple((float(i),) for i in range(len(times)))
+  t = net_lib.Trace(times, values)
+
+  def scan(x):
+    row = 0
+    for i, start in enumerate(times):
+      if start <= x:
+        row = i
+    return values[row]
+
+  for x in np.linspace(0, 320, 641):
+    assert t.at(float(x)) == scan(x)

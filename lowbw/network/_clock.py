@@ -349,8 +349,7 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
   hw = net.hardware
   base = 0.0 if pricing.step_s is None else pricing.step_s
   costs = pricing.clock_costs
-  speeds = np.ones(num_workers) if hw is None or hw.speeds is None else (
-      np.asarray(hw.speeds, np.float64))
+  speeds = _start_speeds(net, num_workers)
   s = net.stragglers or Stragglers()
   f = net.faults or Faults()
   never = np.iinfo(np.int32).max
@@ -379,6 +378,18 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
           pricing.segments, base, speeds),
       byzantine=_byzantine(f, num_workers),
   )
+
+
+def _start_speeds(net: Network, num_workers: int) -> np.ndarray:
+  """The speeds at time 0: the trace's first row under a speed trace (which
+  a one-row trace, a constant fleet, holds for the whole run), else the
+  hardware's."""
+  hw = net.hardware
+  if hw is not None and net.speed_trace is not None:
+    return np.asarray(net.speed_trace.values[0], np.float64)
+  if hw is None or hw.speeds is None:
+    return np.ones(num_workers)
+  return np.asarray(hw.speeds, np.float64)
 
 
 def _byzantine(f: Faults, num_workers: int) -> "Byzantine | None":

@@ -16,6 +16,7 @@ of the run (piecewise constant). The first row must be at time 0, so the
 trace covers the run from its start.
 """
 
+import bisect
 import csv
 import os
 from typing import NamedTuple
@@ -42,12 +43,10 @@ class Trace(NamedTuple):
     return len(self.values[0])
 
   def at(self, t: float) -> tuple[float, ...]:
-    """The values in force at time ``t``."""
-    row = 0
-    for i, start in enumerate(self.times):
-      if start <= t:
-        row = i
-    return self.values[row]
+    """The values in force at time ``t`` (a binary search: pricing asks
+    this at every change time, so a linear scan made long traces
+    quadratic)."""
+    return self.values[max(bisect.bisect_right(self.times, t) - 1, 0)]
 
   def describe(self) -> dict:
     return {"trace": self.source or "python", "times_s": list(self.times),
@@ -69,13 +68,17 @@ def trace(value, field: str, parse) -> Trace:
     return _check(value, field)
   path = str(value).strip()
   try:
-    with open(path, newline="") as f:
+    # utf-8-sig: a spreadsheet's byte-order mark is not part of the header.
+    with open(path, newline="", encoding="utf-8-sig") as f:
       reader = csv.reader(f)
       rows = [(reader.line_num, r) for r in reader
               if any(c.strip() for c in r)]
   except OSError as e:
     raise _validate.fail(field, path, f"cannot read the trace file "
                          f"({e.strerror or e})") from None
+  except UnicodeDecodeError as e:
+    raise _validate.fail(field, path, f"the trace file is not UTF-8 text "
+                         f"(byte {e.start}); save it as UTF-8 CSV") from None
   if len(rows) < 2:
     raise _validate.fail(field, path, "a trace needs a header row and at "
                          "least one row of values (time, one per worker)")
