@@ -65,8 +65,10 @@ class Track:
     if rows and self.first_row is None and self.training_started is not None:
       self.first_row = (time.perf_counter(), telemetry.process_age_s())
     for row in rows:
-      for w in self.writers:
+      for i, w in enumerate(self.writers):
         w.write(row)
+        if i == 0:  # in metrics.csv, not yet in TensorBoard
+          telemetry.kill_point("row")
       if self.callback:
         self.callback(row)
 

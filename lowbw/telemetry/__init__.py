@@ -5,6 +5,7 @@ from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
                                    spans_decades)
 from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
                                          latest_step, read_meta, restore, save)
+from lowbw.telemetry._killpoint import kill_point
 from lowbw.telemetry._params import PARAMS, load_params, save_params
 from lowbw.telemetry._progress import ProgressBar, is_terminal
 from lowbw.telemetry._startup import (STARTUP_PHASES, import_s, mark_imported,
@@ -18,7 +19,7 @@ __all__ = [
     "STARTUP_PHASES", "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
     "CHECKPOINTS", "CSVWriter", "PARAMS", "load_params", "save_params", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
-    "import_s", "import_wandb", "is_terminal", "latest_step",
+    "import_s", "import_wandb", "is_terminal", "kill_point", "latest_step",
     "mark_imported", "names", "process_age_s", "quiet_logs",
     "read_meta", "restore", "save", "write_json", "write_text",
 ]

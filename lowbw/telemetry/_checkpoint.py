@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any
 
+from lowbw.telemetry._killpoint import kill_point
 from lowbw.telemetry._writers import (WriteError, check_writable, error_code,
                                       quiet_logs)
 
@@ -65,7 +66,9 @@ def save(directory: str, step: int, state: Any, meta: dict,
   directory = os.path.abspath(directory)
   run_dir = _run_dir(directory)
   check_writable(directory, run_dir)
+  kill_point("checkpoint")
   failed = _save(directory, step, state, meta, max_to_keep)
+  kill_point("checkpoint_saved")
   if failed is not None:
     _remove_partial(directory, step)
     raise WriteError(os.path.join(directory, str(step)), failed, run_dir)

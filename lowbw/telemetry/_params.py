@@ -9,6 +9,7 @@ import jax
 import numpy as np
 
 from lowbw import _validate
+from lowbw.telemetry._killpoint import kill_point
 
 PARAMS = "params.npz"
 
@@ -22,6 +23,7 @@ def save_params(run_dir: str, params) -> str:
   path = os.path.join(run_dir, PARAMS)
   tmp = path + ".tmp.npz"
   np.savez(tmp, **arrays)
+  kill_point("replace")
   os.replace(tmp, path)
   return path
 

@@ -22,6 +22,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from lowbw.telemetry._killpoint import kill_point
+
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _NO_PERMISSION = (errno.EACCES, errno.EPERM, errno.EROFS)
 
@@ -366,6 +368,7 @@ def write_text(path: str, text: str, run_dir: str | None = None) -> None:
       f.write(text.encode("utf-8"))
     finally:
       f.close()
+    kill_point("replace")
     os.replace(tmp, path)
   except OSError as e:
     with contextlib.suppress(OSError):  # the partial copy, not the file

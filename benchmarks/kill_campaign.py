@@ -1,0 +1,359 @@
+"""Kill anywhere: SIGKILL ``lowbw train --checkpoint-every`` and ``lowbw
+sweep`` at random points, resume them, and check what a resumed run
+promises.
+
+Each chain starts a run (or a study), kills it, resumes it (``--resume``; a
+study: the same ``lowbw sweep`` again), kills the resumed process, and so on
+1-4 times, then lets it finish. A kill is one of:
+
+* ``row`` / ``replace`` / ``checkpoint`` / ``checkpoint_saved``: the process
+  kills itself at the N-th time it reaches that point of its writes
+  (``LOWBW_KILL_AT``, N drawn from the counts of an uninterrupted run): a
+  row in metrics.csv but not yet in TensorBoard, a JSON or parameter file
+  written but not yet renamed over the old one, a checkpoint about to be
+  saved or just saved;
+* ``checkpoint+delay``: 0-300 ms after a save begins, from a timer thread,
+  so inside orbax's write and commit of the checkpoint;
+* ``random time``: the campaign kills the process after a random delay up
+  to the uninterrupted process's wall time (start-up, steps, evaluation,
+  writes, anywhere).
+
+After every kill: every checkpoint that is visible (a step folder) is
+readable, and the rows in metrics.csv are the uninterrupted run's first
+rows. After the chain: metrics.csv and the TensorBoard scalars (read as
+TensorBoard reads them: a resumed run's purge drops earlier events) equal
+the uninterrupted run's, no row lost or twice, and the final parameters are
+the same bits; a study's final.csv, points.csv, each point's record and
+``lowbw.studies.load(OUT).final()`` equal an uninterrupted study's (wall
+and compile seconds aside).
+
+    python benchmarks/kill_campaign.py --kills 200 --json kill.json
+
+Counts per outcome are printed and written to ``--json``. Any outcome
+other than a kill, a finished process or a passed check is a failure.
+"""
+
+import argparse
+import collections
+import csv
+import glob
+import json
+import math
+import os
+import platform
+import random
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+TINY = ["--data", "digits", "--hidden", "8", "--workers", "2",
+        "--batch-size", "4", "--eval-examples", "32", "--no-progress"]
+CONFIGS = {
+    "diloco": ["train", *TINY, "--strategy", "diloco", "--H", "5",
+               "--steps", "30", "--eval-every", "10", "--checkpoint-every",
+               "5", "--log-every", "1", "--no-plot"],
+    "async_diloco": ["train", *TINY, "--strategy", "async_diloco", "--H",
+                     "5", "--steps", "30", "--eval-every", "10",
+                     "--checkpoint-every", "5", "--log-every", "1",
+                     "--no-plot"],
+    "diloco_quant4_ef": ["train", *TINY, "--strategy", "diloco", "--H", "5",
+                         "--codec", "quant:4", "--ef", "0.9", "--steps",
+                         "30", "--eval-every", "10", "--checkpoint-every",
+                         "10", "--log-every", "2", "--no-plot"],
+    "ddp": ["train", *TINY, "--strategy", "ddp", "--steps", "24",
+            "--eval-every", "8", "--checkpoint-every", "4", "--log-every",
+            "1", "--no-plot"],
+    # The grid's fields out of alphabetical order, on purpose.
+    "sweep": ["sweep", *TINY, "--strategy", "diloco", "--steps", "20",
+              "--eval-every", "10", "--grid", "outer_lr=0.5,0.7", "--grid",
+              "H=5,10", "--seeds", "0"],
+}
+# What a resumed run may legitimately write otherwise: wall-clock figures.
+WALL = ("wall_time_s",)
+SUMMARY_WALL = ("compile_s", "wall_time_s", "steps_per_s", "examples_per_s",
+                "tokens_per_s", "startup", "log_dir")
+
+
+def run(argv, folder, env_extra=None, kill_after=None):
+  """Runs ``lowbw ARGV --out folder``; returns (returncode, stderr, wall)."""
+  env = {**os.environ, **(env_extra or {})}
+  cmd = [sys.executable, "-m", "lowbw", *argv]
+  start = time.perf_counter()
+  proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, env=env, text=True)
+  try:
+    _, err = proc.communicate(timeout=kill_after)
+  except subprocess.TimeoutExpired:
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+  return proc.returncode, err, time.perf_counter() - start
+
+
+def csv_rows(path):
+  if not os.path.isfile(path):
+    return []
+  with open(path, newline="") as f:
+    return [{k: v for k, v in r.items() if k not in WALL}
+            for r in csv.DictReader(f)]
+
+
+def tensorboard(folder):
+  """(step, tag, value) as TensorBoard shows them (see the module doc)."""
+  from tensorboardX.proto.event_pb2 import Event
+  seen = []
+  for path in sorted(glob.glob(os.path.join(folder, "tensorboard",
+                                            "events.out.tfevents.*"))):
+    raw, i = open(path, "rb").read(), 0
+    while i + 12 <= len(raw):
+      (n,) = struct.unpack("<Q", raw[i:i + 8])
+      if i + 16 + n > len(raw):
+        raise ValueError(f"{path}: a record cut short at byte {i}")
+      event = Event.FromString(raw[i + 12:i + 12 + n])
+      i += 16 + n
+      if event.HasField("session_log") and event.session_log.status == 1:
+        seen = [s for s in seen if s[0] < event.step]
+      seen += [(event.step, v.tag, v.simple_value)
+               for v in event.summary.value if v.tag not in WALL]
+  return seen
+
+
+def params(folder):
+  import numpy as np
+  path = os.path.join(folder, "params.npz")
+  with np.load(path) as f:
+    return {k: f[k].tobytes() + str(f[k].dtype).encode() for k in f.files}
+
+
+def checkpoints_readable(folder):
+  """The visible checkpoints (step folders) that cannot be read."""
+  import orbax.checkpoint as ocp
+  from lowbw import telemetry
+  directory = os.path.join(folder, telemetry.CHECKPOINTS)
+  bad = []
+  if not os.path.isdir(directory):
+    return bad
+  for name in sorted(os.listdir(directory)):
+    if not name.isdigit():
+      continue  # orbax's temporary folder: invisible to a resume
+    try:
+      with telemetry.quiet_logs(), ocp.CheckpointManager(
+          os.path.abspath(directory)) as m:
+        m.restore(int(name), args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(), meta=ocp.args.JsonRestore()))
+    except Exception as e:  # noqa: BLE001  (any failure is the finding)
+      bad.append(f"{name}: {str(e).splitlines()[0][:120]}")
+  return bad
+
+
+def study_tables(out):
+  """What a study folder says: its tables, records and reloaded final."""
+  import lowbw
+  tables = {}
+  for name in ("final.csv", "points.csv"):
+    tables[name] = [{k: v for k, v in r.items() if not k.startswith(
+        ("wall_time_s", "compile_s"))} for r in csv_rows(
+            os.path.join(out, name))]
+  for path in sorted(glob.glob(os.path.join(out, "points", "*",
+                                            "point.json"))):
+    with open(path) as f:
+      record = json.load(f)
+    record["summary"] = {k: v for k, v in record["summary"].items()
+                         if k not in SUMMARY_WALL}
+    key = os.path.relpath(os.path.dirname(path), out)
+    tables[key] = record
+    tables[key + "/metrics.csv"] = csv_rows(os.path.join(
+        os.path.dirname(path), "metrics.csv"))
+  final = lowbw.studies.load(out).final(frame=False)
+  tables["load().final()"] = {k: [None if isinstance(x, float) and
+                                  math.isnan(x) else x for x in v]
+                              for k, v in final.items()
+                              if not k.startswith(("wall_time_s",
+                                                   "compile_s"))}
+  return tables
+
+
+class Campaign:
+
+  def __init__(self, work, seed):
+    self.work, self.rng = work, random.Random(seed)
+    self.counts = collections.Counter()
+    self.failures = []
+    self.ref = {}
+    self.kills = 0
+
+  def note(self, outcome, detail=None):
+    self.counts[outcome] += 1
+    if detail is not None:
+      self.failures.append({"outcome": outcome, "detail": detail})
+      print(f"  FAIL {outcome}: {detail}", flush=True)
+
+  def reference(self, name):
+    folder = os.path.join(self.work, "ref", name)
+    counts = os.path.join(self.work, f"{name}.counts")
+    rc, err, wall = run(CONFIGS[name] + ["--out", folder],
+                        folder, {"LOWBW_KILL_COUNTS": counts})
+    if rc != 0:
+      raise SystemExit(f"the uninterrupted {name} run failed: {err[-2000:]}")
+    with open(counts) as f:
+      points = collections.Counter(f.read().split())
+    self.ref[name] = {"folder": folder, "points": points, "wall": wall}
+    print(f"reference {name}: {wall:.1f} s, kill points {dict(points)}",
+          flush=True)
+
+  def plan(self, name):
+    """(environment, kill_after seconds, outcome name) of one kill."""
+    ref = self.ref[name]
+    modes = [p for p in ref["points"]] + ["random time"]
+    if "checkpoint" in ref["points"]:
+      modes.append("checkpoint+delay")
+    mode = self.rng.choice(modes)
+    if mode == "random time":
+      return {}, self.rng.uniform(0.5, ref["wall"]), mode
+    if mode == "checkpoint+delay":
+      n = self.rng.randint(1, ref["points"]["checkpoint"])
+      delay = self.rng.uniform(0.0, 0.3)
+      return {"LOWBW_KILL_AT": f"checkpoint:{n}:{delay:.3f}"}, None, mode
+    n = self.rng.randint(1, ref["points"][mode])
+    return {"LOWBW_KILL_AT": f"{mode}:{n}"}, None, mode
+
+  def chain(self, name, index):
+    folder = os.path.join(self.work, "chains", f"{name}-{index:03d}")
+    argv, sweep = CONFIGS[name], name == "sweep"
+    started = False
+    for _ in range(self.rng.randint(1, 4)):
+      env, after, mode = self.plan(name)
+      rc, err = self.step(argv, folder, sweep, started, env, after)
+      started = True
+      if rc == -signal.SIGKILL:
+        self.kills += 1
+        self.note(f"{'sweep' if sweep else 'train'} killed: {mode}")
+        self.after_kill(name, folder, sweep)
+      elif rc == 0:
+        self.note("finished before its kill point")
+        break
+      else:
+        self.note(f"process failed (rc {rc})", f"{name} {folder}: "
+                  f"{env} {err.strip().splitlines()[-1:] or ''}")
+        return
+    else:
+      rc, err = self.step(argv, folder, sweep, started, {}, None)
+      if rc != 0:
+        self.note(f"resume failed (rc {rc})", f"{name} {folder}: "
+                  f"{err.strip().splitlines()[-1:] or ''}")
+        return
+    self.compare(name, folder, sweep)
+
+  def step(self, argv, folder, sweep, started, env, after):
+    """Starts the run, or resumes it: a study is run again with the same
+    folder; a run resumes from its checkpoint, or starts over when it was
+    killed before its first."""
+    from lowbw import telemetry
+    if sweep or not started:
+      cmd = argv + ["--out", folder]
+    elif telemetry.has_checkpoint(folder):
+      cmd = ["train", "--resume", folder, "--no-progress", "--no-plot"]
+    else:
+      self.note("restarted: killed before its first checkpoint")
+      cmd = argv + ["--out", folder, "--overwrite"]
+    rc, err, _ = run(cmd, folder, env, after)
+    return rc, err
+
+  def after_kill(self, name, folder, sweep):
+    if sweep:
+      ref = self.ref[name]["folder"]
+      for path in glob.glob(os.path.join(folder, "points", "*",
+                                         "point.json")):
+        point = os.path.dirname(os.path.relpath(path, folder))
+        if csv_rows(os.path.join(folder, point, "metrics.csv")) != csv_rows(
+            os.path.join(ref, point, "metrics.csv")):
+          self.note("finished point's rows differ", f"{folder} {point}")
+      return
+    bad = checkpoints_readable(folder)
+    if bad:
+      self.note("visible checkpoint unreadable", f"{folder}: {bad}")
+    rows = csv_rows(os.path.join(folder, "metrics.csv"))
+    whole = csv_rows(os.path.join(self.ref[name]["folder"], "metrics.csv"))
+    if rows != whole[:len(rows)]:
+      self.note("killed run's rows are not the first rows", folder)
+
+  def compare(self, name, folder, sweep):
+    ref = self.ref[name]["folder"]
+    if sweep:
+      mine, theirs = study_tables(folder), study_tables(ref)
+      differ = sorted(k for k in set(mine) | set(theirs)
+                      if mine.get(k) != theirs.get(k))
+      if differ:
+        self.note("study differs from the uninterrupted one",
+                  f"{folder}: {differ[:5]}")
+      else:
+        self.note("study equal to the uninterrupted one")
+      return
+    checks = {
+        "metrics.csv": (csv_rows(os.path.join(folder, "metrics.csv")),
+                        csv_rows(os.path.join(ref, "metrics.csv"))),
+        "tensorboard": (tensorboard(folder), tensorboard(ref)),
+        "params": (params(folder), params(ref)),
+    }
+    differ = [k for k, (a, b) in checks.items() if a != b]
+    if differ:
+      self.note("resumed run differs from the uninterrupted one",
+                f"{folder}: {differ}")
+    else:
+      self.note("resumed run bit-identical to the uninterrupted one")
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--kills", type=int, default=200,
+                 help="stop after this many kills (train and sweep)")
+  p.add_argument("--configs", default=",".join(CONFIGS),
+                 help=f"comma-separated, of {', '.join(CONFIGS)}")
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--work", help="folder for the runs (default: a temporary "
+                 "one, removed after)")
+  p.add_argument("--json", help="write the counts and failures here")
+  args = p.parse_args(argv)
+  names = args.configs.split(",")
+  unknown = [n for n in names if n not in CONFIGS]
+  if unknown:
+    p.error(f"--configs={unknown[0]!r} is invalid: expected some of "
+            f"{', '.join(CONFIGS)}")
+  work = args.work or tempfile.mkdtemp(prefix="kill-campaign-")
+  campaign, start = Campaign(work, args.seed), time.perf_counter()
+  for name in names:
+    campaign.reference(name)
+  index = 0
+  while campaign.kills < args.kills:
+    name = names[index % len(names)]
+    campaign.chain(name, index)
+    index += 1
+    print(f"chain {index} ({name}): {campaign.kills} kills, "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+  report = {
+      "command": "python benchmarks/kill_campaign.py " + " ".join(
+          sys.argv[1:] if argv is None else argv),
+      "kills": campaign.kills, "chains": index,
+      "counts": dict(sorted(campaign.counts.items())),
+      "failures": campaign.failures,
+      "wall_s": round(time.perf_counter() - start, 1),
+      "machine": {"platform": platform.platform(),
+                  "cpus": os.cpu_count(), "python": platform.python_version()},
+  }
+  for outcome, n in sorted(campaign.counts.items()):
+    print(f"{n:5d}  {outcome}")
+  print(f"{len(campaign.failures)} failures, {campaign.kills} kills in "
+        f"{index} chains, {report['wall_s']:.0f} s")
+  if args.json:
+    with open(args.json, "w") as f:
+      json.dump(report, f, indent=2)
+  if not args.work:
+    shutil.rmtree(work, ignore_errors=True)
+  return 1 if campaign.failures else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
