@@ -39,8 +39,8 @@ from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
-from lowbw.network._topology import (Flat, Hierarchical, count_links, flat,
-                                     relinked,
+from lowbw.network._topology import (Flat, Hierarchical, Link, count_links,
+                                     flat, relinked,
                                      hierarchical)
 
 TOPOLOGIES = ("ring", "parameter_server", "hierarchical")
@@ -304,12 +304,15 @@ class Pricing(NamedTuple):
 
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
-          num_params: int, flops_per_step: float) -> Pricing:
+          num_params: int, flops_per_step: float,
+          steps: int | None = None) -> Pricing:
   """Everything ``net`` charges for a run whose messages are ``channels``
   and whose model has ``num_params`` parameters, ``flops_per_step`` FLOPs
   per worker step. ``net.clock_params`` prices a larger model than the one
   trained: the clock's bytes and FLOPs scale by ``clock_params /
-  num_params``, the logged bytes do not."""
+  num_params``, the logged bytes do not. With ``steps``, refuses a network
+  whose run of that many steps the clock could not count
+  (``check_clock_range``)."""
   costs = channel_costs(net, channels, num_workers)
   scale = 1.0 if net.clock_params is None else net.clock_params / num_params
   scaled = channels if scale == 1.0 else {name: ch._replace(
@@ -326,9 +329,84 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
         net, net.bandwidth_trace.at(start))
     segments.append((start, speeds, clock if at is net else
                      channel_costs(at, scaled, num_workers)))
-  return Pricing(costs, clock, flops,
-                 None if hw is None else hw.step_seconds(flops),
-                 tuple(segments))
+  pricing = Pricing(costs, clock, flops,
+                    None if hw is None else hw.step_seconds(flops),
+                    tuple(segments))
+  if steps is not None:
+    check_clock_range(net, pricing, steps)
+  return pricing
+
+
+# The engine keeps simulated seconds in float32 (at most 3.4e38) and the host
+# sums them in float64; a run whose nominal time passes this bound leaves no
+# room for jitter and sums before the clock turns infinite.
+MAX_RUN_S = 1e30
+
+
+def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
+  """Refuses a network whose nominal time for ``steps`` steps (each at the
+  slowest worker's speed, plus one event of every channel) passes
+  ``MAX_RUN_S``, naming the input that makes it so."""
+  compute = 0.0 if pricing.step_s is None else (
+      pricing.step_s / min(_all_speeds(net)))
+  comm = sum(max(max(c.seconds, *(c.seconds_W or (0.0,)))
+                 for c in _segment_costs(pricing, name))
+             for name in pricing.clock_costs)
+  total = steps * (compute + comm)
+  if math.isfinite(total) and total <= MAX_RUN_S:
+    return
+  field, value = (_compute_culprit(net, pricing, steps) if compute >= comm
+                  else _link_culprit(net, pricing))
+  reached = (f"{total:.3g} s" if math.isfinite(total)
+             else "more than the largest float")
+  raise _validate.fail(field, value, f"the run's simulated time would reach "
+                       f"{reached} over {steps} steps, beyond what the "
+                       f"simulated clock (float32) can count; expected a value that keeps it below "
+                       f"{MAX_RUN_S:g} s")
+
+
+def _all_speeds(net: Network) -> list[float]:
+  hw, trace = net.hardware, net.speed_trace
+  if trace is not None:
+    return [v for row in trace.values for v in row]
+  return [1.0] if hw is None or hw.speeds is None else list(hw.speeds)
+
+
+def _segment_costs(pricing: Pricing, name: str) -> list:
+  return [pricing.clock_costs[name]] + [
+      costs[name] for _, _, costs in pricing.segments if name in costs]
+
+
+def _compute_culprit(net: Network, pricing: Pricing, steps: int) -> tuple:
+  slowest = min(_all_speeds(net))
+  if slowest < 1 and steps * pricing.step_s <= MAX_RUN_S:
+    return "speeds", f"{slowest:g}"
+  return "hardware", f"{pricing.step_s:g} s per step"
+
+
+def _link_culprit(net: Network, pricing: Pricing) -> tuple:
+  """The slowest link's latency when it outweighs moving the largest
+  message over the narrowest link, else that bandwidth."""
+  topo = net.topology
+  links = ([("", topo.link)] if isinstance(topo, Flat)
+           else [("", topo.wan), ("regional_", topo.regional)])
+  each = [(prefix, one) for prefix, group in links for one in
+          ([group] if isinstance(group, Link) else group)]
+  wire = max(max(c.wire_bytes, c.received_bytes or 0.0)
+             for c in pricing.clock_costs.values())
+  prefix, slow = max(each, key=lambda pl: pl[1].latency_s)
+  narrow = min(one.bandwidth_bps for _, one in each)
+  if net.bandwidth_trace is not None:
+    narrow = min(narrow, *(v for row in net.bandwidth_trace.values
+                           for v in row))
+  if slow.latency_s >= 8.0 * wire / narrow:
+    return prefix + "latency", _units.format_duration(slow.latency_s)
+  field = ("bandwidth_trace" if net.bandwidth_trace is not None
+           and narrow in {v for row in net.bandwidth_trace.values
+                          for v in row} else "bandwidth")
+  bw_prefix = next((p for p, one in each if one.bandwidth_bps == narrow), "")
+  return (bw_prefix if field == "bandwidth" else "") + field, (
+      _units.format_bandwidth(narrow))
 
 
 def _relink(net: Network, bandwidths) -> Network:

@@ -420,7 +420,7 @@ class Simulator:
         self._pricings.pop(next(iter(self._pricings)))
       self._pricings[key] = (network, net_lib.price(
           network, self.priced_channels, self.config.num_workers,
-          self.num_params, self.flops_per_step))
+          self.num_params, self.flops_per_step, steps=self.config.steps))
     return self._pricings[key][1]
 
   def net_params(self, network, seed: int):

@@ -328,6 +328,25 @@ class Track:
           + ("; the shared model hardly trained: this run is degenerate"
              if self.degenerate() else ""))
     out += self._late_faults()
+    out += self._non_finite()
+    return out
+
+  def _non_finite(self) -> list[str]:
+    """Figures that came out infinite or NaN although the run went on: the
+    simulated clock (it overflowed) and the evaluation losses (a training
+    loss that turns non-finite stops the run instead)."""
+    out = []
+    if self.network is not None and not np.isfinite(self.clock.elapsed):
+      out.append(f"the simulated time is {self.clock.elapsed} s: the clock "
+                 "overflowed (a network or hardware too slow to time), so "
+                 "sim_time_s means nothing")
+    hist = self.history.as_arrays()
+    for name in [names.EVAL_LOSS] + [names.eval_metric(m)
+                                     for m in self.sim.metric_names]:
+      values = hist.get(name)
+      if values is not None and np.isinf(values).any():
+        step = int(hist[names.STEP][np.isinf(values)][0])
+        out.append(f"{name} is infinite from step {step}")
     return out
 
   def _late_faults(self) -> list[str]:
