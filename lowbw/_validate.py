@@ -2,6 +2,7 @@
 naming the field, the value and what is allowed, before anything is traced."""
 
 import difflib
+import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +32,21 @@ class ConfigError(ValueError):
 
 def fail(field: str, value: Any, allowed: str) -> ConfigError:
   return ConfigError(field, value, allowed)
+
+
+def existing_file(field: str, path: Any, what: str = "a file") -> str:
+  """``path`` (as a str) when it is a regular file; otherwise an error that
+  says what is there instead: nothing, a folder, or a device such as
+  /dev/null (which reads as empty and would pass for an empty file)."""
+  path = os.fspath(path)
+  if os.path.isfile(path):
+    return path
+  if os.path.isdir(path):
+    raise fail(field, path, f"is a folder; expected {what}")
+  if os.path.exists(path):
+    raise fail(field, path, "is not a regular file (a device, pipe or "
+               f"socket); expected {what}")
+  raise fail(field, path, f"no such file; expected {what}")
 
 
 def renamed(error: ConfigError, names: dict[str, str]) -> ConfigError:

@@ -107,7 +107,7 @@ def test_no_arguments_means_the_documented_default_run():
     (["--batch-size", "5000"], "lowbw: error: --batch-size=5000"),
     (["--inner", "lion"], "lowbw: error: --inner='lion' is invalid"),
     (["--data", "/no/such.npz"], "lowbw: error: --data='/no/such.npz' is "
-     "invalid: expected an existing file"),
+     "invalid: no such file"),
     (["--model", "resnet"], "lowbw: error: --model='resnet' is invalid"),
     (["--strategy", "nope"], "lowbw: error: --strategy='nope' is invalid: "
      "expected one of 'ddp'"),

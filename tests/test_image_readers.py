@@ -126,7 +126,7 @@ def test_truncated_gzip_stream_is_named(tmp_path):
 
 
 def test_missing_file_is_named(tmp_path):
-  with pytest.raises(ValueError, match=r"expected an existing file"):
+  with pytest.raises(ValueError, match=r"no such file"):
     _images.read_idx(tmp_path / "nothing")
 
 

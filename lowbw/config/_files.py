@@ -64,8 +64,7 @@ FORMATS = {".yaml": ("YAML", _yaml), ".yml": ("YAML", _yaml),
 def read_file(path: str, field: str = "config"):
   """What a YAML, TOML or JSON file holds (the format by extension); errors
   name ``field``."""
-  if not os.path.isfile(path):
-    raise _validate.fail(field, path, "no such file")
+  _validate.existing_file(field, path, "a YAML, TOML or JSON file")
   ext = os.path.splitext(path)[1].lower()
   if ext not in FORMATS:
     raise _validate.fail(field, path, "expected a file ending in " +

@@ -41,7 +41,15 @@ def data_kind(s: dict) -> str:
     return "object"
   if data == "text":
     return "text"
-  if data == "digits" or data.endswith(".npz"):
+  if data == "digits":
+    return "classification"
+  if not os.path.exists(data):
+    # Said here, first: the kind guessed for a missing path would otherwise
+    # pick the model, whose flags then fail before the data is read.
+    raise _validate.fail("data", data, "no such file or folder; expected "
+                         "text, digits, a folder, an .npz file or a .bin "
+                         "token file")
+  if data.endswith(".npz"):
     return "classification"
   if os.path.isdir(data):
     if data_lib.image_kind(data):
@@ -142,7 +150,7 @@ def build_data(s: dict):
   except _validate.ConfigError as e:
     if e.field in ("data", "data_root", "sharding", "alpha", "seq_len"):
       raise
-    allowed = e.allowed if e.field == "path" else str(e)
+    allowed = e.allowed if e.field in ("path", "root") else str(e)
     raise _validate.fail("data", s["data"], allowed) from None
 
 

@@ -14,10 +14,7 @@ PathOrArray = str | os.PathLike[str] | np.ndarray
 
 
 def _existing(path: Any, field: str = "path") -> str:
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise _validate.fail(field, path, "expected an existing file")
-  return path
+  return _validate.existing_file(field, path)
 
 
 def _is_path(value: Any) -> bool:

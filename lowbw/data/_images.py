@@ -33,8 +33,7 @@ def _file_bytes(path: str, field: str) -> bytes:
   """The bytes of ``path``, gunzipped when they are gzip data (recognised by
   the gzip magic, not the name: a browser may have unpacked a ``.gz`` and
   kept its name, or the user gzipped a file without renaming it)."""
-  if not os.path.isfile(path):
-    raise _validate.fail(field, path, "expected an existing file")
+  _validate.existing_file(field, path)
   with open(path, "rb") as f:
     raw = f.read()
   if not raw.startswith(_GZIP_MAGIC):
@@ -132,7 +131,8 @@ def _find(folder: str, names: list[str]) -> str | None:
 def _folder(folder: Any) -> str:
   folder = os.fspath(folder)
   if not os.path.isdir(folder):
-    raise _validate.fail("folder", folder, "expected an existing folder")
+    raise _validate.fail("folder", folder, "expected an existing folder" + (
+        "; this is a file" if os.path.exists(folder) else ""))
   return folder
 
 

@@ -51,9 +51,7 @@ def load(path):
   """A tokenizer from a ``tokenizer.json`` file (the ``tokenizers``
   library's format, as Hugging Face models ship it)."""
   from tokenizers import Tokenizer
-  path = os.fspath(path)
-  if not os.path.isfile(path):
-    raise _validate.fail("tokenizer", path, "expected a tokenizer.json file")
+  path = _validate.existing_file("tokenizer", path, "a tokenizer.json file")
   try:
     tokenizer = Tokenizer.from_file(path)
   except Exception as e:  # the library raises its own Exception subclass
