@@ -58,3 +58,147 @@ def test_a_tokenizer_that_is_a_folder_is_named(tmp_path, capsys):
                   str(tmp_path / "out"), "--tokenizer", str(tmp_path)],
                  capsys)
   assert f"--tokenizer={str(tmp_path)!r} is invalid: is a folder" in err
+
+
+# --- prepared folders: meta.json is read, checked and kept to its folder ---
+
+STORY = ("The little robot rolled into the garden. It saw a red flower and "
+         "a blue bird. The bird sang a song and the robot listened.")
+
+
+@pytest.fixture(scope="module")
+def prepared_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("prepared")
+  corpus = root / "stories.txt"
+  corpus.write_text("\n\n".join(f"{STORY} Day {i}." for i in range(40)))
+  data.prepare(corpus, root / "data", vocab_size=300)
+  return root / "data"
+
+
+def variant(prepared_dir, tmp_path, **meta_changes):
+  """A copy of the prepared folder with meta.json's keys changed (None:
+  removed)."""
+  out = tmp_path / "variant"
+  shutil.copytree(prepared_dir, out)
+  meta = json.loads((out / "meta.json").read_text())
+  for key, value in meta_changes.items():
+    if value is None:
+      meta.pop(key)
+    else:
+      meta[key] = value
+  (out / "meta.json").write_text(json.dumps(meta))
+  return out
+
+
+@pytest.mark.parametrize("name", ["../../../../etc/passwd", "/etc/passwd",
+                                  "../stories.txt"])
+def test_a_tokenizer_path_out_of_the_folder_is_refused(prepared_dir,
+                                                       tmp_path, name):
+  folder = variant(prepared_dir, tmp_path, tokenizer=name)
+  with pytest.raises(ValueError, match="leads out of the folder"):
+    data.prepared(folder, seq_len=16)
+
+
+def test_a_tokenizer_linked_from_elsewhere_is_refused(prepared_dir,
+                                                      tmp_path):
+  folder = variant(prepared_dir, tmp_path)
+  outside = tmp_path / "elsewhere.json"
+  shutil.copy(folder / "tokenizer.json", outside)
+  (folder / "tokenizer.json").unlink()
+  (folder / "tokenizer.json").symlink_to(outside)
+  with pytest.raises(ValueError, match="leads out of the folder"):
+    data.prepared(folder, seq_len=16)
+
+
+def test_a_tokenizer_in_a_subfolder_is_its_own_file(prepared_dir, tmp_path):
+  folder = variant(prepared_dir, tmp_path, tokenizer="tok/tokenizer.json")
+  (folder / "tok").mkdir()
+  shutil.move(folder / "tokenizer.json", folder / "tok" / "tokenizer.json")
+  source = data.prepared(folder, seq_len=16)
+  assert source.tokenizer == os.path.join(folder, "tok", "tokenizer.json")
+
+
+def test_a_train_run_never_copies_a_file_from_outside(prepared_dir, tmp_path,
+                                                      capsys):
+  secret = tmp_path / "secret.json"
+  secret.write_text("not yours")
+  folder = variant(prepared_dir, tmp_path, tokenizer="../secret.json")
+  err = error_of(["train", "--data", str(folder), "--out",
+                  str(tmp_path / "run"), "--steps", "4", "--H", "2"], capsys)
+  assert "tokenizer '../secret.json' leads out of the folder" in err
+  assert not (tmp_path / "run").exists()
+
+
+def test_uint32_tokens_are_read_as_uint32(prepared_dir, tmp_path):
+  folder = variant(prepared_dir, tmp_path, dtype="uint32")
+  expected = {}
+  for split in ("train", "val"):
+    ids = np.fromfile(prepared_dir / f"{split}.bin", "<u2")
+    ids.astype("<u4").tofile(folder / f"{split}.bin")
+    expected[split] = ids
+  source = data.prepared(folder, seq_len=16)
+  np.testing.assert_array_equal(source.train["tokens"], expected["train"])
+  np.testing.assert_array_equal(source.eval["tokens"], expected["val"])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"vocab_size": None}, "its meta.json has no vocab_size"),
+    ({"vocab_size": "300"}, "its meta.json vocab_size is '300'"),
+    ({"dtype": "int64"}, "its meta.json's dtype is 'int64'; expected one of"),
+    ({"tokenizer": None}, "its meta.json's tokenizer is None"),
+    ({"tokenizer": "nothing.json"}, "'nothing.json' is not a file"),
+    ({"version": "1"}, "is not a lowbw-tokens version"),
+    ({"dtype": "uint32"}, "not a whole number of uint32 tokens"),
+])
+def test_meta_json_variants_are_one_line_errors(prepared_dir, tmp_path,
+                                                capsys, change, message):
+  folder = variant(prepared_dir, tmp_path, **change)
+  if change == {"dtype": "uint32"}:  # 4-byte tokens in a file of 2-byte ones
+    with open(folder / "train.bin", "ab") as f:
+      f.write(b"\0\0")
+  err = error_of(["train", "--data", str(folder)], capsys)
+  assert f"--data={str(folder)!r} is invalid: " in err and message in err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[1, 2]", "holds a JSON list; expected an object"),
+    ("{", "is not readable JSON"),
+    ("\xff\xfe", "is not readable JSON")])
+def test_meta_json_that_is_not_an_object_is_named(prepared_dir, tmp_path,
+                                                  capsys, text, message):
+  folder = variant(prepared_dir, tmp_path)
+  (folder / "meta.json").write_bytes(text.encode("latin-1"))
+  err = error_of(["train", "--data", str(folder)], capsys)
+  assert "its meta.json " + message in err
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+def test_token_ids_beyond_the_vocabulary_are_refused(prepared_dir, tmp_path,
+                                                     split):
+  folder = variant(prepared_dir, tmp_path)
+  ids = np.fromfile(folder / f"{split}.bin", "<u2")
+  ids[7] = 300  # the vocabulary is 0..299
+  ids.tofile(folder / f"{split}.bin")
+  with pytest.raises(ValueError, match=rf"its {split}.bin holds token id "
+                     r"300 \(token 7\); its meta.json's vocab_size is 300"):
+    data.prepared(folder, seq_len=16)
+
+
+def test_a_vocabulary_smaller_than_the_tokens_names_the_folder(
+    prepared_dir, tmp_path, capsys):
+  folder = variant(prepared_dir, tmp_path, vocab_size=10)
+  err = error_of(["train", "--data", str(folder)], capsys)
+  assert "vocab_size is 10, so ids must lie in [0, 10)" in err
+  assert "vocab=" not in err
+
+
+@pytest.mark.parametrize("name", ["train_docs.npy", "train_sources.npy"])
+def test_a_missing_or_broken_document_index_is_named(prepared_dir, tmp_path,
+                                                     name):
+  folder = variant(prepared_dir, tmp_path)
+  (folder / name).write_bytes(b"garbage")
+  with pytest.raises(ValueError, match=f"its {name} is not a readable"):
+    data.prepared(folder, seq_len=16)
+  (folder / name).unlink()
+  with pytest.raises(ValueError, match=f"its {name} is missing"):
+    data.prepared(folder, seq_len=16)
