@@ -202,3 +202,139 @@ def test_a_missing_or_broken_document_index_is_named(prepared_dir, tmp_path,
   (folder / name).unlink()
   with pytest.raises(ValueError, match=f"its {name} is missing"):
     data.prepared(folder, seq_len=16)
+
+
+# --- data prepare: what is not text is refused, naming the file -----------
+
+def idx(path, array: np.ndarray) -> None:
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+  header += struct.pack(f">{array.ndim}I", *array.shape)
+  path.write_bytes(header + array.astype(np.uint8).tobytes())
+
+
+def mnist_folder(root):
+  root.mkdir()
+  rng = np.random.default_rng(0)
+  for name, n in (("train", 30), ("t10k", 10)):
+    idx(root / f"{name}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+    idx(root / f"{name}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+  return root
+
+
+def prepare_error(source, tmp_path, capsys, *flags) -> str:
+  return error_of(["data", "prepare", str(source), "--out",
+                   str(tmp_path / "out"), "--no-progress", *flags], capsys)
+
+
+def test_an_mnist_folder_is_refused_and_pointed_to_train(tmp_path, capsys):
+  folder = mnist_folder(tmp_path / "mnist")
+  err = prepare_error(folder, tmp_path, capsys)
+  assert "holds MNIST / Fashion-MNIST images (IDX files), not text" in err
+  assert f"lowbw train --data {folder}" in err
+  assert not (tmp_path / "out").exists()
+
+
+def test_one_idx_file_is_refused_by_name(tmp_path, capsys):
+  folder = mnist_folder(tmp_path / "mnist")
+  file = folder / "train-labels-idx1-ubyte"
+  err = prepare_error(file, tmp_path, capsys)
+  assert f"source={str(file)!r} is invalid: is an IDX file" in err
+
+
+def test_a_binary_file_among_text_files_is_named(tmp_path, capsys):
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  (folder / "a.txt").write_text("Some text.\n\nMore text.\n")
+  (folder / "weights").write_bytes(np.arange(500, dtype=np.float32).tobytes())
+  err = prepare_error(folder, tmp_path, capsys)
+  assert f"source={str(folder / 'weights')!r} is invalid: is binary" in err
+
+
+@pytest.mark.parametrize("kind", ["zip", "gzip"])
+def test_archives_are_refused_not_read_as_text(tmp_path, capsys, kind):
+  text = "\n\n".join(f"{STORY} Day {i}." for i in range(40))
+  if kind == "zip":
+    path = tmp_path / "corpus.zip"
+    with zipfile.ZipFile(path, "w") as z:  # stored: the text is visible
+      z.writestr("corpus.txt", text)
+  else:
+    import gzip
+    path = tmp_path / "corpus.txt.gz"
+    path.write_bytes(gzip.compress(text.encode()))
+  err = prepare_error(path, tmp_path, capsys)
+  assert f"source={str(path)!r} is invalid: is " in err
+  assert "not text; unpack it" in err
+
+
+def test_a_device_is_not_a_corpus(tmp_path, capsys):
+  err = prepare_error("/dev/null", tmp_path, capsys)
+  assert "source='/dev/null' is invalid: is not a regular file" in err
+
+
+def test_latin1_text_is_still_text(tmp_path):
+  path = tmp_path / "latin.txt"
+  path.write_bytes("\n\n".join(f"Caf\xe9 na\xefve r\xe9sum\xe9 {i}." * 20
+                               for i in range(30)).encode("latin-1"))
+  meta = data.prepare(path, tmp_path / "out", vocab_size=300)
+  assert meta["train"]["documents"] + meta["val"]["documents"] == 30
+
+
+def test_an_empty_source_says_it_holds_no_text(tmp_path, capsys):
+  (tmp_path / "empty.txt").write_text("\n\n  \n")
+  err = prepare_error(tmp_path / "empty.txt", tmp_path, capsys)
+  assert "the source holds no text" in err and "val_fraction" not in err
+
+
+def test_one_long_line_is_refused_before_a_tokenizer_is_trained(
+    tmp_path, monkeypatch):
+  path = tmp_path / "long.txt"
+  path.write_text("a" * 100_000)
+
+  def never(*args, **kwargs):
+    raise AssertionError("trained a tokenizer for a corpus it then refused")
+
+  monkeypatch.setattr(_tokenizer, "train_bpe", never)
+  with pytest.raises(ValueError, match="the val split is empty"):
+    data.prepare(path, tmp_path / "out")
+
+
+def test_bpe_cuts_runs_without_spaces_and_keeps_ordinary_words(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+  texts = [f"{STORY} Day {i}." for i in range(40)]
+  ours = _tokenizer.train_bpe(texts + ["b" * 5_000], 400)
+  pieces = ours.pre_tokenizer.pre_tokenize_str("x " + "b" * 1_000)
+  assert max(len(p) for p, _ in pieces) <= _tokenizer.MAX_PIECE
+  assert "".join(p for p, _ in pieces) == "xĠ" + "b" * 1_000  # nothing lost
+  # The reference: the plain byte-level BPE, which never cuts a word.
+  plain = Tokenizer(models.BPE())
+  plain.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  plain.train_from_iterator(texts, trainers.BpeTrainer(
+      vocab_size=400, special_tokens=[_tokenizer.EOS], show_progress=False,
+      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+  cut = _tokenizer.train_bpe(texts, 400)
+  for text in texts[:5]:
+    assert cut.encode(text).ids == plain.encode(text).ids
+  long = "b" * 1_000
+  assert ours.decode(ours.encode(long).ids) == long
+
+
+def test_a_corrupt_parquet_and_a_non_utf8_jsonl_are_named(tmp_path,
+                                                          capsys):
+  pytest.importorskip("pyarrow")
+  bad = tmp_path / "bad.parquet"
+  bad.write_bytes(b"PAR1 not really a parquet file")
+  err = prepare_error(bad, tmp_path, capsys)
+  assert f"source={str(bad)!r} is invalid: is not a readable Parquet" in err
+  jsonl = tmp_path / "bad.jsonl"
+  jsonl.write_bytes(b'{"text": "caf\xe9"}\n')
+  err = prepare_error(jsonl, tmp_path, capsys)
+  assert f"source={str(jsonl)!r} is invalid: is not UTF-8 text" in err
+
+
+def test_a_parquet_without_the_text_column_names_the_flag(tmp_path, capsys):
+  pa = pytest.importorskip("pyarrow")
+  import pyarrow.parquet as pq
+  path = tmp_path / "c.parquet"
+  pq.write_table(pa.table({"body": ["some text"] * 4}), path)
+  err = prepare_error(path, tmp_path, capsys)
+  assert "--text-column='text' is invalid: c.parquet has no such column" in err

@@ -7,6 +7,7 @@ a fresh pass each time it is called. Nothing is downloaded: every path is
 the user's own.
 """
 
+import codecs
 import json
 import os
 import pathlib
@@ -23,6 +24,16 @@ _SKIP_SUFFIXES = (".bin", ".npy", ".npz", ".gz", ".zip", ".xz", ".tar",
                   ".png", ".jpg", ".jpeg", ".gif", ".pdf", ".pyc", ".so",
                   ".lock")
 _SKIP_NAMES = ("dataset_info.json", "state.json", "dataset_dict.json")
+# Text files are sniffed before they are read: the first bytes tell a
+# binary file (which would otherwise become a corpus of its bytes).
+_SNIFF_BYTES = 64 * 2 ** 10
+_ARCHIVES = ((b"PK\x03\x04", "a zip archive"), (b"\x1f\x8b", "gzip data"),
+             (b"\xfd7zXZ\x00", "xz data"), (b"7z\xbc\xaf\x27\x1c", "a 7-Zip "
+             "archive"))
+# Share of undecodable or control characters above which a file without
+# NUL bytes is still binary: random bytes give about 0.5, Latin-1 text read
+# as UTF-8 (one odd character per accented letter) well under 0.3.
+_BINARY_SHARE = 0.3
 
 
 class Document(NamedTuple):
@@ -63,11 +74,19 @@ def documents(path, *, text_column: str = "text",
     _validate.one_of("split_on", split_on, SPLITS)
   if delimiter is not None and not delimiter:
     raise _validate.fail("delimiter", delimiter, "expected a non-empty string")
+  if not root.is_file() and not root.is_dir():
+    raise _validate.fail("source", os.fspath(path), "is not a regular file "
+                         "(a device, pipe or socket); expected a file or "
+                         "folder of text")
+  _refuse_images(root, os.fspath(path))
   files = [root] if root.is_file() else _folder_files(root)
   if not files:
     raise _validate.fail("source", os.fspath(path),
                          "expected a folder holding at least one text, "
                          "JSONL, Parquet or Arrow file")
+  for file in files:
+    if file.suffix.lower() not in (".parquet", ".arrow"):
+      _refuse_binary(file)
   split = split_on or ("paragraph" if root.is_file() else "file")
   if split_on is None and root.is_file() and delimiter is None and (
       root.suffix.lower() not in _RECORDS) and _paragraphs(root) < 2:
@@ -83,6 +102,45 @@ def documents(path, *, text_column: str = "text",
         yield from _text_documents(file, name, split, delimiter)
 
   return passes
+
+
+def _refuse_images(root: pathlib.Path, shown: str) -> None:
+  """An image dataset's folder is not a corpus: it trains as images."""
+  from lowbw.data._images import image_kind
+  kind = image_kind(root) if root.is_dir() else None
+  if kind is not None:
+    what = ("MNIST / Fashion-MNIST images (IDX files)" if kind == "mnist"
+            else "CIFAR-10 batches")
+    raise _validate.fail("source", shown, f"holds {what}, not text; train "
+                         f"on the images directly: lowbw train --data {shown}")
+
+
+def _refuse_binary(file: pathlib.Path) -> None:
+  """Refuses a file that is not text, naming it and what it looks like."""
+  with open(file, "rb") as f:
+    head = f.read(_SNIFF_BYTES)
+  for magic, what in _ARCHIVES:
+    if head.startswith(magic):
+      raise _validate.fail("source", str(file), f"is {what}, not text; "
+                           "unpack it and pass the file or folder inside")
+  if head[:2] == b"\0\0" and len(head) > 3 and head[2] in (8, 9, 11, 12, 13,
+                                                         14):
+    raise _validate.fail("source", str(file), "is an IDX file (the MNIST "
+                         "image format), not text; train on its folder "
+                         f"directly: lowbw train --data {file.parent}")
+  if b"\0" in head or _binary_share(head) > _BINARY_SHARE:
+    raise _validate.fail("source", str(file), "is binary, not UTF-8 text "
+                         f"(its first {len(head):,} bytes hold NUL bytes or "
+                         "undecodable ones); pass text, JSONL, Parquet or "
+                         "Arrow files")
+
+
+def _binary_share(head: bytes) -> float:
+  # final=False: a character cut at the sniff's end is not a bad one.
+  text = codecs.getincrementaldecoder("utf-8")("replace").decode(head)
+  odd = sum(1 for c in text if c == "\ufffd" or (
+      c < " " and c not in "\t\n\r\f\v\x1b"))
+  return odd / max(1, len(text))
 
 
 def _paragraphs(file: pathlib.Path) -> int:
@@ -140,11 +198,23 @@ def _records(file, name, text_column, source_column) -> Iterator[Document]:
 
 
 def _json_rows(file) -> Iterator[dict]:
+  try:
+    yield from _json_lines(file)
+  except UnicodeDecodeError as e:  # says neither file nor line otherwise
+    raise _validate.fail("source", str(file), f"is not UTF-8 text (byte "
+                         f"0x{e.object[e.start]:02x}: {e.reason})") from None
+
+
+def _json_lines(file) -> Iterator[dict]:
   with open(file, encoding="utf-8") as f:
     first = f.read(1)
     f.seek(0)
     if file.suffix.lower() == ".json" and first == "[":
-      yield from json.load(f)
+      try:
+        yield from json.load(f)
+      except json.JSONDecodeError as e:
+        raise _validate.fail("source", str(file), f"is not a JSON list of "
+                             f"records ({e.msg}, line {e.lineno})") from None
       return
     for number, line in enumerate(f, 1):
       if line.strip():
@@ -157,16 +227,34 @@ def _json_rows(file) -> Iterator[dict]:
 
 def _arrow_rows(file, text_column, source_column) -> Iterator[dict]:
   try:
+    import pyarrow
     import pyarrow.ipc
     import pyarrow.parquet
   except ModuleNotFoundError:
     raise _validate.fail(
         "source", str(file), "Parquet and Arrow files need pyarrow: "
         "pip install 'lowbw[parquet]'") from None
+  kind = "Parquet" if file.suffix.lower() == ".parquet" else "Arrow"
+  try:
+    yield from _arrow_batches(file, kind, text_column, source_column)
+  except (pyarrow.ArrowException, OSError) as e:  # names no file itself
+    raise _validate.fail("source", str(file), f"is not a readable {kind} "
+                         f"file ({str(e).splitlines()[0]})") from None
+
+
+def _arrow_batches(file, kind, text_column, source_column) -> Iterator[dict]:
+  import pyarrow.ipc
+  import pyarrow.parquet
   columns = [c for c in (text_column, source_column) if c]
-  if file.suffix.lower() == ".parquet":
-    batches = pyarrow.parquet.ParquetFile(file).iter_batches(
-        batch_size=1024, columns=columns)
+  if kind == "Parquet":
+    parquet = pyarrow.parquet.ParquetFile(file)
+    names = parquet.schema_arrow.names
+    for field, column in (("text_column", text_column),
+                          ("source_column", source_column)):
+      if column is not None and column not in names:
+        raise _validate.fail(field, column, f"{file.name} has no such "
+                             f"column; it has {names}")
+    batches = parquet.iter_batches(batch_size=1024, columns=columns)
   else:  # save_to_disk writes Arrow streams; other tools write files
     with open(file, "rb") as f:
       magic = f.read(6)

@@ -202,6 +202,8 @@ def _extra_val(source, passes, s: Settings) -> set[int]:
     sizes.append(len(doc.text.encode("utf-8")))
   draws, sizes = np.array(draws), np.array(sizes)
   held = draws < s.val_fraction
+  if not len(draws):  # refused now, not after training a tokenizer
+    raise _empty(source, "train", s)
   extra: set[int] = set()
   total = int(sizes[held].sum())
   for i in np.argsort(draws, kind="stable"):
@@ -213,6 +215,8 @@ def _extra_val(source, passes, s: Settings) -> set[int]:
       break
     extra.add(int(i))
     total += int(sizes[i])
+  if held.sum() + len(extra) == 0:
+    raise _empty(source, "val", s)
   return extra
 
 
@@ -290,11 +294,21 @@ def _batched(items, size):
 def _check_counts(source, counts: dict, s: Settings) -> None:
   for split in SPLITS:
     if counts[split]["documents"] == 0:
-      hint = ("too few documents for val_fraction="
-              f"{s.val_fraction:g}; raise it, or cut the text into more "
-              "documents (--split-on paragraph or line, --delimiter)"
-              if split == "val" else "no training documents remain; lower "
-              "val_fraction")
-      raise _validate.fail("source", os.fspath(source),
-                           f"the {split} split is empty: {hint}")
+      raise _empty(source, split, s, nothing=not any(
+          c["documents"] for c in counts.values()))
+
+
+def _empty(source, split: str, s: Settings,
+           nothing: bool = True) -> _validate.ConfigError:
+  """The error for a split without documents (``nothing``: none at all)."""
+  if split == "val":
+    hint = ("too few documents for val_fraction="
+            f"{s.val_fraction:g}; raise it, or cut the text into more "
+            "documents (--split-on paragraph or line, --delimiter)")
+  elif nothing:
+    hint = "the source holds no text (its files are empty or blank)"
+  else:
+    hint = "no training documents remain; lower val_fraction"
+  return _validate.fail("source", os.fspath(source),
+                        f"the {split} split is empty: {hint}")
 

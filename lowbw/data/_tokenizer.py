@@ -17,6 +17,13 @@ EOS = "<|endoftext|>"
 # Token ids are stored as uint16 on disk and on device.
 MAX_VOCAB = 2 ** 16
 MIN_VOCAB = 257  # the 256 bytes and the end-of-text token
+# Longest piece (in bytes) the BPE trainer sees. The byte-level split cuts
+# text at spaces and punctuation; a run without them (one long line of
+# letters, base64) stays one piece, and training on a piece costs time
+# that grows with its length at every merge: 300,000 letters took minutes.
+# Longer runs are cut into pieces of this length (an ordinary word is
+# never this long, so its tokens are unchanged).
+MAX_PIECE = 256
 # Other end-of-text spellings an existing tokenizer may use.
 _EOS_SPELLINGS = (EOS, "</s>", "<eos>", "<|end_of_text|>", "[SEP]")
 
@@ -25,10 +32,15 @@ def train_bpe(texts: Iterable[str], vocab_size: int, progress: bool = False,
               length: int | None = None):
   """A byte-level BPE with ``vocab_size`` ids (the 256 byte values, the
   end-of-text token and the learned merges), trained on ``texts``."""
-  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from tokenizers import (Regex, Tokenizer, decoders, models, pre_tokenizers,
+                          trainers)
   vocab_size = check_vocab_size(vocab_size)
   tokenizer = Tokenizer(models.BPE())
-  tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+      pre_tokenizers.ByteLevel(add_prefix_space=False),
+      # After the byte-level mapping every byte is one visible character
+      # (no newline), so "." matches each one.
+      pre_tokenizers.Split(Regex(f".{{1,{MAX_PIECE}}}"), behavior="isolated")])
   tokenizer.decoder = decoders.ByteLevel()
   trainer = trainers.BpeTrainer(
       vocab_size=vocab_size, special_tokens=[EOS], show_progress=progress,
