@@ -3,6 +3,7 @@
 run for the module)."""
 
 import json
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -165,3 +166,23 @@ def test_generation_settings_are_checked_before_anything_runs(trained,
   prompt = args.pop("prompt_ids")
   with pytest.raises(ValueError, match=words):
     generate(run.model, run.params, prompt, **args)
+
+
+def test_generate_names_a_truncated_or_foreign_params_file(trained, tmp_path,
+                                                           capsys):
+  _, run_dir = trained
+  copy = tmp_path / "run"
+  shutil.copytree(run_dir, copy)
+  whole = (run_dir / "params.npz").read_bytes()
+  (copy / "params.npz").write_bytes(whole[:len(whole) // 2])
+  for argv in (["generate", str(copy)],
+               ["eval", str(copy), "--data", str(trained[0] / "data")]):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"lowbw: error: run_dir={str(copy)!r} is invalid: "
+                          "its params.npz is not a readable .npz"), err
+  np.savez(copy / "params.npz", **{"['Dense_0']['kernel']": np.ones((3, 2))})
+  assert cli.main(["generate", str(copy)]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "its params.npz does not fit the model in its config.json" in err
+  assert len(err.splitlines()) == 1

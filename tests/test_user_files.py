@@ -338,3 +338,74 @@ def test_a_parquet_without_the_text_column_names_the_flag(tmp_path, capsys):
   pq.write_table(pa.table({"body": ["some text"] * 4}), path)
   err = prepare_error(path, tmp_path, capsys)
   assert "--text-column='text' is invalid: c.parquet has no such column" in err
+
+
+# --- lowbw eval and generate on a classifier's run -------------------------
+
+@pytest.fixture(scope="module")
+def classifier_run(tmp_path_factory):
+  run = tmp_path_factory.mktemp("classifier") / "run"
+  assert cli.main(["train", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--batch-size", "4", "--steps", "4", "--H", "2",
+                   "--no-progress", "--no-plot", "--out", str(run)]) == 0
+  return run
+
+
+def digits_like(path, x, y):
+  np.savez(path, x=x, y=y, x_eval=x, y_eval=y)
+  return str(path)
+
+
+def test_eval_refuses_labels_beyond_the_models_classes(classifier_run,
+                                                       tmp_path, capsys):
+  x = np.random.default_rng(0).random((20, 8, 8, 1), np.float32)
+  spec = digits_like(tmp_path / "labels.npz", x, np.arange(20))
+  err = error_of(["eval", str(classifier_run), "--data", spec], capsys)
+  assert f"--data={spec!r} is invalid: has class label 19; the run's model " \
+         "has 10 classes" in err
+  ok = digits_like(tmp_path / "ok.npz", x, np.arange(20) % 10)
+  assert cli.main(["eval", str(classifier_run), "--data", ok, "--json"]) == 0
+  assert np.isfinite(json.loads(capsys.readouterr().out)["eval_loss"])
+
+
+def test_eval_refuses_examples_of_another_width(classifier_run, tmp_path,
+                                                capsys):
+  x = np.ones((20, 5), np.float32)
+  spec = digits_like(tmp_path / "wide.npz", x, np.arange(20) % 10)
+  err = error_of(["eval", str(classifier_run), "--data", spec], capsys)
+  assert f"--data={spec!r} is invalid: has examples shaped (5,), which the " \
+         "run's model does not take" in err
+
+
+def test_eval_never_reports_a_nan_loss_as_a_result(classifier_run, tmp_path,
+                                                   capsys):
+  copy = tmp_path / "run"
+  shutil.copytree(classifier_run, copy)
+  with np.load(copy / "params.npz") as saved:
+    params = {k: np.full_like(saved[k], np.nan) for k in saved.files}
+  np.savez(copy / "params.npz", **params)
+  err = error_of(["eval", str(copy), "--data", "digits"], capsys)
+  assert "--data='digits' is invalid: gives eval_" in err and "nan" in err
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("config_text", "its config.json is not readable JSON"),
+    ("config_list", "its config.json holds a JSON list"),
+    ("params", "its params.npz is not a readable .npz")])
+def test_a_damaged_run_folder_is_named(classifier_run, tmp_path, capsys,
+                                       damage, message):
+  copy = tmp_path / "run"
+  shutil.copytree(classifier_run, copy)
+  if damage == "config_text":
+    (copy / "config.json").write_text('{"model": ')
+  elif damage == "config_list":
+    (copy / "config.json").write_text("[]")
+  else:
+    (copy / "params.npz").write_bytes(b"PK\x03\x04 cut short")
+  err = error_of(["eval", str(copy), "--data", "digits"], capsys)
+  assert f"run_dir={str(copy)!r} is invalid: {message}" in err
+
+
+def test_a_run_dir_that_is_a_device_is_not_a_folder(capsys):
+  err = error_of(["eval", "/dev/null", "--data", "digits"], capsys)
+  assert "run_dir='/dev/null' is invalid: is not a folder" in err

@@ -58,6 +58,12 @@ def run_generate(args) -> int:
   prompt = run.tokenizer.encode_ids(args.prompt)
   if not prompt:
     raise _validate.fail("prompt", args.prompt, "expected some text")
+  try:  # the parameters must be this model's (shapes only, no compute)
+    jax.eval_shape(run.model.apply, run.params, np.zeros((1, 1), np.int32))
+  except Exception as e:  # pylint: disable=broad-except
+    raise _validate.fail("run_dir", args.run_dir, "its params.npz does not "
+                         f"fit the model in its config.json ({_why(e)})"
+                         ) from None
   stop = run.tokenizer.eos_id()
   ids = generate(run.model, run.params, prompt, args.max_tokens,
                  args.temperature, args.top_k, args.seed, stop)
@@ -71,6 +77,7 @@ def run_eval(args) -> int:
   source = _dataset(args.data, run)
   _check_tokenizer(run, source, args.data)
   batches = source.eval_batches(args.eval_examples)
+  _check_fits(run, batches, args.data)
   loss = jax.jit(run.model.loss)
   key = jax.random.key(0)
   totals: dict[str, float] = {}
@@ -81,6 +88,12 @@ def run_eval(args) -> int:
     for name, x in {"loss": value, **metrics}.items():
       if np.ndim(x) == 0:
         totals[name] = totals.get(name, 0.0) + float(x) / count
+  bad = {k: v for k, v in totals.items() if not math.isfinite(v)}
+  if bad:  # a number that means nothing is not a result
+    raise _validate.fail("data", args.data, f"gives eval_{min(bad)} "
+                         f"{bad[min(bad)]} with the run's parameters (step "
+                         f"{run.step}); check the data's values, or whether "
+                         "the run diverged")
   if run.model.task == "lm":
     totals["perplexity"] = math.exp(min(totals["loss"], 700.0))
   out = {"run_dir": args.run_dir, "data": args.data, "step": run.step,
@@ -108,6 +121,32 @@ def _dataset(spec: str, run):
     raise _validate.fail("data", spec, f"has {source.vocab_size} token ids; "
                          f"the model knows {vocab}")
   return source
+
+
+def _check_fits(run, batches: dict, spec: str) -> None:
+  """Classification data must fit the run's model: examples of the shape
+  it takes and labels below its number of classes (a label beyond them
+  makes the loss NaN). Probed on one example's shapes, nothing computed."""
+  if run.model.task == "lm":
+    return  # token ids and windows were checked against the model above
+  x, y = batches["x"][0][:1], batches["y"]
+  try:
+    logits = jax.eval_shape(run.model.apply, run.params, x)
+  except Exception as e:  # pylint: disable=broad-except
+    # flax, jax and numpy each raise their own kind for a shape mismatch.
+    raise _validate.fail("data", spec, f"has examples shaped {x.shape[1:]}, "
+                         f"which the run's model does not take ({_why(e)})"
+                         ) from None
+  classes = logits.shape[-1]
+  if y.size and int(y.max()) >= classes:
+    raise _validate.fail("data", spec, f"has class label {int(y.max())}; "
+                         f"the run's model has {classes} classes, labels "
+                         f"0..{classes - 1}")
+
+
+def _why(error: Exception) -> str:
+  """An error's first line without the documentation link flax adds."""
+  return str(error).splitlines()[0].split(" (https://")[0]
 
 
 def _check_tokenizer(run, source, spec: str) -> None:

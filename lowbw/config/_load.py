@@ -82,11 +82,22 @@ def load(run_dir: str, step: int | None = None) -> SavedRun:
 
 def _json(run_dir: str, name: str) -> dict:
   path = os.path.join(run_dir, name)
+  if not os.path.isdir(run_dir):
+    raise _validate.fail("run_dir", run_dir, "is not a folder: expected the "
+                         "folder of a lowbw run (lowbw train --out)")
   if not os.path.isfile(path):
     raise _validate.fail("run_dir", run_dir, f"has no {name}: expected the "
                          "folder of a lowbw run (lowbw train --out)")
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except ValueError as e:  # JSON's words name no file
+    raise _validate.fail("run_dir", run_dir, f"its {name} is not readable "
+                         f"JSON ({str(e).splitlines()[0]})") from None
+  if not isinstance(value, dict):
+    raise _validate.fail("run_dir", run_dir, f"its {name} holds a JSON "
+                         f"{type(value).__name__}; expected an object")
+  return value
 
 
 def read_history(run_dir: str) -> dict[str, np.ndarray]:

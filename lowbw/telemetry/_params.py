@@ -4,6 +4,7 @@ every leaf under its path in the tree (``['block_0']['attn']['qkv']
 
 import os
 import re
+import zipfile
 
 import jax
 import numpy as np
@@ -37,8 +38,14 @@ def load_params(run_dir: str, like=None):
   if not os.path.isfile(path):
     raise _validate.fail("run_dir", run_dir, f"has no {PARAMS} (runs write "
                          "it when they finish; an interrupted run has none)")
-  with np.load(path) as saved:
-    stored = {k: saved[k] for k in saved.files}
+  try:
+    with np.load(path, allow_pickle=False) as saved:
+      stored = {k: saved[k] for k in saved.files}
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    # numpy's and zipfile's words name neither the run nor the file.
+    raise _validate.fail("run_dir", run_dir, f"its {PARAMS} is not a "
+                         f"readable .npz ({str(e).splitlines()[0]}); was it "
+                         "cut short or overwritten?") from None
   if like is None:
     return _nested(stored, path)
   paths, tree = jax.tree_util.tree_flatten_with_path(like)
