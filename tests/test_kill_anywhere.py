@@ -81,3 +81,44 @@ def test_resuming_a_finished_run_writes_its_last_row_once(whole, tmp_path,
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
       np.testing.assert_array_equal(a[k], b[k])
+
+
+def killed(argv, kill_at: str) -> None:
+  """``lowbw ARGV`` in a process that SIGKILLs itself at ``kill_at``."""
+  done = subprocess.run([sys.executable, "-m", "lowbw", *argv],
+                        capture_output=True, text=True,
+                        env={**os.environ, "LOWBW_KILL_AT": kill_at})
+  assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+
+
+def test_a_run_killed_mid_checkpoint_and_mid_row_resumes_bit_identically(
+    whole, tmp_path, capsys):
+  out = tmp_path / "run"
+  # 0-100 ms into the second save (the last step's): inside orbax's write
+  # or commit, or just after it.
+  killed(TRAIN + ["--out", str(out)], "checkpoint:2:0.05")
+  steps = sorted(os.listdir(out / "checkpoints"))
+  assert "5" in steps  # the first checkpoint stays; a partial one is hidden
+  # The resumed process killed with its third row in metrics.csv but not in
+  # TensorBoard.
+  resume = ["train", "--resume", str(out), "--no-progress", "--no-plot"]
+  killed(resume, "row:3")
+  assert csv_rows(out) == csv_rows(whole)[:len(csv_rows(out))]
+  assert cli.main(resume) == 0
+  capsys.readouterr()
+  assert csv_rows(out) == csv_rows(whole)
+  assert tensorboard_scalars(out) == tensorboard_scalars(whole)
+  with np.load(out / "params.npz") as a, np.load(whole / "params.npz") as b:
+    for k in b.files:
+      np.testing.assert_array_equal(a[k], b[k])
+
+
+def test_a_kill_point_that_does_not_exist_is_refused():
+  from lowbw.telemetry import _killpoint
+  with pytest.raises(ValueError, match="^LOWBW_KILL_AT='rows:1' is invalid: "
+                     "expected NAME:N"):
+    _killpoint._plan("rows:1")
+  with pytest.raises(ValueError, match="LOWBW_KILL_AT='row:0' is invalid"):
+    _killpoint._plan("row:0")
+  assert _killpoint._plan("checkpoint:2:0.5") == ("checkpoint", 2, 0.5)
+  assert _killpoint._plan(None) is None
