@@ -216,7 +216,7 @@ def test_a_prepared_folder_is_not_overwritten_unasked(corpus, capsys):
 
 
 def test_a_missing_source_and_a_bad_jsonl_line_are_named(tmp_path):
-  with pytest.raises(ValueError, match="existing file or folder"):
+  with pytest.raises(ValueError, match="no such file or folder"):
     data.prepare(tmp_path / "nope", tmp_path / "out")
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"text": "fine"}\n{not json\n')

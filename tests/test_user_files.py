@@ -409,3 +409,45 @@ def test_a_damaged_run_folder_is_named(classifier_run, tmp_path, capsys,
 def test_a_run_dir_that_is_a_device_is_not_a_folder(capsys):
   err = error_of(["eval", "/dev/null", "--data", "digits"], capsys)
   assert "run_dir='/dev/null' is invalid: is not a folder" in err
+
+
+def test_a_prepared_tokenizer_is_read_when_the_folder_is_opened(
+    prepared_dir, tmp_path):
+  folder = variant(prepared_dir, tmp_path)
+  (folder / "tokenizer.json").write_text("not a tokenizer")
+  with pytest.raises(ValueError, match="its tokenizer .*tokenizer.json: "
+                     "expected a tokenizer.json of the tokenizers library"):
+    data.prepared(folder, seq_len=16)
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused(prepared_dir,
+                                                          tmp_path):
+  folder = variant(prepared_dir, tmp_path, vocab_size=299)
+  ids = np.fromfile(prepared_dir / "train.bin", "<u2")
+  for split in ("train", "val"):  # ids below 299, so only the size is off
+    np.minimum(ids, 298).astype("<u2").tofile(folder / f"{split}.bin")
+  with pytest.raises(ValueError, match="its tokenizer has 300 ids; its "
+                     "meta.json's vocab_size is 299"):
+    data.prepared(folder, seq_len=16)
+
+
+def test_an_empty_token_split_is_said_in_tokens(prepared_dir, tmp_path,
+                                                capsys):
+  folder = variant(prepared_dir, tmp_path)
+  (folder / "train.bin").write_bytes(b"")
+  err = error_of(["train", "--data", str(folder)], capsys)
+  assert "its train.bin holds 0 tokens; expected at least" in err
+  assert "groups" not in err
+
+
+def test_eval_examples_is_named_as_its_flag(classifier_run, capsys):
+  err = error_of(["eval", str(classifier_run), "--data", "digits",
+                  "--eval-examples", "0"], capsys)
+  assert "--eval-examples=0 is invalid" in err
+
+
+def test_plot_names_a_metrics_file_that_is_not_text(tmp_path, capsys):
+  (tmp_path / "metrics.csv").write_bytes(b"\x00\xffnot,a\ncsv")
+  err = error_of(["plot", str(tmp_path), "--out", str(tmp_path / "p.png")],
+                 capsys)
+  assert f"{tmp_path / 'metrics.csv'} is not a readable CSV file" in err

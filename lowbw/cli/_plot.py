@@ -65,8 +65,13 @@ def _title(paths: list[str]) -> str:
     config_path = os.path.join(path, "config.json")
     if not os.path.isfile(config_path):
       continue
-    with open(config_path) as f:
-      config = json.load(f)
+    try:
+      with open(config_path, encoding="utf-8") as f:
+        config = json.load(f)
+    except ValueError:
+      continue  # a title is not worth refusing the plot for
+    if not isinstance(config, dict):
+      continue
     strategy = config.get("strategy", {})
     name = strategy.get("name", "?") if isinstance(strategy, dict) else "?"
     extra = "".join(f", {k}={strategy[k]}" for k in ("H", "p")
@@ -109,9 +114,13 @@ def read_metrics(path: str) -> dict[str, list[float]]:
   if not os.path.isfile(csv_path):
     raise _validate.fail("runs", path, "no metrics.csv there (a lowbw train "
                          "--out folder or a metrics.csv file)")
-  with open(csv_path, newline="") as f:
-    reader = csv.DictReader(f)
-    rows = list(reader)
+  try:
+    with open(csv_path, newline="", encoding="utf-8") as f:
+      reader = csv.DictReader(f)
+      rows = list(reader)
+  except (UnicodeDecodeError, csv.Error) as e:  # name no file themselves
+    raise _validate.fail("runs", path, f"{csv_path} is not a readable CSV "
+                         f"file ({str(e).splitlines()[0]})") from None
   if not rows:  # a run before its first logged row, or an empty file
     raise _validate.fail("runs", path, f"{csv_path} has no rows yet (plot "
                          "the run once it has logged a step)")

@@ -73,6 +73,8 @@ def run_generate(args) -> int:
 
 
 def run_eval(args) -> int:
+  # Checked under the flag's own name (the data calls it max_examples).
+  _validate.optional_positive_int("eval_examples", args.eval_examples)
   run = config_lib.load(args.run_dir, args.step)
   source = _dataset(args.data, run)
   _check_tokenizer(run, source, args.data)

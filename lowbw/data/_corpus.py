@@ -68,8 +68,8 @@ def documents(path, *, text_column: str = "text",
   """
   root = pathlib.Path(os.fspath(path)).expanduser()
   if not root.exists():
-    raise _validate.fail("source", os.fspath(path),
-                         "expected an existing file or folder")
+    raise _validate.fail("source", os.fspath(path), "no such file or "
+                         "folder; expected a file or folder of text")
   if split_on is not None:
     _validate.one_of("split_on", split_on, SPLITS)
   if delimiter is not None and not delimiter:

@@ -135,6 +135,13 @@ def prepared(path, seq_len: int = 128, sharding: str = "iid",
   held_out = _tokens(path, "val", meta["dtype"])
   _check_ids(path, "val", held_out, vocab, limit=None)
   _check_ids(path, "train", train, vocab, limit=_CHECK_TOKENS)
+  for split, tokens in (("train", train), ("val", held_out)):
+    if len(tokens) < seq_len + 1:  # said here, not as a count of windows
+      raise _validate.fail(
+          "data", path, f"its {split}.bin holds {len(tokens)} tokens; "
+          f"expected at least seq_len + 1 = {seq_len + 1} (one window): a "
+          "shorter seq_len or more text")
+  _check_tokenizer(path, meta["tokenizer"], vocab)
   groups = _window_sources(path, "train", seq_len, len(train))
   return DataSource(
       name=os.path.basename(os.path.normpath(path)), task="lm",
@@ -176,6 +183,20 @@ def _check_ids(path: str, split: str, tokens: np.ndarray, vocab: int,
           "data", path, f"its {split}.bin holds token id {int(tokens[where])} "
           f"(token {where:,}); its meta.json's vocab_size is {vocab}, so ids "
           f"must lie in [0, {vocab})")
+
+
+def _check_tokenizer(path: str, file: str, vocab: int) -> None:
+  """The tokenizer is read now, not first by ``lowbw generate`` after the
+  run; its ids must fit the vocabulary (which may be padded beyond it)."""
+  try:
+    size = _tokenizer.load(file).get_vocab_size()
+  except _validate.ConfigError as e:
+    raise _validate.fail("data", path, f"its tokenizer {file}: "
+                         f"{e.allowed}") from None
+  if size > vocab:
+    raise _validate.fail("data", path, f"its tokenizer has {size} ids; its "
+                         f"meta.json's vocab_size is {vocab}; expected at "
+                         f"least {size}")
 
 
 def _window_sources(path: str, split: str, seq_len: int,
