@@ -306,6 +306,19 @@ class Campaign:
       self.note("resumed run bit-identical to the uninterrupted one")
 
 
+def _report(campaign, chains, start, argv):
+  return {
+      "command": "python benchmarks/kill_campaign.py " + " ".join(
+          sys.argv[1:] if argv is None else argv),
+      "kills": campaign.kills, "chains": chains,
+      "counts": dict(sorted(campaign.counts.items())),
+      "failures": campaign.failures,
+      "wall_s": round(time.perf_counter() - start, 1),
+      "machine": {"platform": platform.platform(),
+                  "cpus": os.cpu_count(), "python": platform.python_version()},
+  }
+
+
 def main(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--kills", type=int, default=200,
@@ -333,23 +346,15 @@ def main(argv=None):
     index += 1
     print(f"chain {index} ({name}): {campaign.kills} kills, "
           f"{time.perf_counter() - start:.0f} s", flush=True)
-  report = {
-      "command": "python benchmarks/kill_campaign.py " + " ".join(
-          sys.argv[1:] if argv is None else argv),
-      "kills": campaign.kills, "chains": index,
-      "counts": dict(sorted(campaign.counts.items())),
-      "failures": campaign.failures,
-      "wall_s": round(time.perf_counter() - start, 1),
-      "machine": {"platform": platform.platform(),
-                  "cpus": os.cpu_count(), "python": platform.python_version()},
-  }
+    # After every chain: a campaign cut short still leaves its figures.
+    report = _report(campaign, index, start, argv)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(report, f, indent=2)
   for outcome, n in sorted(campaign.counts.items()):
     print(f"{n:5d}  {outcome}")
   print(f"{len(campaign.failures)} failures, {campaign.kills} kills in "
-        f"{index} chains, {report['wall_s']:.0f} s")
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(report, f, indent=2)
+        f"{index} chains, {time.perf_counter() - start:.0f} s")
   if not args.work:
     shutil.rmtree(work, ignore_errors=True)
   return 1 if campaign.failures else 0
