@@ -47,7 +47,7 @@ def test_auto_computes_all_workers_at_once_when_they_fit():
   assert sim.config.worker_batch is None
   m = sim.memory
   assert m.estimate_bytes == pytest.approx(
-      m.state_bytes + m.data_bytes + 8 * m.in_flight_all)
+      m.state_bytes + m.buffer_bytes + m.data_bytes + 8 * m.in_flight_all)
   # In groups a worker also holds its new state until it is written back.
   assert m.in_flight_group > m.in_flight_all
   # The state's share is exact: every worker's parameters and Adam moments,
@@ -68,7 +68,7 @@ def _budget_for_half(num_workers, **kwargs):
   half, all_ = num_workers // 2 * m.in_flight_group, (
       num_workers * m.in_flight_all)
   assert half < all_  # what the configuration is chosen for
-  return m.state_bytes + m.data_bytes + (half + all_) / 2
+  return m.state_bytes + m.buffer_bytes + m.data_bytes + (half + all_) / 2
 
 
 def test_a_budget_that_fits_a_group_chooses_the_largest_group_that_fits():
@@ -106,3 +106,54 @@ def test_auto_grouping_gives_the_all_at_once_run_and_is_logged(tmp_path):
   written = json.loads((tmp_path / "config.json").read_text())
   assert written["worker_batch"] == 2
   assert written["memory"]["estimate_bytes"] == grouped.memory.estimate_bytes
+
+
+@pytest.mark.parametrize("strategy, net", [
+    (strategies.diloco(H=5), "default"), (strategies.ddp(), None),
+    (strategies.async_diloco(H=5), lowbw.network.network(
+        hardware="1s", speeds=[1, 0.5, 1, 1]))], ids=["diloco", "ddp",
+                                                      "async_diloco"])
+def test_per_step_outputs_are_counted_as_the_chunk_holds_them(strategy, net):
+  """The estimate's bytes per step equal the compiled chunk's buffer of
+  per-step outputs (its shapes, from jax.eval_shape), per step."""
+  kw = {} if net == "default" else {"network": net}
+  sim = lowbw.build(**{**_MLP, "strategy": strategy, "steps": 20},
+                    num_workers=4, compile=False, **kw)
+  state, sampler, netp, _ = sim.initial(0)
+  out = jax.eval_shape(sim.programs.chunk, state, sampler, 1, netp)[1]
+  c = sim.config
+  held = _memory.nbytes(out.steps) / (c.rounds_per_chunk * c.period)
+  kept, _ = _memory.per_step_bytes(c, sim.metric_names,
+                                   sim._reports()["local"])
+  assert kept == held
+  assert sim.memory.buffer_bytes >= 3 * c.rounds_per_chunk * c.period * held
+
+
+def test_h_and_steps_of_a_billion_are_refused_before_allocating():
+  """Every step of a chunk keeps its outputs until the chunk ends: with
+  H = 10^9 one round's buffers alone are tens of GB."""
+  with pytest.raises(ValueError, match=r"memory_budget=.*GB of per-step "
+                     r"outputs.*largest part is per-step outputs: lower H "
+                     r"\(1000000000\)"):
+    lowbw.build(**{**_MLP, "strategy": strategies.diloco(H=10 ** 9),
+                   "steps": 10 ** 9}, num_workers=2, memory_budget="16GB",
+                compile=False)
+
+
+def test_a_fleet_traces_arrays_are_counted(tmp_path):
+  """Every row of a speed trace is a segment on the device (its start, W
+  step times, per priced channel its seconds and, for exchanges, W more):
+  the estimate holds the arrays the run makes (``Segments``), counting
+  every channel as an exchange at most."""
+  rows = 1000
+  path = tmp_path / "speeds.csv"
+  path.write_text("time,a,b\n" + "".join(f"{i},1,{1 + i % 2}\n"
+                                         for i in range(rows)))
+  kw = dict(_MLP, num_workers=2, compile=False)
+  plain = lowbw.build(**kw, network=lowbw.network.network(hardware="1s"))
+  traced = lowbw.build(**kw, network=lowbw.network.network(
+      hardware="1s", speeds=str(path)))
+  held = _memory.nbytes(traced.net_params(traced.config.network, 0).segments)
+  counted = traced.memory.buffer_bytes - plain.memory.buffer_bytes
+  assert held >= 4 * rows * 3  # the arrays the estimate is checked on
+  assert held <= counted < 3 * held

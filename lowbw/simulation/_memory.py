@@ -69,10 +69,12 @@ class Plan(NamedTuple):
   in_flight_group: float
   estimate_bytes: float
   budget: Budget | None
+  buffer_bytes: float = 0.0   # the per-step outputs (``step_buffer_bytes``)
 
   def describe(self) -> dict:
     return {"estimate_bytes": self.estimate_bytes,
             "state_bytes": self.state_bytes, "data_bytes": self.data_bytes,
+            "step_buffer_bytes": self.buffer_bytes,
             "in_flight_bytes_per_worker": {"all_at_once": self.in_flight_all,
                                            "in_groups": self.in_flight_group},
             "budget_bytes": self.budget and self.budget.bytes,
@@ -175,8 +177,47 @@ def _wide(tree, drop_leading: bool = False) -> float:
   return total
 
 
+def per_step_bytes(c, metric_names, local_report) -> tuple[float, float]:
+  """(bytes one inner step's outputs keep until the chunk ends, bytes they
+  take within the round before being reduced over workers): the loss and
+  the model's metrics (per local worker before the reduction), the first
+  worker with a non-finite loss, the strategy's local report and, with a
+  network, the step's clock (its time, participants, members and two masks
+  over the workers)."""
+  values = 1 + len(metric_names)
+  clock = 0.0 if c.network is None else 12.0 + 2.0 * c.num_workers
+  local_w = c.num_workers // c.devices
+  return (4.0 * (values + 1) + nbytes(local_report) + clock,
+          4.0 * local_w * values)
+
+
+def step_buffer_bytes(c, step_bytes: tuple[float, float]) -> float:
+  """Bytes that grow with H and the rounds of a chunk: the chunk's buffer
+  of every step's outputs (rounds_per_chunk x H of them), the host's copy
+  of it and its float64 columns, and within a round its H steps' outputs
+  before they are reduced over workers."""
+  kept, unreduced = step_bytes
+  chunk_steps = c.rounds_per_chunk * c.period + c.tail_steps
+  return 3.0 * chunk_steps * kept + c.period * (unreduced + kept)
+
+
+def trace_bytes(c, num_channels: int) -> float:
+  """The device arrays of a fleet trace (``network.Segments``): per segment
+  its start, every worker's step time and, per channel, its seconds and
+  every worker's own exchange seconds (float32)."""
+  net = c.network
+  if net is None or (net.speed_trace is None and net.bandwidth_trace is None):
+    return 0.0
+  segments = len({0.0}.union(*(t.times for t in (net.speed_trace,
+                                                  net.bandwidth_trace)
+                                if t is not None)))
+  w = c.num_workers
+  return 4.0 * segments * (1 + w + num_channels * (1 + w))
+
+
 def plan(c, abstract_state, abstract_params, example, can_group: bool,
-         data_bytes: float) -> Plan:
+         data_bytes: float, step_bytes: tuple[float, float] = (0.0, 0.0),
+         num_channels: int = 0) -> Plan:
   """The run's estimate and ``worker_batch`` (see the module docstring).
 
   ``c``: the ``RunConfig`` (``worker_batch`` "auto", None or a group
@@ -188,6 +229,11 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   update is fused in place). In groups: also the group's own copy of its
   parameters and optimizer state, stepped through the round and written
   back at its end (``_grouping.steps_in_groups``).
+
+  ``step_bytes``: ``per_step_bytes``, for the buffers that grow with H
+  and the chunk's rounds (``step_buffer_bytes``), fixed like the state, as
+  are a fleet trace's arrays (``trace_bytes``, for ``num_channels``
+  priced channels).
 
   Raises:
     ValueError: naming memory_budget, when the estimate exceeds it.
@@ -212,9 +258,10 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   lane_flight = (0.0 if abstract_state.shadow is None
                  else local_w * residuals + grads)
   state = mine / workers * (1 if c.one_replica else local_w) + shared + lane
+  buffers = step_buffer_bytes(c, step_bytes) + trace_bytes(c, num_channels)
   # One replica computes every worker's examples through one set of
   # gradients; otherwise each worker in flight has its own.
-  fixed = state + data_bytes + (grads if c.one_replica else 0.0)
+  fixed = state + buffers + data_bytes + (grads if c.one_replica else 0.0)
   flight_all = residuals + (0.0 if c.one_replica else grads)
   flight_group = flight_all + update
   here = (min(c.devices, jax.local_device_count())
@@ -229,11 +276,11 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   size = _group_size(c, local_w, can_group, estimate)
   chosen = estimate(size)
   if c.memory_budget is not None and chosen > c.memory_budget.bytes:
-    raise _too_big(c, chosen, here * state, data_bytes, size, flight(size),
-                   can_group)
+    raise _too_big(c, chosen, here * state, here * buffers, data_bytes,
+                   size, flight(size), can_group)
   return Plan(None if size == local_w else size, here * state,
               here * data_bytes, flight_all, flight_group, chosen,
-              c.memory_budget)
+              c.memory_budget, here * buffers)
 
 
 def _group_size(c, local_w: int, can_group: bool, estimate) -> int:
@@ -265,7 +312,8 @@ def activation_cap(budget: Budget | None) -> float:
   return ACCELERATOR_ACTIVATION_SHARE * budget.bytes
 
 
-def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
+def _too_big(c, chosen, state, buffers, data, size, flight,
+             can_group) -> ValueError:
   """The refusal: the estimate, its parts, the budget, and what to lower,
   starting with the largest part. Names ``memory_budget`` only when it was
   given (the default is a share of free memory)."""
@@ -277,10 +325,16 @@ def _too_big(c, chosen, state, data, size, flight, can_group) -> ValueError:
              if can_group and size > 1 else ""))),
       "state": (state, "num_workers or the model's size, or store the "
                 "workers in worker_dtype='bfloat16'"),
-      "data": (data, "the dataset's size")}
+      "data": (data, "the dataset's size"),
+      "per-step outputs": (buffers, f"H ({c.period}) or rounds_per_chunk "
+                           f"({c.rounds_per_chunk}): every step of a chunk "
+                           "keeps its loss, metrics and clock until the "
+                           "chunk ends" + (", or the fleet trace's rows"
+                                           if trace_bytes(c, 1) else ""))}
   largest = max(parts, key=lambda k: parts[k][0])
   budget = c.memory_budget
   text = (f"the run needs about {fmt(chosen)} ({fmt(state)} of state, "
+          f"{fmt(buffers)} of per-step outputs, "
           f"{fmt(data)} of data, and {size} worker(s) computing at once with "
           f"{fmt(flight)} of activations, gradients and updates each), more "
           f"than the budget ({budget.source}); the largest part is "

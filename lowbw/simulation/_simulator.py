@@ -267,7 +267,10 @@ class Simulator:
     data_bytes = _memory.nbytes(self.eval_batches) + sum(
         4.0 * math.prod(x.shape) for x in c.data.train.values())
     return _memory.plan(c, self.abstract_state, self.abstract_params,
-                        self.example, can_group, data_bytes)
+                        self.example, can_group, data_bytes,
+                        _memory.per_step_bytes(c, self.metric_names,
+                                               local_report),
+                        len(self.strategy_channels) + 1)
 
   def _check_worker_batch(self, local_report: dict) -> None:
     c = self.config
