@@ -1,4 +1,4 @@
-"""About 240 bad or edge inputs against the command line and the Python API, as a
+"""About 420 bad or edge inputs against the command line and the Python API, as a
 new user would try them, each classified:
 
 - ``error``: a one-line ``lowbw: error:`` (or a ValueError from the API) in
@@ -6,27 +6,41 @@ new user would try them, each classified:
 - ``late error``: the same, after longer (something compiled first);
 - ``warning``: the run finished and its summary carries warnings;
 - ``accepted``: the run finished with no word (fine for good edge inputs);
-- ``traceback``: any other exception: a defect.
+- ``traceback``: any other exception: a defect;
+- ``silent nan``: exit 0 and no warning, but a NaN or infinite number in
+  what the command reported (a train summary's losses and clock, an eval's
+  scores): a defect;
+- ``silent degenerate``: accepted, but the summary says ``degenerate``
+  without a warning: also a defect.
 
-A run is "silent degenerate" when it is accepted but its summary says
-``degenerate`` without a warning: also a defect.
+Families: train flags and their values, choices, combinations, config files
+(wrong types, deep nesting), extreme values, paths (folders, /dev/null, files
+where folders are expected), fleet trace files, prepared data folders
+(meta.json variants), ``data prepare`` sources (binary, archives, empty, one
+long line), ``eval``, ``generate`` and ``plot``, and the Python API.
 
-    python benchmarks/bad_inputs.py                # all of them, about 2 minutes
+    python benchmarks/bad_inputs.py                # all of them, a few minutes
     python benchmarks/bad_inputs.py --limit 40     # the first 40
-    python benchmarks/bad_inputs.py --json out.json
+    python benchmarks/bad_inputs.py --only prepared --json out.json
 
 Prints a table (input, outcome, seconds, message) and the counts.
 """
 
 import argparse
 import contextlib
+import gzip
 import io
 import json
+import math
 import os
+import re
+import shutil
+import struct
 import sys
 import tempfile
 import time
 import warnings
+import zipfile
 
 EARLY_S = 5.0
 # A tiny accepted run: digits, an 8-unit MLP, 2 workers, 10 steps.
@@ -183,29 +197,399 @@ def _api_call(base, change):
   return lowbw.simulate(**kwargs).summary
 
 
+# Cases that may run for ever if accepted (10^9 steps) run in a child
+# process under this limit; running past it is the outcome ``timeout``.
+CHILD_TIMEOUT_S = 30.0
+LM_TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len",
+           "16", "--workers", "2", "--batch-size", "2", "--steps", "4",
+           "--H", "2", "--eval-every", "2", "--no-progress", "--no-plot"]
+STORY = ("The little robot rolled into the garden. It saw a red flower and "
+         "a blue bird. The bird sang a song and the robot listened.")
+
+
+def _write(path, content) -> str:
+  mode = "wb" if isinstance(content, bytes) else "w"
+  with open(path, mode, **({} if mode == "wb" else {"newline": ""})) as f:
+    f.write(content)
+  return str(path)
+
+
+def _extreme_cases():
+  for flag, value in [("bandwidth", "1e-300bit/s"), ("bandwidth",
+                      "1e300Gbps"), ("latency", "1e300s"), ("latency",
+                      "1e-300s"), ("hardware", "1e300s"), ("H", "1000000000"),
+                      ("steps", "1000000000"), ("eval-every", "1000000000"),
+                      ("clock-params", "1e30B")]:
+    yield f"--{flag} {value}", [f"--{flag}", value]
+
+
+def _trace_cases(tmp):
+  rows = "time,w0,w1\n0,1,1\n10,1,0.5\n"
+  many = "time,w0,w1\n" + "".join(f"{i * 0.01:.2f},1,{0.5 + (i % 2) / 2}\n"
+                                   for i in range(200_000))
+  traces = {
+      "one row": "time,w0,w1\n0,1,0.5\n",
+      "BOM": "\ufeff" + rows, "CRLF": rows.replace("\n", "\r\n"),
+      "200,000 rows": many, "non-numeric": "time,w0,w1\n0,1,fast\n",
+      "header only": "time,w0,w1\n", "empty": "",
+      "3 workers for 2": "time,w0,w1,w2\n0,1,1,1\n",
+      "time not from 0": "time,w0,w1\n5,1,1\n",
+      "times decreasing": "time,w0,w1\n0,1,1\n10,1,1\n5,1,1\n",
+      "speed 0": "time,w0,w1\n0,1,0\n", "NaN speed": "time,w0,w1\n0,1,nan\n",
+      "binary": b"\x00\x01\x02\xff" * 100}
+  for name, text in traces.items():
+    path = _write(os.path.join(tmp, f"speeds-{len(name)}-{name[:3]}.csv"), text)
+    yield f"--speeds trace: {name}", ["--speeds", path]
+  bw = {"1e-300bit/s": "time,w0,w1\n0,1e-300bit/s,1Gbps\n",
+        "non-numeric": "time,w0,w1\n0,fast,1Gbps\n",
+        "CRLF + BOM": "\ufefftime,w0,w1\r\n0,1Gbps,1Gbps\r\n"}
+  for name, text in bw.items():
+    path = _write(os.path.join(tmp, f"bw-{name[:4]}.csv"), text)
+    yield f"--bandwidth-trace: {name}", ["--bandwidth-trace", path]
+
+
+def _empty_folder(tmp) -> str:
+  folder = os.path.join(tmp, "empty-folder")
+  os.makedirs(folder, exist_ok=True)
+  return folder
+
+
+def _path_cases(tmp):
+  folder = _empty_folder(tmp)
+  a_file = _write(os.path.join(tmp, "plain.txt"), "hello\n")
+  for flag in ("data", "config", "speeds", "resume", "out"):
+    yield f"--{flag} a folder", [f"--{flag}", folder]
+    yield f"--{flag} /dev/null", [f"--{flag}", "/dev/null"]
+  yield "--resume a file", ["--resume", a_file]
+  yield "--data-root a file", ["--data", "text", "--data-root", a_file]
+  yield "--out under a file", ["--out", os.path.join(a_file, "run")]
+  yield "--data a file where a folder is expected", ["--data", a_file]
+
+
+def _deep_config_cases(tmp):
+  depth = 100_000
+  files = {
+      "deep.json": '{"a":' * depth + "1" + "}" * depth,
+      "deep.yaml": "[" * depth + "]" * depth,
+      "deep.toml": "a = " + "[" * 5_000 + "]" * 5_000 + "\n",
+      "list.json": "[1, 2]", "null.json": "null", "scalar.yaml": "5\n",
+      "types.json": '{"steps": [1]}', "types2.toml": "workers = {a = 1}\n",
+      "huge.json": '{"seed": 1e400}', "bom.json": '\ufeff{"steps": 10}',
+      "binary.yaml": b"\x00\xff\x00\xff"}
+  for name, text in files.items():
+    path = _write(os.path.join(tmp, name), text)
+    yield f"config: {name}", ["--config", path]
+
+
+def _idx(path, array) -> None:
+  import numpy as np
+  header = struct.pack(">BBBB", 0, 0, 0x08, array.ndim)
+  header += struct.pack(f">{array.ndim}I", *array.shape)
+  _write(path, header + array.astype(np.uint8).tobytes())
+
+
+def _mnist(folder) -> str:
+  import numpy as np
+  os.makedirs(folder, exist_ok=True)
+  rng = np.random.default_rng(0)
+  for name, n in (("train", 30), ("t10k", 10)):
+    _idx(os.path.join(folder, f"{name}-images-idx3-ubyte"),
+         rng.integers(0, 256, (n, 28, 28)))
+    _idx(os.path.join(folder, f"{name}-labels-idx1-ubyte"),
+         rng.integers(0, 10, (n,)))
+  return folder
+
+
+def _prepare_cases(tmp):
+  """``data prepare`` sources and settings; ``{out}``: a fresh folder."""
+  import numpy as np
+  root = os.path.join(tmp, "sources")
+  os.makedirs(root, exist_ok=True)
+  text = "\n\n".join(f"{STORY} Day {i}." for i in range(40))
+  corpus = _write(os.path.join(root, "corpus.txt"), text)
+  zipped = os.path.join(root, "corpus.zip")
+  with zipfile.ZipFile(zipped, "w") as z:
+    z.writestr("corpus.txt", text)
+  mixed = os.path.join(root, "mixed")
+  os.makedirs(mixed, exist_ok=True)
+  _write(os.path.join(mixed, "a.txt"), text)
+  _write(os.path.join(mixed, "weights"), np.arange(300, dtype=np.float32)
+         .tobytes())
+  sources = {
+      "a small corpus": corpus, "an MNIST folder": _mnist(
+          os.path.join(root, "mnist")),
+      "an IDX file": os.path.join(root, "mnist", "train-labels-idx1-ubyte"),
+      "a zip": zipped, "a .gz": _write(os.path.join(root, "c.txt.gz"),
+                                       gzip.compress(text.encode())),
+      "an .npy": _write(os.path.join(root, "a.npy"), b"\x93NUMPY" + bytes(200)),
+      "a text and a binary file": mixed,
+      "an empty file": _write(os.path.join(root, "empty.txt"), ""),
+      "blank lines only": _write(os.path.join(root, "blank.txt"), "\n \n\n"),
+      "one long line": _write(os.path.join(root, "long.txt"), "a" * 300_000),
+      "latin-1 text": _write(os.path.join(root, "latin.txt"), text.replace(
+          "robot", "r\xf6bot").encode("latin-1")),
+      "/dev/null": "/dev/null", "an empty folder": _empty_folder(tmp),
+      "a corrupt parquet": _write(os.path.join(root, "bad.parquet"),
+                                  b"PAR1 nope"),
+      "non-UTF-8 JSONL": _write(os.path.join(root, "bad.jsonl"),
+                                b'{"text": "caf\xe9"}\n'),
+      "JSONL without text": _write(os.path.join(root, "notext.jsonl"),
+                                   '{"body": "x"}\n'),
+      "/no/such": "/no/such/corpus.txt"}
+  for name, source in sources.items():
+    yield f"prepare: {name}", ["data", "prepare", source, "--out", "{out}",
+                               "--vocab-size", "300", "--no-progress"]
+  for flags in (["--tokenizer", "/etc/passwd"], ["--tokenizer", root],
+                ["--vocab-size", "10"], ["--vocab-size", "1000000"],
+                ["--val-fraction", "1.0"], ["--delimiter", ""],
+                ["--out", corpus]):
+    yield f"prepare: {' '.join(flags)}", ["data", "prepare", corpus,
+                                          "--out", "{out}", *flags,
+                                          "--no-progress"]
+
+
+def _prepared_folder(tmp) -> str:
+  from lowbw import data
+  folder = os.path.join(tmp, "prepared")
+  if not os.path.isdir(folder):
+    corpus = _write(os.path.join(tmp, "story.txt"), "\n\n".join(
+        f"{STORY} Day {i}." for i in range(40)))
+    data.prepare(corpus, folder, vocab_size=300)
+  return folder
+
+
+def _prepared_variant(tmp, name, change) -> str:
+  """A copy of the prepared folder, changed by ``change(folder, meta)``."""
+  out = os.path.join(tmp, "variants", re.sub(r"[^\w.]+", "-", name))
+  shutil.copytree(_prepared_folder(tmp), out)
+  with open(os.path.join(out, "meta.json")) as f:
+    meta = json.load(f)
+  written = change(out, meta)
+  if written is None:
+    with open(os.path.join(out, "meta.json"), "w") as f:
+      json.dump(meta, f)
+  return out
+
+
+def _prepared_cases(tmp):
+  import numpy as np
+
+  def set_key(key, value):
+    def change(_, meta):
+      if value is None:
+        meta.pop(key)
+      else:
+        meta[key] = value
+    return change
+
+  def meta_text(text):
+    return lambda folder, _: _write(os.path.join(folder, "meta.json"), text)
+
+  def bump_id(split):
+    def change(folder, _):
+      path = os.path.join(folder, f"{split}.bin")
+      ids = np.fromfile(path, "<u2")
+      ids[3] = 5000
+      ids.tofile(path)
+    return change
+
+  def as_uint32(folder, meta):
+    for split in ("train", "val"):
+      path = os.path.join(folder, f"{split}.bin")
+      np.fromfile(path, "<u2").astype("<u4").tofile(path)
+    meta["dtype"] = "uint32"
+
+  def damage(name, content):
+    return lambda folder, _: _write(os.path.join(folder, name), content)
+
+  variants = {
+      "as prepared": lambda folder, meta: None,
+      "tokenizer ../../../../etc/passwd": set_key(
+          "tokenizer", "../../../../etc/passwd"),
+      "tokenizer /etc/passwd": set_key("tokenizer", "/etc/passwd"),
+      "no vocab_size": set_key("vocab_size", None),
+      "vocab_size 10": set_key("vocab_size", 10),
+      "vocab_size '300'": set_key("vocab_size", "300"),
+      "dtype uint32 (tokens uint32)": as_uint32,
+      "dtype uint32 (tokens uint16)": set_key("dtype", "uint32"),
+      "dtype int64": set_key("dtype", "int64"),
+      "version '1'": set_key("version", "1"),
+      "no tokenizer": set_key("tokenizer", None),
+      "meta.json a list": meta_text("[1, 2]"),
+      "meta.json not JSON": meta_text("{"),
+      "meta.json empty": meta_text(""),
+      "val id beyond vocab": bump_id("val"),
+      "train id beyond vocab": bump_id("train"),
+      "train.bin odd size": damage("train.bin", b"\x01\x00\x02"),
+      "train.bin empty": damage("train.bin", b""),
+      "train_docs.npy garbage": damage("train_docs.npy", b"garbage"),
+      "tokenizer.json garbage": damage("tokenizer.json", "not json"),
+  }
+  for name, change in variants.items():
+    folder = _prepared_variant(tmp, name, change)
+    yield f"prepared: {name}", ["train", "--data", folder, *LM_TINY,
+                                "--out", "{out}"]
+
+
+class _Runs:
+  """Finished runs for eval / generate / plot cases, trained once."""
+
+  def __init__(self, tmp):
+    from lowbw import cli
+    self.tmp = tmp
+    self.classifier = os.path.join(tmp, "runs", "classifier")
+    self.lm = os.path.join(tmp, "runs", "lm")
+    with contextlib.redirect_stdout(io.StringIO()), \
+        contextlib.redirect_stderr(io.StringIO()):
+      assert cli.main(["train", *TINY, "--no-plot", "--out",
+                       self.classifier]) == 0
+      assert cli.main(["train", "--data", _prepared_folder(tmp), *LM_TINY,
+                       "--out", self.lm]) == 0
+
+  def damaged(self, run, name, damage) -> str:
+    out = os.path.join(self.tmp, "runs", re.sub(r"\W+", "-", name))
+    shutil.copytree(run, out)
+    damage(out)
+    return out
+
+
+def _saved_run_cases(tmp):
+  import numpy as np
+  runs = _Runs(tmp)
+
+  def npz(name, x, y):
+    path = os.path.join(tmp, name)
+    np.savez(path, x=x, y=y, x_eval=x, y_eval=y)
+    return path
+
+  def truncate(folder):
+    path = os.path.join(folder, "params.npz")
+    with open(path, "rb") as f:
+      whole = f.read()
+    _write(path, whole[:len(whole) // 2])
+
+  def nan_params(folder):
+    path = os.path.join(folder, "params.npz")
+    with np.load(path) as saved:
+      params = {k: np.full_like(saved[k], np.nan) for k in saved.files}
+    np.savez(path, **params)
+
+  rng = np.random.default_rng(0)
+  images = rng.random((20, 8, 8, 1)).astype(np.float32)
+  truncated = runs.damaged(runs.classifier, "truncated", truncate)
+  nan = runs.damaged(runs.classifier, "nan", nan_params)
+  lm_truncated = runs.damaged(runs.lm, "lm-truncated", truncate)
+  foreign = runs.damaged(runs.lm, "foreign", lambda f: shutil.copy(
+      os.path.join(runs.classifier, "params.npz"), f))
+  bad_config = runs.damaged(runs.classifier, "bad-config", lambda f: _write(
+      os.path.join(f, "config.json"), '{"model": '))
+  c, lm = runs.classifier, runs.lm
+  yield "eval: digits", ["eval", c, "--data", "digits"]
+  yield "eval: labels beyond the classes", ["eval", c, "--data", npz(
+      "labels.npz", images, np.arange(20))]
+  yield "eval: examples of another width", ["eval", c, "--data", npz(
+      "wide.npz", np.ones((20, 5), np.float32), np.arange(20) % 10)]
+  yield "eval: NaN params", ["eval", nan, "--data", "digits"]
+  yield "eval: truncated params.npz", ["eval", truncated, "--data", "digits"]
+  yield "eval: unreadable config.json", ["eval", bad_config, "--data",
+                                         "digits"]
+  yield "eval: text data on a classifier", ["eval", c, "--data", "text"]
+  yield "eval: --eval-examples 0", ["eval", c, "--data", "digits",
+                                    "--eval-examples", "0"]
+  yield "eval: run_dir /dev/null", ["eval", "/dev/null", "--data", "digits"]
+  yield "eval: run_dir not a run", ["eval", tmp, "--data", "digits"]
+  yield "eval: lm on its data", ["eval", lm, "--data", _prepared_folder(tmp)]
+  yield "eval: lm, val id beyond vocab", ["eval", lm, "--data", os.path.join(
+      tmp, "variants", "val-id-beyond-vocab")]
+  yield "generate: lm", ["generate", lm, "--max-tokens", "5"]
+  yield "generate: truncated params.npz", ["generate", lm_truncated]
+  yield "generate: another model's params", ["generate", foreign]
+  yield "generate: a classifier", ["generate", c]
+  for flags in (["--max-tokens", "0"], ["--max-tokens", "-1"],
+                ["--temperature", "nan"], ["--temperature", "-1"],
+                ["--top-k", "0"], ["--prompt", ""], ["--step", "7"]):
+    yield f"generate: {' '.join(flags)}", ["generate", lm, *flags]
+  metrics_empty = os.path.join(tmp, "plots", "empty")
+  os.makedirs(metrics_empty, exist_ok=True)
+  _write(os.path.join(metrics_empty, "metrics.csv"), "")
+  garbage = os.path.join(tmp, "plots", "garbage")
+  os.makedirs(garbage, exist_ok=True)
+  _write(os.path.join(garbage, "metrics.csv"), b"\x00\xffnot,a\ncsv")
+  out = os.path.join(tmp, "plots", "p.png")
+  for name, argv in {"a run": [c], "/dev/null": ["/dev/null"],
+                     "a folder without metrics": [tmp],
+                     "an empty metrics.csv": [metrics_empty],
+                     "a binary metrics.csv": [garbage],
+                     "--x nope": [c, "--x", "nope"],
+                     "--smooth 0": [c, "--smooth", "0"],
+                     "--out a folder": [c, "--out", tmp]}.items():
+    yield f"plot: {name}", ["plot", *argv, *(["--out", out] if "--out"
+                                             not in argv else [])]
+
+
+def _non_finite(summary: dict) -> str | None:
+  """The first loss or clock figure of a train summary that is NaN,
+  infinite or missing (JSON writes NaN as null)."""
+  for key in ("final_train_loss", "final_eval_loss", "sim_time_s", "comm_s"):
+    if key not in summary:
+      continue
+    value = summary[key]
+    if value is None or (isinstance(value, float) and not math.isfinite(
+        value)):
+      return f"{key} = {value}"
+  return None
+
+
+_NAN_WORD = re.compile(r"\b(nan|-?inf(inity)?)\b", re.IGNORECASE)
+
+
+def _run_child(argv):
+  """(exit code, stderr) of ``lowbw ARGV`` in a child process."""
+  import subprocess
+  try:
+    done = subprocess.run([sys.executable, "-m", "lowbw", *argv],
+                          capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT_S)
+  except subprocess.TimeoutExpired:
+    return None, ""
+  return done.returncode, done.stderr
+
+
+def _call(kind, payload, folder):
+  """Runs one case; (exit code, summary or None, stdout, stderr), code
+  None for a child that ran past its time."""
+  from lowbw import cli
+  err, out = io.StringIO(), io.StringIO()
+  summary = None
+  with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+    if kind == "api":
+      return 0, _api_call(*payload), "", ""
+    argv = ([a.replace("{out}", folder) for a in payload] if kind == "cmd"
+            else ["train", *TINY, *payload])
+    if kind in ("cli", "child") and "--out" not in payload and (
+        "--resume" not in payload):
+      argv += ["--out", folder]
+    if kind == "child":
+      code, text = _run_child(argv)
+      err.write(text)
+    else:
+      code = cli.main(argv)
+  if code == 0 and argv[0] == "train" and os.path.isfile(
+      os.path.join(folder, "summary.json")):
+    with open(os.path.join(folder, "summary.json")) as f:
+      summary = json.load(f)
+  return code, summary, out.getvalue(), err.getvalue()
+
+
 def classify(kind, payload, tmp):
   """(outcome, seconds, message)."""
-  from lowbw import cli
   start = time.perf_counter()
-  err, out = io.StringIO(), io.StringIO()
+  folder = tempfile.mkdtemp(dir=tmp)
+  os.rmdir(folder)
   try:
-    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out), \
-        warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings(record=True) as caught:
       warnings.simplefilter("always")
-      if kind == "cli":
-        folder = tempfile.mkdtemp(dir=tmp)
-        os.rmdir(folder)
-        argv = ["train", *TINY, *payload]
-        if "--out" not in payload and "--resume" not in payload:
-          argv += ["--out", folder]
-        code = cli.main(argv)
-        summary = None
-        if code == 0 and os.path.isfile(os.path.join(folder,
-                                                     "summary.json")):
-          with open(os.path.join(folder, "summary.json")) as f:
-            summary = json.load(f)
-      else:
-        code, summary = 0, _api_call(*payload)
+      code, summary, printed, text = _call(kind, payload, folder)
   except ValueError as e:  # the API's clear error
     seconds = time.perf_counter() - start
     return ("error" if seconds < EARLY_S else "late error", seconds,
@@ -214,7 +598,9 @@ def classify(kind, payload, tmp):
     return ("traceback", time.perf_counter() - start,
             f"{type(e).__name__}: {e}".splitlines()[0])
   seconds = time.perf_counter() - start
-  text = err.getvalue().strip()
+  text = text.strip()
+  if code is None:
+    return "timeout", seconds, f"still running after {CHILD_TIMEOUT_S:g} s"
   if code != 0:
     lines = text.splitlines()
     one_line = len(lines) == 1 and "Traceback" not in text
@@ -226,17 +612,40 @@ def classify(kind, payload, tmp):
           w.message).__name__]
   if warned:
     return "warning", seconds, warned[0]
+  bad = _non_finite(summary or {})
+  if bad is None and kind == "cmd" and payload[0] != "generate":
+    found = _NAN_WORD.search(printed)  # generated text may hold any word
+    bad = found and f"printed {found.group(0)}: {printed.strip()[:80]}"
+  if bad:
+    return "silent nan", seconds, bad
   if (summary or {}).get("degenerate"):
     return "silent degenerate", seconds, "degenerate without a warning"
   return "accepted", seconds, ""
 
 
-def cases(tmp):
-  out = [("cli", name, argv) for name, argv in _flag_cases()]
-  out += [("cli", name, argv) for name, argv in _choice_cases()]
-  out += [("cli", name, argv) for name, argv in _combination_cases(tmp)]
-  out += [("cli", name, argv) for name, argv in _config_cases(tmp)]
-  out += [("api", name, payload) for name, payload in _api_cases()]
+DEFECTS = ("traceback", "silent nan", "silent degenerate", "timeout")
+FAMILIES = {
+    "flags": lambda tmp: [("cli", n, a) for n, a in _flag_cases()],
+    "choices": lambda tmp: [("cli", n, a) for n, a in _choice_cases()],
+    "combinations": lambda tmp: [("cli", n, a)
+                                 for n, a in _combination_cases(tmp)],
+    "configs": lambda tmp: [("cli", n, a) for n, a in _config_cases(tmp)]
+    + [("cli", n, a) for n, a in _deep_config_cases(tmp)],
+    "extreme": lambda tmp: [("child", n, a) for n, a in _extreme_cases()],
+    "paths": lambda tmp: [("cli", n, a) for n, a in _path_cases(tmp)],
+    "traces": lambda tmp: [("cli", n, a) for n, a in _trace_cases(tmp)],
+    "prepare": lambda tmp: [("cmd", n, a) for n, a in _prepare_cases(tmp)],
+    "prepared": lambda tmp: [("cmd", n, a) for n, a in _prepared_cases(tmp)],
+    "saved": lambda tmp: [("cmd", n, a) for n, a in _saved_run_cases(tmp)],
+    "api": lambda tmp: [("api", n, p) for n, p in _api_cases()],
+}
+
+
+def cases(tmp, only=None):
+  out = []
+  for family, make in FAMILIES.items():
+    if only is None or family in only:
+      out += make(tmp)
   return out
 
 
@@ -244,12 +653,14 @@ def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   p.add_argument("--limit", type=int, help="only the first N inputs")
   p.add_argument("--json", help="write the rows here")
+  p.add_argument("--only", nargs="+", choices=list(FAMILIES),
+                 help="only these families")
   args = p.parse_args(argv)
   os.environ.setdefault("LOWBW_COMPILE_CACHE", os.path.join(
       tempfile.gettempdir(), "lowbw-bad-inputs-cache"))
   rows, counts = [], {}
   with tempfile.TemporaryDirectory() as tmp:
-    todo = cases(tmp)[:args.limit]
+    todo = cases(tmp, args.only)[:args.limit]
     for i, (kind, name, payload) in enumerate(todo):
       outcome, seconds, message = classify(kind, payload, tmp)
       counts[outcome] = counts.get(outcome, 0) + 1
@@ -262,7 +673,7 @@ def main(argv=None) -> int:
   if args.json:
     with open(args.json, "w") as f:
       json.dump({"counts": counts, "rows": rows}, f, indent=1)
-  bad = counts.get("traceback", 0) + counts.get("silent degenerate", 0)
+  bad = sum(counts.get(k, 0) for k in DEFECTS)
   return 1 if bad else 0
 
 

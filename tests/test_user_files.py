@@ -451,3 +451,11 @@ def test_plot_names_a_metrics_file_that_is_not_text(tmp_path, capsys):
   err = error_of(["plot", str(tmp_path), "--out", str(tmp_path / "p.png")],
                  capsys)
   assert f"{tmp_path / 'metrics.csv'} is not a readable CSV file" in err
+
+
+@pytest.mark.parametrize("what", ["empty folder", "/dev/null"])
+def test_data_that_is_an_empty_folder_or_a_device_is_named_first(
+    tmp_path, capsys, what):
+  path = str(tmp_path) if what == "empty folder" else what
+  err = error_of(["train", "--data", path, "--hidden", "8"], capsys)
+  assert f"--data={path!r} is invalid: is " in err

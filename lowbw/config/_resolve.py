@@ -49,9 +49,16 @@ def data_kind(s: dict) -> str:
     raise _validate.fail("data", data, "no such file or folder; expected "
                          "text, digits, a folder, an .npz file or a .bin "
                          "token file")
+  if not (os.path.isfile(data) or os.path.isdir(data)):
+    raise _validate.fail("data", data, "is not a regular file or folder (a "
+                         "device, pipe or socket)")
   if data.endswith(".npz"):
     return "classification"
   if os.path.isdir(data):
+    with os.scandir(data) as entries:
+      if next(entries, None) is None:
+        raise _validate.fail("data", data, "is an empty folder; expected "
+                             "text files, a prepared corpus or images in it")
     if data_lib.image_kind(data):
       return "classification"
     return "prepared" if data_lib.is_prepared(data) else "folder"
