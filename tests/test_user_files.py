@@ -459,3 +459,20 @@ def test_data_that_is_an_empty_folder_or_a_device_is_named_first(
   path = str(tmp_path) if what == "empty folder" else what
   err = error_of(["train", "--data", path, "--hidden", "8"], capsys)
   assert f"--data={path!r} is invalid: is " in err
+
+
+def test_the_bad_inputs_benchmark_counts_a_silent_nan_as_a_defect():
+  import importlib.util
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                      "bad_inputs.py")
+  spec = importlib.util.spec_from_file_location("bad_inputs", path)
+  bench = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(bench)
+  assert bench._non_finite({"final_eval_loss": None}) is not None  # NaN
+  assert bench._non_finite({"sim_time_s": float("inf")}) is not None
+  assert bench._non_finite({"final_eval_loss": 2.3, "sim_time_s": 1.0,
+                            "diverged_at_step": None}) is None
+  assert bench._NAN_WORD.search("eval_loss nan, eval_accuracy 0.1")
+  assert bench._NAN_WORD.search('"eval_loss": NaN')
+  assert not bench._NAN_WORD.search("a banana, finance, infinite nanny")
+  assert "silent nan" in bench.DEFECTS
