@@ -358,3 +358,49 @@ def test_write_errors_are_os_errors_naming_the_file():
   assert str(error).startswith(f"cannot write /x/metrics.csv: {NO_SPACE}; "
                                "free space")
   assert error.filename == "/x/metrics.csv"
+
+
+# ------------------------------------------------ a folder replaced mid-save
+
+
+def _save_that_fails(monkeypatch, tmp_path, replace_folder: bool):
+  """Orbax's save raises what it raised when the run's folder was replaced
+  by a file while it wrote ("Event loop is closed", from whichever of its
+  threads saw it first), after replacing the folder when asked."""
+  import numpy as np
+  import orbax.checkpoint as ocp
+  from lowbw.telemetry import _checkpoint
+
+  run = tmp_path / "run"
+  folder = run / _checkpoint.CHECKPOINTS
+
+  def save(self, *args, **kwargs):
+    if replace_folder:
+      import shutil
+      shutil.rmtree(run)
+      run.write_text("a file where the run's folder was\n")
+    raise RuntimeError("Event loop is closed")
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  return lambda: _checkpoint.save(str(folder), 5, {"w": np.zeros(3)},
+                                  {"rows": []})
+
+
+def test_a_run_folder_replaced_by_a_file_mid_save_is_one_write_error(
+    tmp_path, monkeypatch):
+  # Orbax's words for it vary from run to run; the error names the
+  # checkpoint and why (the folder is no longer a folder), never a traceback.
+  save = _save_that_fails(monkeypatch, tmp_path, replace_folder=True)
+  with pytest.raises(telemetry.WriteError) as raised:
+    save()
+  assert raised.value.filename == str(tmp_path / "run" / "checkpoints" / "5")
+  assert raised.value.errno in (errno.ENOTDIR, errno.EEXIST)
+
+
+def test_a_failed_save_the_disk_does_not_explain_is_raised_as_a_bug(
+    tmp_path, monkeypatch):
+  # The folder is fine: the RuntimeError is orbax's or lowbw's bug and keeps
+  # its traceback rather than being reported as a disk fault.
+  save = _save_that_fails(monkeypatch, tmp_path, replace_folder=False)
+  with pytest.raises(RuntimeError, match="Event loop is closed"):
+    save()

@@ -89,12 +89,29 @@ def _save(directory, step, state, meta, max_to_keep) -> OSError | None:
         manager.wait_until_finished()
       return None
     except Exception as e:
-      if not (isinstance(e, OSError) or error_code(e)):
+      failed = _write_failure(e, directory)
+      if failed is None:
         raise  # not a write that failed: a bug, with its traceback
-      failed = OSError(error_code(e), str(e).split("\n")[0][:200])
     _join_new_threads(before)
     gc.collect()  # orbax's failed tasks log "never retrieved" when freed
   return failed
+
+
+def _write_failure(error: Exception, directory: str) -> OSError | None:
+  """The write failure behind a failed save, or None for a bug. Orbax
+  reports a folder removed or replaced by a file mid-save in words that
+  depend on which of its threads saw it first ("Event loop is closed", an
+  error about its lock file, a tensorstore error), so when the error
+  carries no errno the folder itself is asked: if it can no longer be
+  written, that is the failure."""
+  code = error_code(error)
+  if isinstance(error, OSError) or code:
+    return OSError(code, str(error).split("\n")[0][:200])
+  try:
+    check_writable(directory)
+  except WriteError as e:
+    return OSError(e.errno, e.strerror)
+  return None
 
 
 def _join_new_threads(before: set) -> None:
