@@ -73,12 +73,45 @@ def read_file(path: str, field: str = "config"):
   with open(path, "rb") as f:
     text = f.read()
   try:
-    return read(text)
+    values = read(text)
+  except RecursionError:  # the readers recurse once per level
+    raise _too_deep(field, path) from None
   except (ValueError, tomllib.TOMLDecodeError, yaml.YAMLError) as e:
     first = (getattr(e, "problem", None) or str(e).splitlines()[0]
              if str(e) else type(e).__name__)
     raise _validate.fail(field, path, f"not valid {kind} ({first})"
                          ) from None
+  if _deeper_than(values, MAX_DEPTH):
+    raise _too_deep(field, path)
+  return values
+
+
+# Settings are values, lists of values or small tables. Deeper values would
+# overflow Python's recursion in what reads them next (checks, messages,
+# the written config), and a YAML alias can even nest a list in itself.
+MAX_DEPTH = 32
+
+
+def _too_deep(field: str, path: str) -> ValueError:
+  return _validate.fail(field, path, f"nests lists or tables more than "
+                        f"{MAX_DEPTH} levels deep; settings are values, "
+                        "lists of values or small tables")
+
+
+def _deeper_than(value, limit: int) -> bool:
+  """Whether ``value`` nests lists or tables more than ``limit`` levels
+  (a walk with a stack, not recursion; it stops at ``limit``, so a
+  self-containing list ends too)."""
+  stack = [(value, 0)]
+  while stack:
+    value, level = stack.pop()
+    if isinstance(value, dict):
+      value = list(value.values())
+    if isinstance(value, list):
+      if level >= limit:
+        return True
+      stack.extend((v, level + 1) for v in value)
+  return False
 
 
 def read_config(path: str, allowed: Iterable[str]) -> dict:

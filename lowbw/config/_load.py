@@ -94,6 +94,10 @@ def _json(run_dir: str, name: str) -> dict:
   except ValueError as e:  # JSON's words name no file
     raise _validate.fail("run_dir", run_dir, f"its {name} is not readable "
                          f"JSON ({str(e).splitlines()[0]})") from None
+  except RecursionError:  # the reader recurses once per level
+    raise _validate.fail("run_dir", run_dir, f"its {name} nests lists or "
+                         "objects too deeply to read; lowbw writes flat "
+                         "ones") from None
   if not isinstance(value, dict):
     raise _validate.fail("run_dir", run_dir, f"its {name} holds a JSON "
                          f"{type(value).__name__}; expected an object")
