@@ -1,7 +1,7 @@
 """A low-rank codec: PowerSGD's rank-R factors, one power iteration per
 message, warm-started from the previous message (Vogels, Karimireddy and
 Jaggi, 2019, "PowerSGD: Practical Low-Rank Gradient Compression for
-Distributed Optimization", arXiv 1905.13514), the building block of DiLoCoX's
+Distributed Optimization", arXiv 1905.13727), the building block of DiLoCoX's
 adaptive compression (arXiv 2506.21263).
 
 A tensor of shape (n, ...) is a matrix M of n rows and m = prod(...)
