@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import pytest
 
+import lowbw
 from lowbw import cli
 
 TRAIN = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
@@ -121,4 +122,65 @@ def test_a_kill_point_that_does_not_exist_is_refused():
   with pytest.raises(ValueError, match="LOWBW_KILL_AT='row:0' is invalid"):
     _killpoint._plan("row:0")
   assert _killpoint._plan("checkpoint:2:0.5") == ("checkpoint", 2, 0.5)
+  assert _killpoint._plan("table:3") == ("table", 3, 0.0)
   assert _killpoint._plan(None) is None
+
+
+SWEEP = ["sweep", "--data", "digits", "--hidden", "8", "--workers", "2",
+         "--batch-size", "4", "--steps", "4", "--H", "2", "--eval-every",
+         "4", "--eval-examples", "32", "--grid", "outer_lr=0.5,0.7",
+         "--seeds", "0", "--no-progress"]
+
+
+class _Killed(BaseException):
+  """Stands for SIGKILL in-process: nothing after it runs, nothing cleans
+  up (``except OSError`` and ``finally`` aside, as after a real kill the
+  process is gone; what is on disk is what the test looks at)."""
+
+
+def test_a_study_killed_while_writing_its_tables_leaves_each_table_whole(
+    tmp_path, monkeypatch, capsys):
+  # A study run again over a finished one rewrites its tables; killed in
+  # the middle of that, each table must be the previous whole one or the
+  # new whole one, never a table cut short.
+  import dataclasses
+  from lowbw.studies import _files
+  from lowbw.telemetry import _writers
+  out = tmp_path / "study"
+  assert cli.main(SWEEP + ["--out", str(out)]) == 0
+  capsys.readouterr()
+  new = lowbw.studies.load(str(out))
+  old = dataclasses.replace(new, points=new.points[:1])  # tables that differ
+
+  def tables():
+    return {n: (out / n).read_bytes() if (out / n).exists() else None
+            for n in _files.TABLES}
+
+  _files.write_tables(old, str(out))
+  before = tables()
+  writes = []
+  real_write = _writers._File.write
+  monkeypatch.setattr(_writers._File, "write",
+                      lambda f, data: (writes.append(f.name),
+                                       real_write(f, data))[1])
+  _files.write_tables(new, str(out))
+  after = tables()
+  for name in ("final.csv", "points.csv", "study.csv"):
+    assert before[name] != after[name], name
+  for n in range(len(writes)):
+    _files.write_tables(old, str(out))
+
+    def killed_write(f, data, calls=[]):  # noqa: B006  (counts this n's)
+      calls.append(f.name)
+      if len(calls) == n + 1:   # half of this write reaches the disk
+        real_write(f, data[:len(data) // 2])
+        raise _Killed()
+      real_write(f, data)
+
+    monkeypatch.setattr(_writers._File, "write", killed_write)
+    with pytest.raises(_Killed):
+      _files.write_tables(new, str(out))
+    monkeypatch.setattr(_writers._File, "write", real_write)
+    for name, text in tables().items():
+      assert text in (before[name], after[name]), (
+          f"killed in write {n + 1} ({writes[n]}): {name} is cut short")

@@ -8,9 +8,13 @@ tables.
     OUT/study.csv           one row per point and logged step
     OUT/final.csv           one row per combination: mean, std over seeds
     OUT/points.csv          one row per point: its values, seed, finals
+
+The tables are rewritten whole each time the study runs, each to a
+temporary file renamed over the old one (``telemetry.write_csv``).
 """
 
 import csv
+import io
 import json
 import math
 import os
@@ -190,12 +194,14 @@ def read_point(out: str, point: _grid.Point) -> PointResult:
 
 
 def _write_csv(path: str, columns: dict) -> None:
+  # Whole, then renamed over the old table: a study killed while it writes
+  # its tables (they are rewritten each time it runs) leaves each one as it
+  # was or complete, never cut short.
+  telemetry.kill_point("table")
   names = list(columns)
   rows = len(next(iter(columns.values()), []))
-  writer = telemetry.CSVWriter(path, names)
-  for r in range(rows):
-    writer.write({k: _plain(columns[k][r]) for k in names})
-  writer.close()
+  telemetry.write_csv(path, names, [{k: _plain(columns[k][r]) for k in names}
+                                    for r in range(rows)])
 
 
 def _plain(value):
@@ -243,5 +249,9 @@ def _parquet(out: str, tables: dict) -> None:
   except ImportError:
     return
   for name, columns in tables.items():
+    telemetry.kill_point("table")
+    data = io.BytesIO()
     pd.DataFrame({k: list(v) for k, v in columns.items()}).to_parquet(
-        os.path.join(out, f"{name}.parquet"), index=False)
+        data, index=False)
+    telemetry.write_bytes(os.path.join(out, f"{name}.parquet"),
+                          data.getvalue())

@@ -12,8 +12,8 @@ from lowbw.telemetry._startup import (STARTUP_PHASES, import_s, mark_imported,
                                       process_age_s)
 from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      WandbWriter, WriteError, check_writable,
-                                     import_wandb, quiet_logs, write_json,
-                                     write_text)
+                                     import_wandb, quiet_logs, write_bytes,
+                                     write_csv, write_json, write_text)
 
 __all__ = [
     "STARTUP_PHASES", "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
@@ -21,5 +21,6 @@ __all__ = [
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_s", "import_wandb", "is_terminal", "kill_point", "latest_step",
     "mark_imported", "names", "process_age_s", "quiet_logs",
-    "read_meta", "restore", "save", "write_json", "write_text",
+    "read_meta", "restore", "save", "write_bytes", "write_csv", "write_json",
+    "write_text",
 ]

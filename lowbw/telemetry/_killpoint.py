@@ -10,15 +10,17 @@ reached to FILE, so a campaign knows which kills a run offers.
 The points: ``checkpoint`` (a save begins), ``checkpoint_saved`` (a save
 returned), ``row`` (a row is in metrics.csv, not yet in TensorBoard),
 ``replace`` (a JSON or parameter file's temporary copy is written, not yet
-renamed over the file). ``benchmarks/kill_campaign.py`` and
-``tests/test_kill_anywhere.py`` use them.
+renamed over the file), ``table`` (a study is about to write one of its
+tables: study.csv, final.csv, points.csv, a Parquet copy).
+``benchmarks/kill_campaign.py`` and ``tests/test_kill_anywhere.py`` use
+them.
 """
 
 import os
 import signal
 import threading
 
-POINTS = ("checkpoint", "checkpoint_saved", "row", "replace")
+POINTS = ("checkpoint", "checkpoint_saved", "row", "replace", "table")
 
 
 def _plan(text: str | None):

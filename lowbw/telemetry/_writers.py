@@ -360,12 +360,32 @@ def write_json(path: str, obj: Any, run_dir: str | None = None) -> None:
 
 def write_text(path: str, text: str, run_dir: str | None = None) -> None:
   """Writes ``text`` atomically; errors as ``write_json``'s."""
+  write_bytes(path, text.encode("utf-8"), run_dir)
+
+
+def write_csv(path: str, columns: Sequence[str],
+              rows: Sequence[dict[str, Any]],
+              run_dir: str | None = None) -> None:
+  """Writes a whole table (cells as ``CSVWriter`` writes them) atomically:
+  a process killed meanwhile leaves the previous table or none, never a
+  table cut short. Errors as ``write_json``'s."""
+  text = io.StringIO()
+  writer = csv.writer(text, lineterminator="\n")
+  writer.writerow(columns)
+  for row in rows:
+    writer.writerow([_cell(row.get(c)) for c in columns])
+  write_text(path, text.getvalue(), run_dir)
+
+
+def write_bytes(path: str, data: bytes, run_dir: str | None = None) -> None:
+  """Writes ``data`` to a temporary file next to ``path`` and renames it
+  over ``path``; errors as ``write_json``'s."""
   run_dir = run_dir or os.path.dirname(path) or "."
   tmp = path + ".tmp"
   try:
     f = _File(tmp, run_dir, name=path)
     try:
-      f.write(text.encode("utf-8"))
+      f.write(data)
     finally:
       f.close()
     kill_point("replace")
