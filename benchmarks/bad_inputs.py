@@ -1,12 +1,15 @@
-"""About 420 bad or edge inputs against the command line and the Python API, as a
-new user would try them, each classified:
+"""About 360 bad or edge inputs against the command line and the Python API,
+as a new user would try them, each classified:
 
 - ``error``: a one-line ``lowbw: error:`` (or a ValueError from the API) in
-  under ``EARLY_S`` seconds, before anything trains;
+  under ``EARLY_S`` seconds (``CHILD_EARLY_S`` in a child process), before
+  anything trains;
 - ``late error``: the same, after longer (something compiled first);
 - ``warning``: the run finished and its summary carries warnings;
 - ``accepted``: the run finished with no word (fine for good edge inputs);
 - ``traceback``: any other exception: a defect;
+- ``timeout``: a case run in a child process (one that could run for ever
+  if accepted) still running after ``CHILD_TIMEOUT_S``: a defect;
 - ``silent nan``: exit 0 and no warning, but a NaN or infinite number in
   what the command reported (a train summary's losses and clock, an eval's
   scores): a defect;
@@ -200,6 +203,9 @@ def _api_call(base, change):
 # Cases that may run for ever if accepted (10^9 steps) run in a child
 # process under this limit; running past it is the outcome ``timeout``.
 CHILD_TIMEOUT_S = 30.0
+# A child first imports Python, JAX and lowbw (3-5 s on 2 cores) before it
+# reads its input, so its early errors are allowed that much longer.
+CHILD_EARLY_S = EARLY_S + 5.0
 LM_TINY = ["--layers", "1", "--d-model", "16", "--heads", "2", "--seq-len",
            "16", "--workers", "2", "--batch-size", "2", "--steps", "4",
            "--H", "2", "--eval-every", "2", "--no-progress", "--no-plot"]
@@ -371,61 +377,70 @@ def _prepared_variant(tmp, name, change) -> str:
   return out
 
 
-def _prepared_cases(tmp):
+def _set_key(key, value):
+  """A change of meta.json's ``key`` (None: removed)."""
+  def change(_, meta):
+    if value is None:
+      meta.pop(key)
+    else:
+      meta[key] = value
+  return change
+
+
+def _meta_text(text):
+  return lambda folder, _: _write(os.path.join(folder, "meta.json"), text)
+
+
+def _damage(name, content):
+  return lambda folder, _: _write(os.path.join(folder, name), content)
+
+
+def _bump_id(split):
+  """A token id beyond the 300-id vocabulary in ``split``."""
+  def change(folder, _):
+    import numpy as np
+    path = os.path.join(folder, f"{split}.bin")
+    ids = np.fromfile(path, "<u2")
+    ids[3] = 5000
+    ids.tofile(path)
+  return change
+
+
+def _as_uint32(folder, meta):
   import numpy as np
+  for split in ("train", "val"):
+    path = os.path.join(folder, f"{split}.bin")
+    np.fromfile(path, "<u2").astype("<u4").tofile(path)
+  meta["dtype"] = "uint32"
 
-  def set_key(key, value):
-    def change(_, meta):
-      if value is None:
-        meta.pop(key)
-      else:
-        meta[key] = value
-    return change
 
-  def meta_text(text):
-    return lambda folder, _: _write(os.path.join(folder, "meta.json"), text)
+PREPARED_VARIANTS = {
+    "as prepared": lambda folder, meta: None,
+    "tokenizer ../../../../etc/passwd": _set_key(
+        "tokenizer", "../../../../etc/passwd"),
+    "tokenizer /etc/passwd": _set_key("tokenizer", "/etc/passwd"),
+    "no vocab_size": _set_key("vocab_size", None),
+    "vocab_size 10": _set_key("vocab_size", 10),
+    "vocab_size '300'": _set_key("vocab_size", "300"),
+    "dtype uint32 (tokens uint32)": _as_uint32,
+    "dtype uint32 (tokens uint16)": _set_key("dtype", "uint32"),
+    "dtype int64": _set_key("dtype", "int64"),
+    "version '1'": _set_key("version", "1"),
+    "no tokenizer": _set_key("tokenizer", None),
+    "meta.json a list": _meta_text("[1, 2]"),
+    "meta.json not JSON": _meta_text("{"),
+    "meta.json empty": _meta_text(""),
+    "val id beyond vocab": _bump_id("val"),
+    "train id beyond vocab": _bump_id("train"),
+    "train.bin odd size": _damage("train.bin", b"\x01\x00\x02"),
+    "train.bin empty": _damage("train.bin", b""),
+    "train_docs.npy garbage": _damage("train_docs.npy", b"garbage"),
+    "tokenizer.json garbage": _damage("tokenizer.json", "not json"),
+}
 
-  def bump_id(split):
-    def change(folder, _):
-      path = os.path.join(folder, f"{split}.bin")
-      ids = np.fromfile(path, "<u2")
-      ids[3] = 5000
-      ids.tofile(path)
-    return change
 
-  def as_uint32(folder, meta):
-    for split in ("train", "val"):
-      path = os.path.join(folder, f"{split}.bin")
-      np.fromfile(path, "<u2").astype("<u4").tofile(path)
-    meta["dtype"] = "uint32"
-
-  def damage(name, content):
-    return lambda folder, _: _write(os.path.join(folder, name), content)
-
-  variants = {
-      "as prepared": lambda folder, meta: None,
-      "tokenizer ../../../../etc/passwd": set_key(
-          "tokenizer", "../../../../etc/passwd"),
-      "tokenizer /etc/passwd": set_key("tokenizer", "/etc/passwd"),
-      "no vocab_size": set_key("vocab_size", None),
-      "vocab_size 10": set_key("vocab_size", 10),
-      "vocab_size '300'": set_key("vocab_size", "300"),
-      "dtype uint32 (tokens uint32)": as_uint32,
-      "dtype uint32 (tokens uint16)": set_key("dtype", "uint32"),
-      "dtype int64": set_key("dtype", "int64"),
-      "version '1'": set_key("version", "1"),
-      "no tokenizer": set_key("tokenizer", None),
-      "meta.json a list": meta_text("[1, 2]"),
-      "meta.json not JSON": meta_text("{"),
-      "meta.json empty": meta_text(""),
-      "val id beyond vocab": bump_id("val"),
-      "train id beyond vocab": bump_id("train"),
-      "train.bin odd size": damage("train.bin", b"\x01\x00\x02"),
-      "train.bin empty": damage("train.bin", b""),
-      "train_docs.npy garbage": damage("train_docs.npy", b"garbage"),
-      "tokenizer.json garbage": damage("tokenizer.json", "not json"),
-  }
-  for name, change in variants.items():
+def _prepared_cases(tmp):
+  for name, change in PREPARED_VARIANTS.items():
     folder = _prepared_variant(tmp, name, change)
     yield f"prepared: {name}", ["train", "--data", folder, *LM_TINY,
                                 "--out", "{out}"]
@@ -453,46 +468,44 @@ class _Runs:
     return out
 
 
-def _saved_run_cases(tmp):
+def _truncate(folder):
+  path = os.path.join(folder, "params.npz")
+  with open(path, "rb") as f:
+    whole = f.read()
+  _write(path, whole[:len(whole) // 2])
+
+
+def _nan_params(folder):
   import numpy as np
-  runs = _Runs(tmp)
+  path = os.path.join(folder, "params.npz")
+  with np.load(path) as saved:
+    params = {k: np.full_like(saved[k], np.nan) for k in saved.files}
+  np.savez(path, **params)
 
-  def npz(name, x, y):
-    path = os.path.join(tmp, name)
-    np.savez(path, x=x, y=y, x_eval=x, y_eval=y)
-    return path
 
-  def truncate(folder):
-    path = os.path.join(folder, "params.npz")
-    with open(path, "rb") as f:
-      whole = f.read()
-    _write(path, whole[:len(whole) // 2])
+def _npz(tmp, name, x, y) -> str:
+  import numpy as np
+  path = os.path.join(tmp, name)
+  np.savez(path, x=x, y=y, x_eval=x, y_eval=y)
+  return path
 
-  def nan_params(folder):
-    path = os.path.join(folder, "params.npz")
-    with np.load(path) as saved:
-      params = {k: np.full_like(saved[k], np.nan) for k in saved.files}
-    np.savez(path, **params)
 
-  rng = np.random.default_rng(0)
-  images = rng.random((20, 8, 8, 1)).astype(np.float32)
-  truncated = runs.damaged(runs.classifier, "truncated", truncate)
-  nan = runs.damaged(runs.classifier, "nan", nan_params)
-  lm_truncated = runs.damaged(runs.lm, "lm-truncated", truncate)
-  foreign = runs.damaged(runs.lm, "foreign", lambda f: shutil.copy(
-      os.path.join(runs.classifier, "params.npz"), f))
-  bad_config = runs.damaged(runs.classifier, "bad-config", lambda f: _write(
-      os.path.join(f, "config.json"), '{"model": '))
+def _eval_cases(tmp, runs):
+  import numpy as np
+  images = np.random.default_rng(0).random((20, 8, 8, 1)).astype(np.float32)
   c, lm = runs.classifier, runs.lm
   yield "eval: digits", ["eval", c, "--data", "digits"]
-  yield "eval: labels beyond the classes", ["eval", c, "--data", npz(
-      "labels.npz", images, np.arange(20))]
-  yield "eval: examples of another width", ["eval", c, "--data", npz(
-      "wide.npz", np.ones((20, 5), np.float32), np.arange(20) % 10)]
-  yield "eval: NaN params", ["eval", nan, "--data", "digits"]
-  yield "eval: truncated params.npz", ["eval", truncated, "--data", "digits"]
-  yield "eval: unreadable config.json", ["eval", bad_config, "--data",
-                                         "digits"]
+  yield "eval: labels beyond the classes", ["eval", c, "--data", _npz(
+      tmp, "labels.npz", images, np.arange(20))]
+  yield "eval: examples of another width", ["eval", c, "--data", _npz(
+      tmp, "wide.npz", np.ones((20, 5), np.float32), np.arange(20) % 10)]
+  yield "eval: NaN params", ["eval", runs.damaged(c, "nan", _nan_params),
+                             "--data", "digits"]
+  yield "eval: truncated params.npz", ["eval", runs.damaged(
+      c, "truncated", _truncate), "--data", "digits"]
+  yield "eval: unreadable config.json", ["eval", runs.damaged(
+      c, "bad-config", lambda f: _write(os.path.join(f, "config.json"),
+                                        '{"model": ')), "--data", "digits"]
   yield "eval: text data on a classifier", ["eval", c, "--data", "text"]
   yield "eval: --eval-examples 0", ["eval", c, "--data", "digits",
                                     "--eval-examples", "0"]
@@ -501,30 +514,47 @@ def _saved_run_cases(tmp):
   yield "eval: lm on its data", ["eval", lm, "--data", _prepared_folder(tmp)]
   yield "eval: lm, val id beyond vocab", ["eval", lm, "--data", os.path.join(
       tmp, "variants", "val-id-beyond-vocab")]
+
+
+def _generate_cases(runs):
+  lm = runs.lm
   yield "generate: lm", ["generate", lm, "--max-tokens", "5"]
-  yield "generate: truncated params.npz", ["generate", lm_truncated]
-  yield "generate: another model's params", ["generate", foreign]
-  yield "generate: a classifier", ["generate", c]
+  yield "generate: truncated params.npz", ["generate", runs.damaged(
+      lm, "lm-truncated", _truncate)]
+  yield "generate: another model's params", ["generate", runs.damaged(
+      lm, "foreign", lambda f: shutil.copy(
+          os.path.join(runs.classifier, "params.npz"), f))]
+  yield "generate: a classifier", ["generate", runs.classifier]
   for flags in (["--max-tokens", "0"], ["--max-tokens", "-1"],
                 ["--temperature", "nan"], ["--temperature", "-1"],
                 ["--top-k", "0"], ["--prompt", ""], ["--step", "7"]):
     yield f"generate: {' '.join(flags)}", ["generate", lm, *flags]
-  metrics_empty = os.path.join(tmp, "plots", "empty")
-  os.makedirs(metrics_empty, exist_ok=True)
-  _write(os.path.join(metrics_empty, "metrics.csv"), "")
+
+
+def _plot_cases(tmp, runs):
+  empty = os.path.join(tmp, "plots", "empty")
   garbage = os.path.join(tmp, "plots", "garbage")
-  os.makedirs(garbage, exist_ok=True)
+  for folder in (empty, garbage):
+    os.makedirs(folder, exist_ok=True)
+  _write(os.path.join(empty, "metrics.csv"), "")
   _write(os.path.join(garbage, "metrics.csv"), b"\x00\xffnot,a\ncsv")
-  out = os.path.join(tmp, "plots", "p.png")
+  c, out = runs.classifier, os.path.join(tmp, "plots", "p.png")
   for name, argv in {"a run": [c], "/dev/null": ["/dev/null"],
                      "a folder without metrics": [tmp],
-                     "an empty metrics.csv": [metrics_empty],
+                     "an empty metrics.csv": [empty],
                      "a binary metrics.csv": [garbage],
                      "--x nope": [c, "--x", "nope"],
                      "--smooth 0": [c, "--smooth", "0"],
                      "--out a folder": [c, "--out", tmp]}.items():
     yield f"plot: {name}", ["plot", *argv, *(["--out", out] if "--out"
                                              not in argv else [])]
+
+
+def _saved_run_cases(tmp):
+  runs = _Runs(tmp)
+  yield from _eval_cases(tmp, runs)
+  yield from _generate_cases(runs)
+  yield from _plot_cases(tmp, runs)
 
 
 def _non_finite(summary: dict) -> str | None:
@@ -604,7 +634,8 @@ def classify(kind, payload, tmp):
   if code != 0:
     lines = text.splitlines()
     one_line = len(lines) == 1 and "Traceback" not in text
-    outcome = ("error" if one_line and seconds < EARLY_S else
+    early = CHILD_EARLY_S if kind == "child" else EARLY_S
+    outcome = ("error" if one_line and seconds < early else
                "late error" if one_line else "traceback")
     return outcome, seconds, lines[-1] if lines else f"exit {code}"
   warned = (summary or {}).get("warnings") or [
