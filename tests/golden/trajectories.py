@@ -205,6 +205,7 @@ def record(strategy: str, case: str) -> dict[str, np.ndarray]:
   config = lowbw.Config(**kwargs)
   sim = lowbw.build(config)
   result = sim.run(seed=SEED)
+  _same_bits_again(sim, result, f"{strategy}/{case}")
   params_R = _param_history(sim, every)
   final = jax.tree.map(lambda x: x[-1], params_R)
   problems = compare(_flat(jax.device_get(result.params)), _flat(final),
@@ -223,6 +224,23 @@ def record(strategy: str, case: str) -> dict[str, np.ndarray]:
     if name not in NOT_RECORDED:
       out[f"{case}/history/{name}"] = np.asarray(column)
   return out
+
+
+def _same_bits_again(sim, result, name: str) -> None:
+  """Same seed, same bits: a second run of the build repeats the first's
+  parameters and history bit for bit (on any platform; the fixture checks
+  bits across processes where it was recorded)."""
+  again = sim.run(seed=SEED)
+  first = {**_flat(jax.device_get(result.params)),
+           **{k: np.asarray(v) for k, v in result.history.items()
+              if k not in NOT_RECORDED}}
+  second = {**_flat(jax.device_get(again.params)),
+            **{k: np.asarray(v) for k, v in again.history.items()
+               if k not in NOT_RECORDED}}
+  problems = compare(first, second, exact=True)
+  if problems:
+    raise AssertionError(f"{name}: a second run with the same seed differs: "
+                         + "; ".join(problems))
 
 
 def _param_history(sim, every: int):
