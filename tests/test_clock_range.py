@@ -92,3 +92,26 @@ def test_a_clock_that_overflows_anyway_is_a_warning(monkeypatch):
   assert not math.isfinite(result.summary["sim_time_s"])
   assert any("clock overflowed" in w for w in result.summary["warnings"])
   assert np.isfinite(result.summary["final_train_loss"])
+
+
+def test_an_absurd_message_size_shows_in_the_link_error(capsys):
+  # A clock-only model of 1e30 billion parameters makes a sound 1 Gbit/s
+  # link "too slow"; the error says how many bytes it was given, so the
+  # size, not the link, is seen to be wrong.
+  assert cli.main(_TINY + ["--clock-params", "1e30B"]) == 2
+  err = capsys.readouterr().err
+  assert "--bandwidth=" in err and "sending 4e+39 bytes per worker" in err
+
+
+@pytest.mark.parametrize("where, says", [
+    ("folder", "is a folder"), ("/dev/null", "is not a regular file"),
+    ("notes.txt", "is a file without the .csv suffix a trace needs")])
+def test_speeds_naming_a_path_that_is_no_trace_says_what_is_there(
+    tmp_path, where, says):
+  path = {"folder": str(tmp_path), "/dev/null": "/dev/null",
+          "notes.txt": str(tmp_path / "notes.txt")}[where]
+  (tmp_path / "notes.txt").write_text("1,2\n")
+  with pytest.raises(ValueError, match=f"^speeds=.* {says}; expected "
+                     "comma-separated numbers > 0, one per worker, or a "
+                     r"\.csv trace file"):
+    network.hardware("a100", speeds=path)

@@ -355,12 +355,17 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
   total = steps * (compute + comm)
   if math.isfinite(total) and total <= MAX_RUN_S:
     return
-  field, value = (_compute_culprit(net, pricing, steps) if compute >= comm
+  by_compute = compute >= comm
+  field, value = (_compute_culprit(net, pricing, steps) if by_compute
                   else _link_culprit(net, pricing))
   reached = (f"{total:.3g} s" if math.isfinite(total)
              else "more than the largest float")
+  # The message size too: a link is only slow for the bytes it is given,
+  # and an absurd model size (a clock-only parameter count) shows here.
+  sent = "" if by_compute else (
+      f" sending {_wire_bytes(pricing):.3g} bytes per worker per exchange")
   raise _validate.fail(field, value, f"the run's simulated time would reach "
-                       f"{reached} over {steps} steps, beyond what the "
+                       f"{reached} over {steps} steps{sent}, beyond what the "
                        f"simulated clock (float32) can count; expected a value that keeps it below "
                        f"{MAX_RUN_S:g} s")
 
@@ -384,6 +389,11 @@ def _compute_culprit(net: Network, pricing: Pricing, steps: int) -> tuple:
   return "hardware", f"{pricing.step_s:g} s per step"
 
 
+def _wire_bytes(pricing: Pricing) -> float:
+  return max(max(c.wire_bytes, c.received_bytes or 0.0)
+             for c in pricing.clock_costs.values())
+
+
 def _link_culprit(net: Network, pricing: Pricing) -> tuple:
   """The slowest link's latency when it outweighs moving the largest
   message over the narrowest link, else that bandwidth."""
@@ -392,8 +402,7 @@ def _link_culprit(net: Network, pricing: Pricing) -> tuple:
            else [("", topo.wan), ("regional_", topo.regional)])
   each = [(prefix, one) for prefix, group in links for one in
           ([group] if isinstance(group, Link) else group)]
-  wire = max(max(c.wire_bytes, c.received_bytes or 0.0)
-             for c in pricing.clock_costs.values())
+  wire = _wire_bytes(pricing)
   prefix, slow = max(each, key=lambda pl: pl[1].latency_s)
   narrow = min(one.bandwidth_bps for _, one in each)
   if net.bandwidth_trace is not None:

@@ -6,6 +6,7 @@ utilisation (default 0.4, the seed-001 planner's default). Or a fixed number of
 seconds per step. Per-worker speed multipliers describe a heterogeneous fleet.
 """
 
+import os
 import re
 from typing import NamedTuple
 
@@ -87,6 +88,18 @@ def hardware(spec="h100", mfu: float = 0.4, speeds=None) -> Hardware:
   return Hardware(str(spec), peak, mfu, None, speeds)
 
 
+def _what_is_there(text: str) -> str:
+  """Says what a path given where speeds were expected names (a folder,
+  /dev/null): a trace is read only from a .csv file."""
+  path = text.strip()
+  if os.path.isdir(path):
+    return "is a folder; "
+  if os.path.exists(path):
+    return ("is a file without the .csv suffix a trace needs; "
+            if os.path.isfile(path) else "is not a regular file; ")
+  return ""
+
+
 def check_speeds(speeds) -> tuple[float, ...] | None:
   if speeds is None:
     return None
@@ -94,8 +107,9 @@ def check_speeds(speeds) -> tuple[float, ...] | None:
     try:
       speeds = [float(s) for s in speeds.split(",")]
     except ValueError:
-      raise _validate.fail("speeds", speeds, "expected comma-separated "
-                           "numbers > 0, one per worker") from None
+      raise _validate.fail("speeds", speeds, _what_is_there(speeds) +
+                           "expected comma-separated numbers > 0, one per "
+                           "worker, or a .csv trace file") from None
   try:
     values = tuple(float(s) for s in speeds)
   except (TypeError, ValueError):
