@@ -476,3 +476,18 @@ def test_the_bad_inputs_benchmark_counts_a_silent_nan_as_a_defect():
   assert bench._NAN_WORD.search('"eval_loss": NaN')
   assert not bench._NAN_WORD.search("a banana, finance, infinite nanny")
   assert "silent nan" in bench.DEFECTS
+
+
+def test_a_text_folder_says_which_files_it_skips_as_not_utf8(tmp_path):
+  # Files that do not decode are left out of the corpus: never unsaid, and a
+  # single such file given as the corpus is refused, naming it.
+  from lowbw import data as data_lib
+  folder = tmp_path / "corpus"
+  folder.mkdir()
+  (folder / "a.txt").write_text("plain text, " * 40)
+  (folder / "b.bin").write_bytes(bytes(range(128, 256)) * 4)
+  with pytest.warns(UserWarning, match=r"skipped 1 of 2 files under .*corpus"
+                    r" that are not UTF-8 text \(e\.g\. b\.bin\)"):
+    data_lib.text_bytes(seq_len=8, root=folder)
+  with pytest.raises(ValueError, match=r"^root=.*b\.bin.* is not UTF-8 text"):
+    data_lib.text_bytes(seq_len=8, root=folder / "b.bin")

@@ -3,6 +3,7 @@
 import os
 import pathlib
 import sysconfig
+import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -48,15 +49,23 @@ def _stdlib_files() -> list[tuple[str, bytes]]:
 
 def _text_files(root: pathlib.Path) -> list[tuple[str, bytes]]:
   paths = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
-  found = []
+  found, skipped = [], []
   for path in paths:
     content = path.read_bytes()
+    name = path.name if path == root else path.relative_to(root).as_posix()
     try:
       content.decode("utf-8")
     except UnicodeDecodeError:
+      skipped.append(name)
       continue
-    name = path.name if path == root else path.relative_to(root).as_posix()
     found.append((name, content))
+  if skipped and root.is_file():
+    raise _validate.fail("root", str(root), "is not UTF-8 text; expected a "
+                         "text file or a folder of them")
+  if skipped:  # a folder may hold a few binaries; none passes unsaid
+    warnings.warn(f"text_bytes: skipped {len(skipped)} of {len(paths)} files "
+                  f"under {root} that are not UTF-8 text (e.g. "
+                  f"{sorted(skipped)[0]})", stacklevel=3)
   return sorted(found)
 
 
@@ -115,8 +124,9 @@ def text_bytes(
   sources (``sysconfig.get_paths()["stdlib"]``): every ``*.py`` file outside
   test suites, ``site-packages``, ``idlelib`` and ``lib2to3``, about 11 MB on
   Python 3.11, present wherever Python is, so no download is needed. With a
-  ``root``, every regular file under it (recursively) that decodes as UTF-8;
-  ``root`` may also be a single file.
+  ``root``, every regular file under it (recursively) that decodes as UTF-8
+  (the others are skipped with a warning that counts them); ``root`` may
+  also be a single file, which must be UTF-8 text.
 
   Files are sorted by relative posix path, which makes the corpus the same on
   every load. Every ``eval_every_nth_file``-th file (``i % n == 0``) is held out
