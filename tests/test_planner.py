@@ -499,3 +499,15 @@ def test_per_node_speeds_time_a_step_at_the_slowest_or_with_dylu_the_fastest():
     plan(num_nodes=4, speeds="1,1,0.5")
   with pytest.raises(ValueError, match="speeds"):
     plan(num_nodes=2, speeds="1,0")
+
+
+@pytest.mark.parametrize("given, field", [
+    ({"bandwidth": "1e-300bps"}, "bandwidth"),
+    ({"latency": "1e300s"}, "latency"),
+    ({"pflops_per_node": 1e-300}, "pflops_per_node")])
+def test_a_plan_beyond_any_meaning_is_refused_naming_its_cause(given, field):
+  # Before, these printed "inf years" or a 300-digit number of years with
+  # exit 0; the clock of a simulated run refuses the same inputs.
+  with pytest.raises(ValueError, match=f"^{field}=.* the plan's run would "
+                     r"take .* s; expected a value that keeps it below 1e\+30"):
+    plan(**given)

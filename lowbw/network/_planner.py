@@ -564,7 +564,7 @@ def _warnings(s: dict, given: dict, out: dict) -> list[str]:
                  "the model's estimate is not meaningful this far out")
   if out["total_years"] > out["longest_run_years"]:
     notes.append(
-        f"the run takes {out['total_years']:.2f} years, longer than the "
+        f"the run takes {out['total_years']:.3g} years, longer than the "
         f"longest sensible run of {out['longest_run_years']:.3f} years (§7): "
         "starting later on better hardware and software would finish sooner")
   renamed = _renamed(given)
@@ -631,8 +631,34 @@ def plan(**inputs) -> dict:
   else:
     timing = {**_diloco(s, t_comp, n_eff), "mode": "diloco"}
   out = _outputs(s, timing, memory_gb, stages, t_comp, n_eff)
+  _check_finite(s, out)
   out["warnings"] = _warnings(s, inputs, out)
   return out
+
+
+# A plan longer than this is no plan (the universe is ~5e17 s old); beyond it
+# the figures lose all meaning and, further out, overflow to inf.
+MAX_PLAN_S = 1e30
+
+
+def _check_finite(s: dict, out: dict) -> None:
+  """Refuses inputs whose plan runs past ``MAX_PLAN_S`` (a link of 1e-300
+  bit/s, a latency of 1e300 s), naming the link setting that makes the
+  sync so long, or the compute when the sync is not to blame."""
+  total_s = out["total_days"] * SECONDS_PER_DAY
+  if math.isfinite(total_s) and total_s <= MAX_PLAN_S:
+    return
+  if math.isfinite(out["t_comp_s"]) and not (
+      out["t_sync_s"] is None or out["t_sync_s"] < out["t_comp_s"]):
+    wire_s = out["sync_bits"] / s["bandwidth"] if s["bandwidth"] else math.inf
+    field = "latency" if s["latency"] >= wire_s else "bandwidth"
+    value = (_units.format_duration(s["latency"]) if field == "latency"
+             else _units.format_bandwidth(s["bandwidth"]))
+  else:
+    field, value = "pflops_per_node", f"{s['pflops_per_node']:g}"
+  raise _validate.fail(field, value, f"the plan's run would take "
+                       f"{total_s:.3g} s; expected a value that keeps it "
+                       f"below {MAX_PLAN_S:g} s")
 
 
 _OPTIONAL = ("straggler_factor_sync", "straggler_factor_regional",
