@@ -51,7 +51,8 @@ def test_nesting_as_deep_as_allowed_reads():
   for value in ([], [[1, [2]], {"a": [[3]]}], {"a": {"b": [1]}},
                 [[[[]]]], 5, "x"):
     for limit in range(6):
-      assert _files._deeper_than(value, limit) == (depth(value) > limit)
+      deep = _files._oversized(value, limit, 10**6) == "deep"
+      assert deep == (depth(value) > limit)
 
 
 def test_a_saved_runs_deep_config_json_names_the_folder(tmp_path):
@@ -59,3 +60,21 @@ def test_a_saved_runs_deep_config_json_names_the_folder(tmp_path):
   with pytest.raises(lowbw.ConfigError, match="^run_dir=.*its config.json "
                      "nests lists or objects too deeply"):
     lowbw.config.load(str(tmp_path))
+
+
+def test_aliases_of_aliases_are_refused_at_once(tmp_path, capsys):
+  # Nine lines of YAML standing for 9^9 values ("billion laughs"): read in
+  # milliseconds, but any walk over them took hours (the command hung).
+  lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", '
+           '"lol"]']
+  lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]"
+            for i in range(1, 9)]
+  path = tmp_path / "laughs.yaml"
+  path.write_text("\n".join(lines) + "\n")
+  assert "holds more than 100,000 values" in _error(
+      ["train", "--config", str(path)], capsys)
+
+
+def test_the_value_count_stops_at_its_limit():
+  assert _files._oversized(list(range(10)), 32, 10) == "large"
+  assert _files._oversized(list(range(9)), 32, 10) is None

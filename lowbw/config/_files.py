@@ -81,8 +81,14 @@ def read_file(path: str, field: str = "config"):
              if str(e) else type(e).__name__)
     raise _validate.fail(field, path, f"not valid {kind} ({first})"
                          ) from None
-  if _deeper_than(values, MAX_DEPTH):
+  too = _oversized(values, MAX_DEPTH, MAX_VALUES)
+  if too == "deep":
     raise _too_deep(field, path)
+  if too == "large":
+    raise _validate.fail(field, path, f"holds more than {MAX_VALUES:,} "
+                         "values (a YAML alias repeated inside aliases "
+                         "multiplies them); settings are values, lists of "
+                         "values or small tables")
   return values
 
 
@@ -90,6 +96,11 @@ def read_file(path: str, field: str = "config"):
 # overflow Python's recursion in what reads them next (checks, messages,
 # the written config), and a YAML alias can even nest a list in itself.
 MAX_DEPTH = 32
+# YAML aliases share one node however often they are used, so nine lines of
+# aliases of aliases ("billion laughs") read fast but stand for 9^9 values,
+# which any walk over the settings (checks, messages, the written config)
+# would take hours to visit.
+MAX_VALUES = 100_000
 
 
 def _too_deep(field: str, path: str) -> ValueError:
@@ -98,20 +109,25 @@ def _too_deep(field: str, path: str) -> ValueError:
                         "lists of values or small tables")
 
 
-def _deeper_than(value, limit: int) -> bool:
-  """Whether ``value`` nests lists or tables more than ``limit`` levels
-  (a walk with a stack, not recursion; it stops at ``limit``, so a
-  self-containing list ends too)."""
-  stack = [(value, 0)]
+def _oversized(value, max_depth: int, max_values: int) -> str | None:
+  """"deep" when ``value`` nests lists or tables more than ``max_depth``
+  levels, "large" when it holds more than ``max_values`` values (a shared,
+  aliased list counted each time it appears), else None. A depth-first walk
+  with a stack, not recursion, that stops at either limit: a self-containing
+  list is "deep", aliases of aliases are "large"."""
+  stack, seen = [(value, 0)], 0
   while stack:
     value, level = stack.pop()
+    seen += 1
+    if seen > max_values:
+      return "large"
     if isinstance(value, dict):
       value = list(value.values())
     if isinstance(value, list):
-      if level >= limit:
-        return True
+      if level >= max_depth:
+        return "deep"
       stack.extend((v, level + 1) for v in value)
-  return False
+  return None
 
 
 def read_config(path: str, allowed: Iterable[str]) -> dict:
