@@ -141,3 +141,18 @@ def test_a_long_trace_is_looked_up_by_binary_search():
 
   for x in np.linspace(0, 320, 641):
     assert t.at(float(x)) == scan(x)
+
+
+def test_a_bad_row_of_a_trace_is_named_by_its_flag_and_line(tmp_path,
+                                                            capsys):
+  # The API names the setting ("speeds (line 2 of f.csv)"); the command line
+  # names its flag and keeps the line, as for any other setting.
+  from lowbw import cli
+  path = tmp_path / "speeds.csv"
+  path.write_text("time,w0,w1\n0,1,nan\n")
+  assert cli.main(["train", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--steps", "10", "--H", "5", "--hardware", "0.1s",
+                   "--speeds", str(path), "--no-progress"]) == 2
+  assert capsys.readouterr().err.splitlines() == [
+      f"lowbw: error: --speeds (line 2 of {path})='nan' is invalid: expected "
+      "a speed > 0 (a worker of speed 0 never finishes a step)"]

@@ -40,10 +40,18 @@ def _one_line(error: Exception, flags: dict[str, str]) -> str:
     allowed = error.allowed.splitlines()[0] if error.allowed else ""
     if error.field not in _OWN_GRAMMAR:
       allowed = _rename_fields(allowed, flags)
-    field = flags.get(error.field, error.field)
-    return f"{field}={error.value!r} is invalid: {allowed}"
+    return f"{_flag_of(error.field, flags)}={error.value!r} is invalid: {allowed}"
   text = str(error).splitlines()[0] if str(error) else type(error).__name__
   return _rename_fields(text, flags)
+
+
+def _flag_of(field: str, flags: dict[str, str]) -> str:
+  """The flag of an error's field; a field that says where in a file the
+  value was ("speeds (line 2 of f.csv)") keeps the place after the flag."""
+  name, place = (field.split(" (", 1) + [""])[:2]
+  if name not in flags:
+    return field
+  return flags[name] + (f" ({place}" if place else "")
 
 
 def _flags_of(parser: _parser.Parser) -> dict[str, str]:
