@@ -168,3 +168,17 @@ def test_the_pareto_front_keeps_what_nothing_beats_on_both():
   xs = [10.0, 1.0, 5.0, 5.0, 20.0, math.nan]
   ys = [1.0, 3.0, 2.0, 2.5, 0.5, 0.1]
   assert pareto(xs, ys) == [1, 2, 0, 4]
+
+
+def test_infinite_values_are_not_drawn_and_are_said(tmp_path, capsys):
+  # matplotlib draws an infinite loss as nothing: a run whose every row is
+  # infinite wrote an empty plot with exit 0.
+  (tmp_path / "metrics.csv").write_text("step,train_loss\n1,2.0\n2,inf\n"
+                                        "3,1.5\n")
+  assert cli.main(["plot", str(tmp_path), "--y", "train_loss"]) == 0
+  err = capsys.readouterr().err
+  assert f"run {tmp_path}: 1 row(s) of train_loss are infinite" in err
+  (tmp_path / "metrics.csv").write_text("step,train_loss\n1,inf\n2,-inf\n")
+  assert cli.main(["plot", str(tmp_path), "--y", "train_loss"]) == 2
+  assert "has no rows with both step and train_loss finite" in (
+      capsys.readouterr().err)
