@@ -115,3 +115,16 @@ def test_speeds_naming_a_path_that_is_no_trace_says_what_is_there(
                      "comma-separated numbers > 0, one per worker, or a "
                      r"\.csv trace file"):
     network.hardware("a100", speeds=path)
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--mfu", "1e-300"], "--mfu='1e-300' is invalid"),
+    (["--hardware", "1e-300TFLOPS"], "--hardware='1e-300TFLOPS' is invalid"),
+    (["--speeds", "1e-300,1"], "--speeds='1e-300' is invalid")])
+def test_a_compute_beyond_the_clock_names_the_value_given(flags, says,
+                                                         capsys):
+  # The setting the user typed, with the step time it makes in the message
+  # (an MFU of 1e-300 was reported as hardware='1.5e+289 s per step').
+  assert cli.main(_TINY + flags) == 2
+  err = capsys.readouterr().err
+  assert says in err and " s per step, beyond what the simulated clock" in err

@@ -362,8 +362,8 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
              else "more than the largest float")
   # The message size too: a link is only slow for the bytes it is given,
   # and an absurd model size (a clock-only parameter count) shows here.
-  sent = "" if by_compute else (
-      f" sending {_wire_bytes(pricing):.3g} bytes per worker per exchange")
+  sent = (f" at {compute:.3g} s per step" if by_compute else
+          f" sending {_wire_bytes(pricing):.3g} bytes per worker per exchange")
   raise _validate.fail(field, value, f"the run's simulated time would reach "
                        f"{reached} over {steps} steps{sent}, beyond what the "
                        f"simulated clock (float32) can count; expected a value that keeps it below "
@@ -382,11 +382,20 @@ def _segment_costs(pricing: Pricing, name: str) -> list:
       costs[name] for _, _, costs in pricing.segments if name in costs]
 
 
+# Below this a model-FLOP utilisation is a typo, not a measurement.
+_LEAST_SENSIBLE_MFU = 1e-3
+
+
 def _compute_culprit(net: Network, pricing: Pricing, steps: int) -> tuple:
+  """The setting that makes the compute too slow, with the value the user
+  gave: a slow worker's speed, an MFU of no sense, else the hardware."""
   slowest = min(_all_speeds(net))
   if slowest < 1 and steps * pricing.step_s <= MAX_RUN_S:
     return "speeds", f"{slowest:g}"
-  return "hardware", f"{pricing.step_s:g} s per step"
+  hw = net.hardware
+  if hw.step_time_s is None and hw.mfu < _LEAST_SENSIBLE_MFU:
+    return "mfu", f"{hw.mfu:g}"
+  return "hardware", hw.name
 
 
 def _wire_bytes(pricing: Pricing) -> float:
