@@ -222,6 +222,7 @@ class Campaign:
     self.kills = 0
     self.by_config = collections.Counter()
     self.by_kind = collections.Counter()
+    self.commit = _commit()  # at the start: others may commit meanwhile
 
   def note(self, outcome, detail=None):
     self.counts[outcome] += 1
@@ -410,7 +411,7 @@ def _report(campaign, chains, start, argv):
   return {
       "command": "python benchmarks/kill_campaign.py " + " ".join(
           sys.argv[1:] if argv is None else argv),
-      "commit": _commit(),
+      "commit": campaign.commit,
       "kills": campaign.kills, "chains": chains,
       "kills_by_config": dict(sorted(campaign.by_config.items())),
       "kills_by_kind": dict(sorted(campaign.by_kind.items())),
