@@ -22,8 +22,10 @@ import tempfile
 FAST_COMPILE = ("--xla_backend_optimization_level=0 "
                 "--xla_llvm_disable_expensive_passes=true "
                 "--xla_cpu_use_fusion_emitters=false")
-os.environ["XLA_FLAGS"] = " ".join(filter(None, [
-    os.environ.get("XLA_FLAGS"), FAST_COMPILE]))
+# Once: pytest-xdist's workers inherit this process's XLA_FLAGS.
+if FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
+  os.environ["XLA_FLAGS"] = " ".join(filter(None, [
+      os.environ.get("XLA_FLAGS"), FAST_COMPILE]))
 # For tests that give a subprocess flags of their own (several CPU devices).
 os.environ["LOWBW_TEST_FAST_COMPILE"] = FAST_COMPILE
 

@@ -19,6 +19,8 @@ half of the strategies; ``test_golden_2.py`` the other half (two modules, so
 that ``--dist loadfile`` spreads them over both test processes).
 """
 
+import os
+
 import numpy as np
 import pytest
 
@@ -131,3 +133,26 @@ def test_sign_update_strategies_compare_only_counts_off_platform():
   assert golden.compare(x, flipped, exact=True, floats=False)
   flipped["c/history/payload_bytes"] = np.array([11.0])
   assert golden.compare(x, flipped, exact=False, floats=False)
+
+
+def test_the_fingerprint_reads_xla_flags_as_a_set():
+  # pytest-xdist's workers once saw the suite's flags twice in XLA_FLAGS:
+  # the same compiler, but a fingerprint that differed, so every fixture
+  # was compared to a tolerance instead of bit for bit, with a warning.
+  once = golden.xla_flags("--b=1 --a=2")
+  assert golden.xla_flags("--a=2 --b=1 --a=2  --b=1") == once == "--a=2 --b=1"
+  assert golden.fingerprint()["xla_flags"] == golden.xla_flags(
+      os.environ.get("XLA_FLAGS", ""))
+
+
+def test_this_platform_records_what_the_fixtures_were_recorded_with():
+  # Not a promise about other machines: a guard that the suite's own
+  # settings (flags, devices, x64) do not drift from the recording's, which
+  # would silently turn every bit-for-bit comparison into a tolerant one.
+  recorded, _ = golden.load("diloco")
+  here = golden.fingerprint()
+  same_machine = {k: recorded[k] == here[k] for k in ("cpu", "isa", "jax")}
+  if not all(same_machine.values()):
+    pytest.skip("fixtures recorded on another CPU or jax: " +
+                str(same_machine))
+  assert {k: here[k] for k in recorded} == recorded

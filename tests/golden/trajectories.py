@@ -175,6 +175,13 @@ def _cpu() -> tuple[str, list[str]]:
           sorted(f for f in _ISA if f in flags))
 
 
+def xla_flags(text: str) -> str:
+  """XLA's flags as a set: a flag given twice (pytest-xdist's workers inherit
+  the suite's XLA_FLAGS and conftest adds its own again) or in another order
+  compiles the same programs."""
+  return " ".join(sorted(set(text.split())))
+
+
 def fingerprint() -> dict:
   """What may change a float's last bits: the compiler (jax, jaxlib and
   their flags), the instruction set and CPU it compiles for, numpy (the
@@ -183,7 +190,7 @@ def fingerprint() -> dict:
   return {"jax": jax.__version__, "jaxlib": jaxlib.__version__,
           "numpy": np.__version__, "machine": platform.machine(),
           "cpu": model, "isa": isa,
-          "xla_flags": os.environ.get("XLA_FLAGS", ""),
+          "xla_flags": xla_flags(os.environ.get("XLA_FLAGS", "")),
           "backend": jax.default_backend(), "devices": jax.device_count(),
           "x64": bool(jax.config.jax_enable_x64)}
 
@@ -272,7 +279,9 @@ def load(strategy: str) -> tuple[dict, dict[str, np.ndarray]]:
   """(the fingerprint it was recorded with, its arrays)."""
   with np.load(path(strategy), allow_pickle=False) as f:
     arrays = {k: f[k] for k in f.files}
-  return json.loads(str(arrays.pop("fingerprint"))), arrays
+  recorded = json.loads(str(arrays.pop("fingerprint")))
+  recorded["xla_flags"] = xla_flags(recorded.get("xla_flags", ""))
+  return recorded, arrays
 
 
 # -------------------------------------------------------------- comparison
