@@ -225,7 +225,8 @@ def _extreme_cases():
                       "1e300Gbps"), ("latency", "1e300s"), ("latency",
                       "1e-300s"), ("hardware", "1e300s"), ("H", "1000000000"),
                       ("steps", "1000000000"), ("eval-every", "1000000000"),
-                      ("clock-params", "1e30B")]:
+                      ("clock-params", "1e30B"), ("mfu", "1e-300"),
+                      ("hardware", "1e-300TFLOPS"), ("speeds", "1e-300,1")]:
     yield f"--{flag} {value}", [f"--{flag}", value]
 
 
@@ -270,6 +271,13 @@ def _path_cases(tmp):
   yield "--data-root a file", ["--data", "text", "--data-root", a_file]
   yield "--out under a file", ["--out", os.path.join(a_file, "run")]
   yield "--data a file where a folder is expected", ["--data", a_file]
+  yield "--speeds a file without .csv", ["--speeds", a_file]
+  mixed = os.path.join(tmp, "mixed-text")
+  os.makedirs(mixed, exist_ok=True)
+  _write(os.path.join(mixed, "a.txt"), "plain text " * 400)
+  _write(os.path.join(mixed, "b.bin"), bytes(range(128, 256)) * 8)
+  yield "--data text folder with a binary file", [
+      "train", "--data", "text", "--data-root", mixed, *LM_TINY]
 
 
 def _deep_config_cases(tmp):
@@ -281,7 +289,12 @@ def _deep_config_cases(tmp):
       "list.json": "[1, 2]", "null.json": "null", "scalar.yaml": "5\n",
       "types.json": '{"steps": [1]}', "types2.toml": "workers = {a = 1}\n",
       "huge.json": '{"seed": 1e400}', "bom.json": '\ufeff{"steps": 10}',
-      "binary.yaml": b"\x00\xff\x00\xff"}
+      "binary.yaml": b"\x00\xff\x00\xff",
+      # Aliases of aliases: nine lines that stand for 9^9 values.
+      "laughs.yaml": "".join(
+          f"a{i}: &a{i} [" + ", ".join(
+              ['"lol"'] * 9 if i == 0 else [f"*a{i - 1}"] * 9) + "]\n"
+          for i in range(9))}
   for name, text in files.items():
     path = _write(os.path.join(tmp, name), text)
     yield f"config: {name}", ["--config", path]
@@ -538,11 +551,17 @@ def _plot_cases(tmp, runs):
     os.makedirs(folder, exist_ok=True)
   _write(os.path.join(empty, "metrics.csv"), "")
   _write(os.path.join(garbage, "metrics.csv"), b"\x00\xffnot,a\ncsv")
+  infinite = os.path.join(tmp, "plots", "infinite")
+  os.makedirs(infinite, exist_ok=True)
+  _write(os.path.join(infinite, "metrics.csv"),
+         "step,train_loss\n1,inf\n2,inf\n")
   c, out = runs.classifier, os.path.join(tmp, "plots", "p.png")
   for name, argv in {"a run": [c], "/dev/null": ["/dev/null"],
                      "a folder without metrics": [tmp],
                      "an empty metrics.csv": [empty],
                      "a binary metrics.csv": [garbage],
+                     "an infinite train_loss": [infinite, "--y",
+                                                "train_loss"],
                      "--x nope": [c, "--x", "nope"],
                      "--smooth 0": [c, "--smooth", "0"],
                      "--out a folder": [c, "--out", tmp]}.items():

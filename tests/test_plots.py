@@ -180,5 +180,6 @@ def test_infinite_values_are_not_drawn_and_are_said(tmp_path, capsys):
   assert f"run {tmp_path}: 1 row(s) of train_loss are infinite" in err
   (tmp_path / "metrics.csv").write_text("step,train_loss\n1,inf\n2,-inf\n")
   assert cli.main(["plot", str(tmp_path), "--y", "train_loss"]) == 2
-  assert "has no rows with both step and train_loss finite" in (
-      capsys.readouterr().err)
+  assert capsys.readouterr().err.splitlines() == [
+      f"lowbw: error: --y='train_loss' is invalid: run {tmp_path} has no "
+      "rows with both step and train_loss finite"]

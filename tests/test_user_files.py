@@ -478,16 +478,27 @@ def test_the_bad_inputs_benchmark_counts_a_silent_nan_as_a_defect():
   assert "silent nan" in bench.DEFECTS
 
 
-def test_a_text_folder_says_which_files_it_skips_as_not_utf8(tmp_path):
-  # Files that do not decode are left out of the corpus: never unsaid, and a
-  # single such file given as the corpus is refused, naming it.
+def test_a_text_folder_says_which_files_it_skips_as_not_utf8(tmp_path,
+                                                            capsys):
+  # Files that do not decode are left out of the corpus: never unsaid (every
+  # run on it lists them among its warnings), and a single such file given
+  # as the corpus is refused, naming it.
   from lowbw import data as data_lib
   folder = tmp_path / "corpus"
   folder.mkdir()
   (folder / "a.txt").write_text("plain text, " * 40)
   (folder / "b.bin").write_bytes(bytes(range(128, 256)) * 4)
-  with pytest.warns(UserWarning, match=r"skipped 1 of 2 files under .*corpus"
-                    r" that are not UTF-8 text \(e\.g\. b\.bin\)"):
-    data_lib.text_bytes(seq_len=8, root=folder)
+  source = data_lib.text_bytes(seq_len=8, root=folder)
+  note = (f"the text under {folder} left out 1 file(s) that are not UTF-8 "
+          "text (e.g. b.bin)")
+  assert source.notes == (note,)
   with pytest.raises(ValueError, match=r"^root=.*b\.bin.* is not UTF-8 text"):
     data_lib.text_bytes(seq_len=8, root=folder / "b.bin")
+  out = tmp_path / "run"
+  assert cli.main(["train", "--data", "text", "--data-root", str(folder),
+                   "--layers", "1", "--d-model", "8", "--heads", "1",
+                   "--seq-len", "8", "--workers", "2", "--batch-size", "2",
+                   "--steps", "2", "--H", "1", "--eval-every", "2",
+                   "--no-progress", "--no-plot", "--out", str(out)]) == 0
+  assert note in json.loads((out / "summary.json").read_text())["warnings"]
+  assert note in capsys.readouterr().err

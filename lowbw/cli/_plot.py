@@ -206,14 +206,14 @@ def write(runs: list[str], x: str, y: str, smooth: int = 1,
         raise _validate.fail(field, column, f"run {path} has no such column; "
                              "it has " + ", ".join(table))
     xs, ys = series(table, x, y, smooth)
+    if not xs:
+      raise _validate.fail("y", y, f"run {path} has no rows with both "
+                           f"{x} and {y} finite")
     for column in dict.fromkeys((x, y)):
       infinite = sum(math.isinf(v) for v in table[column])
       if infinite:  # drawn as nothing: say so rather than draw a gap
         print(f"lowbw: warning: run {path}: {infinite} row(s) of {column} "
               "are infinite and not drawn", file=sys.stderr)
-    if not xs:
-      raise _validate.fail("y", y, f"run {path} has no rows with both "
-                           f"{x} and {y} finite")
     series_.append((os.path.basename(os.path.normpath(path)), xs, ys))
   x_axis = axis(x, [v for _, xs, _ in series_ for v in xs], log_x)
   y_axis = axis(y, [v for _, _, ys in series_ for v in ys], log_y)

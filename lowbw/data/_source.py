@@ -53,6 +53,9 @@ class DataSource:
       sharding; classification falls back to its labels.
     tokenizer: lm only, optional: the ``tokenizer.json`` the tokens were
       made with (None: bytes).
+    notes: what loading left out or changed that a user must hear of (files
+      skipped as not text); every run on the source lists them among its
+      warnings.
 
   Example:
     >>> import numpy as np
@@ -75,6 +78,7 @@ class DataSource:
   config: dict[str, Any] = dataclasses.field(default_factory=dict)
   groups: np.ndarray | None = None
   tokenizer: str | None = None
+  notes: tuple[str, ...] = ()
 
   def __post_init__(self):
     self._check()

@@ -3,7 +3,6 @@
 import os
 import pathlib
 import sysconfig
-import warnings
 from typing import NamedTuple
 
 import numpy as np
@@ -27,6 +26,7 @@ class Corpus(NamedTuple):
   eval: np.ndarray
   train_files: tuple[str, ...]
   eval_files: tuple[str, ...]
+  skipped: tuple[str, ...] = ()  # files under the root that are not UTF-8
 
 
 # Loading the stdlib reads ~600 files; callers build sources more than once.
@@ -47,7 +47,10 @@ def _stdlib_files() -> list[tuple[str, bytes]]:
   return sorted(found)
 
 
-def _text_files(root: pathlib.Path) -> list[tuple[str, bytes]]:
+def _text_files(root: pathlib.Path) -> tuple[list[tuple[str, bytes]],
+                                             tuple[str, ...]]:
+  """(name, bytes) of each UTF-8 file under ``root``, and the names of the
+  others, which are left out (a folder may hold a few binaries)."""
   paths = [root] if root.is_file() else [p for p in root.rglob("*") if p.is_file()]
   found, skipped = [], []
   for path in paths:
@@ -62,11 +65,7 @@ def _text_files(root: pathlib.Path) -> list[tuple[str, bytes]]:
   if skipped and root.is_file():
     raise _validate.fail("root", str(root), "is not UTF-8 text; expected a "
                          "text file or a folder of them")
-  if skipped:  # a folder may hold a few binaries; none passes unsaid
-    warnings.warn(f"text_bytes: skipped {len(skipped)} of {len(paths)} files "
-                  f"under {root} that are not UTF-8 text (e.g. "
-                  f"{sorted(skipped)[0]})", stacklevel=3)
-  return sorted(found)
+  return sorted(found), tuple(sorted(skipped))
 
 
 def load_corpus(root: str | None, eval_every_nth_file: int) -> Corpus:
@@ -76,12 +75,13 @@ def load_corpus(root: str | None, eval_every_nth_file: int) -> Corpus:
   key = (root, eval_every_nth_file)
   if key in _CACHE:
     return _CACHE[key]
+  skipped = ()
   if root is None:
     files = _stdlib_files()
   else:
     if not os.path.exists(root):
       raise _validate.fail("root", root, "expected an existing file or folder")
-    files = _text_files(pathlib.Path(root))
+    files, skipped = _text_files(pathlib.Path(root))
   if not files:
     raise _validate.fail(
         "root", root if root is not None else sysconfig.get_paths()["stdlib"],
@@ -107,6 +107,7 @@ def load_corpus(root: str | None, eval_every_nth_file: int) -> Corpus:
       eval=_common.frozen(np.frombuffer(held_out, np.uint8)),
       train_files=train_files,
       eval_files=eval_files,
+      skipped=skipped,
   )
   _CACHE[key] = corpus
   return corpus
@@ -125,8 +126,9 @@ def text_bytes(
   test suites, ``site-packages``, ``idlelib`` and ``lib2to3``, about 11 MB on
   Python 3.11, present wherever Python is, so no download is needed. With a
   ``root``, every regular file under it (recursively) that decodes as UTF-8
-  (the others are skipped with a warning that counts them); ``root`` may
-  also be a single file, which must be UTF-8 text.
+  (the others are left out, and every run on the source says how many in
+  its warnings); ``root`` may also be a single file, which must be UTF-8
+  text.
 
   Files are sorted by relative posix path, which makes the corpus the same on
   every load. Every ``eval_every_nth_file``-th file (``i % n == 0``) is held out
@@ -160,7 +162,15 @@ def text_bytes(
       sharding=sharding,
       seq_len=seq_len,
       vocab_size=256,
+      notes=_skipped_note(root, corpus.skipped),
       config={"name": "text_bytes", "seq_len": seq_len,
               "root": None if root is None else os.fspath(root),
               "sharding": sharding, "eval_every_nth_file": eval_every_nth_file},
   )
+
+
+def _skipped_note(root, skipped: tuple[str, ...]) -> tuple[str, ...]:
+  if not skipped:
+    return ()
+  return (f"the text under {os.fspath(root)} left out {len(skipped)} "
+          f"file(s) that are not UTF-8 text (e.g. {skipped[0]})",)

@@ -305,7 +305,7 @@ class Track:
 
   def warnings(self) -> list[str]:
     """What makes this run's numbers mean less than they seem."""
-    h, out = self.history, []
+    h, out = self.history, list(self.sim.config.data.notes)
     split = self.time_split()
     stragglers = (self.network is not None and
                   self.network.stragglers is not None)
