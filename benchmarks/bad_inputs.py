@@ -277,7 +277,8 @@ def _path_cases(tmp):
   _write(os.path.join(mixed, "a.txt"), "plain text " * 400)
   _write(os.path.join(mixed, "b.bin"), bytes(range(128, 256)) * 8)
   yield "--data text folder with a binary file", [
-      "train", "--data", "text", "--data-root", mixed, *LM_TINY]
+      "train", "--data", "text", "--data-root", mixed, *LM_TINY, "--out",
+      "{out}"]
 
 
 def _deep_config_cases(tmp):
@@ -682,7 +683,9 @@ FAMILIES = {
     "configs": lambda tmp: [("cli", n, a) for n, a in _config_cases(tmp)]
     + [("cli", n, a) for n, a in _deep_config_cases(tmp)],
     "extreme": lambda tmp: [("child", n, a) for n, a in _extreme_cases()],
-    "paths": lambda tmp: [("cli", n, a) for n, a in _path_cases(tmp)],
+    # A case that names its command is run as given, without TINY's flags.
+    "paths": lambda tmp: [("cmd" if a[0] == "train" else "cli", n, a)
+                          for n, a in _path_cases(tmp)],
     "traces": lambda tmp: [("cli", n, a) for n, a in _trace_cases(tmp)],
     "prepare": lambda tmp: [("cmd", n, a) for n, a in _prepare_cases(tmp)],
     "prepared": lambda tmp: [("cmd", n, a) for n, a in _prepared_cases(tmp)],
