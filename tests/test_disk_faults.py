@@ -404,3 +404,25 @@ def test_a_failed_save_the_disk_does_not_explain_is_raised_as_a_bug(
   save = _save_that_fails(monkeypatch, tmp_path, replace_folder=False)
   with pytest.raises(RuntimeError, match="Event loop is closed"):
     save()
+
+
+def test_a_run_folder_replaced_by_a_file_while_it_runs_is_one_write_error(
+    tmp_path):
+  # The run writes its rows into files it holds open; its summary, written
+  # at the end, finds a file where its folder was. It used to end with a
+  # bare "[Errno 17] File exists" from os.makedirs.
+  out = tmp_path / "run"
+
+  def replace_folder(row):
+    if row["step"] == 10 and out.is_dir():
+      import shutil
+      shutil.rmtree(out)
+      out.write_text("a file where the run's folder was\n")
+
+  with pytest.raises(telemetry.WriteError) as raised:
+    lowbw.simulate(model=MLP, data=data.digits(), strategy=strategies.diloco(
+        optax.adam(1e-3), H=5), num_workers=2, batch_size=4, steps=20,
+                   eval_every=5, log_every=5, progress=False,
+                   log_dir=str(out), callback=replace_folder)
+  assert str(raised.value).startswith(
+      f"cannot write {out}: Not a directory (errno 20)")

@@ -182,7 +182,7 @@ class Track:
     if not self.sim.main_process:
       return
     if self.log_dir:
-      os.makedirs(self.log_dir, exist_ok=True)
+      telemetry.check_writable(self.log_dir)  # a WriteError naming it
       telemetry.write_json(os.path.join(self.log_dir, "config.json"),
                            self.config)
       self.writers += [
@@ -366,7 +366,9 @@ class Track:
 
   def write_summary(self, summary: dict) -> None:
     if self.log_dir and self.sim.main_process:
-      os.makedirs(self.log_dir, exist_ok=True)
+      # The folder may have gone (or become a file) while the run wrote:
+      # a WriteError naming it, not a bare FileExistsError.
+      telemetry.check_writable(self.log_dir)
       telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
 
 

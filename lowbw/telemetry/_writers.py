@@ -111,6 +111,12 @@ def check_writable(folder: str, run_dir: str | None = None) -> None:
       os.close(fd)
       os.remove(probe)
   except OSError as e:
+    if isinstance(e, FileExistsError) or (
+        os.path.exists(folder) and not os.path.isdir(folder)):
+      # A file where the folder should be (replaced while the run wrote):
+      # "Not a directory" says so; makedirs' "File exists" reads as a clash.
+      e = NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                             folder)
     raise WriteError(folder, e, run_dir or folder) from e
 
 
