@@ -8,8 +8,8 @@ the file (``lowbw.network.network``) and building a small DiLoCo run on it
 the same arguments write the same files).
 
 Usage:
-  python benchmarks/trace_build.py --rows 2000,20000,200000
-  python benchmarks/trace_build.py --rows 20000 --kind bandwidth --json out.json
+  python benchmarks/trace_build.py --rows=2000,20000,200000
+  python benchmarks/trace_build.py --rows=20000 --kind bandwidth --json out.json
 """
 
 import argparse
