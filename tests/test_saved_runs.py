@@ -103,6 +103,24 @@ def test_the_generate_command_continues_the_prompt(trained, capsys):
   assert capsys.readouterr().out == first
 
 
+def test_a_long_generation_shows_its_pace_on_a_terminal(trained, capsys,
+                                                        monkeypatch):
+  # One token at a time, for as many as asked: on a terminal a bar on
+  # stderr counts them (a billion tokens used to wait without a word);
+  # stdout keeps only the text, the same as without the bar.
+  from lowbw import telemetry
+  _, run_dir = trained
+  argv = ["generate", str(run_dir), "--prompt", "The little",
+          "--max-tokens", "6", "--seed", "1"]
+  assert cli.main(argv) == 0
+  plain = capsys.readouterr()
+  monkeypatch.setattr(telemetry, "is_terminal", lambda: True)
+  assert cli.main(argv) == 0
+  shown = capsys.readouterr()
+  assert shown.out == plain.out and "generate" not in plain.err
+  assert "generate" in shown.err and "6/6" in shown.err
+
+
 def test_eval_scores_the_run_on_a_prepared_dataset(trained, capsys):
   root, run_dir = trained
   assert cli.main(["eval", str(run_dir), "--data", str(root / "data"),

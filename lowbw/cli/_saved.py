@@ -9,7 +9,7 @@ import os
 import jax
 import numpy as np
 
-from lowbw import _validate
+from lowbw import _validate, telemetry
 from lowbw import config as config_lib
 from lowbw.models import generate
 
@@ -65,8 +65,17 @@ def run_generate(args) -> int:
                          f"fit the model in its config.json ({_why(e)})"
                          ) from None
   stop = run.tokenizer.eos_id()
-  ids = generate(run.model, run.params, prompt, args.max_tokens,
-                 args.temperature, args.top_k, args.seed, stop)
+  # Tokens come one at a time: a long generation shows its pace on a
+  # terminal (stdout keeps only the text).
+  bar = (telemetry.ProgressBar(args.max_tokens, desc="generate", unit="token")
+         if telemetry.is_terminal() else None)
+  try:
+    ids = generate(run.model, run.params, prompt, args.max_tokens,
+                   args.temperature, args.top_k, args.seed, stop,
+                   on_token=bar and (lambda n: bar.update(n, {})))
+  finally:
+    if bar:
+      bar.close()
   print(args.prompt + run.tokenizer.decode_ids(
       [i for i in ids if i != stop]))
   return 0

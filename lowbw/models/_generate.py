@@ -12,7 +12,8 @@ from lowbw import _validate
 
 def generate(model, params, prompt_ids, max_tokens: int = 100,
              temperature: float = 1.0, top_k: int | None = None,
-             seed: int = 0, stop_id: int | None = None) -> list[int]:
+             seed: int = 0, stop_id: int | None = None,
+             on_token=None) -> list[int]:
   """Continues ``prompt_ids`` by up to ``max_tokens`` sampled tokens.
 
   The model sees the last ``seq_len`` tokens (its context) at each step;
@@ -28,6 +29,8 @@ def generate(model, params, prompt_ids, max_tokens: int = 100,
     top_k: sample among the k most likely tokens only (None: all).
     seed: the sampling key's seed (same seed, same text).
     stop_id: stop after this token (e.g. the end-of-text token).
+    on_token: called with the number of tokens made so far after each one
+      (a progress bar; the command line shows one on a terminal).
 
   Returns:
     The new token ids (the prompt not included).
@@ -58,6 +61,8 @@ def generate(model, params, prompt_ids, max_tokens: int = 100,
     token = int(step(params, padded, len(window), temperature,
                      jax.random.fold_in(key, i)))
     out.append(token)
+    if on_token is not None:
+      on_token(len(out))
     if token == stop_id:
       break
   return out

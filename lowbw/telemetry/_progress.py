@@ -8,8 +8,9 @@ from tqdm.auto import tqdm
 class ProgressBar:
   """Wraps tqdm; updated once per chunk of rounds, never per step."""
 
-  def __init__(self, total_steps: int, initial: int = 0, desc: str = "train"):
-    self._bar = tqdm(total=total_steps, initial=initial, desc=desc, unit="step",
+  def __init__(self, total_steps: int, initial: int = 0, desc: str = "train",
+               unit: str = "step"):
+    self._bar = tqdm(total=total_steps, initial=initial, desc=desc, unit=unit,
                      file=sys.stderr, dynamic_ncols=True, leave=True)
 
   def update(self, step: int, row: dict) -> None:
