@@ -128,3 +128,22 @@ def test_a_compute_beyond_the_clock_names_the_value_given(flags, says,
   assert cli.main(_TINY + flags) == 2
   err = capsys.readouterr().err
   assert says in err and " s per step, beyond what the simulated clock" in err
+
+
+def test_an_evaluation_that_is_not_finite_is_a_warning():
+  # Training stops on a non-finite training loss; an evaluation's NaN used
+  # to end the run with exit 0 in silence. Rows without an evaluation leave
+  # its column out, so only an evaluation's own NaN is reported.
+  import jax.numpy as jnp
+  mlp = models.mlp(hidden=(8,))
+
+  def loss(params, batch, key):
+    value, metrics = mlp.loss(params, batch, key)
+    # The evaluation batch (eval_examples=32) is the only one of 32 rows.
+    return (jnp.where(batch["x"].shape[0] == 32, jnp.nan, value),
+            metrics)
+
+  with pytest.warns(lowbw.RunWarning, match="eval_loss is nan from step 5"):
+    result = lowbw.simulate(**{**_RUN, "model": (mlp.init, loss)},
+                            eval_every=5, eval_examples=32, progress=False)
+  assert np.isfinite(result.summary["final_train_loss"])

@@ -340,13 +340,14 @@ class Track:
       out.append(f"the simulated time is {self.clock.elapsed} s: the clock "
                  "overflowed (a network or hardware too slow to time), so "
                  "sim_time_s means nothing")
-    hist = self.history.as_arrays()
+    # An evaluation's row holds its columns; other rows leave them out, so
+    # a NaN here is a NaN result, not a step without an evaluation.
     for name in [names.EVAL_LOSS] + [names.eval_metric(m)
                                      for m in self.sim.metric_names]:
-      values = hist.get(name)
-      if values is not None and np.isinf(values).any():
-        step = int(hist[names.STEP][np.isinf(values)][0])
-        out.append(f"{name} is infinite from step {step}")
+      bad = next((r for r in self.history.rows if name in r and
+                  not np.isfinite(r[name])), None)
+      if bad is not None:
+        out.append(f"{name} is {bad[name]} from step {bad[names.STEP]}")
     return out
 
   def _late_faults(self) -> list[str]:
