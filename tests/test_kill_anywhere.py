@@ -121,6 +121,8 @@ def test_a_kill_point_that_does_not_exist_is_refused():
     _killpoint._plan("rows:1")
   with pytest.raises(ValueError, match="LOWBW_KILL_AT='row:0' is invalid"):
     _killpoint._plan("row:0")
+  with pytest.raises(ValueError, match="LOWBW_KILL_AT='row:1:soon' is invalid"):
+    _killpoint._plan("row:1:soon")
   assert _killpoint._plan("checkpoint:2:0.5") == ("checkpoint", 2, 0.5)
   assert _killpoint._plan("table:3") == ("table", 3, 0.0)
   assert _killpoint._plan(None) is None

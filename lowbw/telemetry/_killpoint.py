@@ -20,6 +20,8 @@ import os
 import signal
 import threading
 
+from lowbw import _validate
+
 POINTS = ("checkpoint", "checkpoint_saved", "row", "replace", "table")
 
 
@@ -28,11 +30,17 @@ def _plan(text: str | None):
     return None
   name, _, rest = text.partition(":")
   count, _, delay = rest.partition(":")
-  if name not in POINTS or not count.isdigit() or int(count) < 1:
+  try:
+    seconds = float(delay) if delay else 0.0
+  except ValueError:
+    seconds = -1.0
+  if (name not in POINTS or not count.isdigit() or int(count) < 1
+      or not 0.0 <= seconds < float("inf")):
     # A test's own variable: a typo must not pass as "never killed".
-    raise ValueError(f"LOWBW_KILL_AT={text!r} is invalid: expected "
-                     f"NAME:N[:DELAY] with NAME one of {', '.join(POINTS)}")
-  return name, int(count), float(delay) if delay else 0.0
+    raise _validate.fail("LOWBW_KILL_AT", text, "expected NAME:N[:DELAY] "
+                         f"with NAME one of {', '.join(POINTS)}, N >= 1 and "
+                         "DELAY seconds >= 0")
+  return name, int(count), seconds
 
 
 _PLAN = _plan(os.environ.get("LOWBW_KILL_AT"))
