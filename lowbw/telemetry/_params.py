@@ -2,6 +2,7 @@
 every leaf under its path in the tree (``['block_0']['attn']['qkv']
 ['kernel']``), readable with numpy alone."""
 
+import io
 import os
 import re
 import zipfile
@@ -10,7 +11,7 @@ import jax
 import numpy as np
 
 from lowbw import _validate
-from lowbw.telemetry._killpoint import kill_point
+from lowbw.telemetry._writers import write_bytes
 
 PARAMS = "params.npz"
 
@@ -22,10 +23,11 @@ def save_params(run_dir: str, params) -> str:
   arrays = {jax.tree_util.keystr(path): np.asarray(jax.device_get(leaf))
             for path, leaf in leaves}
   path = os.path.join(run_dir, PARAMS)
-  tmp = path + ".tmp.npz"
-  np.savez(tmp, **arrays)
-  kill_point("replace")
-  os.replace(tmp, path)
+  data = io.BytesIO()
+  np.savez(data, **arrays)
+  # The one atomic write (a temporary file renamed over the old one), with
+  # its WriteError on a full disk and its kill point.
+  write_bytes(path, data.getvalue())
   return path
 
 
