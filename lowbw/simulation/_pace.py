@@ -27,9 +27,9 @@ import jax.numpy as jnp
 
 from lowbw import network as net_lib
 from lowbw._types import Array
-from lowbw.simulation._timing import (WHOLE, Carry, Clocked, RoundClock,
-                                      StepClock, _unless_nobody, dylu_steps,
-                                      speed_ratios)
+from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
+                                           StepClock, dylu_steps,
+                                           speed_ratios, unless_nobody)
 from lowbw.transforms import all_workers, local_workers, where_workers
 
 
@@ -58,12 +58,18 @@ def start(num_workers: int) -> Fleet:
                jnp.zeros(num_workers, jnp.float32))
 
 
-class Paced(Clocked):
-  """The tick's steps and arrivals (``net`` None: no clock, equal workers)."""
+class Paced:
+  """The tick's steps and arrivals (``net`` None: no clock, equal workers).
+
+  A variant of its own rather than a ``_timing.Clocked``: it shares no step
+  of the synchronous clock, and ``_timing.timing`` chooses it, so it cannot
+  depend on that module."""
 
   def __init__(self, net, num_workers: int, channels, H: int,
                budgeted: bool):
-    super().__init__(net, num_workers, channels, H, budgeted)
+    self.net, self.num_workers, self.channels = net, num_workers, channels
+    self.period = H
+    self.budget = H if budgeted else 0  # DyLU's H, 0: none
     # The strategy's exchange channel's per-worker seconds (with a net).
     self.exchange = None if net is None else next(
         (v for k, v in net.exchange_s_W.items() if k in channels), None)
@@ -127,7 +133,7 @@ class Paced(Clocked):
     # Exchanges end at the nearest tick's end (exactly at a jump).
     arrived_all = waiting_all & (remaining_all <= jump + 0.5 * self.tick())
     arrived = local_workers(arrived_all)
-    st, report = _unless_nobody(sync_fn, arrived_all, arrived, 0)(st)
+    st, report = unless_nobody(sync_fn, arrived_all, arrived, 0)(st)
     # An exchange that ended inside the tick leaves the rest of the tick to
     # compute in (at its speed without jitter): credited to the worker's next step.
     ratio_W = 1.0 if self.net is None else local_workers(

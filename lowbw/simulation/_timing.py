@@ -13,63 +13,26 @@ engine composes with the strategy's steps:
 Each step function takes and returns ``active``: the engine-owned mask (bool,
 this device's workers) of the workers the last communication counted, kept in
 ``SimState.active``; None when there are no masks. The semantics are in
-docs/network.md; the pure clock functions in ``network/_clock.py``.
+docs/network.md; the pure clock functions in ``network/_clock.py``. The
+records and helpers the variants share are in ``_clock_parts``; an
+asynchronous strategy's variant, ``Paced``, in ``_pace``; ``timing`` picks
+the variant of a run.
 """
 
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from lowbw._types import Array
 from lowbw import network as net_lib
-from lowbw.strategies import nothing_reported
+from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
+                                           StepClock, dylu_steps,
+                                           speed_ratios, unless_nobody)
+from lowbw.simulation._pace import Paced
 from lowbw.transforms import (Adversaries, adversaries, any_worker,
                               broadcast_to_workers, weighting,
-                              call_participating, local_workers,
-                              participating, where_workers)
-
-
-class StepClock(NamedTuple):
-  time_s: Array            # float32: the workers waited for done (from round start)
-  participants: Array      # int32: workers averaged at this step, or -1
-  active_W: Array          # bool (W,): who took part in its communication
-  rejoined_W: Array = None  # bool (W,): who came back (the round's first step)
-  members: Array = None    # int32: the workers up this round
-
-
-class RoundClock(NamedTuple):
-  compute_s: Array         # float32: when the sync starts, from round start
-  sync_s: Array            # float32: seconds of the sync's communication
-  participants: Array      # int32: workers averaged by the sync, or -1
-  active_W: Array          # bool (W,): who took part in it
-
-
-class Carry(NamedTuple):
-  """What the clock carries through a round's steps."""
-
-  up_W: Array              # bool (W,): up this round
-  ready_W: Array           # float32 (W,): when each worker is done, from round start
-  fleet: Any = None        # an asynchronous schedule's ``_pace.Fleet``
-  rejoined_W: Any = None   # bool (W,): back this round, not yet reported
-  steps_W: Any = None      # int32 (W,): inner steps each took this round
-
-
-# A step is taken when a worker's progress is within this of a whole step
-# (float32 sums of ratios such as 1/3 must not lose a step).
-WHOLE = 1e-5
-
-
-def speed_ratios(net) -> Array:
-  """(W,) each worker's speed over the fastest's (1 for the fastest), from
-  its step time without jitter."""
-  return jnp.min(net.step_s_W) / net.step_s_W
-
-
-def dylu_steps(H: int, ratio_W: Array) -> Array:
-  """DyLU's inner steps per round (arXiv 2401.09135): floor(H x the speed
-  ratio), at least 1, int32 (W,)."""
-  return jnp.maximum(1, jnp.floor(H * ratio_W + WHOLE)).astype(jnp.int32)
+                              local_workers, participating, where_workers)
 
 
 def split_report(report: dict, channels) -> tuple[dict, dict]:
@@ -232,7 +195,7 @@ class Masked(Clocked):
     active = local_workers(active_W)
 
     # A skipped step still counts as a step; a skipped sync does not.
-    run = _unless_nobody(self.byzantine(fn, step) if salt else fn, active_W,
+    run = unless_nobody(self.byzantine(fn, step) if salt else fn, active_W,
                          active, 1 if salt == 0 else 0)
     return run, start, active_W, active
 
@@ -276,35 +239,12 @@ class Masked(Clocked):
                                               st.params_W, global_W)), fallback
 
 
-def _unless_nobody(fn, active_W: Array, active: Array, steps: int):
-  """``fn(state)`` traced inside ``participating(active)`` (this device's
-  slice of ``active_W``), skipped when no worker takes part (the counter
-  still advances by ``steps``; no events): the global model is never lost.
-  The mask is an operand of the ``cond``, set inside the branch."""
-
-  def run(state):
-    def take(state, active):
-      return call_participating(active, fn, state)
-
-    report_shape = jax.eval_shape(take, state, active)[1]
-
-    def skip(state, active):
-      del active
-      return state._replace(step=state.step + steps), jax.tree.map(
-          nothing_reported, report_shape)
-
-    return jax.lax.cond(jnp.any(active_W), take, skip, state, active)
-
-  return run
-
-
 def timing(net, masks: bool, num_workers: int, channels,
            strategy=None) -> Any:
   """The variant for a run: ``net`` (NetParams or None, known when the
   programs are traced), ``masks`` (a fault or straggler model, static);
   an asynchronous ``strategy`` runs on its schedule (``_pace``)."""
   if strategy is not None and strategy.asynchronous:
-    from lowbw.simulation._pace import Paced
     return Paced(net, num_workers, channels, strategy.asynchronous,
                  strategy.time_budget)
   if net is None:
