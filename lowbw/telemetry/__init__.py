@@ -3,8 +3,8 @@
 from lowbw.telemetry import _metrics as names
 from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
                                    spans_decades)
-from lowbw.telemetry._checkpoint import (CHECKPOINTS, has_checkpoint,
-                                         latest_step, read_meta, restore, save)
+from lowbw.telemetry._checkpoint import latest_step, read_meta, restore, save
+from lowbw.telemetry._checkpoint_folder import CHECKPOINTS, has_checkpoint
 from lowbw.telemetry._killpoint import kill_point
 from lowbw.telemetry._params import PARAMS, load_params, save_params
 from lowbw.telemetry._progress import ProgressBar, is_terminal

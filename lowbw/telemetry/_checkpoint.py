@@ -20,11 +20,11 @@ import threading
 import time
 from typing import Any
 
+from lowbw.telemetry._checkpoint_folder import CHECKPOINTS
 from lowbw.telemetry._killpoint import kill_point
 from lowbw.telemetry._writers import (WriteError, check_writable, error_code,
                                       quiet_logs)
 
-CHECKPOINTS = "checkpoints"  # a run's checkpoints: <log folder>/checkpoints
 _JOIN_S = 10.0  # how long a failed save's own threads may take to stop
 
 
@@ -44,16 +44,6 @@ def _manager(directory: str, max_to_keep: int | None = None):
   options = ocp.CheckpointManagerOptions(
       max_to_keep=max_to_keep, create=True, enable_async_checkpointing=False)
   return ocp.CheckpointManager(os.path.abspath(directory), options=options)
-
-
-def has_checkpoint(run_dir: str) -> bool:
-  """``run_dir`` (a log folder) holds a finished checkpoint to resume from
-  (orbax names each by its step; partial ones carry a suffix)."""
-  folder = os.path.join(run_dir, CHECKPOINTS)
-  try:
-    return any(name.isdigit() for name in os.listdir(folder))
-  except OSError:
-    return False
 
 
 def save(directory: str, step: int, state: Any, meta: dict,

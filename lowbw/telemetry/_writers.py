@@ -22,6 +22,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from lowbw.telemetry._checkpoint_folder import has_checkpoint
 from lowbw.telemetry._killpoint import kill_point
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -72,9 +73,8 @@ def _hint(code: int | None, run_dir: str) -> str:
   if study is not None:  # a point's logs or the study's tables
     return (f"{fix} and run the study again with the same out ({study}): "
             "its finished points resume")
-  from lowbw.telemetry import _checkpoint  # imports orbax: only when needed
   # In API words; the command line names these settings by their flags.
-  if _checkpoint.has_checkpoint(run_dir):
+  if has_checkpoint(run_dir):
     return f"{fix} and resume with resume_from={run_dir!r}"
   if not os.path.exists(os.path.join(run_dir, "config.json")):
     return fix  # not a run's folder (a plot, a table, a bench's JSON)
