@@ -117,6 +117,124 @@ def _rms_norm(tree_W: PyTree):
   return jnp.sqrt(worker_mean(sq_W))
 
 
+class _Tiers(NamedTuple):
+  """Hierarchical DiLoCo's validated settings, which its pieces share."""
+
+  inner: optax.GradientTransformation
+  outer: optax.GradientTransformation   # regional
+  global_outer: optax.GradientTransformation
+  comp: Compression                     # both tiers' messages
+  H: int                                # inner steps per regional round
+  R: int                                # regional syncs per global one
+  group_size: int | None
+  groups: int | None
+
+
+def _group_settings(group_size, groups) -> tuple[int | None, int | None]:
+  """(group_size, groups), each checked; at most one of them given."""
+  if group_size is not None and groups is not None:
+    raise _validate.fail("groups", groups, "give group_size or groups, not "
+                         "both")
+  if group_size is not None:
+    group_size = _validate.positive_int("group_size", group_size)
+  if groups is not None:
+    groups = _validate.positive_int("groups", groups)
+  return group_size, groups
+
+
+def _init(t: _Tiers):
+  def init(params, num_workers_, key):
+    s, g = _sizes(num_workers_, t.group_size, t.groups)
+    state = _base.inner_init(t.inner, params, num_workers_, key, ())
+    params_W = state.params_W
+    # A buffer of its own (the engine donates the state's buffers).
+    group_W = jax.tree.map(jnp.copy, params_W)
+    return state._replace(comm=HierarchicalComm(
+        params, t.global_outer.init(params), group_W,
+        per_worker(t.outer).init(params_W),
+        init_residual(_tier(t.comp, s), params_W),
+        init_residual(_tier(t.comp, g), params_W)))
+
+  return init
+
+
+def _regional(t: _Tiers, state, s: int):
+  """Each group's outer step on its workers' mean pseudo-gradient; the
+  group's workers restart from the group's model. Returns (state, the RMS
+  over workers of the mean's norm)."""
+  c = state.comm
+  perm = jnp.arange(total_workers(state.params_W))
+  delta_W = optax.tree.sub(c.group_params_W, state.params_W)
+  sent_W, message_W = transmit(_tier(t.comp, s), delta_W,
+                               c.regional_message_W, _base.comm_key(state))
+  mean_W = group_mean(sent_W, perm, s)
+  updates_W, outer_W = per_worker(t.outer).update(
+      mean_W, c.regional_outer_W, c.group_params_W)
+  group_W = optax.apply_updates(c.group_params_W, updates_W)
+  live_W = _live_groups(perm, s)
+  if live_W is not None:  # a group nobody speaks for keeps its model
+    group_W = where_workers(live_W, group_W, c.group_params_W)
+    outer_W = where_workers(live_W, outer_W, c.regional_outer_W)
+  return state._replace(params_W=group_W, comm=c._replace(
+      group_params_W=group_W, regional_outer_W=outer_W,
+      regional_message_W=message_W)), _rms_norm(mean_W)
+
+
+def _global(t: _Tiers, state, s: int, g: int):
+  """DiLoCo's outer step with the groups' models as the workers' (each
+  group's s identical rows, sent together under its group's index)."""
+  c = state.comm
+  local = num_workers(state.params_W)
+  key = _base.comm_key(state)
+  if s > 1:  # both tiers encode: their noise is independent
+    key = jax.random.fold_in(key, 1)
+  new_global, outer_state, message_W, pseudo_grad = outer_step(
+      t.global_outer, _tier(t.comp, g), c.global_params, c.group_params_W,
+      c.global_outer, c.global_message_W, key,
+      active_W=_live_groups(jnp.arange(total_workers(state.params_W)), s),
+      senders_W=worker_ids(local) // s)
+  new_W = broadcast_to_workers(new_global, local)
+  return state._replace(params_W=new_W, comm=c._replace(
+      global_params=new_global, global_outer=outer_state,
+      group_params_W=new_W, global_message_W=message_W)), optax.tree.norm(
+          pseudo_grad)
+
+
+def _sync(t: _Tiers):
+  """The regional step every round, then the global one every R-th."""
+
+  def sync(state):
+    s, g = _sizes(total_workers(state.params_W), t.group_size, t.groups)
+    state, regional_norm = _regional(t, state, s)
+    if t.R == 1:
+      due = jnp.asarray(True)
+      state, global_norm = _global(t, state, s, g)
+    else:
+      due = state.step % (t.H * t.R) == 0
+      state, global_norm = jax.lax.cond(
+          due, lambda st, m: call_participating(m, _global, t, st, s, g),
+          lambda st, m: (st, jnp.asarray(jnp.nan, jnp.float32)),
+          state, participants())
+    return state, {**_base.events(regional=1, **{"global": due}),
+                   **_base.metrics(pseudo_grad_norm_regional=regional_norm,
+                                   pseudo_grad_norm_global=global_norm)}
+
+  return sync
+
+
+def _global_params(state):
+  return worker_mean(state.comm.group_params_W)
+
+
+def _channels(t: _Tiers):
+  def channels(params, num_workers_):
+    s, g = _sizes(num_workers_, t.group_size, t.groups)
+    return {"regional": _channel(t.comp, params, s, "regional", 1),
+            "global": _channel(t.comp, params, g, "global", s)}
+
+  return channels
+
+
 def hierarchical_diloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
@@ -166,100 +284,18 @@ def hierarchical_diloco(
                                  default_global_outer)
   H = _validate.positive_int("H", H)
   R = _validate.positive_int("global_every", global_every)
-  if group_size is not None and groups is not None:
-    raise _validate.fail("groups", groups, "give group_size or groups, not "
-                         "both")
-  if group_size is not None:
-    group_size = _validate.positive_int("group_size", group_size)
-  if groups is not None:
-    groups = _validate.positive_int("groups", groups)
-  comp = compression(codec, error_feedback)
-
-  def sizes(num_workers_):
-    return _sizes(num_workers_, group_size, groups)
-
-  def init(params, num_workers_, key):
-    s, g = sizes(num_workers_)
-    state = _base.inner_init(inner, params, num_workers_, key, ())
-    params_W = state.params_W
-    # A buffer of its own (the engine donates the state's buffers).
-    group_W = jax.tree.map(jnp.copy, params_W)
-    return state._replace(comm=HierarchicalComm(
-        params, global_outer.init(params), group_W,
-        per_worker(outer).init(params_W),
-        init_residual(_tier(comp, s), params_W),
-        init_residual(_tier(comp, g), params_W)))
-
-  def regional(state, s: int):
-    c = state.comm
-    perm = jnp.arange(total_workers(state.params_W))
-    delta_W = optax.tree.sub(c.group_params_W, state.params_W)
-    sent_W, message_W = transmit(_tier(comp, s), delta_W,
-                                 c.regional_message_W, _base.comm_key(state))
-    mean_W = group_mean(sent_W, perm, s)
-    updates_W, outer_W = per_worker(outer).update(
-        mean_W, c.regional_outer_W, c.group_params_W)
-    group_W = optax.apply_updates(c.group_params_W, updates_W)
-    live_W = _live_groups(perm, s)
-    if live_W is not None:  # a group nobody speaks for keeps its model
-      group_W = where_workers(live_W, group_W, c.group_params_W)
-      outer_W = where_workers(live_W, outer_W, c.regional_outer_W)
-    return state._replace(params_W=group_W, comm=c._replace(
-        group_params_W=group_W, regional_outer_W=outer_W,
-        regional_message_W=message_W)), _rms_norm(mean_W)
-
-  def global_(state, s: int, g: int):
-    """DiLoCo's outer step with the groups' models as the workers' (each
-    group's s identical rows, sent together under its group's index)."""
-    c = state.comm
-    local = num_workers(state.params_W)
-    key = _base.comm_key(state)
-    if s > 1:  # both tiers encode: their noise is independent
-      key = jax.random.fold_in(key, 1)
-    new_global, outer_state, message_W, pseudo_grad = outer_step(
-        global_outer, _tier(comp, g), c.global_params, c.group_params_W,
-        c.global_outer, c.global_message_W, key,
-        active_W=_live_groups(jnp.arange(total_workers(state.params_W)), s),
-        senders_W=worker_ids(local) // s)
-    new_W = broadcast_to_workers(new_global, local)
-    return state._replace(params_W=new_W, comm=c._replace(
-        global_params=new_global, global_outer=outer_state,
-        group_params_W=new_W, global_message_W=message_W)), optax.tree.norm(
-            pseudo_grad)
-
-  def sync(state):
-    s, g = sizes(total_workers(state.params_W))
-    state, regional_norm = regional(state, s)
-    if R == 1:
-      due = jnp.asarray(True)
-      state, global_norm = global_(state, s, g)
-    else:
-      due = state.step % (H * R) == 0
-      state, global_norm = jax.lax.cond(
-          due, lambda st, m: call_participating(m, global_, st, s, g),
-          lambda st, m: (st, jnp.asarray(jnp.nan, jnp.float32)),
-          state, participants())
-    return state, {**_base.events(regional=1, **{"global": due}),
-                   **_base.metrics(pseudo_grad_norm_regional=regional_norm,
-                                   pseudo_grad_norm_global=global_norm)}
-
-  def global_params(state):
-    return worker_mean(state.comm.group_params_W)
-
-  def channels(params, num_workers_):
-    s, g = sizes(num_workers_)
-    return {"regional": _channel(comp, params, s, "regional", 1),
-            "global": _channel(comp, params, g, "global", s)}
-
+  group_size, groups = _group_settings(group_size, groups)
+  t = _Tiers(inner, outer, global_outer, compression(codec, error_feedback),
+             H, R, group_size, groups)
   return _base.make(
-      "hierarchical_diloco", H, init,
+      "hierarchical_diloco", t.H, _init(t),
       lambda st, grads_W: (_base.inner_update(inner, st, grads_W), {}),
-      sync, global_params, channels,
+      _sync(t), _global_params, _channels(t),
       {"name": "hierarchical_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer),
-       "global_outer": _base.describe(global_outer), "H": H,
-       "group_size": group_size, "groups": groups, "global_every": R,
-       **comp.config},
+       "global_outer": _base.describe(global_outer), "H": t.H,
+       "group_size": t.group_size, "groups": t.groups, "global_every": t.R,
+       **t.comp.config},
       outer_places={"outer": "regional_outer_W",
                     "global_outer": "global_outer"},
       inner=inner)
