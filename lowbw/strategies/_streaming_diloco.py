@@ -35,7 +35,8 @@ from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import default_outer, outer_step
-from lowbw.transforms import Codec, comm_channel, compression, init_residual
+from lowbw.transforms import (Codec, Compression, comm_channel, compression,
+                              init_residual)
 
 PATTERNS = ("strided", "sequential")
 
@@ -138,6 +139,126 @@ def _mix(alpha: float, local_W: list, global_: list) -> list:
           for x, g in zip(local_W, global_)]
 
 
+class _Streaming(NamedTuple):
+  """Streaming DiLoCo's validated settings, which its pieces share."""
+
+  inner: optax.GradientTransformation
+  outer: optax.GradientTransformation  # one state per fragment
+  comp: Compression                    # the fragments' messages
+  P: int                               # fragments
+  period: int                          # H/P: inner steps per round
+  delay: int                           # tau: steps from a sync to its merge
+  alpha: float                         # merge weight of the worker's own
+  pattern: str
+  partition: dict | None               # the user's fragment ids, or None
+
+
+def _period_and_delay(H: int, P: int, delay) -> tuple[int, int]:
+  """(H/P, tau) checked; tau None is the paper's 1, or 0 where a round of
+  one step leaves nothing to overlap."""
+  if H % P:
+    raise _validate.fail("H", H, f"a multiple of fragments={P} (each round "
+                         "is H/fragments steps)")
+  period = H // P
+  if delay is None:
+    delay = 1 if period > 1 else 0
+  if _validate.non_negative_int("delay", delay) >= period:
+    raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
+                         f"[0, {period}); 0 for no overlap")
+  return period, delay
+
+
+def _ids_of(t: _Streaming, params) -> list[int]:
+  """Each leaf's fragment, the user's partition's or the pattern's."""
+  if t.partition is not None:
+    return user_fragments(params, t.partition, t.P)
+  return fragment_of_leaves(params, t.P, t.pattern)
+
+
+def _init(t: _Streaming):
+  def init(params, num_workers_, key):
+    state = _base.inner_init(t.inner, params, num_workers_, key, ())
+    ids = _ids_of(t, params)
+    return state._replace(comm=StreamingComm(
+        params,
+        tuple(t.outer.init(_split(params, ids, p)) for p in range(t.P)),
+        tuple(init_residual(t.comp, _split(state.params_W, ids, p))
+              for p in range(t.P))))
+
+  return init
+
+
+def _fragment_at(t: _Streaming, sync_step):
+  """The fragment the sync at ``sync_step`` (a multiple of the period)
+  moves."""
+  return (sync_step // t.period - 1) % t.P
+
+
+def _merge(t: _Streaming, state, p: int, ids):
+  """Every worker mixes fragment ``p`` with its global parameters."""
+  c = state.comm
+  mixed = _mix(t.alpha, _split(state.params_W, ids, p),
+               _split(c.global_params, ids, p))
+  return state._replace(params_W=_join(state.params_W, ids, p, mixed))
+
+
+def _local(t: _Streaming):
+  """The inner step, then the merge of the sync ``delay`` steps back (if
+  one was then)."""
+
+  def local(state, grads_W):
+    state = _base.inner_update(t.inner, state, grads_W)
+    if t.delay == 0:
+      return state, {}
+    ids = _ids_of(t, state.comm.global_params)
+    branches = [lambda s, p=p: _merge(t, s, p, ids) for p in range(t.P)]
+    synced = state.step - t.delay  # the sync whose merge lands now, if any
+    due = (synced >= t.period) & (synced % t.period == 0)
+    state = jax.lax.cond(
+        due, lambda s: jax.lax.switch(_fragment_at(t, synced), branches, s),
+        lambda s: s, state)
+    return state, {}
+
+  return local
+
+
+def _sync_fragment(t: _Streaming, state, p: int):
+  """Fragment ``p``'s outer step (merged at once when tau is 0)."""
+  c = state.comm
+  ids = _ids_of(t, c.global_params)
+  global_p, outer_p, res_p, pseudo_grad = outer_step(
+      t.outer, t.comp, _split(c.global_params, ids, p),
+      _split(state.params_W, ids, p), c.outer_states[p], c.residual_W[p],
+      _base.comm_key(state))
+  state = state._replace(comm=c._replace(
+      global_params=_join(c.global_params, ids, p, global_p),
+      outer_states=_replace_at(c.outer_states, p, outer_p),
+      residual_W=_replace_at(c.residual_W, p, res_p)))
+  if t.delay == 0:
+    state = _merge(t, state, p, ids)
+  return state, {**_base.events(**{_channel(q): int(q == p)
+                                   for q in range(t.P)}),
+                 **_base.metrics(pseudo_grad_norm=optax.tree.norm(
+                     pseudo_grad))}
+
+
+def _sync(t: _Streaming):
+  def sync(state):
+    branches = [lambda s, p=p: _sync_fragment(t, s, p) for p in range(t.P)]
+    return jax.lax.switch(_fragment_at(t, state.step), branches, state)
+
+  return sync
+
+
+def _channels(t: _Streaming):
+  def channels(params, num_workers_):
+    ids = _ids_of(t, params)
+    return {_channel(p): comm_channel(t.comp, _split(params, ids, p),
+                                      num_workers_) for p in range(t.P)}
+
+  return channels
+
+
 def streaming_diloco(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
@@ -187,90 +308,17 @@ def streaming_diloco(
   H = _validate.positive_int("H", H)
   P = _validate.positive_int("fragments", fragments)
   _validate.one_of("pattern", pattern, PATTERNS)
-  if H % P:
-    raise _validate.fail("H", H, f"a multiple of fragments={P} (each round "
-                         "is H/fragments steps)")
-  period = H // P
-  if delay is None:
-    delay = 1 if period > 1 else 0
-  if _validate.non_negative_int("delay", delay) >= period:
-    raise _validate.fail("delay", delay, f"an integer in [0, H/fragments) = "
-                         f"[0, {period}); 0 for no overlap")
+  period, delay = _period_and_delay(H, P, delay)
   alpha = _validate.fraction("alpha", alpha, low_open=False)
   comp = compression(codec, error_feedback)
-
   if partition is not None and not isinstance(partition, dict):
     raise _validate.fail("partition", partition, "expected a dict tree of "
                          "fragment ids (the parameters' tree or a prefix)")
-
-  def ids_of(params):
-    if partition is not None:
-      return user_fragments(params, partition, P)
-    return fragment_of_leaves(params, P, pattern)
-
-  def init(params, num_workers_, key):
-    state = _base.inner_init(inner, params, num_workers_, key, ())
-    ids = ids_of(params)
-    return state._replace(comm=StreamingComm(
-        params,
-        tuple(outer.init(_split(params, ids, p)) for p in range(P)),
-        tuple(init_residual(comp, _split(state.params_W, ids, p))
-              for p in range(P))))
-
-  def fragment_at(sync_step):
-    """The fragment the sync at ``sync_step`` (a multiple of the period)
-    moves."""
-    return (sync_step // period - 1) % P
-
-  def merge(state, p: int, ids):
-    c = state.comm
-    mixed = _mix(alpha, _split(state.params_W, ids, p),
-                 _split(c.global_params, ids, p))
-    return state._replace(params_W=_join(state.params_W, ids, p, mixed))
-
-  def local(state, grads_W):
-    state = _base.inner_update(inner, state, grads_W)
-    if delay == 0:
-      return state, {}
-    ids = ids_of(state.comm.global_params)
-    branches = [lambda s, p=p: merge(s, p, ids) for p in range(P)]
-    synced = state.step - delay  # the sync whose merge lands now, if any
-    due = (synced >= period) & (synced % period == 0)
-    state = jax.lax.cond(
-        due, lambda s: jax.lax.switch(fragment_at(synced), branches, s),
-        lambda s: s, state)
-    return state, {}
-
-  def sync_fragment(state, p: int):
-    c = state.comm
-    ids = ids_of(c.global_params)
-    global_p, outer_p, res_p, pseudo_grad = outer_step(
-        outer, comp, _split(c.global_params, ids, p),
-        _split(state.params_W, ids, p), c.outer_states[p], c.residual_W[p],
-        _base.comm_key(state))
-    state = state._replace(comm=c._replace(
-        global_params=_join(c.global_params, ids, p, global_p),
-        outer_states=_replace_at(c.outer_states, p, outer_p),
-        residual_W=_replace_at(c.residual_W, p, res_p)))
-    if delay == 0:
-      state = merge(state, p, ids)
-    return state, {**_base.events(**{_channel(q): int(q == p)
-                                     for q in range(P)}),
-                   **_base.metrics(pseudo_grad_norm=optax.tree.norm(
-                       pseudo_grad))}
-
-  def sync(state):
-    branches = [lambda s, p=p: sync_fragment(s, p) for p in range(P)]
-    return jax.lax.switch(fragment_at(state.step), branches, state)
-
-  def channels(params, num_workers_):
-    ids = ids_of(params)
-    return {_channel(p): comm_channel(comp, _split(params, ids, p),
-                                      num_workers_) for p in range(P)}
-
+  t = _Streaming(inner, outer, comp, P, period, delay, alpha, pattern,
+                 partition)
   return _base.make(
-      "streaming_diloco", period, init, local, sync,
-      lambda s: s.comm.global_params, channels,
+      "streaming_diloco", period, _init(t), _local(t), _sync(t),
+      lambda s: s.comm.global_params, _channels(t),
       {"name": "streaming_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "fragments": P,
        "pattern": "user" if partition is not None else pattern,
