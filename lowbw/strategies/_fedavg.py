@@ -1,17 +1,96 @@
 """Federated averaging (McMahan et al., 2017, arXiv 1602.05629), with islands
 and compressed messages."""
 
+from typing import NamedTuple
+
 import jax
 import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, broadcast_to_workers, comm_channel,
-                              compression, group_mean, init_residual,
+from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
+                              comm_channel, compression, group_mean,
+                              init_residual,
                               num_workers, replace_with_mean, total_workers,
                               roundtrip_workers, transmit, worker_mean)
 
 PAYLOADS = ("deltas", "parameters")
+
+
+class _FedAvg(NamedTuple):
+  """FedAvg's validated settings, which its pieces share."""
+
+  inner: optax.GradientTransformation
+  comp: Compression
+  H: int
+  island_size: int | None
+  send_deltas: bool  # a codec encodes the changes since the last average
+
+
+def _check_payload(compress: str, comp: Compression, message,
+                   error_feedback) -> None:
+  """Parameters go through the codec alone: no message chain, no error
+  feedback."""
+  if message is not None and compress == "parameters":
+    raise _validate.fail("message", "custom", "needs compress='deltas' (the "
+                         "parameters are sent through the codec alone)")
+  if comp.beta is not None and compress == "parameters":
+    raise _validate.fail("error_feedback", error_feedback,
+                         "needs compress='deltas' (a residual of parameters "
+                         "has no meaning)")
+
+
+def _init(t: _FedAvg):
+  def init(params, num_workers_, key):
+    check_island_size(t.island_size, num_workers_)
+    if t.send_deltas and t.island_size not in (None, num_workers_):
+      raise _validate.fail(
+          "island_size", t.island_size,
+          "compressed deltas need all workers in one group (island_size=None);"
+          " use compress='parameters' with islands")
+    state = _base.inner_init(t.inner, params, num_workers_, key, ())
+    base = params if t.send_deltas else ()
+    message_W = init_residual(t.comp, state.params_W) if t.send_deltas else ()
+    return state._replace(comm=(base, message_W))
+
+  return init
+
+
+def _average_parameters(t: _FedAvg, state, key):
+  """The workers' decoded parameters averaged over all of them, or within
+  this round's random islands."""
+  sent_W = roundtrip_workers(t.comp.codec, state.params_W, key)
+  if t.island_size is None or t.island_size == total_workers(sent_W):
+    return replace_with_mean(sent_W)
+  round_key = jax.random.fold_in(state.key, state.step // t.H)
+  perm = jax.random.permutation(round_key, total_workers(state.params_W))
+  return group_mean(sent_W, perm, t.island_size)
+
+
+def _sync(t: _FedAvg):
+  def sync(state):
+    w = num_workers(state.params_W)
+    base, residual_W = state.comm
+    key = _base.comm_key(state)
+    if t.send_deltas:
+      delta_W = optax.tree.sub(state.params_W, broadcast_to_workers(base, w))
+      sent_W, residual_W = transmit(t.comp, delta_W, residual_W, key)
+      base = optax.apply_updates(base, worker_mean(sent_W))
+      params_W = broadcast_to_workers(base, w)
+    else:
+      params_W = _average_parameters(t, state, key)
+    return (state._replace(params_W=params_W, comm=(base, residual_W)),
+            _base.events(parameters=1))
+
+  return sync
+
+
+def _channels(t: _FedAvg):
+  def channels(params, num_workers_):
+    group = num_workers_ if t.island_size is None else t.island_size
+    return {"parameters": comm_channel(t.comp, params, group)}
+
+  return channels
 
 
 def fedavg(
@@ -67,61 +146,16 @@ def fedavg(
   island_size = _validate.optional_positive_int("island_size", island_size)
   compress = _validate.one_of("compress", compress, PAYLOADS)
   comp = compression(codec, error_feedback, message)
-  codec = comp.codec
-  send_deltas = codec is not None and compress == "deltas"
-  if message is not None and compress == "parameters":
-    raise _validate.fail("message", "custom", "needs compress='deltas' (the "
-                         "parameters are sent through the codec alone)")
-  if comp.beta is not None and compress == "parameters":
-    raise _validate.fail("error_feedback", error_feedback,
-                         "needs compress='deltas' (a residual of parameters "
-                         "has no meaning)")
-
-  def init(params, num_workers_, key):
-    check_island_size(island_size, num_workers_)
-    if send_deltas and island_size not in (None, num_workers_):
-      raise _validate.fail(
-          "island_size", island_size,
-          "compressed deltas need all workers in one group (island_size=None);"
-          " use compress='parameters' with islands")
-    state = _base.inner_init(inner, params, num_workers_, key, ())
-    base = params if send_deltas else ()
-    message_W = init_residual(comp, state.params_W) if send_deltas else ()
-    return state._replace(comm=(base, message_W))
-
-  def local(state, grads_W):
-    return _base.inner_update(inner, state, grads_W), {}
-
-  def sync(state):
-    w = num_workers(state.params_W)
-    base, residual_W = state.comm
-    key = _base.comm_key(state)
-    if send_deltas:
-      delta_W = optax.tree.sub(state.params_W, broadcast_to_workers(base, w))
-      sent_W, residual_W = transmit(comp, delta_W, residual_W, key)
-      base = optax.apply_updates(base, worker_mean(sent_W))
-      params_W = broadcast_to_workers(base, w)
-    else:
-      sent_W = roundtrip_workers(codec, state.params_W, key)
-      if island_size is None or island_size == total_workers(sent_W):
-        params_W = replace_with_mean(sent_W)
-      else:
-        round_key = jax.random.fold_in(state.key, state.step // H)
-        perm = jax.random.permutation(round_key,
-                                      total_workers(state.params_W))
-        params_W = group_mean(sent_W, perm, island_size)
-    return (state._replace(params_W=params_W, comm=(base, residual_W)),
-            _base.events(parameters=1))
-
-  def channels(params, num_workers_):
-    group = num_workers_ if island_size is None else island_size
-    return {"parameters": comm_channel(comp, params, group)}
-
+  _check_payload(compress, comp, message, error_feedback)
+  t = _FedAvg(inner, comp, H, island_size,
+              comp.codec is not None and compress == "deltas")
   return _base.make(
-      "fedavg", H, init, local, sync, _base.mean_of_workers, channels,
+      "fedavg", H, _init(t),
+      lambda state, grads_W: (_base.inner_update(inner, state, grads_W), {}),
+      _sync(t), _base.mean_of_workers, _channels(t),
       {"name": "fedavg", "inner": _base.describe(inner), "H": H,
        "island_size": island_size, **comp.config,
-       "compress": compress if codec is not None else None},
+       "compress": compress if comp.codec is not None else None},
       inner=inner)
 
 
