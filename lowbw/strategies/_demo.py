@@ -7,8 +7,8 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (UNCOMPRESSED, Codec, dct_blocks, idct_blocks,
-                              broadcast_to_workers, compression,
+from lowbw.transforms import (UNCOMPRESSED, Codec, Compression, dct_blocks,
+                              idct_blocks, broadcast_to_workers, compression,
                               as_codec, check_codec, comm_channel, dct_top_k,
                               init_residual, num_workers, participants,
                               transmit, where_workers, worker_sum)
@@ -52,6 +52,80 @@ def _mean_of_senders(state_W, grads_W, chunk: int, k: int):
   if active_W is not None:  # the others sent nothing: their momenta stay
     new = where_workers(active_W, new, state_W)
   return jax.tree.unflatten(treedef, update), new
+
+
+def _codec_of(codec, chunk: int, k: int) -> Codec:
+  """The momentum's codec: ``dct_top_k(chunk, k)``, or the user's (then
+  chunk and k stay at their defaults); never none."""
+  if isinstance(codec, str) and codec.strip().lower() in UNCOMPRESSED:
+    raise _validate.fail("codec", codec, "DeMo always sends compressed "
+                         "momentum; leave codec unset for dct_top_k(chunk, k)")
+  codec = as_codec("codec", codec)
+  if codec is None:
+    return dct_top_k(chunk, k)
+  for field, value, default in (("chunk", chunk, 64), ("k", k, 32)):
+    if value != default:
+      raise _validate.fail(field, value, "set it inside codec= instead "
+                           "(codec replaces dct_top_k(chunk, k))")
+  check_codec("codec", codec, optional=False)
+  return codec
+
+
+def _combine_of(combine: str | None, codec: Codec) -> str:
+  """How the workers' components combine: "mean" needs a plain DCT codec
+  (and is its default), "sum" is any other's."""
+  plain_dct = codec.config.get("codec") == "dct_top_k"
+  combine = _validate.one_of(
+      "combine", ("mean" if plain_dct else "sum") if combine is None
+      else combine, COMBINES)
+  if combine == "mean" and not plain_dct:
+    raise _validate.fail("combine", combine, "averages DCT coefficients "
+                         f"over their senders; codec {codec.name!r} is not "
+                         "a plain dct_top_k (its later stages would be "
+                         "skipped)")
+  return combine
+
+
+def _init(inner: optax.GradientTransformation, comp: Compression):
+  def init(params, num_workers_, key):
+    state = _base.inner_init(inner, params, num_workers_, key, ())
+    return state._replace(comm=init_residual(comp, state.params_W))
+
+  return init
+
+
+def _local(inner: optax.GradientTransformation, comp: Compression,
+           chunk_k: tuple[int, int] | None):
+  """DeMo's step; ``chunk_k``: the DCT's (chunk, k) when each coefficient
+  is averaged over its senders, None for the sum of the decoded
+  components."""
+
+  def local(state, grads_W):
+    if chunk_k is not None:
+      update, momentum_W = _mean_of_senders(state.comm, grads_W, *chunk_k)
+    else:
+      sent_W, momentum_W = transmit(comp, grads_W, state.comm,
+                                    _base.comm_key(state))
+      # Only the participating workers' components are gathered and summed.
+      update = jax.tree.map(jnp.sign, worker_sum(sent_W))
+    state = state._replace(comm=momentum_W)
+    state = _base.inner_update(
+        inner, state, broadcast_to_workers(update, num_workers(grads_W)))
+    return state, _base.events(momentum_components=1)
+
+  return local
+
+
+def _channels(comp: Compression):
+  def channels(params, num_workers_):
+    return {"momentum_components": comm_channel(comp, params, num_workers_)}
+
+  return channels
+
+
+def _global_params(state):
+  # Every worker applies the same update: the workers stay identical.
+  return jax.tree.map(lambda x: x[0], state.params_W)
 
 
 def demo(
@@ -114,58 +188,16 @@ def demo(
   if weight_decay:
     inner = optax.chain(optax.add_decayed_weights(weight_decay), inner)
   decay = _validate.momentum("decay", decay)
-  if isinstance(codec, str) and codec.strip().lower() in UNCOMPRESSED:
-    raise _validate.fail("codec", codec, "DeMo always sends compressed "
-                         "momentum; leave codec unset for dct_top_k(chunk, k)")
-  codec = as_codec("codec", codec)
-  if codec is None:
-    codec = dct_top_k(chunk, k)
-  else:
-    for field, value, default in (("chunk", chunk, 64), ("k", k, 32)):
-      if value != default:
-        raise _validate.fail(field, value, "set it inside codec= instead "
-                             "(codec replaces dct_top_k(chunk, k))")
-    check_codec("codec", codec, optional=False)
-  plain_dct = codec.config.get("codec") == "dct_top_k"
-  combine = _validate.one_of(
-      "combine", ("mean" if plain_dct else "sum") if combine is None
-      else combine, COMBINES)
-  if combine == "mean" and not plain_dct:
-    raise _validate.fail("combine", combine, "averages DCT coefficients "
-                         f"over their senders; codec {codec.name!r} is not "
-                         "a plain dct_top_k (its later stages would be "
-                         "skipped)")
+  codec = _codec_of(codec, chunk, k)
+  combine = _combine_of(combine, codec)
   # The momentum is the error-feedback residual with beta = decay: the same
   # message path as every strategy's (its state's beta is the ef_beta knob).
   comp = compression(codec, decay)
   chunk_k = (codec.config["chunk"], codec.config["k"]) if combine == "mean" \
       else None
-
-  def init(params, num_workers_, key):
-    state = _base.inner_init(inner, params, num_workers_, key, ())
-    return state._replace(comm=init_residual(comp, state.params_W))
-
-  def local(state, grads_W):
-    if chunk_k is not None:
-      update, momentum_W = _mean_of_senders(state.comm, grads_W, *chunk_k)
-    else:
-      sent_W, momentum_W = transmit(comp, grads_W, state.comm,
-                                    _base.comm_key(state))
-      # Only the participating workers' components are gathered and summed.
-      update = jax.tree.map(jnp.sign, worker_sum(sent_W))
-    state = state._replace(comm=momentum_W)
-    state = _base.inner_update(
-        inner, state, broadcast_to_workers(update, num_workers(grads_W)))
-    return state, _base.events(momentum_components=1)
-
-  def channels(params, num_workers_):
-    return {"momentum_components": comm_channel(comp, params, num_workers_)}
-
-  def global_params(state):
-    return jax.tree.map(lambda x: x[0], state.params_W)
-
   return _base.make(
-      "demo", 1, init, local, None, global_params, channels,
+      "demo", 1, _init(inner, comp), _local(inner, comp, chunk_k), None,
+      _global_params, _channels(comp),
       {"name": "demo", "inner": _base.describe(inner), "decay": decay,
        "codec": codec.name,
        **({"combine": combine} if combine != "sum" else {}),
