@@ -178,6 +178,44 @@ def _describe(value: Any) -> Any:
   return f"<array {array.dtype} {array.shape}>"
 
 
+def _given(x, y, eval):  # pylint: disable=redefined-builtin
+  """(x, y, the .npz's own eval pair or None) as the user gave them: an
+  .npz file's arrays, or each of ``x`` and ``y`` loaded."""
+  if not (_is_path(x) and os.fspath(x).endswith(".npz")):
+    return _load(x), None if y is None else _load(y), None
+  if y is not None:
+    raise _validate.fail(
+        "y", _describe(y), "expected None when x is an .npz file (it holds 'y')")
+  contents = _npz_arrays(os.fspath(x))
+  if "x_eval" not in contents and "y_eval" not in contents:
+    return contents["x"], contents["y"], None
+  if eval is not None:
+    raise _validate.fail(
+        "eval", _describe(eval),
+        "expected None: the .npz already holds 'x_eval' and 'y_eval'")
+  pair = (contents.get("x_eval"), contents.get("y_eval"))
+  if pair[0] is None or pair[1] is None:
+    raise _validate.fail(
+        "path", os.fspath(x), "expected both 'x_eval' and 'y_eval', or neither")
+  return contents["x"], contents["y"], pair
+
+
+def _hold_out(x_train: np.ndarray, y_train: np.ndarray, eval_fraction):
+  """(x_train, y_train, x_eval, y_eval): the last ``eval_fraction`` of the
+  examples after a fixed (seed 0) permutation held out, so the split does
+  not depend on the run's seed."""
+  fraction = _common.eval_fraction(eval_fraction)
+  if len(y_train) < 2:
+    raise _validate.fail(
+        "x", f"<array {x_train.shape}>",
+        "expected at least 2 examples to hold some out for eval")
+  order = np.random.default_rng(0).permutation(len(y_train))
+  cut = len(order) - _common.held_out_count(len(order), fraction)
+  # Sorted, so that "contiguous" sharding keeps the user's order.
+  keep, held = np.sort(order[:cut]), np.sort(order[cut:])
+  return x_train[keep], y_train[keep], x_train[held], y_train[held]
+
+
 def arrays(
     x: PathOrArray,
     y: PathOrArray | None = None,
@@ -218,28 +256,9 @@ def arrays(
             "sharding": sharding, "alpha": alpha, "eval": _describe(eval),
             "eval_fraction": eval_fraction}
   name = os.path.basename(os.fspath(x)) if _is_path(x) else "arrays"
-  pair = None
-  if _is_path(x) and os.fspath(x).endswith(".npz"):
-    if y is not None:
-      raise _validate.fail(
-          "y", _describe(y), "expected None when x is an .npz file (it holds 'y')")
-    contents = _npz_arrays(os.fspath(x))
-    x_train, y_train = contents["x"], contents["y"]
-    if "x_eval" in contents or "y_eval" in contents:
-      if eval is not None:
-        raise _validate.fail(
-            "eval", _describe(eval),
-            "expected None: the .npz already holds 'x_eval' and 'y_eval'")
-      pair = (contents.get("x_eval"), contents.get("y_eval"))
-      if pair[0] is None or pair[1] is None:
-        raise _validate.fail(
-            "path", os.fspath(x), "expected both 'x_eval' and 'y_eval', or neither")
-  else:
-    x_train = _load(x)
-    y_train = None if y is None else _load(y)
+  x_train, y_train, pair = _given(x, y, eval)
   x_train = _features(x_train, "x")
   y_train = _labels(y_train, "y", len(x_train))
-
   if eval is not None:
     if not isinstance(eval, (tuple, list)) or len(eval) != 2:
       raise _validate.fail(
@@ -249,17 +268,8 @@ def arrays(
     x_eval = _features(pair[0], "x_eval")
     y_eval = _labels(pair[1], "y_eval", len(x_eval))
   else:
-    fraction = _common.eval_fraction(eval_fraction)
-    if len(y_train) < 2:
-      raise _validate.fail(
-          "x", f"<array {x_train.shape}>",
-          "expected at least 2 examples to hold some out for eval")
-    order = np.random.default_rng(0).permutation(len(y_train))
-    cut = len(order) - _common.held_out_count(len(order), fraction)
-    # Sorted, so that "contiguous" sharding keeps the user's order.
-    keep, held = np.sort(order[:cut]), np.sort(order[cut:])
-    x_train, x_eval = x_train[keep], x_train[held]
-    y_train, y_eval = y_train[keep], y_train[held]
+    x_train, y_train, x_eval, y_eval = _hold_out(x_train, y_train,
+                                                 eval_fraction)
   return DataSource(
       name=name,
       task="classification",
