@@ -7,7 +7,7 @@ run logs exactly what an uninterrupted one would have.
 
 import math
 from fractions import Fraction
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,50 +43,115 @@ class NonFiniteLossError(FloatingPointError):
     self.new_rows = new_rows or []
 
 
+class Layout(NamedTuple):
+  """What a run's rows hold (``History``'s columns beyond the fixed ones).
+
+  Attributes:
+    channels: name -> ``Channel`` (the bytes of one event of each).
+    metric_names: the model's own metrics.
+    examples_per_step: examples all workers take per step (W x batch).
+    tokens_per_example: tokens per example (language models), or None.
+    num_workers: W; who took part when ``add`` is not told: every worker.
+    strategy_metrics: the strategy's own metrics.
+    clock: the run has a simulated clock (a network).
+    correlation: the workers' correlation is logged (correlation_every).
+    members: the workers up are logged (under faults).
+    perplexity: language models: train_perplexity from the mean
+      cross-entropy.
+  """
+
+  channels: dict
+  metric_names: list
+  examples_per_step: int = 1
+  tokens_per_example: int | None = None
+  num_workers: int = 1
+  strategy_metrics: list = ()
+  clock: bool = False
+  correlation: bool = False
+  members: bool = False
+  perplexity: bool = False
+
+
+class Span(NamedTuple):
+  """n consecutive steps' outputs as numpy arrays (``History.add``).
+
+  Attributes:
+    loss: (n,) mean training loss over workers per step.
+    metrics: name -> (n,) model metrics, mean over workers.
+    bad_worker: (n,) int: first worker with a non-finite loss, or -1.
+    counts: channel -> (n,) int events per step (sync events included at
+      the last step of their round).
+    round_end: (n,) bool, True where a round (and its sync) ended.
+    divergence, lr: (number of round ends,) values at those round ends.
+    sim_time: (n,) simulated seconds after each step (with a clock).
+    participants: (n,) workers averaged by each step's communication, -1
+      where it had none (with a clock).
+    strategy: name -> (n,) the strategy's own metrics, nan at the steps
+      that did not report them.
+    correlation: (number of round ends,) the workers' correlation, nan
+      where it was not due (with correlation_every).
+    taken: channel -> (n,) int worker-events per step: each event of
+      ``counts`` times the workers that took part in it; None: every
+      worker took part.
+    taken_W: channel -> (n, W) int, the same per worker; None: every
+      worker took part in every event.
+    members: (n,) int, the workers up at each step (under faults).
+  """
+
+  loss: Any
+  metrics: dict
+  bad_worker: Any
+  counts: dict
+  round_end: Any
+  divergence: Any
+  lr: Any
+  sim_time: Any = None
+  participants: Any = None
+  strategy: dict | None = None
+  correlation: Any = None
+  taken: dict | None = None
+  taken_W: dict | None = None
+  members: Any = None
+
+
 class History:
   """Accumulates rows of metrics at every ``log_every`` steps and eval points."""
 
-  def __init__(self, channels: dict[str, Channel], log_every: int,
-               examples_per_step: int,
-               tokens_per_example: int | None, metric_names: list[str],
-               clock: bool = False, strategy_metrics: list[str] = (),
-               spacing_given: bool = True, correlation: bool = False,
-               perplexity: bool = False, num_workers: int = 1,
-               members: bool = False):
-    self.channels = channels
-    # Who took part when ``add`` is not told: every worker.
-    self.num_workers = num_workers
-    self.tiers = tiers_of(channels)
+  def __init__(self, layout: Layout, log_every: int,
+               spacing_given: bool = True):
+    self.channels = layout.channels
+    self.num_workers = layout.num_workers
+    self.tiers = tiers_of(layout.channels)
     self.log_every = log_every
     # A default spacing may be re-spaced by a resume that extends the run.
     self.spacing_given = spacing_given
-    self.examples_per_step = examples_per_step
-    self.tokens_per_example = tokens_per_example
-    self.metric_names = list(metric_names)
+    self.examples_per_step = layout.examples_per_step
+    self.tokens_per_example = layout.tokens_per_example
+    self.metric_names = list(layout.metric_names)
     self.rows: list[dict[str, Any]] = []
     # The exact sums behind each log row's training means (its step -> the
     # carry at that row), so rows can be merged exactly when re-spaced.
     self.windows: dict[int, dict] = {}
     self.step = 0
-    self.events = {name: 0 for name in channels}  # cumulative, per worker
+    self.events = {name: 0 for name in self.channels}  # cumulative, per worker
     # Cumulative worker-events: each event times the workers that took part.
-    self.taken = {name: 0 for name in channels}
+    self.taken = {name: 0 for name in self.channels}
     # The same per worker: channel -> int64 (W,).
-    self.taken_W = {name: np.zeros(num_workers, np.int64) for name in channels}
+    self.taken_W = {name: np.zeros(self.num_workers, np.int64)
+                    for name in self.channels}
     self._reset_carry()
     self.divergence = math.nan
     self.lr = math.nan
     # The workers' correlation (with correlation_every): the latest value.
-    self.track_correlation = correlation
+    self.track_correlation = layout.correlation
     self.correlation = math.nan
-    # Language models: train_perplexity from the mean cross-entropy.
-    self.perplexity = perplexity
+    self.perplexity = layout.perplexity
     # The simulated clock (a run with a network): seconds after the last
     # step, and how many workers the last communication averaged.
-    self.sim_time = 0.0 if clock else None
+    self.sim_time = 0.0 if layout.clock else None
     self.participants = math.nan
     # Under faults: the workers in the fleet (up) in the latest round.
-    self.track_members = members
+    self.track_members = layout.members
     self.members = math.nan
     # Communications the clock saw, and those no worker took part in.
     self.syncs = 0
@@ -94,7 +159,7 @@ class History:
     # The most wire bytes one step has put on the wire so far (per worker).
     self.peak = 0.0
     # The strategy's own metrics: the latest value reported.
-    self.strategy = {m: math.nan for m in strategy_metrics}
+    self.strategy = {m: math.nan for m in layout.strategy_metrics}
 
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
@@ -232,95 +297,25 @@ class History:
       keys += [k for k in row if k not in keys]
     return {k: np.array([_num(r.get(k)) for r in self.rows]) for k in keys}
 
-  def add(self, *, loss, metrics, bad_worker, counts, round_end,
-          divergence, lr, wall_time_s: float, sim_time=None,
-          participants=None, strategy=None, correlation=None,
-          taken=None, taken_W=None, members=None) -> list[dict]:
-    """Consumes n consecutive steps; returns the new rows (and keeps them).
-
-    Args:
-      loss: (n,) mean training loss over workers per step.
-      metrics: name -> (n,) model metrics, mean over workers.
-      bad_worker: (n,) int: first worker with a non-finite loss, or -1.
-      counts: channel -> (n,) int events per step (sync events included at the
-        last step of their round).
-      round_end: (n,) bool, True where a round (and its sync) ended.
-      divergence, lr: (number of round ends,) values at those round ends.
-      wall_time_s: real seconds since the run started.
-      sim_time: (n,) simulated seconds after each step (with a clock).
-      participants: (n,) workers averaged by each step's communication, -1
-        where it had none (with a clock).
-      strategy: name -> (n,) the strategy's own metrics, nan at the steps
-        that did not report them.
-      correlation: (number of round ends,) the workers' correlation, nan
-        where it was not due (with correlation_every).
-      taken: channel -> (n,) int worker-events per step: each event of
-        ``counts`` times the workers that took part in it; None: every
-        worker took part.
-      taken_W: channel -> (n, W) int, the same per worker; None: every
-        worker took part in every event.
-      members: (n,) int, the workers up at each step (under faults).
+  def add(self, span: Span, wall_time_s: float) -> list[dict]:
+    """Consumes the n consecutive steps of ``span``; returns the new rows
+    (and keeps them). ``wall_time_s``: real seconds since the run started.
 
     Raises:
       NonFiniteLossError: after logging the rows before the bad step.
     """
-    n = len(loss)
+    n = len(span.loss)
     steps = self.step + 1 + np.arange(n)
-    bad = np.flatnonzero(np.asarray(bad_worker) >= 0)
+    bad = np.flatnonzero(np.asarray(span.bad_worker) >= 0)
     stop = int(bad[0]) if bad.size else n
-    events_cum = {c: np.cumsum(np.asarray(counts[c], np.int64))
-                  for c in counts}
-    if taken is None:
-      taken = {c: np.asarray(k, np.int64) * self.num_workers
-               for c, k in counts.items()}
-    taken_cum = {c: np.cumsum(np.asarray(taken[c], np.int64)) for c in taken}
-    loss_cum = _sums.ExactCumsum(np.asarray(loss)[:stop])
-    metric_cum = {m: _sums.ExactCumsum(np.asarray(metrics[m])[:stop])
-                  for m in self.metric_names}
-    ends = np.flatnonzero(round_end)
-    if correlation is not None:
-      correlation = np.asarray(correlation, np.float64)
-      due = np.flatnonzero(~np.isnan(correlation))
-      due_ends = ends[due]
-    if participants is not None:
-      part = np.asarray(participants, np.float64)
-      communicated = np.flatnonzero(part >= 0)
-      self.syncs += int(np.sum(part[:stop] >= 0))
-      self.empty_syncs += int(np.sum(part[:stop] == 0))
-    reported = {m: (np.asarray(v, np.float64), np.flatnonzero(~np.isnan(v)))
-                for m, v in (strategy or {}).items()}
-    peak_cum = np.maximum.accumulate(self._step_wire(counts, n)) if n else None
-
-    def at(j):  # everything cumulative at index j of this span
-      k = np.searchsorted(ends, j, side="right") - 1
-      if k >= 0:
-        self.divergence, self.lr = float(divergence[k]), float(lr[k])
-      if correlation is not None:
-        c = np.searchsorted(due_ends, j, side="right") - 1
-        if c >= 0:
-          self.correlation = float(correlation[due[c]])
-      if sim_time is not None:
-        self.sim_time = float(sim_time[j])
-        c = np.searchsorted(communicated, j, side="right") - 1
-        if c >= 0:
-          self.participants = float(part[communicated[c]])
-      self.peak = max(self.peak, float(peak_cum[j]))
-      if members is not None:
-        self.members = float(members[j])
-      for m, (values, at_steps) in reported.items():
-        i = np.searchsorted(at_steps, j, side="right") - 1
-        if i >= 0:
-          self.strategy[m] = float(values[at_steps[i]])
-      return ({c: self.events[c] + int(events_cum[c][j]) for c in events_cum},
-              {c: self.taken[c] + int(taken_cum[c][j]) for c in taken_cum})
-
+    cursor = _Cursor(self, span, stop)
     new_rows, prev = [], -1
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])
-      events, taken_now = at(j)
+      events, taken_now = cursor.at(j)
       row = self._bare_row(s, wall_time_s, {**self.events, **events},
                            {**self.taken, **taken_now})
-      self._take(loss_cum, metric_cum, prev, j)
+      cursor.take(prev, j)
       self._train_means(row, self.carry)
       self.windows[s] = self.carry
       if not math.isnan(self.lr):
@@ -331,16 +326,16 @@ class History:
 
     last = stop - 1
     if last > prev:
-      self._take(loss_cum, metric_cum, prev, last)
+      cursor.take(prev, last)
     if last >= 0:
-      events, taken_now = at(last)
+      events, taken_now = cursor.at(last)
       self.events.update(events)
       self.taken.update(taken_now)
-      self._add_per_worker(counts, taken_W, stop)
+      self._add_per_worker(span.counts, span.taken_W, stop)
     self.step += stop
     self.rows += new_rows
     if bad.size:
-      raise NonFiniteLossError(int(steps[stop]), int(bad_worker[stop]),
+      raise NonFiniteLossError(int(steps[stop]), int(span.bad_worker[stop]),
                                self.as_arrays(), new_rows)
     return new_rows
 
@@ -355,13 +350,6 @@ class History:
   def _reset_carry(self):
     self.carry = {"n": 0, "loss": _sums.ZERO,
                   **{m: _sums.ZERO for m in self.metric_names}}
-
-  def _take(self, loss_cum, metric_cum, prev: int, j: int) -> None:
-    """Adds the steps after index ``prev`` up to ``j`` to the carry."""
-    self.carry["n"] += j - prev
-    self.carry["loss"] += loss_cum.span(prev, j)
-    for m in self.metric_names:
-      self.carry[m] += metric_cum[m].span(prev, j)
 
   def _train_means(self, row: dict, carry: dict) -> None:
     n = carry["n"]
@@ -447,6 +435,76 @@ class History:
       nll = results.get("cross_entropy", results["loss"])
       row[names.EVAL_PERPLEXITY] = float(np.exp(nll))
     return row
+
+
+class _Cursor:
+  """A span's values made cumulative, and ``at(j)``: the history's latest
+  values (divergence, lr, clock, ...) as of the span's index ``j``."""
+
+  def __init__(self, history: History, span: Span, stop: int):
+    h, n = history, len(span.loss)
+    self.h, self.span = h, span
+    self.events_cum = {c: np.cumsum(np.asarray(span.counts[c], np.int64))
+                       for c in span.counts}
+    taken = span.taken
+    if taken is None:
+      taken = {c: np.asarray(k, np.int64) * h.num_workers
+               for c, k in span.counts.items()}
+    self.taken_cum = {c: np.cumsum(np.asarray(taken[c], np.int64))
+                      for c in taken}
+    self.loss_cum = _sums.ExactCumsum(np.asarray(span.loss)[:stop])
+    self.metric_cum = {m: _sums.ExactCumsum(np.asarray(span.metrics[m])[:stop])
+                       for m in h.metric_names}
+    self.ends = np.flatnonzero(span.round_end)
+    self.correlation = None
+    if span.correlation is not None:
+      self.correlation = np.asarray(span.correlation, np.float64)
+      self.due = np.flatnonzero(~np.isnan(self.correlation))
+      self.due_ends = self.ends[self.due]
+    if span.participants is not None:
+      self.part = np.asarray(span.participants, np.float64)
+      self.communicated = np.flatnonzero(self.part >= 0)
+      h.syncs += int(np.sum(self.part[:stop] >= 0))
+      h.empty_syncs += int(np.sum(self.part[:stop] == 0))
+    self.reported = {
+        m: (np.asarray(v, np.float64), np.flatnonzero(~np.isnan(v)))
+        for m, v in (span.strategy or {}).items()}
+    self.peak_cum = (np.maximum.accumulate(h._step_wire(span.counts, n))
+                     if n else None)
+
+  def at(self, j: int) -> tuple[dict, dict]:
+    """Sets the history's latest values as of index ``j``; returns the
+    cumulative events and worker-events there."""
+    h, span = self.h, self.span
+    k = np.searchsorted(self.ends, j, side="right") - 1
+    if k >= 0:
+      h.divergence, h.lr = float(span.divergence[k]), float(span.lr[k])
+    if self.correlation is not None:
+      c = np.searchsorted(self.due_ends, j, side="right") - 1
+      if c >= 0:
+        h.correlation = float(self.correlation[self.due[c]])
+    if span.sim_time is not None:
+      h.sim_time = float(span.sim_time[j])
+      c = np.searchsorted(self.communicated, j, side="right") - 1
+      if c >= 0:
+        h.participants = float(self.part[self.communicated[c]])
+    h.peak = max(h.peak, float(self.peak_cum[j]))
+    if span.members is not None:
+      h.members = float(span.members[j])
+    for m, (values, at_steps) in self.reported.items():
+      i = np.searchsorted(at_steps, j, side="right") - 1
+      if i >= 0:
+        h.strategy[m] = float(values[at_steps[i]])
+    return ({c: h.events[c] + int(v[j]) for c, v in self.events_cum.items()},
+            {c: h.taken[c] + int(v[j]) for c, v in self.taken_cum.items()})
+
+  def take(self, prev: int, j: int) -> None:
+    """Adds the steps after index ``prev`` up to ``j`` to the carry."""
+    carry = self.h.carry
+    carry["n"] += j - prev
+    carry["loss"] += self.loss_cum.span(prev, j)
+    for m in self.h.metric_names:
+      carry[m] += self.metric_cum[m].span(prev, j)
 
 
 # Evaluation results whose column is not eval_<name>.

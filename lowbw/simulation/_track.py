@@ -14,8 +14,8 @@ import numpy as np
 from lowbw import telemetry
 from lowbw import network as net_lib
 from lowbw.simulation import _divergence
-from lowbw.simulation._history import (History, NonFiniteLossError,
-                                      worker_events, worker_events_W)
+from lowbw.simulation._history import (History, Layout, NonFiniteLossError,
+                                      Span, worker_events, worker_events_W)
 from lowbw.telemetry import names
 
 
@@ -39,15 +39,8 @@ class Track:
     c = sim.config
     self.sim = sim
     self.network = network
-    self.history = History(sim.channels, log_every,
-                           c.num_workers * c.batch_size,
-                           c.data.tokens_per_example, sim.metric_names,
-                           clock=network is not None,
-                           strategy_metrics=sim.strategy_metric_names,
-                           spacing_given=c.log_every is not None,
-                           correlation=c.correlation_every is not None,
-                           members=c.masks,
-                           perplexity=c.is_lm, num_workers=c.num_workers)
+    self.history = History(layout(sim, network), log_every,
+                           spacing_given=c.log_every is not None)
     self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
     self.callback = callback
@@ -90,63 +83,65 @@ class Track:
     return rows
 
   def _rows(self, kind, n, out, ev, end_step, wall):
-    period = self.sim.config.period
-    if kind == "rounds":
-      per_step = _flatten_rounds(out.steps, n)
-      round_end = np.zeros(n * period, bool)
-      round_end[period - 1::period] = True
-      counts = dict(per_step.counts)
-      for name, c in out.sync_counts.items():
-        full = np.zeros(n * period, np.int64)
-        full[period - 1::period] = c[:n]
-        counts[name] = counts.get(name, 0) + full
-      divergence, lr = out.divergence[:n], out.lr[:n]
-      correlation = (None if out.correlation is None
-                     else out.correlation[:n])
-      sim_time = participants = taken = taken_W = None
-      if out.clock is not None:
-        sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
-                                     out.clock.compute_s[:n],
-                                     out.clock.sync_s[:n])
-        sync_counts = {c: v[:n] for c, v in out.sync_counts.items()}
-        taken = worker_events(
-            per_step.counts, per_step.clock.participants, sync_counts,
-            out.clock.participants[:n], period)
-        taken_W = worker_events_W(
-            per_step.counts, per_step.clock.active_W, sync_counts,
-            out.clock.active_W[:n], period)
-        participants = per_step.clock.participants.copy()
-        participants[period - 1::period] = out.clock.participants[:n]
-        self._catch_ups(per_step.clock, counts, taken, taken_W)
-      strategy = _strategy_metrics(per_step.strategy, out.sync_metrics, n,
-                                   period)
-    else:
-      per_step = out
-      round_end = np.zeros(n, bool)
-      counts = dict(per_step.counts)
-      divergence = lr = np.zeros(0)
-      correlation = None
-      sim_time = participants = taken = taken_W = None
-      if per_step.clock is not None:
-        sim_time = self.clock.steps(per_step.clock.time_s)
-        participants = per_step.clock.participants
-        taken = worker_events(per_step.counts, participants)
-        taken_W = worker_events_W(per_step.counts, per_step.clock.active_W)
-        self._catch_ups(per_step.clock, counts, taken, taken_W)
-      strategy = _strategy_metrics(per_step.strategy, {}, n, 1)
-    rows = self.history.add(
-        loss=per_step.loss, metrics=per_step.metrics,
-        bad_worker=per_step.first_bad_worker, counts=counts,
-        round_end=round_end, divergence=divergence, lr=lr, wall_time_s=wall,
-        sim_time=sim_time, participants=participants, strategy=strategy,
-        correlation=correlation, taken=taken, taken_W=taken_W,
-        members=None if per_step.clock is None or (
-            per_step.clock.members is None) else per_step.clock.members)
+    span = (self._round_span(n, out) if kind == "rounds"
+            else self._tail_span(n, out))
+    rows = self.history.add(span, wall)
     if ev is not None:
       row = self.add_eval(end_step, ev, wall)
       if not rows or rows[-1] is not row:
         rows.append(row)
     return rows
+
+  def _round_span(self, n: int, out) -> Span:
+    """The ``Span`` of ``n`` rounds' outputs (a ``RoundOut``, numpy)."""
+    period = self.sim.config.period
+    per_step = _flatten_rounds(out.steps, n)
+    round_end = np.zeros(n * period, bool)
+    round_end[period - 1::period] = True
+    counts = dict(per_step.counts)
+    for name, c in out.sync_counts.items():
+      full = np.zeros(n * period, np.int64)
+      full[period - 1::period] = c[:n]
+      counts[name] = counts.get(name, 0) + full
+    span = Span(per_step.loss, per_step.metrics, per_step.first_bad_worker,
+                counts, round_end, out.divergence[:n], out.lr[:n],
+                strategy=_strategy_metrics(per_step.strategy,
+                                           out.sync_metrics, n, period),
+                correlation=(None if out.correlation is None
+                             else out.correlation[:n]))
+    if out.clock is None:
+      return span
+    sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
+                                 out.clock.compute_s[:n], out.clock.sync_s[:n])
+    sync_counts = {c: v[:n] for c, v in out.sync_counts.items()}
+    taken = worker_events(
+        per_step.counts, per_step.clock.participants, sync_counts,
+        out.clock.participants[:n], period)
+    taken_W = worker_events_W(
+        per_step.counts, per_step.clock.active_W, sync_counts,
+        out.clock.active_W[:n], period)
+    participants = per_step.clock.participants.copy()
+    participants[period - 1::period] = out.clock.participants[:n]
+    self._catch_ups(per_step.clock, counts, taken, taken_W)
+    return span._replace(sim_time=sim_time, participants=participants,
+                         taken=taken, taken_W=taken_W,
+                         members=per_step.clock.members)
+
+  def _tail_span(self, n: int, per_step) -> Span:
+    """The ``Span`` of the tail's ``n`` steps (a ``StepOut``, numpy)."""
+    counts = dict(per_step.counts)
+    span = Span(per_step.loss, per_step.metrics, per_step.first_bad_worker,
+                counts, np.zeros(n, bool), np.zeros(0), np.zeros(0),
+                strategy=_strategy_metrics(per_step.strategy, {}, n, 1))
+    if per_step.clock is None:
+      return span
+    participants = per_step.clock.participants
+    taken = worker_events(per_step.counts, participants)
+    taken_W = worker_events_W(per_step.counts, per_step.clock.active_W)
+    self._catch_ups(per_step.clock, counts, taken, taken_W)
+    return span._replace(sim_time=self.clock.steps(per_step.clock.time_s),
+                         participants=participants, taken=taken,
+                         taken_W=taken_W, members=per_step.clock.members)
 
   def _catch_ups(self, step_clock, counts, taken, taken_W) -> None:
     """Adds the workers' returns to the fleet (their downloads of the
@@ -371,6 +366,19 @@ class Track:
       # a WriteError naming it, not a bare FileExistsError.
       telemetry.check_writable(self.log_dir)
       telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
+
+
+def layout(sim, network) -> Layout:
+  """What the rows of a run of ``sim`` on ``network`` hold."""
+  c = sim.config
+  return Layout(sim.channels, sim.metric_names,
+                examples_per_step=c.num_workers * c.batch_size,
+                tokens_per_example=c.data.tokens_per_example,
+                num_workers=c.num_workers,
+                strategy_metrics=sim.strategy_metric_names,
+                clock=network is not None,
+                correlation=c.correlation_every is not None,
+                members=c.masks, perplexity=c.is_lm)
 
 
 def clock_overlap(strategy, network) -> bool | int:
