@@ -19,6 +19,7 @@ def used_by() -> dict[str, dict[str, set[str]]]:
       **_fields.USED_BY,
       "strategy": strategy_fields.used_by(),
       "inner": {kind: set(names) for kind, names in strategies_lib.USES.items()},
+      "outer": strategy_fields.outer_uses(),
       "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
   }
 
@@ -85,7 +86,8 @@ def model_name(s: dict) -> str:
 def choices(s: dict) -> dict:
   """Owner kind -> the option these settings choose."""
   return {"strategy": s["strategy"] if isinstance(s["strategy"], str)
-          else f"<{type(s['strategy']).__name__} object>", "inner": s["inner"], "model": model_name(s),
+          else f"<{type(s['strategy']).__name__} object>", "inner": s["inner"],
+          "outer": s["outer"], "model": model_name(s),
           "data": data_kind(s), "sharding": s["sharding"],
           "topology": s["topology"], "mitigation": s["mitigation"],
           "schedule": s["schedule"]}

@@ -19,9 +19,27 @@ SCHEDULES = strategies_lib.SCHEDULES
 # Optimizer settings every strategy reads, each defaulting to the spec's
 # paper optimizer (the warm-up: its fraction of the run's steps).
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
-             "schedule", "min_lr_ratio", "max_norm", "b1", "b2")
+             "schedule", "min_lr_ratio", "max_norm", "b1", "b2", "eps")
 OUTER_SCHEDULE = tuple("outer_" + k for k in strategies_lib.OUTER_SCHEDULE)
-OUTER = ("outer_lr", "outer_momentum", *OUTER_SCHEDULE)
+_MOMENTUM_SCHEDULE = tuple(k for k in OUTER_SCHEDULE
+                           if k.startswith("outer_momentum"))
+# The outer optimizer's settings every kind has; the others belong to its
+# kind (``outer_uses``).
+OUTER = ("outer", "outer_lr",
+         *(k for k in OUTER_SCHEDULE if k not in _MOMENTUM_SCHEDULE))
+
+
+def outer_uses() -> dict[str, set[str]]:
+  """Outer optimizer kind -> the settings it owns, read from the kind's
+  own fields (``strategies.USES``): ``outer_momentum`` and its schedule for
+  SGD, ``outer_b1``, ``outer_b2``, ``outer_eps`` for Adam."""
+  out = {}
+  for kind in strategies_lib.OUTER_KINDS:
+    names = {"outer_" + name for name in strategies_lib.USES[kind]}
+    if "outer_momentum" in names:
+      names.update(_MOMENTUM_SCHEDULE)
+    out[kind] = names
+  return out
 _COMPRESSION = ("ef", "compress")  # besides codecs: the compression group
 # Strategy parameters whose value is traced (the error feedback's beta lives
 # in the state) -> the hyperparameter's name.
@@ -64,6 +82,7 @@ def _extra_outer_names() -> list[str]:
 def flag_names() -> set[str]:
   """Every setting the strategy flags define."""
   return (set(_by_flag()) | set(OPTIMIZER) | set(OUTER) | {"strategy"} |
+          set().union(*outer_uses().values()) |
           {k for spec in specs().values() for k in _extra_outer(spec)})
 
 
@@ -76,13 +95,16 @@ def defaults(spec: strategies_lib.Spec, steps: int | None = None) -> dict:
              momentum=spec.inner.momentum,
              min_lr_ratio=spec.inner.min_lr_ratio,
              max_norm=spec.inner.max_norm, b1=spec.inner.b1,
-             b2=spec.inner.b2, schedule=spec.inner.schedule,
+             b2=spec.inner.b2, eps=spec.inner.eps,
+             schedule=spec.inner.schedule,
              warmup_steps=spec.inner.warmup_steps(steps))
   # A strategy's own parameter may share an optimizer flag (DeMo's
   # weight_decay): its default wins.
   out.update({p.flag: p.cli_default for p in _cli(spec)})
   if spec.outer is not None:
-    out.update(outer_lr=spec.outer.lr, outer_momentum=spec.outer.momentum)
+    o = spec.outer
+    out.update(outer=o.kind, outer_lr=o.lr, outer_momentum=o.momentum,
+               outer_b1=o.b1, outer_b2=o.b2, outer_eps=o.eps)
   out.update({k: v for k, (_, v) in _extra_outer(spec).items()})
   return out
 
@@ -198,6 +220,9 @@ def _optimizer_fields() -> list[_fields.Field]:
       F("b2", None, T, O, "adam, adamw and adopt inners' second-moment "
         "decay [default: the kind's own, 0.999 (adopt 0.9999); " +
         _per_strategy(lambda s: s.inner.b2) + "]", float, knob="inner_b2"),
+      F("eps", None, T, O, "adam, adamw and adopt inners' epsilon "
+        "[default: the kind's own, 1e-8 (adopt 1e-6)]", float,
+        knob="inner_eps"),
       F("warmup_steps", None, S, O, "linear learning-rate warm-up [default "
         "0; " + _per_strategy(lambda s: f"{s.inner.warmup:.1%} of the steps"
                               if s.inner.warmup else None) + "]", int,
@@ -209,12 +234,27 @@ def _optimizer_fields() -> list[_fields.Field]:
             lambda s: s.inner.min_lr_ratio) + "]", float),
       F("max_norm", None, S, O, "clip each worker's gradient to this global "
         "norm before the inner optimizer [default: none]", float),
-      F("outer_lr", None, T, O, "outer SGD learning rate [" +
+      F("outer", None, S, O, "outer optimizer of the global parameters: "
+        "sgd (Nesterov momentum, DiLoCo's) or adam (FedAdam's, arXiv "
+        "2003.00295) [" + _per_strategy(lambda s: s.outer and s.outer.kind)
+        + "]", choices=strategies_lib.OUTER_KINDS),
+      F("outer_lr", None, T, O, "outer learning rate [" +
         _per_strategy(lambda s: s.outer and s.outer.lr) + "]", float,
         knob="outer_lr"),
-      F("outer_momentum", None, T, O, "outer Nesterov momentum, 0 for plain "
-        "SGD [" + _per_strategy(lambda s: s.outer and s.outer.momentum) +
+      F("outer_momentum", None, T, O, "outer sgd's Nesterov momentum, 0 for "
+        "plain SGD [" + _per_strategy(lambda s: s.outer and s.outer.kind ==
+                                      "sgd" and s.outer.momentum) +
         "]", float, knob="outer_momentum"),
+      F("outer_b1", None, T, O, "outer adam's first-moment decay [default "
+        "0.9]", float, knob="outer_b1"),
+      F("outer_b2", None, T, O, "outer adam's second-moment decay [default "
+        "0.999; " + _per_strategy(lambda s: s.outer and s.outer.kind ==
+                                  "adam" and s.outer.b2) + "]", float,
+        knob="outer_b2"),
+      F("outer_eps", None, T, O, "outer adam's epsilon (FedAdam's tau, its "
+        "degree of adaptivity) [default 1e-8; " + _per_strategy(
+            lambda s: s.outer and s.outer.eps) + "]", float,
+        knob="outer_eps"),
   ]
   out += [F(name, None, T, O, _SCHEDULE_HELP[name], float, knob=name)
           for name in OUTER_SCHEDULE]
@@ -267,7 +307,7 @@ def build_inner(s: dict) -> optax.GradientTransformation:
   return strategies_lib.inner_optimizer(
       s["inner"], s["inner_lr"], weight_decay=s["weight_decay"],
       momentum=s["momentum"], max_norm=s["max_norm"], b1=s["b1"], b2=s["b2"],
-      schedule=s["schedule"], warmup_steps=s["warmup_steps"],
+      eps=s["eps"], schedule=s["schedule"], warmup_steps=s["warmup_steps"],
       steps=s["steps"], min_lr_ratio=s["min_lr_ratio"])
 
 
@@ -281,14 +321,14 @@ def build(s: dict) -> strategies_lib.Strategy:
   spec = strategies_lib.spec(s["strategy"])
   kwargs = {p.name: s[p.flag] for p in _cli(spec)}
   if spec.outer is not None:
-    kwargs["outer"] = strategies_lib.outer(strategies_lib.Optimizer(
-        "sgd", s["outer_lr"], momentum=s["outer_momentum"],
-        nesterov=spec.outer.nesterov), **{
+    kwargs["outer"] = strategies_lib.outer(spec.outer._replace(
+        kind=s["outer"], lr=s["outer_lr"], momentum=s["outer_momentum"],
+        b1=s["outer_b1"], b2=s["outer_b2"], eps=s["outer_eps"]), **{
             name[len("outer_"):]: s[name] for name in OUTER_SCHEDULE
             if s.get(name) is not None})
-  for name in spec.optimizers:
-    kwargs[name] = strategies_lib.outer(strategies_lib.Optimizer(
-        "sgd", s[name + "_lr"], momentum=s[name + "_momentum"]), name)
+  for name, o in spec.optimizers.items():
+    kwargs[name] = strategies_lib.outer(o._replace(
+        lr=s[name + "_lr"], momentum=s[name + "_momentum"]), name)
   try:
     return spec.factory(inner=build_inner(s), **kwargs)
   except _validate.ConfigError as e:

@@ -41,8 +41,12 @@ KNOBS = {
     "inner_momentum": Knob("inner", "momentum", "inner SGD momentum"),
     "inner_b1": Knob("inner", "b1", "inner Adam's first-moment decay"),
     "inner_b2": Knob("inner", "b2", "inner Adam's second-moment decay"),
+    "inner_eps": Knob("inner", "eps", "inner Adam's epsilon"),
     "outer_lr": Knob("outer", "learning_rate", "outer learning rate"),
     "outer_momentum": Knob("outer", "momentum", "outer momentum"),
+    "outer_b1": Knob("outer", "b1", "outer Adam's first-moment decay"),
+    "outer_b2": Knob("outer", "b2", "outer Adam's second-moment decay"),
+    "outer_eps": Knob("outer", "eps", "outer Adam's epsilon"),
     **{"outer_" + name: Knob("outer", name, f"outer schedule: {name}")
        for name in OUTER_SCHEDULE},
     "global_outer_lr": Knob("global_outer", "learning_rate",

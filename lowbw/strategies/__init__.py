@@ -1,7 +1,7 @@
 """Distributed training strategies: factories returning pure functions."""
 
 from lowbw import _validate
-from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _diloco, _fedavg,
+from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _diloco, _fedadam, _fedavg,
                               _hierarchical_diloco, _muloco, _noloco, _sparseloco, _sparta,
                               _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import (CommReport, Strategy, StrategyState,
@@ -11,11 +11,13 @@ from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
 from lowbw.strategies._desloc import desloc
 from lowbw.strategies._diloco import default_outer, diloco
+from lowbw.strategies._fedadam import fedadam
 from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
 from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
 from lowbw.strategies._base import nothing_reported
 from lowbw.strategies._optim import (B2, DILOCO_INNER, DILOCO_OUTER, INNER_KINDS,
+                                     OUTER_KINDS,
                                      SCHEDULES, USES, Optimizer,
                                      inner_optimizer, outer, outer_optimizer,
                                      unit_schedule)
@@ -36,6 +38,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _ddp.SPEC,
     _fedavg.SPEC,
     _diloco.SPEC,
+    _fedadam.SPEC,
     _sparta.SPEC,
     _sparta_diloco.SPEC,
     _muloco.SPEC,
@@ -82,11 +85,11 @@ def paper_inner(name: str, steps: int):
 __all__ = [
     "async_diloco", "delayed_nesterov", "CommReport", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo", "desloc",
-    "default_inner", "default_outer", "describe", "diloco", "fedavg", "get",
+    "default_inner", "default_outer", "describe", "diloco", "fedadam", "fedavg", "get",
     "hierarchical_diloco", "inner_optimizer", "paper_inner", "outer_optimizer", "SCHEDULES",
     "unit_schedule",
     "hidden_matrices", "muloco", "noloco", "muon_inner", "PeakScheduleState", "OUTER_SCHEDULE", "OuterScheduleState", "outer_schedule", "check_outer_schedule",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
-    "B2", "DILOCO_INNER", "DILOCO_OUTER", "USES", "WithCodec", "nothing_reported",
+    "B2", "DILOCO_INNER", "DILOCO_OUTER", "OUTER_KINDS", "USES", "WithCodec", "nothing_reported",
     "outer", "with_codec",
 ]

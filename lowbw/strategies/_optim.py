@@ -17,11 +17,16 @@ from lowbw import _validate
 from lowbw.strategies._schedule import outer_schedule, peak_schedule
 
 INNER_KINDS = ("adamw", "adam", "adopt", "sgd", "muon")
+# The kinds an outer optimizer (of the global parameters) may be: DiLoCo's
+# Nesterov SGD, or FedAdam's Adam (Reddi et al., "Adaptive Federated
+# Optimization", arXiv 2003.00295).
+OUTER_KINDS = ("sgd", "adam")
 
-# The settings each inner kind reads besides its learning rate; the command
-# line rejects the others as unused.
-USES = {"adamw": ("weight_decay", "b1", "b2"), "adam": ("b1", "b2"),
-        "adopt": ("b1", "b2"),
+# The settings each kind owns besides its learning rate (inner or outer);
+# the command line rejects another kind's as unused.
+USES = {"adamw": ("weight_decay", "b1", "b2", "eps"),
+        "adam": ("b1", "b2", "eps"),
+        "adopt": ("b1", "b2", "eps"),
         "sgd": ("momentum",),
         "muon": ("weight_decay",)}
 
@@ -30,7 +35,8 @@ class Optimizer(NamedTuple):
   """An optimizer as values.
 
   Attributes:
-    kind: one of ``INNER_KINDS`` (outer optimizers are ``"sgd"``).
+    kind: one of ``INNER_KINDS`` (an outer optimizer: one of
+      ``OUTER_KINDS``).
     lr: (peak) learning rate.
     weight_decay: decoupled weight decay (adamw, muon).
     momentum: SGD momentum; 0 for none. Outer SGD with momentum > 0 is
@@ -50,6 +56,8 @@ class Optimizer(NamedTuple):
     warmup: the paper's linear warm-up as a fraction of the run's steps
       (MuLoCo: 1,000 of 13,740); a run of ``steps`` warms up for
       ``warmup_steps(steps)``.
+    eps: Adam's epsilon (adam, adamw, adopt; FedAdam's tau, its degree of
+      adaptivity); None: the kind's own (optax's 1e-8; ADOPT's 1e-6).
   """
 
   kind: str
@@ -63,6 +71,7 @@ class Optimizer(NamedTuple):
   nesterov: bool = True
   schedule: str = "constant"
   warmup: float = 0.0
+  eps: float | None = None
 
   def describe(self) -> str:
     """A short human description, e.g. ``adamw, lr 0.0004, wd 0.1``."""
@@ -71,6 +80,8 @@ class Optimizer(NamedTuple):
       parts.append(f"wd {self.weight_decay:g}")
     if "b1" in USES.get(self.kind, ()) and (self.b1, self.b2) != (0.9, None):
       parts.append(f"betas {self.b1:g}, {self.second_decay:g}")
+    if self.eps is not None and "eps" in USES.get(self.kind, ()):
+      parts.append(f"eps {self.eps:g}")
     if self.kind == "sgd" and self.momentum:
       parts.append(f"momentum {self.momentum:g}")
     if self.max_norm is not None:
@@ -131,7 +142,8 @@ def inner_optimizer(kind: str = "adamw", lr: float = 4e-4, *,
                     max_norm: float | None = None,
                     schedule: str = "constant", warmup_steps: int = 0,
                     steps: int | None = None, min_lr_ratio: float = 0.0,
-                    b1: float = 0.9, b2: float | None = None
+                    b1: float = 0.9, b2: float | None = None,
+                    eps: float | None = None
                     ) -> optax.GradientTransformation:
   """An inner optimizer as the command line builds it (``--inner``,
   ``--inner-lr``, ``--max-norm``, ``--schedule``, ...), validated field by
@@ -145,6 +157,7 @@ def inner_optimizer(kind: str = "adamw", lr: float = 4e-4, *,
     max_norm: clip each worker's gradient to this global norm first.
     b1, b2: Adam's moment decays (adam, adamw, adopt), each in [0, 1);
       b2 None: the kind's own (0.999; ADOPT's 0.9999).
+    eps: the Adam family's epsilon; None: the kind's own.
     schedule: "constant" or "cosine" (after ``warmup_steps`` of linear
       warm-up; cosine decays to ``min_lr_ratio`` times the peak at
       ``steps``, the run's length).
@@ -155,7 +168,7 @@ def inner_optimizer(kind: str = "adamw", lr: float = 4e-4, *,
     ...     warmup_steps=100, steps=2000, min_lr_ratio=0.1)
   """
   return inner(Optimizer(kind, lr, weight_decay, momentum, min_lr_ratio,
-                         max_norm, b1, b2),
+                         max_norm, b1, b2, eps=eps),
                unit_schedule(schedule, warmup_steps, steps, min_lr_ratio))
 
 
@@ -180,7 +193,7 @@ def inner(spec: Optimizer,
   peak = _validate.positive_float("inner_lr", spec.lr)
   lr = peak if shape is None else 0.0  # set every step otherwise
   if kind in B2:
-    betas = {"b1": _beta("b1", spec.b1), "b2": _beta("b2", spec.second_decay)}
+    betas = _adam_args("", spec)
   if kind == "adopt":  # Taniguchi et al. 2024, arXiv 2411.02853
     tx = optax.inject_hyperparams(  # its clipping function is no schedule
         optax.contrib.adopt, static_args=("clip_value_fn",))(
@@ -206,6 +219,16 @@ def inner(spec: Optimizer,
   return tx if shape is None else peak_schedule(tx, shape, peak)
 
 
+def _adam_args(prefix: str, spec: Optimizer) -> dict:
+  """The Adam family's moment decays (and epsilon, when given) of ``spec``;
+  errors name ``prefix`` + b1, b2, eps."""
+  args = {"b1": _beta(prefix + "b1", spec.b1),
+          "b2": _beta(prefix + "b2", spec.second_decay)}
+  if spec.eps is not None:
+    args["eps"] = _validate.positive_float(prefix + "eps", spec.eps)
+  return args
+
+
 def _beta(field: str, value) -> float:
   """An Adam moment decay in [0, 1); errors name ``field``."""
   value = _validate.non_negative(field, value)
@@ -216,13 +239,21 @@ def _beta(field: str, value) -> float:
 
 def outer(spec: Optimizer, field: str = "outer", **schedule
           ) -> optax.GradientTransformation:
-  """Outer SGD: Nesterov momentum when ``spec.momentum`` > 0 (DiLoCo;
-  heavy ball with ``spec.nesterov`` False); errors name ``field``_lr and
-  ``field``_momentum. Its learning rate and momentum follow
-  ``outer_schedule(**schedule)`` (Pier's warm-up and decay; constant when
-  no parameter is given)."""
-  _validate.one_of(field, spec.kind, ("sgd",))
+  """The outer optimizer ``spec`` describes, on the mean pseudo-gradient:
+  SGD, with Nesterov momentum when ``spec.momentum`` > 0 (DiLoCo; heavy ball
+  with ``spec.nesterov`` False), or Adam (FedAdam: b1, b2 and eps, the
+  paper's tau). Errors name ``field``_lr, ``field``_momentum, ... Its
+  learning rate (and SGD's momentum) follow ``outer_schedule(**schedule)``
+  (Pier's warm-up and decay; constant when no parameter is given)."""
+  kind = _validate.one_of(field, spec.kind, OUTER_KINDS)
   lr = _validate.positive_float(field + "_lr", spec.lr)
+  if kind == "adam":
+    for name, value in schedule.items():
+      if name.startswith("momentum") and value:
+        raise _validate.fail(f"{field}_{name}", value, "schedules SGD's "
+                             f"momentum; {field} {kind!r} has none")
+    return outer_schedule(optax.inject_hyperparams(optax.adam)(
+        learning_rate=lr, **_adam_args(field + "_", spec)), **schedule)
   momentum = _validate.momentum(field + "_momentum", spec.momentum)
   return outer_schedule(optax.inject_hyperparams(optax.sgd)(
       learning_rate=lr, momentum=momentum or None,
@@ -248,21 +279,32 @@ SPARSELOCO_OUTER = Optimizer("sgd", 1.0)   # no momentum: error feedback is it
 
 
 def outer_optimizer(lr: float = DILOCO_OUTER.lr,
-                    momentum: float = DILOCO_OUTER.momentum, **schedule
-                    ) -> optax.GradientTransformation:
-  """The DiLoCo family's outer optimizer with other settings: SGD at ``lr``,
-  Nesterov momentum ``momentum`` (0 for none), as ``outer=`` of ``diloco``,
-  ``muloco``, ``sparta_diloco``, ... (defaults: DiLoCo's, lr 0.7 and 0.9).
-  Both are state leaves: ``outer_lr`` and ``outer_momentum`` sweep them
-  without a new build (a sweep's momentum > 0 is Nesterov only when the build
-  had momentum > 0). ``schedule`` keywords schedule both over outer steps
-  (``outer_schedule``: ``momentum_warmup``, ``momentum_decay_start``,
-  ``momentum_decay_steps``, ``momentum_final``, and the same ``lr_*`` with
-  ``lr_final_ratio``), as Pier does (arXiv 2511.17849); they are state
-  leaves too (``outer_momentum_warmup``, ... in sweeps).
+                    momentum: float = DILOCO_OUTER.momentum, *,
+                    kind: str = "sgd", b1: float = 0.9,
+                    b2: float | None = None, eps: float | None = None,
+                    **schedule) -> optax.GradientTransformation:
+  """The DiLoCo family's outer optimizer with other settings, as ``outer=``
+  of ``diloco``, ``muloco``, ``sparta_diloco``, ...: SGD at ``lr`` with
+  Nesterov momentum ``momentum`` (0 for none; defaults: DiLoCo's, lr 0.7 and
+  0.9), or with ``kind="adam"`` Adam with ``b1``, ``b2`` and ``eps``
+  (FedAdam's server optimizer, arXiv 2003.00295; ``momentum`` is then
+  unused). The rate and momentum are state leaves: ``outer_lr`` and
+  ``outer_momentum`` sweep them without a new build (a sweep's momentum > 0
+  is Nesterov only when the build had momentum > 0). ``schedule`` keywords
+  schedule both over outer steps (``outer_schedule``: ``momentum_warmup``,
+  ``momentum_decay_start``, ``momentum_decay_steps``, ``momentum_final``,
+  and the same ``lr_*`` with ``lr_final_ratio``), as Pier does (arXiv
+  2511.17849); they are state leaves too (``outer_momentum_warmup``, ...
+  in sweeps).
 
   Example:
     >>> muloco_outer = lowbw.strategies.outer_optimizer(0.8, 0.9)
     >>> warmed = lowbw.strategies.outer_optimizer(0.7, 0.9, momentum_warmup=10)
+    >>> fedadam_outer = lowbw.strategies.outer_optimizer(
+    ...     0.01, kind="adam", b2=0.99, eps=1e-3)
   """
-  return outer(Optimizer("sgd", lr, momentum=momentum), **schedule)
+  if kind != "sgd" and momentum != DILOCO_OUTER.momentum:
+    raise _validate.fail("momentum", momentum, f"is SGD's; kind {kind!r} "
+                         "has b1 and b2")
+  return outer(Optimizer(kind, lr, momentum=momentum if kind == "sgd" else
+                         0.0, b1=b1, b2=b2, eps=eps), **schedule)

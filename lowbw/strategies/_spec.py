@@ -204,6 +204,8 @@ def _value(value) -> str:
 
 
 def _outer(o: Optimizer) -> str:
+  if o.kind != "sgd":
+    return o.describe()
   kind = "Nesterov" if o.nesterov else "heavy-ball"
   return f"sgd, lr {o.lr:g}" + (f", {kind} momentum {o.momentum:g}"
                                 if o.momentum else "")

@@ -56,6 +56,11 @@ CASES = {
         "plain": dict(H=4),
         "compressed": dict(H=4, codec="quant:4", ef=0.9),
         "fleet": dict(H=4, workers=4, island_size=2, failures="3@4")}),
+    "fedadam": (BASE, 4, {
+        "plain": dict(H=4),
+        "compressed": dict(H=4, codec="quant:4", ef=0.9),
+        "fleet": dict(H=4, workers=3, hardware="0.1s", speeds="1,0.5,1",
+                      drop_prob=0.3)}),
     "diloco": (BASE, 4, {
         "plain": dict(H=4),
         "compressed": dict(H=4, codec="topk:0.1,quant:4", ef=0.7),
