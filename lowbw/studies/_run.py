@@ -78,28 +78,16 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   show = telemetry.is_terminal() if progress is None else progress
   bar = _bar(len(points), len(done)) if show else None
   results: dict[int, PointResult] = {}
-  start, builds = time.perf_counter(), 0
+  start = time.perf_counter()
+
+  def emit(result: PointResult, ran: bool) -> None:
+    results[result.index] = result
+    _report(on_point, result)
+    if ran and bar:
+      bar.update(1)
+
   try:
-    for group in groups:
-      todo = [p for p in group if p.index not in done]
-      for p in group:
-        if p.index in done:
-          results[p.index] = _files.read_point(out, p)
-          _report(on_point, results[p.index])
-      while todo:  # one build, unless a traced value cannot be set on it
-        rep = todo[0]
-        sim = build_config(rep.config, compile=False)
-        builds += 1
-        now = [p for p in todo if _settable(sim, _diff(p, rep))]
-        todo = [p for p in todo if p not in now]
-        size = points_per_batch or simulation.default_points_per_batch(
-            len(now), sim.memory)
-        for first in range(0, len(now), size):
-          for r in _run_batch(sim, now[first:first + size], rep, out, size):
-            results[r.index] = r
-            _report(on_point, r)
-            if bar:
-              bar.update(1)
+    builds = _run_groups(groups, done, out, points_per_batch, emit)
   finally:
     if bar:
       bar.close()
@@ -113,13 +101,44 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   result = Study(ordered, names, list(_grid.check_seeds(seeds)), base,
                  summary)
   if out:
-    _files.write_tables(result, out)
-    if plots:
-      try:
-        result.summary["plots"] = result.plot()
-      except ModuleNotFoundError:  # matplotlib is optional
-        result.summary["plots"] = []
+    _write(result, out, plots)
   return result
+
+
+def _run_groups(groups: list, done, out: str | None,
+                points_per_batch: int | None, emit) -> int:
+  """Every group's points, one build per group unless a traced value
+  cannot be set on it; each result, read back when ``done`` or run, goes
+  to ``emit(result, ran)`` in the grid's order. Returns the builds made."""
+  builds = 0
+  for group in groups:
+    todo = [p for p in group if p.index not in done]
+    for p in group:
+      if p.index in done:
+        emit(_files.read_point(out, p), False)
+    while todo:
+      rep = todo[0]
+      sim = build_config(rep.config, compile=False)
+      builds += 1
+      now = [p for p in todo if _settable(sim, _diff(p, rep))]
+      todo = [p for p in todo if p not in now]
+      size = points_per_batch or simulation.default_points_per_batch(
+          len(now), sim.memory)
+      for first in range(0, len(now), size):
+        for r in _run_batch(sim, now[first:first + size], rep, out, size):
+          emit(r, True)
+  return builds
+
+
+def _write(result: Study, out: str, plots: bool) -> None:
+  """The study's tables, and its plots when asked and matplotlib is
+  installed (their paths in the summary)."""
+  _files.write_tables(result, out)
+  if plots:
+    try:
+      result.summary["plots"] = result.plot()
+    except ModuleNotFoundError:  # matplotlib is optional
+      result.summary["plots"] = []
 
 
 def _check_build(point: _grid.Point) -> None:
