@@ -344,9 +344,14 @@ def test_changing_probabilities_and_links_does_not_recompile():
   sim = _engine.SimState(state, k2, k3, jnp.ones(W, bool))
   sampler = src.build(W, B, 0)
   channels = strategy.channels(params, W)
-  chunk = jax.jit(_engine.build(MLP, strategy, W, 2, 0,
-                                tuple(strategy.channels(params, W)),
-                                masks=True).chunk)
+  faulty = net_lib.network("1Gbps", "50ms", hardware="0.01s",
+                           faults=net_lib.Faults(drop_prob=0.1))
+  config = lowbw.simulation.configure(MLP, src, strategy, num_workers=W,
+                                      batch_size=B, steps=4, network=faulty,
+                                      rounds_per_chunk=2, devices=1)
+  assert config.masks
+  chunk = jax.jit(_engine.build(
+      config, _engine.Parts(tuple(strategy.channels(params, W)))).chunk)
 
   def params_of(**kw):
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))

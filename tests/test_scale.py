@@ -196,9 +196,15 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     fresh = jax.tree.map(jnp.copy, params)  # the chunk donates its state
     return _engine.SimState(s.init(fresh, W, k1), k2, k3)
 
+  def compiled_chunk(s):
+    config = lowbw.simulation.configure(MLP, src, s, num_workers=W,
+                                        batch_size=4, steps=4,
+                                        rounds_per_chunk=2, devices=1)
+    parts = _engine.Parts(tuple(s.channels(params, W)))
+    return jax.jit(_engine.build(config, parts).chunk)
+
   base = strategy(1e-3, 0.7)
-  channels = tuple(base.channels(params, W))
-  chunk = jax.jit(_engine.build(MLP, base, W, 2, 0, channels).chunk)
+  chunk = compiled_chunk(base)
   chunk(start(base), sampler, 2)
   sim = start(base)
   st = sim.strategy
@@ -220,8 +226,7 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     jax.monitoring.unregister_event_duration_listener(listener)
   assert not compiles
   other = strategy(3e-3, 0.5)
-  expected, _ = jax.jit(_engine.build(MLP, other, W, 2, 0, channels).chunk)(
-      start(other), sampler, 2)
+  expected, _ = compiled_chunk(other)(start(other), sampler, 2)
   chex.assert_trees_all_close(changed.strategy.comm[0],
                               expected.strategy.comm[0], rtol=1e-6)
   unchanged, _ = chunk(start(base), sampler, 2)

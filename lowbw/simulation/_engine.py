@@ -23,6 +23,7 @@ event counts, the others are the strategy's own metrics (floats), logged as
 """
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -37,6 +38,7 @@ from lowbw.simulation._grouping import local_compute, steps_in_groups
 from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
+from lowbw.simulation._track import clock_overlap
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
                               sharded_workers, worker_correlation,
@@ -141,217 +143,330 @@ class Programs(NamedTuple):
   global_params: Any  # sim -> the shared model's parameters (float32)
 
 
-def build(model, strategy: Strategy, num_workers: int, max_rounds: int,
-          tail_steps: int, channels, masks: bool = False, mesh=None,
-          specs=None, worker_dtype=None,
-          worker_batch: int | None = None,
-          one_replica: bool = False,
-          backward: Backward = Backward(),
-          correlation_every: int | None = None,
-          eval_local: bool = False, overlap: bool = False,
-          redistribute: bool = False, shadow=None) -> Programs:
-  """Builds the run's pure functions; nothing is traced here.
+class Parts(NamedTuple):
+  """What the simulator worked out that the programs need besides the
+  run's ``RunConfig``.
+
+  Attributes:
+    channels: the names of the strategy's channels (report entries not
+      among them are its metrics).
+    mesh: a ``jax.sharding.Mesh`` with a ``"workers"`` axis, or None; the
+      chunk and tail programs then run under ``shard_map``, each device
+      vmapping over its slice of the workers. Evaluation stays a plain
+      ``jit`` (the partitioner reduces over devices).
+    specs: with a mesh, ``(sim_specs, sampler_specs)``: which leaves are
+      per worker (``P("workers")``) and which are replicated.
+  """
+
+  channels: tuple
+  mesh: Any = None
+  specs: Any = None
+
+
+class Engine(NamedTuple):
+  """The pieces a run's programs are composed of, chosen once by
+  ``pieces``. Each is a module-level function, bound with
+  ``functools.partial`` to what it needs; a piece that needs the others
+  takes the engine first. A feature adds a piece (or a choice of one in
+  ``pieces``), not a flag threaded through the programs."""
+
+  model: Any
+  strategy: Strategy
+  num_workers: int
+  channels: tuple
+  precision: Precision    # how the workers' state is stored (``_precision``)
+  timing: Any             # net -> the round's clock and masks (``_timing``)
+  compute: Any            # every worker's step (``_grouping.local_compute``)
+  draw: Any               # (sim, sampler, step, timing) -> the workers' batches
+  steps: Any              # (engine, sim, sampler, timing, length) -> (sim, StepOut, carry)
+  lanes: tuple            # each (engine, sim, sampler, length) -> sim, before the steps
+  probe: Any              # widened state -> pre-sync correlation, or None
+  later: Any              # (time_s, clock) -> the trace lookup's time after a round
+  evaluations: tuple      # each (engine, sim, eval_batches, key) -> dict of results
+
+
+def build(config, parts: Parts) -> Programs:
+  """Builds the run's pure functions from ``config`` (a ``RunConfig``,
+  ``worker_batch`` chosen) and ``parts``; nothing is traced here.
 
   The programs take a ``NetParams`` (or None, no clock) as their last
-  argument. ``masks``: the run has a fault or straggler model (``_timing``).
-
-  ``mesh``: a ``jax.sharding.Mesh`` with a ``"workers"`` axis; the chunk and
-  tail programs then run under ``shard_map``, each device vmapping over its
-  slice of the workers, with ``specs = (sim_specs, sampler_specs)`` saying
-  which leaves are per worker (``P("workers")``) and which are replicated.
-  Evaluation stays a plain ``jit`` (the partitioner reduces over devices).
-
-  ``worker_dtype`` (e.g. bfloat16): the workers' state is stored in this
-  type (``_precision``). ``worker_batch``: compute local steps that do not
-  communicate this many workers at a time (``_grouping``); None: all at once.
-  ``channels``: the names of the strategy's channels (report entries not
-  among them are its metrics). ``one_replica``: the state holds one replica
-  of a ``replicated`` strategy's identical workers (``_grouping``).
-  ``backward``: micro-batches and autocast of the gradients (``_backward``).
-  ``correlation_every``: at the end of the rounds whose last step is a
-  multiple of it, the workers' mean pairwise parameter correlation
-  (pre-sync). ``eval_local``: evaluation also runs every worker's own
-  parameters (``local_*`` results: mean and spread over workers).
-  ``overlap``: the clock overlaps syncs with the next round (for the trace
-  lookup's time). ``redistribute``: departed workers' data goes to those
-  that stay (``_leavers``). ``shadow``: the optimizer of a paired DDP lane
-  (``_shadow``) stepped with every round and evaluated next to the run, or
-  None.
+  argument.
   """
-  precision = Precision(worker_dtype)
-  compute = local_compute(model, strategy, precision, one_replica, backward)
-  grouped = (None if worker_batch is None else
-             steps_in_groups(model, strategy, precision, worker_batch,
-                             backward))
-  lane = None if shadow is None else _shadow.lane(model, shadow, backward)
+  e = pieces(config, parts)
+  # Traced once: the chunk's output shapes and its loop's body share it.
+  round_traced = jax.jit(functools.partial(run_round, e))
+  chunk = functools.partial(run_chunk, round_traced, config.rounds_per_chunk)
+  tail = functools.partial(run_tail, e, config.tail_steps)
+  if parts.mesh is not None:
+    chunk, tail = _shard(chunk, tail, parts.mesh, parts.specs,
+                         config.num_workers)
+  return Programs(chunk=chunk, tail=tail if config.tail_steps else None,
+                  evaluate=functools.partial(evaluate, e),
+                  global_params=functools.partial(global_params, e))
 
-  def global_params(sim: SimState):
-    with participating(sim.active):
-      return strategy.global_params(precision.widen(sim.strategy))
 
-  def local_step(sim: SimState, sampler, timing, carry):
-    stored = sim.strategy
-    batch_W = sampler.sample(sim.data_key, stored.step, worker_offset())
-    if redistribute:
-      batch_W = redistributed(sampler, sim.data_key, stored.step, batch_W,
-                              timing.net)
-    st, loss_W, metrics_W, step_fn = compute(stored, batch_W,
-                                             keys_at(sim, stored.step))
-    st, report, carry, clock, active = timing.local(st, step_fn, carry,
-                                                    sim.active)
-    counts, own = _timing.split_report(report, channels)
-    # This device's workers' values; reduced over workers once the steps are
-    # done (``_reduced``), not at every step.
-    out = StepOut(loss_W, metrics_W, None, counts, clock, own)
-    sim = sim._replace(strategy=precision.narrow(st), active=active)
-    return sim, out, carry
+def pieces(config, parts: Parts) -> Engine:
+  """The pieces ``config`` chooses: ``worker_batch`` groups the steps
+  (``_grouping``), ``shadow`` adds a lane and its evaluation
+  (``_shadow``), ``eval_local`` an evaluation of every worker,
+  ``correlation_every`` a pre-sync probe, a fault model that redistributes
+  shards another draw (``_leavers``), the network's overlap the trace
+  lookup's time (``network.round_end``)."""
+  c = config
+  precision = Precision(stored_dtype(c))
+  return Engine(
+      model=c.model, strategy=c.strategy, num_workers=c.num_workers,
+      channels=parts.channels, precision=precision,
+      timing=functools.partial(
+          _timing.timing, masks=c.masks, num_workers=c.num_workers,
+          channels=parts.channels, strategy=c.strategy),
+      compute=local_compute(c.model, c.strategy, precision, c.one_replica,
+                            c.backward),
+      draw=draw_redistributed if c.redistributes else draw,
+      steps=_steps_piece(c, precision),
+      lanes=(() if c.shadow is None else (functools.partial(
+          shadow_steps, _shadow.lane(c.model, c.shadow, c.backward)),)),
+      probe=(functools.partial(correlation, c.correlation_every)
+             if c.correlation_every else no_correlation),
+      later=functools.partial(
+          _later, overlap=bool(clock_overlap(c.strategy, c.network))),
+      evaluations=(evaluate_global,
+                   *((evaluate_shadow,) if c.shadow is not None else ()),
+                   *((evaluate_workers,) if c.eval_local else ())))
 
-  def keys_at(sim: SimState, step):
-    return local_workers(jax.random.split(
-        jax.random.fold_in(sim.loss_key, step), num_workers))
 
-  def shadow_steps(sim: SimState, sampler, length: int) -> SimState:
-    """The paired DDP lane's steps over the ``length`` steps the workers
-    take next, on the batches they draw at those steps."""
-    if lane is None:
-      return sim
+def stored_dtype(config):
+  """The dtype the workers' state is stored in; None: float32 as computed."""
+  return None if config.worker_dtype == "float32" else jnp.bfloat16
 
-    def sample(step):
-      return sampler.sample(sim.data_key, step, worker_offset())
 
-    return sim._replace(shadow=lane(
-        sim.shadow, sample, lambda step: keys_at(sim, step),
-        sim.strategy.step, length))
+def _steps_piece(c, precision: Precision):
+  """The workers' steps: scanned all at once, or ``worker_batch`` workers at
+  a time (``_grouping.steps_in_groups``)."""
+  if c.grouping is None:
+    return scanned_steps
+  run = steps_in_groups(c.model, c.strategy, precision, c.grouping,
+                        c.backward)
+  return functools.partial(grouped_steps, Groups(run, c.grouping, c.masks))
 
-  def steps_by_group(sim: SimState, sampler, timing, length: int):
-    """``local_steps`` with ``worker_batch``: the clock of steps that do
-    not communicate depends on the step counter only, so it runs on its
-    own; the workers' steps run a group at a time (``steps_in_groups``)."""
-    def tick(c, _):
-      st, carry = c
-      st, _, carry, clock, _ = timing.local(
-          st, lambda s: (s._replace(step=s.step + 1), {}), carry, sim.active)
-      return (st, carry), clock
 
-    bare = sim.strategy._replace(params_W=(), inner_W=())
-    (_, carry), clocks = jax.lax.scan(
-        tick, (bare, timing.begin(sim.strategy.step, sim.fleet)),
-        length=length)
+# ------------------------------------------------------------ local steps
+def keys_at(e: Engine, sim: SimState, step):
+  """This device's workers' loss keys at ``step``."""
+  return local_workers(jax.random.split(
+      jax.random.fold_in(sim.loss_key, step), e.num_workers))
 
-    def sample(step, first):
-      rows = jax.tree.map(
-          lambda x: jax.lax.dynamic_slice_in_dim(x, first, worker_batch),
-          (sampler.shard_idx_W, sampler.shard_len_W))
-      part = dataclasses.replace(sampler, shard_idx_W=rows[0],
-                                 shard_len_W=rows[1])
-      return part.sample(sim.data_key, step, worker_offset() + first)
 
-    up = local_workers(carry.up_W) if masks else None
-    stored, loss_HW, metrics_HW = grouped(
-        sim.strategy, sample, lambda step: keys_at(sim, step), length, up)
-    steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {}))
-    return sim._replace(strategy=stored), steps, carry
+def draw(sim: SimState, sampler, step, timing):
+  """This device's workers' batches at ``step``."""
+  del timing  # the plain draw does not depend on who is up
+  return sampler.sample(sim.data_key, step, worker_offset())
 
-  def local_steps(sim: SimState, sampler, timing, length: int):
-    if grouped is not None:
-      return steps_by_group(sim, sampler, timing, length)
-    carry = timing.begin(sim.strategy.step, sim.fleet)
 
-    def body(c, _):
-      sim, carry = c
-      sim, out, carry = local_step(sim, sampler, timing, carry)
-      return (sim, carry), out
+def draw_redistributed(sim: SimState, sampler, step, timing):
+  """The batches at ``step`` with departed workers' data given to those
+  that stay (``_leavers``)."""
+  batch_W = draw(sim, sampler, step, timing)
+  return redistributed(sampler, sim.data_key, step, batch_W, timing.net)
 
-    (sim, carry), steps = jax.lax.scan(body, (sim, carry), length=length)
-    return sim, _reduced(steps), carry
 
-  def run_round(sim: SimState, sampler, net) -> tuple[SimState, RoundOut]:
-    net = _now(sim, net)
-    timing = _timing.timing(net, masks, num_workers, channels, strategy)
-    sim = shadow_steps(sim, sampler, strategy.period)
-    sim, steps, carry = local_steps(sim, sampler, timing, strategy.period)
-    st = precision.widen(sim.strategy)
-    divergence = worker_divergence(st.params_W)
-    correlation = None
-    if correlation_every:
-      correlation = jax.lax.cond(
-          st.step % correlation_every == 0, worker_correlation,
-          lambda p: jnp.float32(jnp.nan), st.params_W)
-    lr = _inner_lr(st.inner_W)
-    st, report, clock, active, carry = timing.sync(
-        st, strategy.sync, carry, steps.clock, sim.active)
-    st, active = timing.rejoin(st, carry, active, strategy.global_params)
-    # The sync overwrites the buffer the divergence read (``_ordering``).
-    st = st._replace(params_W=after(st.params_W, (divergence, correlation)))
-    counts, own = _timing.split_report(report, channels)
-    sim = sim._replace(strategy=precision.narrow(st), active=active,
-                       fleet=None if carry is None else carry.fleet,
-                       time_s=_later(sim.time_s, clock, overlap))
-    return sim, RoundOut(steps, counts, divergence, lr, clock, own,
-                         correlation)
+def local_step(e: Engine, sim: SimState, sampler, timing, carry):
+  stored = sim.strategy
+  batch_W = e.draw(sim, sampler, stored.step, timing)
+  st, loss_W, metrics_W, step_fn = e.compute(stored, batch_W,
+                                             keys_at(e, sim, stored.step))
+  st, report, carry, clock, active = timing.local(st, step_fn, carry,
+                                                  sim.active)
+  counts, own = _timing.split_report(report, e.channels)
+  # This device's workers' values; reduced over workers once the steps are
+  # done (``_reduced``), not at every step.
+  out = StepOut(loss_W, metrics_W, None, counts, clock, own)
+  sim = sim._replace(strategy=e.precision.narrow(st), active=active)
+  return sim, out, carry
 
-  # Traced once: the shapes below and the loop's body share the trace.
-  round_traced = jax.jit(run_round)
 
-  def chunk(sim: SimState, sampler, n_rounds: Array, net=None):
-    out_shape = jax.eval_shape(round_traced, sim, sampler, net)[1]
-    buf = jax.tree.map(lambda s: jnp.zeros((max_rounds,) + s.shape, s.dtype),
-                       out_shape)
+def scanned_steps(e: Engine, sim: SimState, sampler, timing, length: int):
+  """``length`` steps of every worker at once, a ``lax.scan``."""
+  carry = timing.begin(sim.strategy.step, sim.fleet)
 
-    def body(r, carry):
-      sim, buf = carry
-      sim, out = round_traced(sim, sampler, net)
-      buf = jax.tree.map(lambda b, o: b.at[r].set(o), buf, out)
-      return sim, buf
+  def body(c, _):
+    sim, carry = c
+    sim, out, carry = local_step(e, sim, sampler, timing, carry)
+    return (sim, carry), out
 
-    return jax.lax.fori_loop(0, n_rounds, body, (sim, buf))
+  (sim, carry), steps = jax.lax.scan(body, (sim, carry), length=length)
+  return sim, _reduced(steps), carry
 
-  def tail(sim: SimState, sampler, net=None):
-    net = _now(sim, net)
-    timing = _timing.timing(net, masks, num_workers, channels, strategy)
-    sim = shadow_steps(sim, sampler, tail_steps)
-    sim, steps, carry = local_steps(sim, sampler, timing, tail_steps)
-    st, active = timing.rejoin(precision.widen(sim.strategy), carry,
-                               sim.active, strategy.global_params)
-    return sim._replace(strategy=precision.narrow(st), active=active), steps
 
-  def evaluate(sim: SimState, eval_batches):
-    params = global_params(sim)
-    key = jax.random.fold_in(sim.loss_key, 0xE7A1)  # not a step index
+class Groups(NamedTuple):
+  """The workers' steps a group at a time (``worker_batch``)."""
 
-    def one(batch):
-      loss, metrics = model.loss(params, batch, key)
-      return loss, metrics
+  run: Any     # ``_grouping.steps_in_groups``'s function
+  size: int    # workers per group
+  masks: bool  # the run has a fault or straggler model
 
-    losses, metrics = jax.lax.map(one, eval_batches)
-    out = {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
-    if lane is not None:
-      shadow_losses, _ = jax.lax.map(
-          lambda batch: model.loss(sim.shadow.params, batch, key),
-          eval_batches)
-      out["shadow_loss"] = jnp.mean(shadow_losses)
-    if eval_local:
-      out.update(evaluate_workers(sim, eval_batches, key))
-    return out
 
-  def evaluate_workers(sim: SimState, eval_batches, key):
-    """Every worker's own parameters on the evaluation set, in one vmap:
-    the mean of each result over workers and the loss's spread."""
-    params_W = precision.widen(sim.strategy).params_W
+def grouped_steps(groups: Groups, e: Engine, sim: SimState, sampler, timing,
+                  length: int):
+  """The steps with ``worker_batch``: the clock of steps that do not
+  communicate depends on the step counter only, so it runs on its own;
+  the workers' steps run a group at a time (``steps_in_groups``)."""
+  def tick(c, _):
+    st, carry = c
+    st, _, carry, clock, _ = timing.local(
+        st, lambda s: (s._replace(step=s.step + 1), {}), carry, sim.active)
+    return (st, carry), clock
 
-    def one(batch):
-      return jax.vmap(model.loss, in_axes=(0, None, None))(params_W, batch,
+  bare = sim.strategy._replace(params_W=(), inner_W=())
+  (_, carry), clocks = jax.lax.scan(
+      tick, (bare, timing.begin(sim.strategy.step, sim.fleet)),
+      length=length)
+
+  def sample(step, first):
+    rows = jax.tree.map(
+        lambda x: jax.lax.dynamic_slice_in_dim(x, first, groups.size),
+        (sampler.shard_idx_W, sampler.shard_len_W))
+    part = dataclasses.replace(sampler, shard_idx_W=rows[0],
+                               shard_len_W=rows[1])
+    return part.sample(sim.data_key, step, worker_offset() + first)
+
+  up = local_workers(carry.up_W) if groups.masks else None
+  stored, loss_HW, metrics_HW = groups.run(
+      sim.strategy, sample, lambda step: keys_at(e, sim, step), length, up)
+  steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {}))
+  return sim._replace(strategy=stored), steps, carry
+
+
+def shadow_steps(lane, e: Engine, sim: SimState, sampler,
+                 length: int) -> SimState:
+  """The paired DDP lane's steps (``_shadow.lane``) over the ``length``
+  steps the workers take next, on the batches they draw at those steps."""
+  def sample(step):
+    return sampler.sample(sim.data_key, step, worker_offset())
+
+  return sim._replace(shadow=lane(
+      sim.shadow, sample, lambda step: keys_at(e, sim, step),
+      sim.strategy.step, length))
+
+
+def _run_steps(e: Engine, sim: SimState, sampler, net, length: int):
+  """The lanes, then the workers' ``length`` steps; returns ``(sim,
+  steps, carry, timing)``."""
+  timing = e.timing(_now(sim, net))
+  for lane in e.lanes:
+    sim = lane(e, sim, sampler, length)
+  sim, steps, carry = e.steps(e, sim, sampler, timing, length)
+  return sim, steps, carry, timing
+
+
+# ------------------------------------------------------------------ sync
+def no_correlation(st) -> None:
+  del st  # not measured without correlation_every
+  return None
+
+
+def correlation(every: int, st):
+  """The workers' mean pairwise correlation at a round whose last step is
+  a multiple of ``every`` (pre-sync), nan at the others."""
+  return jax.lax.cond(st.step % every == 0, worker_correlation,
+                      lambda p: jnp.float32(jnp.nan), st.params_W)
+
+
+def sync(e: Engine, sim: SimState, steps: StepOut, carry, timing):
+  """The round's end: what is measured before the sync, the strategy's
+  sync under the clock and masks, the workers' returns."""
+  st = e.precision.widen(sim.strategy)
+  divergence = worker_divergence(st.params_W)
+  corr = e.probe(st)
+  lr = _inner_lr(st.inner_W)
+  st, report, clock, active, carry = timing.sync(
+      st, e.strategy.sync, carry, steps.clock, sim.active)
+  st, active = timing.rejoin(st, carry, active, e.strategy.global_params)
+  # The sync overwrites the buffer the divergence read (``_ordering``).
+  st = st._replace(params_W=after(st.params_W, (divergence, corr)))
+  counts, own = _timing.split_report(report, e.channels)
+  sim = sim._replace(strategy=e.precision.narrow(st), active=active,
+                     fleet=None if carry is None else carry.fleet,
+                     time_s=e.later(sim.time_s, clock))
+  return sim, RoundOut(steps, counts, divergence, lr, clock, own, corr)
+
+
+# -------------------------------------------------------------- programs
+def run_round(e: Engine, sim: SimState, sampler, net
+              ) -> tuple[SimState, RoundOut]:
+  sim, steps, carry, timing = _run_steps(e, sim, sampler, net,
+                                         e.strategy.period)
+  return sync(e, sim, steps, carry, timing)
+
+
+def run_chunk(round_traced, max_rounds: int, sim: SimState, sampler,
+              n_rounds: Array, net=None):
+  """``n_rounds`` rounds (traced), their outputs in a buffer of
+  ``max_rounds``."""
+  out_shape = jax.eval_shape(round_traced, sim, sampler, net)[1]
+  buf = jax.tree.map(lambda s: jnp.zeros((max_rounds,) + s.shape, s.dtype),
+                     out_shape)
+
+  def body(r, carry):
+    sim, buf = carry
+    sim, out = round_traced(sim, sampler, net)
+    buf = jax.tree.map(lambda b, o: b.at[r].set(o), buf, out)
+    return sim, buf
+
+  return jax.lax.fori_loop(0, n_rounds, body, (sim, buf))
+
+
+def run_tail(e: Engine, length: int, sim: SimState, sampler, net=None):
+  """The ``length`` steps past the last round: local steps, no sync."""
+  sim, steps, carry, timing = _run_steps(e, sim, sampler, net, length)
+  st, active = timing.rejoin(e.precision.widen(sim.strategy), carry,
+                             sim.active, e.strategy.global_params)
+  return sim._replace(strategy=e.precision.narrow(st), active=active), steps
+
+
+def global_params(e: Engine, sim: SimState):
+  with participating(sim.active):
+    return e.strategy.global_params(e.precision.widen(sim.strategy))
+
+
+# ------------------------------------------------------------ evaluation
+def evaluate(e: Engine, sim: SimState, eval_batches) -> dict:
+  """Every evaluation piece's results, in order."""
+  key = jax.random.fold_in(sim.loss_key, 0xE7A1)  # not a step index
+  out = {}
+  for piece in e.evaluations:
+    out.update(piece(e, sim, eval_batches, key))
+  return out
+
+
+def evaluate_global(e: Engine, sim: SimState, eval_batches, key) -> dict:
+  """The global parameters' loss and metrics."""
+  params = global_params(e, sim)
+  losses, metrics = jax.lax.map(
+      lambda batch: e.model.loss(params, batch, key), eval_batches)
+  return {"loss": jnp.mean(losses), **jax.tree.map(jnp.mean, metrics)}
+
+
+def evaluate_shadow(e: Engine, sim: SimState, eval_batches, key) -> dict:
+  """The paired DDP lane's loss (``_shadow``)."""
+  losses, _ = jax.lax.map(
+      lambda batch: e.model.loss(sim.shadow.params, batch, key), eval_batches)
+  return {"shadow_loss": jnp.mean(losses)}
+
+
+def evaluate_workers(e: Engine, sim: SimState, eval_batches, key) -> dict:
+  """Every worker's own parameters on the evaluation set, in one vmap:
+  the mean of each result over workers and the loss's spread."""
+  params_W = e.precision.widen(sim.strategy).params_W
+
+  def one(batch):
+    return jax.vmap(e.model.loss, in_axes=(0, None, None))(params_W, batch,
                                                            key)
 
-    losses_BW, metrics_BW = jax.lax.map(one, eval_batches)
-    loss_W = jnp.mean(losses_BW, axis=0)
-    return {"local_loss": jnp.mean(loss_W), "local_loss_std": jnp.std(loss_W),
-            **{"local_" + m: jnp.mean(v) for m, v in metrics_BW.items()}}
-
-  if mesh is not None:
-    chunk, tail = _shard(chunk, tail, mesh, specs, num_workers)
-  return Programs(chunk=chunk, tail=tail if tail_steps else None,
-                  evaluate=evaluate, global_params=global_params)
+  losses_BW, metrics_BW = jax.lax.map(one, eval_batches)
+  loss_W = jnp.mean(losses_BW, axis=0)
+  return {"local_loss": jnp.mean(loss_W), "local_loss_std": jnp.std(loss_W),
+          **{"local_" + m: jnp.mean(v) for m, v in metrics_BW.items()}}
 
 
 def _now(sim: SimState, net):

@@ -101,13 +101,8 @@ class Simulator:
     self.mesh = self.specs = None
     if c.devices > 1 or self.processes > 1:
       self._make_mesh(key)
-    self.programs = _engine.build(
-        c.model, c.strategy, c.num_workers, c.rounds_per_chunk, c.tail_steps,
-        tuple(self.strategy_channels), c.masks, self.mesh, self.specs,
-        _narrow(c), c.grouping, c.one_replica, c.backward,
-        c.correlation_every, c.eval_local,
-        bool(clock_overlap(c.strategy, c.network)), c.redistributes,
-        c.shadow)
+    self.programs = _engine.build(c, _engine.Parts(
+        tuple(self.strategy_channels), self.mesh, self.specs))
     self._init = self._initial_state_program()
     self._init_compiled = None
     self._point_programs: dict = {}
