@@ -124,7 +124,7 @@ def test_per_step_outputs_are_counted_as_the_chunk_holds_them(strategy, net):
   c = sim.config
   held = _memory.nbytes(out.steps) / (c.rounds_per_chunk * c.period)
   kept, _ = _memory.per_step_bytes(c, sim.metric_names,
-                                   sim._reports()["local"])
+                                   sim.facts.reports["local"])
   assert kept == held
   assert sim.memory.buffer_bytes >= 3 * c.rounds_per_chunk * c.period * held
 

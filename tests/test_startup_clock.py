@@ -56,6 +56,6 @@ def test_a_compiled_initial_state_counts_as_compiling_once():
   assert second["compile_s"] == 0.0
   assert second["startup"]["trace_s"] == 0.0
   state = sim.initial(seed=5)[0]
-  want = jax.jit(sim._initial_state)(jax.random.PRNGKey(5))
+  want = jax.jit(sim.inputs.make)(jax.random.PRNGKey(5))
   for got, expected in zip(jax.tree.leaves(state), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(got), np.asarray(expected))

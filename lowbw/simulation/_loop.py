@@ -6,6 +6,7 @@ donated from chunk to chunk. The same loop drives a single run (one track)
 and a sweep (one track per point, outputs with a leading point axis).
 """
 
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -30,51 +31,48 @@ class Executables(NamedTuple):
   global_params: Any   # state -> params
 
 
-def drive(sim, exe: Executables, state, sampler, net, tracks: list,
-          start_step: int, fetch: Callable, *, batched: bool = False,
-          raise_errors: bool = True,
-          checkpoint_every: int | None = None, save: Callable | None = None,
-          bar=None, wall_offset: float = 0.0):
-  """Runs from ``start_step`` to the configured number of steps.
+class Drive(NamedTuple):
+  """How ``drive`` runs.
 
-  ``batched``: the outputs have a leading axis of points, one per track.
-  ``raise_errors``: a ``NonFiniteLossError`` is raised after the rows before
-  it are written (a single run); else it is kept in its track and the run
-  goes on (sweep points).
+  Attributes:
+    batched: the outputs have a leading axis of points, one per track.
+    raise_errors: a ``NonFiniteLossError`` is raised after the rows before
+      it are written (a single run); else it is kept in its track and the
+      run goes on (sweep points).
+    checkpoint_every: steps between checkpoints, or None.
+    save: ``save(step, state, wall_s)`` with ``checkpoint_every``.
+    bar: a progress bar over steps, or None.
+    wall_offset: wall seconds of the run before this process (a resume).
+  """
+
+  batched: bool = False
+  raise_errors: bool = True
+  checkpoint_every: int | None = None
+  save: Callable | None = None
+  bar: Any = None
+  wall_offset: float = 0.0
+
+
+def drive(sim, exe: Executables, state, sampler, net, tracks: list,
+          how: Drive = Drive()):
+  """Runs from the tracks' step to the configured number of steps.
 
   Returns:
     (final state, wall seconds).
   """
   c = sim.config
   period, steps, eval_every = c.period, c.steps, c.eval_every
-  start = time.perf_counter() - wall_offset
-  step, pending = start_step, None
+  start = time.perf_counter() - how.wall_offset
+  step, pending = tracks[0].history.step, None
   pace = _Pace(c.rounds_per_chunk)
-
-  def finish(p):
-    kind, n, out, ev, end_step = p
-    out, ev = fetch(out), None if ev is None else fetch(ev)
-    pace.done(n if kind == "rounds" else 0)
-    wall = time.perf_counter() - start
-    for i, track in enumerate(tracks):
-      pick = (lambda t: jax.tree.map(lambda x: x[i], t)) if batched else (
-          lambda t: t)
-      try:
-        track.consume(kind, n, pick(out), None if ev is None else pick(ev),
-                      end_step, wall, steps)
-      except NonFiniteLossError:
-        if raise_errors:
-          raise
-    if bar is not None:
-      rows = tracks[0].history.rows
-      bar.update(end_step, rows[-1] if rows else {})
+  finish = functools.partial(_finish, sim, tracks, how, pace, start)
 
   def rounds_to(every):
     return (every - step % every) // period
 
   while step + period <= steps:
     n = min(pace.rounds(), (steps - step) // period,
-            *(rounds_to(every) for every in (eval_every, checkpoint_every)
+            *(rounds_to(every) for every in (eval_every, how.checkpoint_every)
               if every))
     state, out = exe.chunk(state, sampler, n, net)
     step += n * period
@@ -83,10 +81,10 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
     if pending is not None:
       finish(pending)
     pending = ("rounds", n, out, ev, step)
-    if checkpoint_every and step % checkpoint_every == 0:
+    if how.checkpoint_every and step % how.checkpoint_every == 0:
       finish(pending)
       pending = None
-      save(step, state, time.perf_counter() - start)
+      how.save(step, state, time.perf_counter() - start)
   if exe.tail is not None:
     state, out = exe.tail(state, sampler, net)
     step += c.tail_steps
@@ -95,18 +93,47 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
     pending = ("tail", c.tail_steps, out, None, step)
   if pending is not None:
     finish(pending)
+  _finalize(sim, exe, state, tracks, how.batched,
+            time.perf_counter() - start)
+  return state, time.perf_counter() - start
+
+
+def _finish(sim, tracks: list, how: Drive, pace, start: float,
+            pending: tuple) -> None:
+  """Reads a dispatched chunk's outputs into the tracks (one point's slice
+  each when batched)."""
+  kind, n, out, ev, end_step = pending
+  out, ev = sim.fetch(out), None if ev is None else sim.fetch(ev)
+  pace.done(n if kind == "rounds" else 0)
   wall = time.perf_counter() - start
+  for i, track in enumerate(tracks):
+    pick = (lambda t: jax.tree.map(lambda x: x[i], t)) if how.batched else (
+        lambda t: t)
+    try:
+      track.consume(kind, n, pick(out), None if ev is None else pick(ev),
+                    end_step, wall, sim.config.steps)
+    except NonFiniteLossError:
+      if how.raise_errors:
+        raise
+  if how.bar is not None:
+    rows = tracks[0].history.rows
+    how.bar.update(end_step, rows[-1] if rows else {})
+
+
+def _finalize(sim, exe: Executables, state, tracks: list, batched: bool,
+              wall: float) -> None:
+  """Every track's last row, with one final evaluation (shared by the
+  points) for those whose last chunk had none."""
   final = None
 
   def final_eval(i):
     nonlocal final
     if final is None:
-      final = fetch(exe.evaluate(state, sim.eval_batches))
+      final = sim.fetch(exe.evaluate(state, sim.eval_batches))
     return jax.tree.map(lambda x: x[i], final) if batched else final
 
   for i, track in enumerate(tracks):
-    track.finalize(steps, wall, lambda i=i: final_eval(i))
-  return state, time.perf_counter() - start
+    track.finalize(sim.config.steps, wall, lambda i=i: final_eval(i))
 
 
 class _Pace:

@@ -22,7 +22,7 @@ import numpy as np
 
 from lowbw import _validate, telemetry
 from lowbw.simulation import _config, _hparams, _logdir
-from lowbw.simulation._loop import drive
+from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._track import Track
 from lowbw.telemetry import names
@@ -330,9 +330,9 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
     batched = True
   tracks = _tracks(sim, points, networks, dirs, texts or [None] * len(dirs))
   try:
-    state, elapsed = drive(sim, exe, state, sampler, net, tracks, 0,
-                           sim.fetch, batched=batched, raise_errors=False,
-                           bar=bar)
+    state, elapsed = drive(sim, exe, state, sampler, net, tracks,
+                           Drive(batched=batched, raise_errors=False,
+                                 bar=bar))
   finally:
     for t in tracks:
       t.close()

@@ -14,8 +14,8 @@ import numpy as np
 from lowbw import telemetry
 from lowbw import network as net_lib
 from lowbw.simulation import _divergence
-from lowbw.simulation._history import (History, Layout, NonFiniteLossError,
-                                      Span, worker_events, worker_events_W)
+from lowbw.simulation._history import (History, NonFiniteLossError, Span,
+                                      worker_events, worker_events_W)
 from lowbw.telemetry import names
 
 
@@ -39,7 +39,7 @@ class Track:
     c = sim.config
     self.sim = sim
     self.network = network
-    self.history = History(layout(sim, network), log_every,
+    self.history = History(sim.schema.layout(network), log_every,
                            spacing_given=c.log_every is not None)
     self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
@@ -366,19 +366,6 @@ class Track:
       # a WriteError naming it, not a bare FileExistsError.
       telemetry.check_writable(self.log_dir)
       telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
-
-
-def layout(sim, network) -> Layout:
-  """What the rows of a run of ``sim`` on ``network`` hold."""
-  c = sim.config
-  return Layout(sim.channels, sim.metric_names,
-                examples_per_step=c.num_workers * c.batch_size,
-                tokens_per_example=c.data.tokens_per_example,
-                num_workers=c.num_workers,
-                strategy_metrics=sim.strategy_metric_names,
-                clock=network is not None,
-                correlation=c.correlation_every is not None,
-                members=c.masks, perplexity=c.is_lm)
 
 
 def clock_overlap(strategy, network) -> bool | int:

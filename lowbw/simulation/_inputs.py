@@ -1,0 +1,182 @@
+"""A run's inputs: the seeded initial state (from a finished run's
+parameters with ``init_from``), the workers' shards, the traced values of
+``hparams`` and the network numbers, placed on the run's devices."""
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+
+from lowbw import _validate, telemetry
+from lowbw import network as net_lib
+from lowbw.simulation import (_config, _engine, _hparams, _mesh, _pace,
+                              _precision, _shadow)
+
+# Parameter arrays past which a one-device CPU run makes its initial state
+# as one compiled program rather than op by op (see ``state_program``):
+# the built-in MLP and CNN have 4 to 8, a GPT 17 or more.
+EAGER_INIT_MAX_ARRAYS = 16
+
+
+def initial_state(c, example, key, params=None) -> _engine.SimState:
+  """The state of a run of ``c`` (a ``RunConfig``) from ``key``; every
+  worker (and the DDP lane) starts from ``params`` when given
+  (``init_from``), else from the model's initialisation of ``example``."""
+  init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
+  if params is None:
+    params = c.model.init(init_key, example)
+  st = c.strategy.init(params, 1 if c.one_replica else c.num_workers,
+                       strategy_key)
+  if _engine.stored_dtype(c) is not None:
+    st = _precision.cast_workers(st, _engine.stored_dtype(c))
+  active = jnp.ones(c.num_workers, bool) if c.masks else None
+  fleet = _pace.start(c.num_workers) if c.strategy.asynchronous else None
+  traced = c.network is not None and (
+      c.network.speed_trace is not None or
+      c.network.bandwidth_trace is not None)
+  time_s = jnp.zeros(2, jnp.float32) if traced else None
+  shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
+  return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,
+                          shadow)
+
+
+def place_mesh(c, facts, key):
+  """``(mesh, specs)`` spreading the workers over ``c.devices`` devices:
+  ``specs = (sim_specs, sampler_specs)`` say which leaves are per worker."""
+  mesh = _mesh.make_mesh(c.devices)
+  strategy_key = jax.random.split(key, 4)[2]
+  state = facts.abstract_state
+  sim_specs = _engine.SimState(
+      _mesh.strategy_specs(c.strategy, facts.abstract_params, c.num_workers,
+                           strategy_key),
+      _mesh.replicated(state.data_key), _mesh.replicated(state.loss_key),
+      _mesh.active_specs(c.masks),
+      _mesh.fleet_specs(c.strategy.asynchronous),
+      _mesh.replicated(state.time_s), _mesh.replicated(state.shadow))
+  sampler = c.data.build(c.num_workers, c.batch_size, 0)
+  return mesh, (sim_specs, _mesh.sampler_specs(sampler))
+
+
+class Inputs:
+  """Makes a run's inputs for a seed and traced values (``initial``).
+
+  Attributes:
+    make: ``(key, params=None) -> SimState``, op by op.
+    program: how a seeded state is made (``state_program``).
+  """
+
+  def __init__(self, config, facts, mesh, specs, compiled, prices):
+    self.config, self.facts = config, facts
+    self.mesh, self.specs = mesh, specs
+    self.compiled, self.prices = compiled, prices
+    self.processes = jax.process_count()
+    self.make = functools.partial(initial_state, config, facts.example)
+    self.program = self.state_program()
+    self._program_compiled = None
+    self._samplers: dict = {}
+
+  def state_program(self):
+    """How this run makes its initial state: ``make`` op by op, or compiled
+    as one program.
+
+    On one CPU device, a small model's state is made op by op: that keeps
+    the bits of ``model.init`` called on its own (a compiled program may
+    fuse its math differently, by an ulp), and a process that builds many
+    runs (a notebook, the test suite) compiles each operation once; as one
+    program per run it cost the suite minutes of compiling. A model of many
+    parameter arrays (a GPT), or any model on an accelerator, is one
+    compiled program: op by op the default GPT's ~170 arrays took 6.3 s in
+    every fresh process on a CPU (2.3-3.0 s compiled, 0.5 s loaded from the
+    persistent cache; benchmarks/startup.py), and an accelerator compiles
+    each eager operation too. Over several devices of one process, one
+    program that writes each worker's state straight to its device: placing
+    an eager state cost 0.4 s, and the compiled program comes from the
+    persistent cache in a fresh process, where the ~70 eager operations
+    compile again every time (2.5 s on the digits MLP). Making the first
+    state on another thread while the programs compile was measured too: no
+    faster on a 2-core CPU, the threads contend.
+    """
+    if self.mesh is not None and self.processes == 1:
+      return jax.jit(self.make, out_shardings=_mesh.shardings(
+          self.facts.abstract_state, self.specs[0], self.mesh))
+    if self.mesh is None and _compiled_init(self.facts.abstract_params):
+      return jax.jit(self.make)
+    return self.make
+
+  def seeded_state(self, key) -> _engine.SimState:
+    """The initial state from ``key``. A compiled initial state is
+    compiled ahead, once, and counted as compiling (``compile_s``, traced
+    and compiled or loaded), not as making the state."""
+    if not hasattr(self.program, "lower"):  # op by op
+      return self.program(key)
+    if self._program_compiled is None:
+      self._program_compiled = self.compiled.compile_init(self.program, key)
+    return self._program_compiled(key)
+
+  def state(self, seed: int, state_values: dict, params=None):
+    """The initial ``SimState`` of ``seed`` with traced ``state_values``
+    set (on one device), from ``params`` when given."""
+    key = jax.random.PRNGKey(seed)
+    state = (self.seeded_state(key) if params is None
+             else self.make(key, params))
+    if state_values:  # a few small arrays: not worth compiling a program
+      state = _hparams.set_state(state, state_values, self.config.strategy)
+    return state
+
+  def start_params(self, init_from: str | None):
+    """The parameters in run folder ``init_from`` (its ``params.npz``), in
+    the model's structure and types, or None; a folder written by another
+    model is an error naming ``init_from``."""
+    if init_from is None:
+      return None
+    if not isinstance(init_from, (str, os.PathLike)) or not str(init_from):
+      raise _validate.fail("init_from", init_from, "expected the path of a "
+                           "finished run's folder (holding params.npz)")
+    try:
+      return telemetry.load_params(init_from,
+                                   like=self.facts.abstract_params)
+    except _validate.ConfigError as e:
+      raise _validate.fail("init_from", init_from, e.allowed) from None
+
+  def check_hparams(self, hparams, field: str = "hparams"):
+    """(state values, network) for ``hparams``; one-line errors."""
+    values = _hparams.check_names(field, hparams or {})
+    state_values, net_values = _hparams.split(values)
+    _hparams.check_state_knobs(self.facts.abstract_state,
+                               self.config.strategy, state_values)
+    network = _hparams.set_network(self.config.network, net_values)
+    if net_values:
+      network = net_lib.check_network(network, self.config.num_workers)
+    return state_values, network
+
+  def sampler(self, seed: int):
+    """The workers' shards for ``seed`` (the last few are kept)."""
+    if seed not in self._samplers:
+      c = self.config
+      if len(self._samplers) >= 4:
+        self._samplers.pop(next(iter(self._samplers)))
+      self._samplers[seed] = c.data.build(c.num_workers, c.batch_size, seed)
+    return self._samplers[seed]
+
+  def initial(self, seed: int = 0, hparams: dict | None = None,
+              init_from: str | None = None):
+    """``(state, sampler, net, network)`` of a run from ``seed`` with
+    ``hparams``, placed on the run's devices (see ``Simulator.initial``)."""
+    seed = _config.check_seed(seed)
+    state_values, network = self.check_hparams(hparams)
+    state = self.state(seed, state_values, self.start_params(init_from))
+    sampler = self.sampler(seed)
+    net = self.prices.net_params(network, seed)
+    if self.mesh is not None:
+      sim_specs, sampler_specs = self.specs
+      state = _mesh.place(state, sim_specs, self.mesh)
+      sampler = _mesh.place(sampler, sampler_specs, self.mesh)
+      if net is not None:
+        net = _mesh.place(net, _mesh.replicated(net), self.mesh)
+    return state, sampler, net, network
+
+
+def _compiled_init(abstract_params) -> bool:
+  return (jax.default_backend() != "cpu"
+          or len(jax.tree.leaves(abstract_params)) > EAGER_INIT_MAX_ARRAYS)

@@ -1,0 +1,132 @@
+"""A build's compiled programs, cached by their arguments' shapes, and the
+start-up seconds (building, tracing, compiling) not yet in a run's
+summary."""
+
+import time
+
+import jax
+
+from lowbw import telemetry
+from lowbw.simulation._loop import Executables
+
+
+class Compiled:
+  """The programs of a build, jitted once and compiled per argument
+  signature; a second run with other values reuses them.
+
+  Attributes:
+    programs: the engine's functions (``_engine.Programs``).
+    jitted: them jitted for a single run.
+  """
+
+  def __init__(self, programs, eval_batches, build_s: float):
+    self.programs = programs
+    self.eval_batches = eval_batches
+    self.jitted = Executables(
+        jax.jit(programs.chunk, donate_argnums=0),
+        None if programs.tail is None
+        else jax.jit(programs.tail, donate_argnums=0),
+        jax.jit(programs.evaluate), jax.jit(programs.global_params))
+    self._cache: dict = {}
+    self._point_programs: dict = {}
+    self._unreported_compile_s = 0.0
+    # Start-up seconds not yet in a run's summary (``take_startup``).
+    self._unreported_startup = _no_startup(build_s)
+
+  def compile(self, lower) -> tuple[tuple, float]:
+    """``(compiled programs, seconds)`` of the programs ``lower()``
+    returns (None stays None), their tracing and compiling (or loading)
+    counted in the next run's ``compile_s`` and start-up breakdown."""
+    start = time.perf_counter()
+    lowered = lower()
+    traced = time.perf_counter()
+    compiled = tuple(None if program is None else program.compile()
+                     for program in lowered)
+    seconds = time.perf_counter() - start
+    self._unreported_compile_s += seconds
+    self._unreported_startup["trace_s"] += traced - start
+    return compiled, seconds
+
+  def compile_init(self, program, key):
+    """The initial state's ``program`` compiled for ``key``, counted as
+    compiling, not as making the state."""
+    (compiled,), seconds = self.compile(lambda: (program.lower(key),))
+    self._unreported_startup["init_compile_s"] += seconds
+    return compiled
+
+  def executables(self, state, sampler, net, jitted=None, key="run"):
+    """``(compiled programs, state)`` for these arguments' shapes (cached).
+
+    A new compilation also loads the executables with a chunk of zero
+    rounds (one-off buffer and thread-pool set-up belongs with compiling,
+    not with the run's throughput); it donates and returns ``state``
+    unchanged. The evaluation is compiled, not run: a run of it is a real
+    evaluation (1.1 s of the default GPT's start on a CPU), whose one-off
+    set-up (0.1 s) the first evaluation pays.
+    """
+    jitted = jitted or self.jitted
+    sig = (key, _signature((state, sampler, net)))
+    if sig not in self._cache:
+      compiled, _ = self.compile(lambda: (
+          jitted.chunk.lower(state, sampler, 1, net),
+          None if jitted.tail is None
+          else jitted.tail.lower(state, sampler, net),
+          jitted.evaluate.lower(state, self.eval_batches),
+          jitted.global_params.lower(state)))
+      exe = Executables(*compiled)
+      start = time.perf_counter()
+      state, _ = exe.chunk(state, sampler, 0, net)
+      jax.block_until_ready(state)
+      self._cache[sig] = exe
+      self._unreported_compile_s += time.perf_counter() - start
+    return self._cache[sig], state
+
+  def jit_points(self, sampler_axes, net_axes) -> Executables:
+    """The programs vmapped over a leading axis of sweep points (state
+    always; data and network leaves where ``*_axes`` say 0)."""
+    p, single = self.programs, self.jitted
+    key = (str(sampler_axes), str(net_axes))
+    if key not in self._point_programs:
+      tail = None if p.tail is None else jax.jit(jax.vmap(
+          p.tail, in_axes=(0, sampler_axes, net_axes)), donate_argnums=0)
+      self._point_programs[key] = Executables(
+          jax.jit(jax.vmap(p.chunk, in_axes=(0, sampler_axes, None, net_axes)),
+                  donate_argnums=0),
+          tail,
+          jax.jit(jax.vmap(p.evaluate, in_axes=(0, None))),
+          jax.jit(jax.vmap(single.global_params)))
+    return self._point_programs[key]
+
+  @property
+  def compilations(self) -> int:
+    """How many argument signatures have been compiled (for tests)."""
+    return len(self._cache)
+
+  def take_compile_s(self) -> float:
+    """Seconds compiled since the last run reported it (the build's
+    compilation is reported by the first run)."""
+    seconds, self._unreported_compile_s = self._unreported_compile_s, 0.0
+    return seconds
+
+  def take_startup(self, compile_s: float, initial_s: float) -> dict:
+    """Where a run's start-up went, in seconds: building the simulator
+    (validation, data, memory plan; reported by its first run, 0 after),
+    the initial state, tracing the programs and compiling or loading them
+    (``compile_s`` less the tracing; 0 when they were compiled before), and
+    the process's age when ``import lowbw`` finished (None off Linux)."""
+    spent, self._unreported_startup = self._unreported_startup, _no_startup()
+    return {"import_s": telemetry.import_s(), "build_s": spent["build_s"],
+            "initial_state_s": max(initial_s - spent["init_compile_s"], 0.0),
+            "trace_s": spent["trace_s"],
+            "compile_load_s": max(compile_s - spent["trace_s"], 0.0)}
+
+
+def _no_startup(build_s: float = 0.0) -> dict:
+  """Start-up seconds not yet reported: building, tracing, and compiling
+  the initial state (inside ``initial_s``, reported as compiling)."""
+  return {"build_s": build_s, "trace_s": 0.0, "init_compile_s": 0.0}
+
+
+def _signature(tree):
+  leaves, treedef = jax.tree.flatten(tree)
+  return treedef, tuple((tuple(x.shape), str(x.dtype)) for x in leaves)
