@@ -66,3 +66,81 @@ def test_the_check_sees_a_private_import():
   assert len(found) == 3
   own = ast.parse("from lowbw.cli import _plot\n")
   assert not _private_reach(ROOT / "cli" / "_train.py", own)
+
+
+# ------------------------------------------- packages in layers
+# (circles between modules: test_import_circles.py)
+def _module(path: pathlib.Path) -> str:
+  parts = path.relative_to(ROOT.parent).with_suffix("").parts
+  return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _targets(parts: list[str], names: list[str]) -> list[str]:
+  """The modules an import reads: ``from lowbw.x import _y`` reads the
+  module (or package) ``lowbw.x._y`` when there is one, else ``lowbw.x``."""
+  base = ".".join(parts)
+  out = []
+  for name in names or [None]:
+    here = ROOT.parent.joinpath(*parts, name or "")
+    found = name and (here.with_suffix(".py").exists() or here.is_dir())
+    out.append(f"{base}.{name}" if found else base)
+  return out
+
+
+def _graph() -> dict[str, set[str]]:
+  """module -> the lowbw modules it imports, anywhere in its text (an import
+  inside a function closes a circle as surely as one at the top)."""
+  graph = {}
+  for path in sorted(ROOT.rglob("*.py")):
+    edges = set()
+    for _, parts, names in _imports(ast.parse(path.read_text())):
+      edges.update(_targets(parts, names))
+    graph[_module(path)] = edges - {_module(path)}
+  return graph
+
+
+def _circle(graph: dict[str, set[str]]) -> list[str] | None:
+  """One circle of ``graph`` (a list of nodes, first = last), or None."""
+  state = {}
+
+  def visit(node, path):
+    state[node] = 1
+    for nxt in sorted(graph.get(node, ())):
+      if state.get(nxt) == 1:
+        return path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt]
+      if nxt not in state:
+        found = visit(nxt, path + [nxt])
+        if found:
+          return found
+    state[node] = 2
+    return None
+
+  for node in sorted(graph):
+    if node not in state:
+      found = visit(node, [node])
+      if found:
+        return found
+  return None
+
+
+def test_packages_import_each_other_in_layers():
+  """Package A imports package B only if B never imports A, through any
+  chain: the packages form layers."""
+  graph = {}
+  for module, edges in _graph().items():
+    graph.setdefault(_layer(module), set()).update(
+        _layer(t) for t in edges if _layer(t) != _layer(module))
+  circle = _circle(graph)
+  assert circle is None, "packages in a circle: " + " -> ".join(circle)
+
+
+def test_the_circle_check_finds_a_circle():
+  assert _circle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+  assert _circle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def _layer(module: str) -> str:
+  """``lowbw.config._api`` -> ``config``; the shared low-level modules
+  (``lowbw._validate``, ...) and ``lowbw`` itself are their own."""
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else "lowbw"

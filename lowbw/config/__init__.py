@@ -8,7 +8,7 @@ run writes next to its logs (``config.yaml``), and what ``lowbw.simulate``,
 from lowbw.config._api import (build, build_config, run_config, simulate,
                                yaml_or_none)
 from lowbw.config._config import (ALIASES, FIELDS, GROUPS, Config, canonical,
-                                  check_value)
+                                  check_value, natural)
 from lowbw.config._fields import RUN, SHAPE, TRACED, Field, flag_kwargs
 from lowbw.config._files import FORMATS, read_config, read_file
 from lowbw.config._load import SavedRun, load
@@ -22,4 +22,4 @@ from lowbw.config._strategy_fields import build as build_strategy
 __all__ = ["COMPUTE_SETTINGS", "GPT_BLOCK", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
            "build_strategy", "fill", "load", "SavedRun", "ints", "spec_of", "strategy_traced", "used",
            "ALIASES", "Config", "build", "build_config", "run_config", "simulate", "yaml_or_none", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
-           "SHAPE", "TRACED", "canonical", "check_value", "flag_kwargs", "read_config", "read_file"]
+           "SHAPE", "TRACED", "canonical", "check_value", "natural", "flag_kwargs", "read_config", "read_file"]

@@ -5,7 +5,8 @@ import functools
 
 from lowbw import _validate
 from lowbw import simulation
-from lowbw.config._config import Config
+from lowbw.config import _resolve
+from lowbw.config._config import FIELDS, Config
 
 # Arguments of a run that are not settings (what to do with the folder,
 # hooks, values for one run of a build).
@@ -16,9 +17,13 @@ RUN_ONLY = ("overwrite", "callback", "metadata", "hparams", "resume_from",
 def build_config(config: Config, compile: bool = True,
                  compile_cache=True) -> simulation.Simulator:
   """The simulator of ``config`` (its shape fields; seed and log folder are
-  ``run_config``'s)."""
-  return simulation.build(**config.build_args(), compile=compile,
-                          compile_cache=compile_cache)
+  ``run_config``'s): the data and the model made, the strategy, the network
+  and the settings as the config checked them when it was made."""
+  s = {name: getattr(config, name) for name in FIELDS}
+  source = _resolve.build_data(s)
+  return simulation.build_checked(
+      _resolve.build_model(s, source), source, config._built.strategy,
+      config._built.checked, compile=compile, compile_cache=compile_cache)
 
 
 def yaml_or_none(config: Config) -> str | None:

@@ -11,13 +11,14 @@ previous strategy's.
 import dataclasses
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
 from lowbw import _validate
 from lowbw import simulation
 from lowbw import strategies as strategies_lib
+from lowbw import transforms
 from lowbw.config import _fields, _files, _resolve
 from lowbw.config import _strategy_fields as strategy_fields
 
@@ -28,10 +29,8 @@ ALIASES = {"num_workers": "workers", "log_dir": "out",
 GROUPS = {
     "strategy": "defaults are each strategy's paper's (see "
                 "docs/strategies/)",
-    "compression": "codec specs chain stages with commas: topk:F, randk:F, "
-                   "quant:BITS[:statistical][:stochastic][:chunk=N], sign, "
-                   "cast:DTYPE (bf16, fp16, fp8, e5m2), dct[:CHUNK[:K]], "
-                   "none; e.g. topk:0.1,quant:4",
+    "compression": "codec specs chain stages with commas: " + ", ".join(
+        transforms.CODEC_FORMS) + "; e.g. topk:0.1,quant:4",
     "optimizers": None,
     "model and data": None,
     "network (the simulated clock, sim_time_s)":
@@ -61,15 +60,45 @@ FIELDS = _all_fields()
 _UNSET = object()
 
 
+def _item(field: _fields.Field, value) -> str:
+  """One value of a comma-separated setting as its text."""
+  if isinstance(value, str):
+    return value.strip()
+  if isinstance(value, (int, float)) and not isinstance(value, bool):
+    return repr(value)  # a quantity's parser asks for its unit
+  raise _validate.fail(field.name, value, "expected a number or a string "
+                       "in the list")
+
+
+def natural(field: _fields.Field, value):
+  """``value`` in the form the field keeps, from the natural Python or YAML
+  value: a list or tuple for a comma-separated setting (``hidden=(64, 64)``
+  -> ``"64,64"``), a bare number for a comma-separated text setting
+  (``hidden: 32`` -> ``"32"``). A bare number for a setting with units
+  (``latency: 50``: seconds or milliseconds?) is ambiguous and is left to
+  the type check, which asks for the unit. Other values are returned as
+  they are."""
+  if field.many and isinstance(value, (list, tuple)):
+    if not value:
+      raise _validate.fail(field.name, list(value), "expected at least one "
+                           "value")
+    return ",".join(_item(field, v) for v in value)
+  if (field.many and field.type is str and isinstance(value, (int, float))
+      and not isinstance(value, bool)):
+    return _item(field, value)
+  return value
+
+
 def _check_type(field: _fields.Field, value):
   """``value`` if it has the field's type (an int is a valid float; a
   quantity is checked by its parser); else a ConfigError naming it."""
-  if isinstance(value, (dict, list)):
+  if value is None or (field.name in OBJECT_FIELDS and type(value) not in (
+      str, dict, list, tuple)):
+    return value  # a model, dataset or strategy given as a Python object
+  value = natural(field, value)
+  if isinstance(value, (dict, list, tuple)):
     raise _validate.fail(field.name, value, "expected a single value, not a "
                          + ("table" if isinstance(value, dict) else "list"))
-  if value is None or (field.name in OBJECT_FIELDS and
-                       not isinstance(value, str)):
-    return value  # a model, dataset or strategy given as a Python object
   want = field.type
   kinds = getattr(want, "config_types", want)
   ok = isinstance(value, kinds) and not (kinds is not bool and
@@ -126,10 +155,18 @@ class _ConfigBase:
       if key in given:
         raise _validate.fail(name, value, f"{key} is given twice")
       given[key] = _check_type(FIELDS[key], value)
-    resolved = resolve(given)
+    resolved, built = resolve(given)
     for name in FIELDS:
       object.__setattr__(self, name, resolved[name])
     object.__setattr__(self, "given", frozenset(given))
+    # What validating the config built: the run reuses it (one strategy,
+    # one network and one check of the settings per run).
+    object.__setattr__(self, "_built", built)
+
+  def __reduce__(self):
+    # Pickled (a study's process pool) as its settings: what it built holds
+    # functions, and is built again where it is loaded.
+    return (_restore, (type(self), self.values()))
 
   def __repr__(self):
     shown = ", ".join(f"{k}={_show(v)}" for k, v in self.to_dict().items()
@@ -149,8 +186,25 @@ class _ConfigBase:
             if name in self.given}
 
   def replace(self, **changes) -> "Config":
-    """A new config with ``changes``; defaults follow the new choices."""
+    """A new config with ``changes``; defaults follow the new choices. A
+    change of run settings only (``out``, ``seed``, ``progress``, ...)
+    keeps what was built: the strategy and the network do not change."""
+    keys = {canonical(name): value for name, value in changes.items()}
+    if keys and all(FIELDS[k].kind == _fields.RUN for k in keys) and (
+        len(keys) == len(changes)):
+      return self._with_run(keys)
     return type(self)(**{**self.values(), **changes})
+
+  def _with_run(self, changes: dict) -> "Config":
+    """A copy with run settings ``changes``, checked as ``resolve`` does."""
+    new = object.__new__(type(self))
+    new.__dict__.update(self.__dict__)
+    for name, value in changes.items():
+      object.__setattr__(new, name, _check_type(FIELDS[name], value))
+    object.__setattr__(new, "given", self.given | set(changes))
+    _check_run_settings({n: getattr(new, n) for n in FIELDS},
+                        self._built.strategy)
+    return new
 
   def without(self, *names: str) -> "Config":
     """A new config with ``names`` back to their defaults (a strategy's
@@ -200,7 +254,9 @@ class _ConfigBase:
   def build_args(self) -> dict:
     """The ``lowbw.build`` arguments this config describes (data loaded,
     model and strategy made)."""
-    return _resolve.build_args({n: getattr(self, n) for n in FIELDS})
+    return _resolve.build_args({n: getattr(self, n) for n in FIELDS},
+                               self._built.strategy,
+                               self._built.checked["network"])
 
   @staticmethod
   def help() -> str:
@@ -208,6 +264,10 @@ class _ConfigBase:
     return "\n".join(
         f"{f.name} = {f.default!r} [{f.kind}] {f.help}"
         for f in FIELDS.values())
+
+
+def _restore(cls, values: dict):
+  return cls(**values)
 
 
 def _show(value) -> str:
@@ -229,21 +289,38 @@ def resolve(given: dict) -> dict:
     s["eval_every"] = _resolve.default_eval_every(strategy.period)
   if s["model"] is None:
     s["model"] = _resolve.model_name(s)
-  _check_run(s, strategy)
-  return s
+  for model, sizes in (("mlp", "hidden"), ("cnn", "channels")):
+    if s["model"] == model:  # said now, not when the data is loaded
+      _resolve.ints(sizes, s[sizes])
+  built = Built(strategy, _check_build(s, strategy))
+  _check_run_settings(s, strategy)
+  return s, built
 
 
-def _check_run(s: dict, strategy) -> None:
-  """What the build and the run will check without data or a model: sizes
-  against the strategy's period, the network, precision, the seed."""
+class Built(NamedTuple):
+  """What validating a config builds, kept for its run: the strategy, and
+  the build settings as ``simulation.check_settings`` returned them (the
+  network among them)."""
+
+  strategy: Any
+  checked: dict
+
+
+def _check_build(s: dict, strategy) -> dict:
+  """What the build will check without data or a model: sizes against the
+  strategy's period, the network, precision; the checked settings."""
   network = _resolve.build_network(s) if s["clock"] else None
   try:
-    simulation.check_settings(
+    return simulation.check_settings(
         strategy, num_workers=s["workers"], network=network,
         eval_every=s["eval_every"],
         **{n: s[n] for n in _resolve.BUILD_SETTINGS})
   except _validate.ConfigError as e:  # the API's name -> the setting's
     raise _validate.renamed(e, ALIASES) from None
+
+
+def _check_run_settings(s: dict, strategy) -> None:
+  """The run settings' checks: the seed, and checkpoints at syncs."""
   simulation.check_seed(s["seed"])
   simulation.multiple_of_period("checkpoint_every", s["checkpoint_every"],
                                 strategy.period)

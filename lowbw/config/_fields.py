@@ -40,7 +40,10 @@ class Field(NamedTuple):
       a function); its ``config_types`` say what a file may give.
     choices: the allowed values, when there is a fixed set.
     knob: for traced settings, the hyperparameter ``Simulator.run`` takes.
-    unit: what the number counts, for the docs ("steps", "bit/s", ...).
+    unit: what the number counts, for the docs ("steps", "bit/s", ...);
+      a bare number given to a setting with units is in this unit.
+    many: the text is a comma-separated list ("64,64", "1Gbps,100Mbps"):
+      a list or tuple of values is accepted too, and joined.
   """
 
   name: str
@@ -52,6 +55,7 @@ class Field(NamedTuple):
   choices: tuple = ()
   knob: str | None = None
   unit: str = ""
+  many: bool = False
 
   @property
   def flag(self) -> str:
@@ -151,8 +155,8 @@ RUN_FIELDS = (
           "moe_gpt: SwiGLU width of each expert", int),
     Field("seq_len", 128, SHAPE, _M, "gpt context and text window", int,
           unit="tokens"),
-    Field("hidden", "64", SHAPE, _M, "mlp hidden sizes, comma-separated"),
-    Field("channels", "16,32", SHAPE, _M, "cnn channels, comma-separated"),
+    Field("hidden", "64", SHAPE, _M, "mlp hidden sizes, comma-separated", many=True),
+    Field("channels", "16,32", SHAPE, _M, "cnn channels, comma-separated", many=True),
     Field("data", "text", SHAPE, _M, "text | digits | PATH (a folder made "
           "by `lowbw data prepare`, an MNIST, Fashion-MNIST or CIFAR-10 "
           "folder, .npz arrays, .bin uint16 tokens, or a folder of text "
@@ -166,12 +170,12 @@ RUN_FIELDS = (
           "each worker's link, e.g. 100Mbps, 1Gbps; or one per worker, "
           "comma-separated (a ring step waits for its slowest hop)",
           quantity(_each(network_lib.bandwidth), "bandwidth"),
-          knob="bandwidth", unit="bit/s"),
+          knob="bandwidth", unit="bit/s", many=True),
     Field("latency", _net("latency"), TRACED, _N,
           "one-way latency per message hop, e.g. 50ms; or one per worker, "
           "comma-separated",
           quantity(_each(network_lib.duration), "latency"), knob="latency",
-          unit="s"),
+          unit="s", many=True),
     Field("topology", _net("topology"), SHAPE, _N,
           "the collectives' algorithm",
           choices=("hierarchical", "parameter_server", "ring")),
@@ -181,10 +185,10 @@ RUN_FIELDS = (
           "hierarchical: the links inside a region (or one per region, "
           "comma-separated)",
           quantity(_each(network_lib.bandwidth), "regional_bandwidth"),
-          unit="bit/s"),
+          unit="bit/s", many=True),
     Field("regional_latency", _net("regional_latency"), SHAPE, _N,
           "hierarchical: one-way latency inside a region",
-          quantity(_each(network_lib.duration), "regional_latency"), unit="s"),
+          quantity(_each(network_lib.duration), "regional_latency"), unit="s", many=True),
     Field("hardware", _net("hardware"), SHAPE, _N,
           "per worker: a preset (" + ", ".join(sorted(network_lib.PRESETS))
           + "), a peak such as 312TFLOPS, or a time per step such as 0.5s",
@@ -192,7 +196,7 @@ RUN_FIELDS = (
     Field("mfu", _net("mfu"), SHAPE, _N, "model-FLOP utilisation", float),
     Field("speeds", _net("speeds"), SHAPE, _N, "per-worker speed "
           "multipliers, comma-separated (one per worker; 0.5 = half as "
-          "fast), or a CSV file of them over simulated time (a trace)"),
+          "fast), or a CSV file of them over simulated time (a trace)", many=True),
     Field("bandwidth_trace", None, SHAPE, _N, "a CSV file of each worker's "
           "bandwidth over simulated time (a trace; it replaces bandwidth)"),
     Field("clock_params", _net("clock_params"), SHAPE, _N,
@@ -218,18 +222,18 @@ RUN_FIELDS = (
     Field("message_loss", None, TRACED, _N, "faults: probability a worker's "
           "message is lost", float, knob="message_loss"),
     Field("failures", None, SHAPE, _N, "faults: permanent failures, "
-          "WORKER@STEP,... e.g. 3@500"),
+          "WORKER@STEP,... e.g. 3@500", many=True),
     Field("windows", None, SHAPE, _N, "faults: down windows, "
-          "WORKER:START-END,... e.g. 1:100-200"),
+          "WORKER:START-END,... e.g. 1:100-200", many=True),
     Field("joins", None, SHAPE, _N, "faults: workers joining late, "
           "WORKER@STEP,... e.g. 3@500 (absent before; they download the "
-          "global state when they join)"),
+          "global state when they join)", many=True),
     Field("leave_shards", "drop", SHAPE, _N, "faults: the data of a worker "
           "that failed for good: dropped, or redistributed to the others",
           choices=("drop", "redistribute")),
     Field("byzantine", None, SHAPE, _N, "faults: Byzantine workers, "
           "comma-separated indices (their pseudo-gradients corrupted at "
-          "every sync; DiLoCo family)"),
+          "every sync; DiLoCo family)", many=True),
     Field("byzantine_kind", "sign_flip", SHAPE, _N, "faults: how a "
           "Byzantine worker corrupts its pseudo-gradient",
           choices=("random", "scale", "sign_flip")),

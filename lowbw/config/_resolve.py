@@ -127,6 +127,8 @@ def check_used(s: dict, explicit) -> None:
               if any(name in names for names in options.values())]
     raise _validate.fail(
         name, s[name], "not used by " + ", ".join(
+            f"strategy {chosen['strategy']!r} (it has no outer optimizer)"
+            if kind == "outer" and chosen[kind] is None else
             f"{kind} {_named(s, kind, chosen)!r}" for kind in owners))
 
 
@@ -283,16 +285,11 @@ BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
                   *COMPUTE_SETTINGS, "eval_local")
 
 
-def build_args(s: dict) -> dict:
-  """``lowbw.build`` arguments from resolved settings."""
+def build_args(s: dict, strategy, network) -> dict:
+  """``lowbw.build`` arguments from resolved settings and the strategy and
+  network built when they were checked."""
   source = build_data(s)
-  model = build_model(s, source)
-  strategy = build_strategy(s)
-  eval_every = s["eval_every"]
-  if eval_every is None:
-    eval_every = default_eval_every(strategy.period)
-  return dict(model=model, data=source, strategy=strategy,
-              num_workers=s["workers"],
-              network=build_network(s) if s.get("clock", True) else None,
-              eval_every=eval_every,
+  return dict(model=build_model(s, source), data=source, strategy=strategy,
+              num_workers=s["workers"], network=network,
+              eval_every=s["eval_every"],
               **{name: s[name] for name in BUILD_SETTINGS})

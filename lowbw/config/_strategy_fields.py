@@ -236,24 +236,24 @@ def _optimizer_fields() -> list[_fields.Field]:
         "norm before the inner optimizer [default: none]", float),
       F("outer", None, S, O, "outer optimizer of the global parameters: "
         "sgd (Nesterov momentum, DiLoCo's) or adam (FedAdam's, arXiv "
-        "2003.00295) [" + _per_strategy(lambda s: s.outer and s.outer.kind)
+        "2003.00295) [" + _per_strategy(lambda s: s.outer.kind if s.outer else None)
         + "]", choices=strategies_lib.OUTER_KINDS),
       F("outer_lr", None, T, O, "outer learning rate [" +
         _per_strategy(lambda s: s.outer and s.outer.lr) + "]", float,
         knob="outer_lr"),
       F("outer_momentum", None, T, O, "outer sgd's Nesterov momentum, 0 for "
-        "plain SGD [" + _per_strategy(lambda s: s.outer and s.outer.kind ==
-                                      "sgd" and s.outer.momentum) +
+        "plain SGD [" + _per_strategy(lambda s: s.outer.momentum if s.outer
+                                      and s.outer.kind == "sgd" else None) +
         "]", float, knob="outer_momentum"),
       F("outer_b1", None, T, O, "outer adam's first-moment decay [default "
         "0.9]", float, knob="outer_b1"),
       F("outer_b2", None, T, O, "outer adam's second-moment decay [default "
-        "0.999; " + _per_strategy(lambda s: s.outer and s.outer.kind ==
-                                  "adam" and s.outer.b2) + "]", float,
+        "0.999; " + _per_strategy(lambda s: s.outer.b2 if s.outer and
+                                  s.outer.kind == "adam" else None) + "]", float,
         knob="outer_b2"),
       F("outer_eps", None, T, O, "outer adam's epsilon (FedAdam's tau, its "
         "degree of adaptivity) [default 1e-8; " + _per_strategy(
-            lambda s: s.outer and s.outer.eps) + "]", float,
+            lambda s: s.outer.eps if s.outer else None) + "]", float,
         knob="outer_eps"),
   ]
   out += [F(name, None, T, O, _SCHEDULE_HELP[name], float, knob=name)

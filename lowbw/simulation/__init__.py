@@ -17,6 +17,7 @@ from lowbw.simulation._mesh import initialize
 from lowbw.simulation._result import Result
 from lowbw.simulation._run import simulate
 from lowbw.simulation._simulator import Simulator, build
+from lowbw.simulation._build import build_checked
 from lowbw.simulation._sweep import (SweepPoint, SweepResult,
                                      default_points_per_batch, run_batch,
                                      sweep)
@@ -28,6 +29,6 @@ __all__ = ["AUTOCAST", "Backward", "MESH_AXIS", "cast_workers", "is_spec",
            "STEPS", "check_budget", "check_seed", "check_settings", "configure",
            "multiple_of_period", "prepare_log_dir", "DivergenceError", "NonFiniteLossError", "Result", "RoundOut", "RunConfig", "RunWarning",
            "SimState", "SHADOWS",
-           "Simulator", "StepOut", "SweepPoint", "SweepResult", "build",
+           "Simulator", "StepOut", "build_checked", "SweepPoint", "SweepResult", "build",
            "default_points_per_batch", "initialize", "run_batch", "simulate",
            "sweep"]

@@ -204,12 +204,20 @@ def configure(model, data, strategy, **settings) -> RunConfig:
     ValueError: a bad argument, naming it, before anything is compiled.
   """
   _options.check("build", settings, SETTINGS)
+  strategy = _resolve("strategy", strategy, strategies_lib.get,
+                      strategies_lib.Strategy)
+  return configure_checked(model, data, strategy,
+                           check_settings(strategy, **settings))
+
+
+def configure_checked(model, data, strategy, settings: dict) -> RunConfig:
+  """``configure`` with ``settings`` already checked (``check_settings``'s
+  return; ``lowbw.Config`` checks them once, when it is made): the model
+  and the data, and what needs both."""
   model = (models_lib.get(model) if isinstance(model, str)
            else models_lib.as_model(model))
   data = _resolve("data", data, data_lib.get, data_lib.DataSource)
-  strategy = _resolve("strategy", strategy, strategies_lib.get,
-                      strategies_lib.Strategy)
-  settings = check_settings(strategy, **settings)
+  settings = dict(settings)
   if settings["auto_devices"] and type(data).build is not data_lib.DataSource.build:
     # A data source of its own may not give a WorkerSampler, which
     # spreading needs: one device, as before the default spread.

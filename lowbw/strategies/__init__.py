@@ -14,7 +14,8 @@ from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedadam import fedadam
 from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
-from lowbw.strategies._muloco import hidden_matrices, muloco, muon_inner
+from lowbw.strategies._muloco import muloco
+from lowbw.strategies._optim import hidden_matrices, muon_inner
 from lowbw.strategies._base import nothing_reported
 from lowbw.strategies._optim import (B2, DILOCO_INNER, DILOCO_OUTER, INNER_KINDS,
                                      OUTER_KINDS,

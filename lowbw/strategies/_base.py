@@ -127,6 +127,23 @@ class Strategy(NamedTuple):
   time_budget: bool | str = False
   inner: optax.GradientTransformation | None = None
 
+  def __repr__(self):
+    """The factory call it describes, e.g. ``diloco(H=30, inner=adamw(...),
+    outer=sgd(...), codec=None, ...)``, not its functions."""
+    fields = {k: v for k, v in self.config.items() if k != "name"}
+    return f"{self.name}(" + ", ".join(
+        f"{k}={_shown(v)}" for k, v in fields.items()) + ")"
+
+
+def _shown(value) -> str:
+  """An optimizer's config (``{"hyperparams": {...}}``) as
+  ``(learning_rate=0.7, momentum=0.9)``; other values as their repr."""
+  if isinstance(value, dict) and set(value) == {"hyperparams"}:
+    return "optimizer(" + ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v!r}"
+        for k, v in value["hyperparams"].items()) + ")"
+  return repr(value)
+
 
 def default_inner() -> optax.GradientTransformation:
   """AdamW with DiLoCo's inner hyperparameters (arXiv 2311.08105): lr 4e-4,

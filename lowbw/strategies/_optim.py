@@ -11,9 +11,12 @@ leaves: logged, and sweepable without recompiling.
 from collections.abc import Callable
 from typing import NamedTuple
 
+import jax
 import optax
+from optax.contrib import MuonDimensionNumbers, muon
 
 from lowbw import _validate
+from lowbw._types import Params
 from lowbw.strategies._schedule import outer_schedule, peak_schedule
 
 INNER_KINDS = ("adamw", "adam", "adopt", "sgd", "muon")
@@ -205,7 +208,6 @@ def inner(spec: Optimizer,
   elif kind == "adam":
     tx = optax.inject_hyperparams(optax.adam)(learning_rate=lr, **betas)
   elif kind == "muon":
-    from lowbw.strategies._muloco import muon_inner
     tx = muon_inner(  # its clipping is max_norm's, below
         lr, _validate.non_negative("weight_decay", spec.weight_decay),
         clip_norm=None)
@@ -276,6 +278,62 @@ NOLOCO_INNER = Optimizer("adam", 6e-4, min_lr_ratio=0.1,      # 2506.10911
 NOLOCO_OUTER = Optimizer("sgd", 0.7, momentum=0.5, nesterov=False)
 DESLOC_INNER = Optimizer("adopt", 2.1e-3, b1=0.95, b2=0.9999)  # 2505.22549
 SPARSELOCO_OUTER = Optimizer("sgd", 1.0)   # no momentum: error feedback is it
+
+
+# Path fragments of the tensors Muon must not orthogonalise: embeddings and
+# output layers (Muon's authors and MuLoCo give them to AdamW).
+NOT_HIDDEN = ("embed", "head", "wte", "wpe", "logit", "classifier", "readout")
+
+def hidden_matrices(params: Params):
+  """Muon's labels: ``MuonDimensionNumbers()`` for hidden 2-D weight matrices,
+  None (AdamW) for everything else.
+
+  ``optax.contrib.muon`` alone labels every 2-D leaf as Muon, which would
+  include the token embedding and the output head; here a leaf is Muon only if
+  it is 2-D and no key on its path contains one of ``NOT_HIDDEN`` (lowbw's
+  models name those layers ``*embed*`` and ``head``). Apply the optimizer per
+  worker (``per_worker``), so ``ndim`` is one worker's.
+  """
+
+  def label(path, x):
+    names = "/".join(str(getattr(k, "key", getattr(k, "name", k))).lower()
+                     for k in path)
+    if x.ndim != 2 or any(part in names for part in NOT_HIDDEN):
+      return None
+    return MuonDimensionNumbers()
+
+  return jax.tree_util.tree_map_with_path(label, params)
+
+
+def muon_inner(learning_rate=MULOCO_INNER.lr,
+               weight_decay: float = MULOCO_INNER.weight_decay,
+               clip_norm: float | None = 1.0, hidden=hidden_matrices
+               ) -> optax.GradientTransformation:
+  """MuLoCo's inner optimizer (arXiv 2505.23725, section 4 and Table 4).
+
+  Muon (Nesterov momentum 0.9, 5 quintic Newton-Schulz steps) on hidden
+  matrices; AdamW (beta1 0.9, beta2 0.99) on embeddings, output layer, biases
+  and norms; weight decay 7.2e-5 on both; peak lr 2.6827e-3 for both;
+  gradients clipped to global norm 1.0 first. Hyperparameters are injected, so
+  the learning rate is logged and schedulable.
+
+  Args:
+    learning_rate: float or optax schedule.
+    weight_decay: decoupled weight decay for Muon and AdamW parameters.
+    clip_norm: global-norm clip of each worker's gradients, or None.
+    hidden: ``params -> labels`` tree (see ``hidden_matrices``).
+  """
+  tx = optax.inject_hyperparams(
+      muon, static_args=("muon_weight_dimension_numbers", "nesterov",
+                         "ns_coeffs"))(
+          learning_rate=learning_rate, weight_decay=weight_decay, beta=0.9,
+          adam_b1=0.9, adam_b2=0.99, adam_weight_decay=weight_decay,
+          nesterov=True, muon_weight_dimension_numbers=hidden)
+  if clip_norm is None:
+    return tx
+  return optax.chain(optax.clip_by_global_norm(clip_norm), tx)
+
+
 
 
 def outer_optimizer(lr: float = DILOCO_OUTER.lr,

@@ -8,7 +8,7 @@ from typing import Any, NamedTuple
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
 from lowbw.config import (FIELDS, RUN, TRACED, Config, canonical,
-                          check_value)
+                          check_value, natural)
 from lowbw.config import strategy_traced
 
 
@@ -68,13 +68,14 @@ def _check_sweepable(name: str, key: str) -> None:
 
 def _values(key: str, values) -> list:
   """A grid field's values: a list (one value alone is a list of one),
-  non-empty, none twice."""
+  non-empty, none twice, each in the form its field keeps (``(64, 64)`` for
+  ``hidden`` is ``"64,64"``), so that tables show one form."""
   if isinstance(values, dict):
     raise _validate.fail(key, values, "expected a list of values, not a "
                          "table")
   if isinstance(values, (str, bytes)) or not hasattr(values, "__iter__"):
     values = [values]
-  values = list(values)
+  values = [natural(FIELDS[key], v) for v in values]
   if not values:
     raise _validate.fail(key, values, "expected at least one value")
   seen = []

@@ -7,6 +7,7 @@ from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
                                      decode_tree, encode_tree, make_codec,
                                      payload_nbytes, roundtrip,
                                      roundtrip_warm, start_tree)
+from lowbw.transforms._codec_spec import FORMS as CODEC_FORMS
 from lowbw.transforms._codec_spec import UNCOMPRESSED, as_codec, parse_codec
 from lowbw.transforms._compression import (AGGREGATIONS, Compression,
                                            aggregate, comm_channel,
@@ -42,7 +43,7 @@ from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
 from lowbw.transforms._chunk import Chunker, index_dtype
 from lowbw.transforms._topk import random_k, top_k
 
-__all__ = ["dct_blocks", "idct_blocks", "UNCOMPRESSED", 
+__all__ = ["dct_blocks", "idct_blocks", "UNCOMPRESSED", "CODEC_FORMS",
     "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
     "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
     "AGGREGATIONS", "aggregate", "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",

@@ -22,6 +22,8 @@ Every codec's ``name`` is its spec, so ``parse_codec(c.name)`` rebuilds ``c``.
 """
 
 import math
+from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 
@@ -33,8 +35,6 @@ from lowbw.transforms._lowrank import low_rank
 from lowbw.transforms._quantize import e3m0, int8, quantize, sign
 from lowbw.transforms._topk import random_k, top_k
 
-FORMS = ("topk:F[:chunk=N|:block=N]", "randk:F", "quant:BITS[:statistical[:muloco]][:stochastic]"
-         "[:sigmas=S][:chunk=N]", "int8[:chunk=N]", "lowrank:R", "sign", "e3m0[:chunk=N]", "cast:DTYPE", "dct[:CHUNK[:K]]", "none", "float32")
 # Specs that mean no codec: the values are sent as they are (float32).
 UNCOMPRESSED = ("none", "float32", "fp32")
 
@@ -108,31 +108,45 @@ def _chain(first, second, field, spec):
     raise _validate.fail(field, spec, str(e).split(": ", 1)[-1]) from None
 
 
+def _e3m0(args):
+  if args and not args[0].startswith("chunk="):
+    raise ValueError(f"unknown e3m0 option {args[0]!r}")
+  return e3m0(_integer(args[0][len("chunk="):]) if args else None)
+
+
+class _Stage(NamedTuple):
+  form: str        # as errors and ``lowbw train --help`` show it
+  arity: tuple     # (fewest, most) arguments after the name
+  build: Callable  # arguments -> Codec
+
+
+# The grammar, once: a stage's name -> its form, arguments and codec.
+STAGES = {
+    "topk": _Stage("topk:F[:chunk=N|:block=N]", (1, 2), lambda a: top_k(
+        _number(a[0]), **_options(a[1:], ("chunk", "block")))),
+    "randk": _Stage("randk:F", (1, 1), lambda a: random_k(_number(a[0]))),
+    "quant": _Stage("quant:BITS[:statistical[:muloco]][:stochastic]"
+                    "[:sigmas=S][:chunk=N]", (1, 99), lambda a: _quantize(a)),
+    "int8": _Stage("int8[:chunk=N]", (0, 1),
+                   lambda a: int8(**_options(a, ("chunk",)))),
+    "lowrank": _Stage("lowrank:R", (1, 1), lambda a: low_rank(_integer(a[0]))),
+    "sign": _Stage("sign", (0, 0), lambda a: sign()),
+    "e3m0": _Stage("e3m0[:chunk=N]", (0, 1), _e3m0),
+    "cast": _Stage("cast:DTYPE (float32, bf16, fp16, fp8, e5m2)", (1, 1),
+                   lambda a: cast(a[0])),
+    "dct": _Stage("dct[:CHUNK[:K]]", (0, 2),
+                  lambda a: dct_top_k(*[_integer(x) for x in a])),
+}
+# Every form a spec may take (the stages, and no codec).
+FORMS = (*(stage.form for stage in STAGES.values()), *UNCOMPRESSED[:2])
+
+
 def _stage(stage: str) -> Codec:
   name, *args = stage.split(":")
-  name = name.lower()
-  if name == "topk" and 1 <= len(args) <= 2:
-    return top_k(_number(args[0]), **_options(args[1:], ("chunk", "block")))
-  if name == "randk" and len(args) == 1:
-    return random_k(_number(args[0]))
-  if name == "sign" and not args:
-    return sign()
-  if name == "lowrank" and len(args) == 1:
-    return low_rank(_integer(args[0]))
-  if name == "int8" and len(args) <= 1:
-    return int8(**_options(args, ("chunk",)))
-  if name == "e3m0" and len(args) <= 1:
-    if args and not args[0].startswith("chunk="):
-      raise ValueError(f"unknown e3m0 option {args[0]!r}")
-    return e3m0(_integer(args[0][len("chunk="):]) if args else None)
-  if name == "cast" and len(args) == 1:
-    return cast(args[0])
-  if name == "dct" and len(args) <= 2:
-    ints = [_integer(a) for a in args]
-    return dct_top_k(*ints)
-  if name == "quant" and args:
-    return _quantize(args)
-  raise ValueError("unknown stage or wrong number of arguments")
+  entry = STAGES.get(name.lower())
+  if entry is None or not entry.arity[0] <= len(args) <= entry.arity[1]:
+    raise ValueError("unknown stage or wrong number of arguments")
+  return entry.build(args)
 
 
 def _quantize(args):
