@@ -234,6 +234,32 @@ def _optimizer_fields() -> list[_fields.Field]:
             lambda s: s.inner.min_lr_ratio) + "]", float),
       F("max_norm", None, S, O, "clip each worker's gradient to this global "
         "norm before the inner optimizer [default: none]", float),
+
+  ]
+  out += _outer_fields()
+  out += [F(name, None, T, O, _SCHEDULE_HELP[name], float, knob=name)
+          for name in OUTER_SCHEDULE]
+  for name in _extra_outer_names():
+    # Only the strategies with this optimizer have a default to show.
+    # Traced like outer_lr: the strategy says where this optimizer lives
+    # (Strategy.outer_places), and the knob has the field's name.
+    out.append(F(name + "_lr", None, T, O, f"{name} SGD learning rate [" +
+                 _per_strategy(lambda s: s.optimizers[name].lr
+                               if name in s.optimizers else None) + "]",
+                 float, knob=name + "_lr"))
+    out.append(F(name + "_momentum", None, T, O, f"{name} Nesterov "
+                 "momentum, 0 for plain SGD [" + _per_strategy(
+                     lambda s: s.optimizers[name].momentum
+                     if name in s.optimizers else None) + "]", float,
+                 knob=name + "_momentum"))
+  return out
+
+
+def _outer_fields() -> list[_fields.Field]:
+  """The outer optimizer's kind and settings (each kind's own: ``outer_uses``)."""
+  F, S, T, O = (_fields.Field, _fields.SHAPE, _fields.TRACED,
+                "optimizers")
+  return [
       F("outer", None, S, O, "outer optimizer of the global parameters: "
         "sgd (Nesterov momentum, DiLoCo's) or adam (FedAdam's, arXiv "
         "2003.00295) [" + _per_strategy(lambda s: s.outer.kind if s.outer else None)
@@ -256,22 +282,6 @@ def _optimizer_fields() -> list[_fields.Field]:
             lambda s: s.outer.eps if s.outer else None) + "]", float,
         knob="outer_eps"),
   ]
-  out += [F(name, None, T, O, _SCHEDULE_HELP[name], float, knob=name)
-          for name in OUTER_SCHEDULE]
-  for name in _extra_outer_names():
-    # Only the strategies with this optimizer have a default to show.
-    # Traced like outer_lr: the strategy says where this optimizer lives
-    # (Strategy.outer_places), and the knob has the field's name.
-    out.append(F(name + "_lr", None, T, O, f"{name} SGD learning rate [" +
-                 _per_strategy(lambda s: s.optimizers[name].lr
-                               if name in s.optimizers else None) + "]",
-                 float, knob=name + "_lr"))
-    out.append(F(name + "_momentum", None, T, O, f"{name} Nesterov "
-                 "momentum, 0 for plain SGD [" + _per_strategy(
-                     lambda s: s.optimizers[name].momentum
-                     if name in s.optimizers else None) + "]", float,
-                 knob=name + "_momentum"))
-  return out
 
 
 _SCHEDULE_HELP = {
