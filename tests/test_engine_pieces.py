@@ -163,3 +163,41 @@ def test_masked_programs_leak_no_tracer(name):
   assert not [c for c in jaxpr.consts if isinstance(c, jax.core.Tracer)]
   r = sim.run(seed=1, progress=False)
   chex.assert_tree_all_finite(r.params)
+
+
+def test_the_engine_chooses_each_features_piece_from_the_config():
+  """A feature is a piece chosen once from the ``RunConfig``: a plain run
+  has the scanned steps, the plain draw, no lane, no probe and the global
+  evaluation only; each setting swaps or adds its own piece, and a run
+  with all of them together still runs and logs their columns."""
+  from lowbw.simulation import _engine, configure
+
+  def pieces(**kw):
+    c = configure(MLP, source(), strategies.diloco(optax.sgd(0.1), H=2),
+                  num_workers=W, batch_size=B, steps=4, devices=1, **kw)
+    return _engine.pieces(c, _engine.Parts(()))
+
+  plain = pieces()
+  assert plain.steps is _engine.scanned_steps
+  assert plain.draw is _engine.draw
+  assert plain.lanes == () and plain.probe is _engine.no_correlation
+  assert plain.evaluations == (_engine.evaluate_global,)
+  assert pieces(worker_batch=2).steps.func is _engine.grouped_steps
+  assert pieces(worker_batch=2).steps.args[0].size == 2
+  assert pieces(correlation_every=2).probe.func is _engine.correlation
+  shadow = pieces(shadow="ddp")
+  assert [lane.func for lane in shadow.lanes] == [_engine.shadow_steps]
+  assert shadow.evaluations == (_engine.evaluate_global,
+                                _engine.evaluate_shadow)
+  both = pieces(shadow="ddp", eval_local=True)
+  assert both.evaluations == (_engine.evaluate_global, _engine.evaluate_shadow,
+                              _engine.evaluate_workers)
+  faults = net_lib.Faults(failures=((1, 2),), leave_shards="redistribute")
+  net = net_lib.network("1Gbps", "10ms", hardware="0.01s", faults=faults)
+  assert pieces(network=net).draw is _engine.draw_redistributed
+
+  r = run(strategies.diloco(optax.sgd(0.1), H=2), steps=4, shadow="ddp",
+          eval_local=True, correlation_every=2, worker_batch=2)
+  for column in ("shadow_eval_loss", "eval_local_loss",
+                 "worker_correlation"):
+    assert np.isfinite(r.history[column][-1]), column

@@ -15,7 +15,9 @@ gradients, all at once or ``worker_batch`` at a time), ``_precision``
 (low-precision worker state) and ``_timing`` (the simulated clock and, under
 a fault or straggler model, the participation masks; its numbers,
 ``NetParams``, are an argument of the compiled programs, so changing them
-does not recompile).
+does not recompile). ``pieces`` chooses them once from the ``RunConfig``
+into an ``Engine`` of module-level functions; the programs below only call
+its pieces, so a feature adds a piece rather than a branch and a parameter.
 
 A strategy's report is split here: entries named after its channels are
 event counts, the others are the strategy's own metrics (floats), logged as

@@ -108,10 +108,6 @@ class Simulator:
     """Seconds compiled since the last run reported it."""
     return self.compiled.take_compile_s()
 
-  def take_startup(self, compile_s: float, initial_s: float) -> dict:
-    """Where a run's start-up went (``_startup.Compiled.take_startup``)."""
-    return self.compiled.take_startup(compile_s, initial_s)
-
   @property
   def compilations(self) -> int:
     """How many argument signatures have been compiled (for tests)."""
@@ -132,14 +128,6 @@ class Simulator:
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
     return self.inputs.check_hparams(hparams, field)
-
-  def sampler(self, seed: int):
-    """The workers' shards for ``seed`` (the last few are kept)."""
-    return self.inputs.sampler(seed)
-
-  def start_params(self, init_from: str | None):
-    """The parameters in run folder ``init_from``, or None."""
-    return self.inputs.start_params(init_from)
 
   def pricing(self, network):
     """What ``network`` charges for this run (``_prices.Prices``)."""
@@ -213,7 +201,7 @@ class Simulator:
                                            self.config.log_every is not None)
     exe, state = self.executables(state, sampler, net)
     compile_s = self.take_compile_s()
-    track.startup = self.take_startup(compile_s, initial_s)
+    track.startup = self.compiled.take_startup(compile_s, initial_s)
     how = Drive(checkpoint_every=checkpoint_every,
                 save=_resume.saver(log_dir, track) if checkpoint_every
                 else None,

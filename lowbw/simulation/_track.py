@@ -47,7 +47,7 @@ class Track:
     self.config = config or {}
     self.writers: list = []
     self.error: NonFiniteLossError | None = None
-    # Start-up figures (``Simulator.take_startup``), the moment training
+    # Start-up figures (``_startup.Compiled.take_startup``), the moment training
     # began in this process and the moment its first row was logged.
     self.startup: dict | None = None
     self.training_started: float | None = None
