@@ -9,7 +9,7 @@ import pytest
 
 from lowbw import cli
 from lowbw.cli import _plot
-from lowbw.studies import pareto
+from lowbw.studies._plots import pareto
 from lowbw.studies._plots import swept_lines
 
 # A DiLoCo-like log: H = 4, so the bytes stay flat for 4 steps, then grow.

@@ -17,6 +17,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, strategies
+from lowbw.studies import _files
 
 TINY = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=8,
             eval_examples=32, eval_every=4)
@@ -96,8 +97,8 @@ def test_a_run_repeats_bit_for_bit_from_its_written_config(tmp_path, capsys):
   assert cli.main(["train", "--config", str(first / "config.yaml"), "--out",
                    str(again), "--no-plot"]) == 0
   capsys.readouterr()
-  a = lowbw.studies.read_history(str(first / "metrics.csv"))
-  b = lowbw.studies.read_history(str(again / "metrics.csv"))
+  a = _files.read_history(str(first / "metrics.csv"))
+  b = _files.read_history(str(again / "metrics.csv"))
   for column in ("train_loss", "eval_loss", "payload_bytes", "wire_bytes",
                  "sim_time_s"):
     np.testing.assert_array_equal(a[column], b[column])
