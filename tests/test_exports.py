@@ -21,10 +21,11 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("studies",)
+PACKAGES = ("models", "data", "studies")
 
 # Read through the package by lowbw/config or lowbw/simulation (see above).
 ENGINE = {
+    "data": {"BPE", "Bytes", "load_tokenizer", "image_kind", "is_prepared"},
 }
 
 

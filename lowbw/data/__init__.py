@@ -37,8 +37,6 @@ from lowbw.data._source import DataSource
 from lowbw.data._text import text_bytes
 from lowbw.data._tokenizer import BPE
 from lowbw.data._tokenizer import Bytes
-from lowbw.data._tokenizer import EOS
-from lowbw.data._tokenizer import eos_id
 from lowbw.data._tokenizer import load as load_tokenizer
 
 _REGISTRY: dict[str, Callable[..., DataSource]] = {
@@ -90,14 +88,12 @@ __all__ = [
     "BPE",
     "Bytes",
     "DataSource",
-    "EOS",
     "RECIPES",
     "WorkerSampler",
     "arrays",
     "cifar10",
     "cifar10_arrays",
     "digits",
-    "eos_id",
     "fashion_mnist",
     "get",
     "image_kind",
