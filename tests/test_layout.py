@@ -17,6 +17,13 @@ SHARED = {"_validate", "_random", "_types", "__version__"}
 # (the package or module that reads, the private module it may read): the
 # engine's own parts meet here instead of in the packages' public names.
 INTERNAL = {
+    ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
+    ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
+    ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically
+    # The engine builds what a Config checked: its build settings (RunConfig)
+    # and the signature composition of build's and simulate's keywords.
+    ("lowbw/simulation", "lowbw.config._settings"),
+    ("lowbw/simulation", "lowbw.config._options"),
 }
 
 

@@ -7,11 +7,9 @@ import math
 import os
 import sys
 
-from lowbw import _validate, telemetry
-
-Axis, axis, axis_unit, spans_decades = (telemetry.Axis, telemetry.axis,
-                                        telemetry.axis_unit,
-                                        telemetry.spans_decades)
+from lowbw import _validate
+from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
+                                   spans_decades)
 
 
 def is_staircase(column: str) -> bool:
@@ -252,7 +250,7 @@ def draw(series_, x_axis: Axis, y_axis: Axis, out: str, title: str = "",
   save(fig, out)
 
 
-save = telemetry.save_figure
+save = save_figure
 
 
 def _folder(path: str) -> str:

@@ -10,7 +10,7 @@ tables.
     OUT/points.csv          one row per point: its values, seed, finals
 
 The tables are rewritten whole each time the study runs, each to a
-temporary file renamed over the old one (``telemetry.write_csv``).
+temporary file renamed over the old one (``write_csv``).
 """
 
 import csv
@@ -23,6 +23,7 @@ import shutil
 import numpy as np
 
 from lowbw import _validate, telemetry
+from lowbw.telemetry._writers import write_bytes, write_csv
 from lowbw.config import FIELDS, RUN
 from lowbw.simulation import prepare_log_dir
 from lowbw.studies import _grid
@@ -200,7 +201,7 @@ def _write_csv(path: str, columns: dict) -> None:
   telemetry.kill_point("table")
   names = list(columns)
   rows = len(next(iter(columns.values()), []))
-  telemetry.write_csv(path, names, [{k: _plain(columns[k][r]) for k in names}
+  write_csv(path, names, [{k: _plain(columns[k][r]) for k in names}
                                     for r in range(rows)])
 
 
@@ -253,5 +254,5 @@ def _parquet(out: str, tables: dict) -> None:
     data = io.BytesIO()
     pd.DataFrame({k: list(v) for k, v in columns.items()}).to_parquet(
         data, index=False)
-    telemetry.write_bytes(os.path.join(out, f"{name}.parquet"),
+    write_bytes(os.path.join(out, f"{name}.parquet"),
                           data.getvalue())

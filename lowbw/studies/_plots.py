@@ -6,7 +6,7 @@ import math
 import numbers
 import os
 
-from lowbw import telemetry
+from lowbw.telemetry import _axes
 
 
 def _loss_key(final: dict) -> str:
@@ -57,7 +57,7 @@ def _against(study, rows, x: str, loss: str, path: str, front: bool) -> str:
   plt = _pyplot()
   xs = [r[f"{x}_mean"] for r in rows]
   ys = [r[f"{loss}_mean"] for r in rows]
-  ax_x = telemetry.axis(x, [v for v in xs if not math.isnan(v)])
+  ax_x = _axes.axis(x, [v for v in xs if not math.isnan(v)])
   fig, ax = plt.subplots(figsize=(6.4, 4.4))
   for r, xv, yv in zip(rows, xs, ys):
     ax.errorbar(xv * ax_x.scale, yv, yerr=r[f"{loss}_std"], marker="o",
@@ -75,7 +75,7 @@ def _against(study, rows, x: str, loss: str, path: str, front: bool) -> str:
                f"over {len(study.seeds)} seed(s))", fontsize=9)
   ax.legend(fontsize=6, loc="best")
   fig.tight_layout()
-  telemetry.save_figure(fig, path)
+  _axes.save_figure(fig, path)
   return path
 
 
@@ -107,7 +107,7 @@ def swept_lines(rows: list[dict], names: list[str], name: str,
                    for r in members],
                   [r[f"{loss}_mean"] for r in members],
                   [r[f"{loss}_std"] for r in members]))
-  log = numeric and telemetry.spans_decades([float(v) for v in values])
+  log = numeric and _axes.spans_decades([float(v) for v in values])
   return lines, numeric, log
 
 
@@ -131,7 +131,7 @@ def _swept(study, rows, name: str, loss: str, path: str) -> str:
   if len(lines) > 1:
     ax.legend(fontsize=6, loc="best")
   fig.tight_layout()
-  telemetry.save_figure(fig, path)
+  _axes.save_figure(fig, path)
   return path
 
 

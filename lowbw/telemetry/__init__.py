@@ -1,8 +1,6 @@
 """Metric names, log writers, progress bar and checkpoints: the I/O layer."""
 
 from lowbw.telemetry import _metrics as names
-from lowbw.telemetry._axes import (Axis, axis, axis_unit, save_figure,
-                                   spans_decades)
 from lowbw.telemetry._checkpoint import latest_step, read_meta, restore, save
 from lowbw.telemetry._checkpoint_folder import CHECKPOINTS, has_checkpoint
 from lowbw.telemetry._killpoint import kill_point
@@ -12,15 +10,14 @@ from lowbw.telemetry._startup import (STARTUP_PHASES, import_s, mark_imported,
                                       process_age_s)
 from lowbw.telemetry._writers import (CSVWriter, TensorBoardWriter,
                                      WandbWriter, WriteError, check_writable,
-                                     import_wandb, quiet_logs, write_bytes,
-                                     write_csv, write_json, write_text)
+                                     import_wandb, quiet_logs, write_json,
+                                     write_text)
 
 __all__ = [
-    "STARTUP_PHASES", "Axis", "axis", "axis_unit", "save_figure", "spans_decades",
+    "STARTUP_PHASES",
     "CHECKPOINTS", "CSVWriter", "PARAMS", "load_params", "save_params", "ProgressBar", "TensorBoardWriter",
     "WandbWriter", "WriteError", "check_writable", "has_checkpoint",
     "import_s", "import_wandb", "is_terminal", "kill_point", "latest_step",
     "mark_imported", "names", "process_age_s", "quiet_logs",
-    "read_meta", "restore", "save", "write_bytes", "write_csv", "write_json",
-    "write_text",
+    "read_meta", "restore", "save", "write_json", "write_text",
 ]

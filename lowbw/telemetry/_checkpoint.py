@@ -151,6 +151,8 @@ def _remove_partial(directory: str, step: int) -> None:
 
 
 def latest_step(directory: str) -> int | None:
+  """The step of the newest finished checkpoint in ``directory`` (a run's
+  ``checkpoints`` folder), or None when there is none."""
   if not os.path.isdir(directory):
     return None
   with quiet_logs(), _manager(directory) as manager:

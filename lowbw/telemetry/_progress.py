@@ -29,4 +29,5 @@ class ProgressBar:
 
 
 def is_terminal() -> bool:
+  """Whether stderr, where progress is drawn, is a terminal."""
   return sys.stderr.isatty()
