@@ -21,10 +21,14 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("models", "data", "telemetry", "studies")
+PACKAGES = ("network", "models", "data", "telemetry", "studies")
 
 # Read through the package by lowbw/config or lowbw/simulation (see above).
 ENGINE = {
+    "network": {"CATCH_UP", "Flat", "relinked", "link_values", "check_network",
+                "check_windows", "comm_seconds", "flops_per_step",
+                "net_params", "received_wire", "step_seconds", "tiers_of",
+                "up_mask", "waited_for"},
     "data": {"BPE", "Bytes", "load_tokenizer", "image_kind", "is_prepared"},
     "telemetry": {"CSVWriter", "TensorBoardWriter", "WandbWriter",
                   "import_wandb", "check_writable", "write_json", "write_text",

@@ -17,6 +17,7 @@ SHARED = {"_validate", "_random", "_types", "__version__"}
 # (the package or module that reads, the private module it may read): the
 # engine's own parts meet here instead of in the packages' public names.
 INTERNAL = {
+    ("lowbw/cli", "lowbw.network._planner"),  # lowbw plan's flags and units
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
     ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
     ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically

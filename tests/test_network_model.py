@@ -15,12 +15,13 @@ import pytest
 
 import lowbw
 
-from lowbw.network import (Channel, Clock, Faults, Flat, Hierarchical, Link,
+from lowbw.network import (Channel, Clock, Faults, Flat, Link,
                            Network,
                            Stragglers, all_gather, bandwidth, duration, flat,
                            flops, hardware, hierarchical, link, network,
                            ring_allreduce)
 from lowbw.network import _clock
+from lowbw.network._topology import Hierarchical
 from lowbw.network._clock import (check_network, net_params, participants,
                                   step_seconds, up_mask)
 

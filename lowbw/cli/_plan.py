@@ -8,10 +8,9 @@ import math
 from lowbw import _validate
 from lowbw.config import read_config
 from lowbw import network as net_lib
-from lowbw.network import PLAN_DEFAULTS, plan
-from lowbw.network import PLAN_DEPRECATED as DEPRECATED
-from lowbw.network import plan_unit as unit
-from lowbw.network import resolve_plan_inputs as resolve_inputs
+from lowbw.network import plan
+from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS,
+                                    resolve_inputs, unit)
 
 # What each input means, for --help; the unit comes from the planner's table.
 _HELP = {

@@ -111,6 +111,7 @@ def count(value, field: str) -> float:
 
 
 def format_bytes(n: float) -> str:
+  """Bytes in decimal units to 3 significant digits: "1.5 MB", "12 B"."""
   for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
     if abs(n) >= scale:
       return f"{n / scale:.3g} {unit}"
@@ -118,6 +119,8 @@ def format_bytes(n: float) -> str:
 
 
 def format_bandwidth(bps: float) -> str:
+  """Bit/s in the largest decimal unit that keeps the number >= 1, as the
+  flags take it: "100Mbps", "2.5Gbps"."""
   for unit, scale in (("Tbps", 1e12), ("Gbps", 1e9), ("Mbps", 1e6),
                       ("kbps", 1e3)):
     if bps >= scale:
