@@ -10,9 +10,9 @@ import optax
 import pytest
 
 from lowbw.transforms import (comm_channel, compression, error_feedback,
-                              feedback_step, init_residual, message_bytes,
-                              payload_nbytes, per_worker, quantize, random_k,
-                              roundtrip, top_k, transmit)
+                              feedback_step, payload_nbytes, per_worker,
+                              quantize, random_k, roundtrip, top_k, transmit)
+from lowbw.transforms._compression import init_residual, message_bytes
 
 W = 3
 

@@ -21,10 +21,15 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("network", "models", "data", "telemetry", "studies")
+PACKAGES = ("transforms", "network", "models", "data", "telemetry",
+            "studies")
 
 # Read through the package by lowbw/config or lowbw/simulation (see above).
 ENGINE = {
+    "transforms": {"UNCOMPRESSED", "CODEC_FORMS", "as_codec",
+                   "broadcast_to_workers", "where_workers", "any_worker",
+                   "worker_offset", "device_mean", "Adversaries", "corrupts",
+                   "weighting"},
     "network": {"CATCH_UP", "Flat", "relinked", "link_values", "check_network",
                 "check_windows", "comm_seconds", "flops_per_step",
                 "net_params", "received_wire", "step_seconds", "tiers_of",

@@ -19,6 +19,16 @@ SHARED = {"_validate", "_random", "_types", "__version__"}
 INTERNAL = {
     ("lowbw/cli", "lowbw.network._planner"),  # lowbw plan's flags and units
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
+    # A strategy's message path: residuals, byte counts and aggregation
+    # (_compression), its worker count (_reductions), robust means
+    # (_robust), SPARTA's index sets (_sparse), DeMo's DCT (_dct) and a
+    # codec's check (_codec): pieces no user composes.
+    ("lowbw/strategies", "lowbw.transforms._codec"),
+    ("lowbw/strategies", "lowbw.transforms._compression"),
+    ("lowbw/strategies", "lowbw.transforms._dct"),
+    ("lowbw/strategies", "lowbw.transforms._reductions"),
+    ("lowbw/strategies", "lowbw.transforms._robust"),
+    ("lowbw/strategies", "lowbw.transforms._sparse"),
     ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
     ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically
     # The engine builds what a Config checked: its build settings (RunConfig)

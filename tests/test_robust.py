@@ -10,8 +10,9 @@ import pytest
 import lowbw
 from lowbw import network as net_lib
 from lowbw import strategies
-from lowbw.transforms import (Adversaries, adversaries, check_robust,
-                              corrupt, participating, robust_mean)
+from lowbw.transforms import (Adversaries, adversaries, corrupt, participating,
+                              robust_mean)
+from lowbw.transforms._robust import check_robust
 
 W = 5
 

@@ -19,12 +19,12 @@ from lowbw import _validate
 from lowbw._types import Array, Params, PyTree
 from lowbw.network import exchange
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, Compression, aggregate, all_workers,
-                              broadcast_to_workers,
-                              compression, init_residual, message_bytes,
-                              num_workers, participants, participating,
-                              transmit, where_workers, worker_mean,
-                              worker_sum)
+from lowbw.transforms import (Codec, Compression, all_workers,
+                              broadcast_to_workers, compression, num_workers,
+                              participants, participating, transmit,
+                              where_workers, worker_mean, worker_sum)
+from lowbw.transforms._compression import (aggregate, init_residual,
+                                           message_bytes)
 
 
 class AsyncComm(NamedTuple):

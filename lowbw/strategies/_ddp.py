@@ -3,8 +3,9 @@
 import optax
 
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (Codec, comm_channel, compression, init_residual,
+from lowbw.transforms import (Codec, comm_channel, compression,
                               replace_with_mean, transmit)
+from lowbw.transforms._compression import init_residual
 
 
 def ddp(inner: optax.GradientTransformation | None = None,

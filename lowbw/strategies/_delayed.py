@@ -14,9 +14,10 @@ import optax
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base
 from lowbw.strategies._pseudo_gradient import mean_pseudo_gradient
-from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
-                              init_residual, num_workers, total_workers,
+from lowbw.transforms import (Compression, broadcast_to_workers, num_workers,
                               transmit, worker_mean)
+from lowbw.transforms._compression import aggregate, init_residual
+from lowbw.transforms._reductions import total_workers
 
 
 class DelayedComm(NamedTuple):

@@ -7,11 +7,13 @@ import optax
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (UNCOMPRESSED, Codec, Compression, dct_blocks,
-                              idct_blocks, broadcast_to_workers, compression,
-                              as_codec, check_codec, comm_channel, dct_top_k,
-                              init_residual, num_workers, participants,
-                              transmit, where_workers, worker_sum)
+from lowbw.transforms import (UNCOMPRESSED, Codec, Compression,
+                              broadcast_to_workers, compression, as_codec,
+                              comm_channel, dct_top_k, num_workers,
+                              participants, transmit, where_workers, worker_sum)
+from lowbw.transforms._codec import check_codec
+from lowbw.transforms._compression import init_residual
+from lowbw.transforms._dct import dct_blocks, idct_blocks
 
 
 def default_inner() -> optax.GradientTransformation:

@@ -11,8 +11,8 @@ from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _delayed, _optim, _spec
 from lowbw.strategies._pseudo_gradient import mean_pseudo_gradient
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              comm_channel, compression, init_residual,
-                              num_workers)
+                              comm_channel, compression, num_workers)
+from lowbw.transforms._compression import init_residual
 
 
 class DiLoCoComm(NamedTuple):

@@ -10,9 +10,10 @@ from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               comm_channel, compression, group_mean,
-                              init_residual,
-                              num_workers, replace_with_mean, total_workers,
-                              roundtrip_workers, transmit, worker_mean)
+                              num_workers, replace_with_mean, roundtrip_workers,
+                              transmit, worker_mean)
+from lowbw.transforms._compression import init_residual
+from lowbw.transforms._reductions import total_workers
 
 PAYLOADS = ("deltas", "parameters")
 

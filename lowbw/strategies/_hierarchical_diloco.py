@@ -38,10 +38,10 @@ from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import default_outer, outer_step
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               call_participating, comm_channel, compression,
-                              group_mean, init_residual, num_workers,
-                              participants, per_worker, total_workers,
-                              transmit, where_workers, worker_ids,
-                              worker_mean)
+                              group_mean, num_workers, participants, per_worker,
+                              transmit, where_workers, worker_ids, worker_mean)
+from lowbw.transforms._compression import init_residual
+from lowbw.transforms._reductions import total_workers
 
 _PLAIN = Compression(None, None)  # a message that crosses no link
 

@@ -27,9 +27,9 @@ from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.network import channel
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (broadcast_to_workers, group_mean,
-                              participants, per_worker, total_workers,
-                              where_workers, worker_mean)
+from lowbw.transforms import (broadcast_to_workers, group_mean, participants,
+                              per_worker, where_workers, worker_mean)
+from lowbw.transforms._reductions import total_workers
 
 
 class NoLoCoComm(NamedTuple):

@@ -7,10 +7,12 @@ import jax.numpy as jnp
 import optax
 
 from lowbw._types import PyTree
-from lowbw.transforms import (Compression, aggregate, broadcast_to_workers,
-                              corrupt, current_adversaries, current_weights,
-                              num_workers, robust_mean, transmit,
-                              weighted_mean, worker_ids, worker_mean)
+from lowbw.transforms import (Compression, broadcast_to_workers, corrupt,
+                              num_workers, robust_mean, transmit, worker_ids,
+                              worker_mean)
+from lowbw.transforms._compression import aggregate
+from lowbw.transforms._robust import (current as current_adversaries,
+                                      current_weights, weighted_mean)
 
 
 def mean_pseudo_gradient(comp: Compression, global_params: PyTree,

@@ -8,9 +8,9 @@ import optax
 from lowbw import _validate
 from lowbw.network import channel
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.transforms import (SELECTORS, Codec, as_codec,
-                              collective, roundtrip_workers, sparse_average,
-                              sparse_payload_bytes)
+from lowbw.transforms import (Codec, as_codec, collective, roundtrip_workers,
+                              sparse_average)
+from lowbw.transforms._sparse import SELECTORS, sparse_payload_bytes
 
 
 def sparta_local(inner, p: float, selector: str, codec: Codec | None = None,

@@ -17,7 +17,9 @@ from typing import Any, NamedTuple
 import optax
 
 from lowbw.strategies._optim import Optimizer
-from lowbw.transforms import AGGREGATIONS, SELECTORS, Codec
+from lowbw.transforms import Codec
+from lowbw.transforms._compression import AGGREGATIONS
+from lowbw.transforms._sparse import SELECTORS
 
 # Parameters that mean the same in every strategy that takes them: their help
 # (and allowed values) live here once; a strategy's own help= adds the rest.

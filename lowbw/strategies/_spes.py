@@ -27,9 +27,9 @@ from lowbw.network import channel
 from lowbw.strategies import _base, _experts, _optim, _spec
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
                               collective, comm_channel, compression,
-                              init_residual,
-                              message_bytes, num_workers, per_worker, transmit,
-                              worker_mean, worker_sum)
+                              num_workers, per_worker, transmit, worker_mean,
+                              worker_sum)
+from lowbw.transforms._compression import init_residual, message_bytes
 
 
 class SpesInner(NamedTuple):

@@ -35,8 +35,8 @@ from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.strategies import _base, _optim, _spec
 from lowbw.strategies._diloco import default_outer, outer_step
-from lowbw.transforms import (Codec, Compression, comm_channel, compression,
-                              init_residual)
+from lowbw.transforms import Codec, Compression, comm_channel, compression
+from lowbw.transforms._compression import init_residual
 
 PATTERNS = ("strided", "sequential")
 

@@ -2,60 +2,51 @@
 worker reductions, sparse averaging."""
 
 from lowbw.transforms._cast import cast
-from lowbw.transforms._codec import (Codec, CompressState, Payload, chain,
-                                     check_codec, collective, compress,
-                                     decode_tree, encode_tree, make_codec,
-                                     payload_nbytes, roundtrip,
-                                     roundtrip_warm, start_tree)
+from lowbw.transforms._codec import (Codec, Payload, chain, collective,
+                                     compress, decode_tree, encode_tree,
+                                     make_codec, payload_nbytes, roundtrip)
 from lowbw.transforms._codec_spec import FORMS as CODEC_FORMS
 from lowbw.transforms._codec_spec import UNCOMPRESSED, as_codec, parse_codec
-from lowbw.transforms._compression import (AGGREGATIONS, Compression,
-                                           aggregate, comm_channel,
-                                           compression, init_residual,
-                                           message_bytes,
-                                           roundtrip_workers, transmit)
-from lowbw.transforms._dct import dct_blocks, dct_top_k, idct_blocks
+from lowbw.transforms._compression import (Compression, comm_channel,
+                                           compression, roundtrip_workers,
+                                           transmit)
+from lowbw.transforms._dct import dct_top_k
 from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
 from lowbw.transforms._lowrank import low_rank
 from lowbw.transforms._per_worker import per_worker
-from lowbw.transforms._robust import (ROBUST, Adversaries, adversaries,
-                                      check_robust, corrupt, corrupts,
-                                      robust_mean)
-from lowbw.transforms._robust import current as current_adversaries
-from lowbw.transforms._robust import (current_weights, weighted_mean,
-                                      weighting)
+from lowbw.transforms._robust import (Adversaries, adversaries, corrupt,
+                                      corrupts, robust_mean, weighting)
 from lowbw.transforms._quantize import e3m0, int8, quantize, sign
 from lowbw.transforms._reductions import (all_workers, any_worker,
                                           broadcast_to_workers,
                                           call_participating, device_mean,
-                                          group_mean,
-                                          local_workers, num_workers,
-                                          participants, participating,
-                                          replace_with_mean, sharded_workers,
-                                          total_workers, worker_correlation,
-                                          worker_divergence,
-                                          where_workers, worker_ids,
-                                          worker_mean, worker_offset,
-                                          worker_sum)
-from lowbw.transforms._sparse import (SELECTORS, sparse_average, sparse_count,
-                                      sparse_indices, sparse_payload_bytes)
+                                          group_mean, local_workers,
+                                          num_workers, participants,
+                                          participating, replace_with_mean,
+                                          sharded_workers, worker_correlation,
+                                          worker_divergence, where_workers,
+                                          worker_ids, worker_mean,
+                                          worker_offset, worker_sum)
+from lowbw.transforms._sparse import (sparse_average, sparse_count,
+                                      sparse_indices)
 from lowbw.transforms._chunk import Chunker, index_dtype
 from lowbw.transforms._topk import random_k, top_k
 
-__all__ = ["dct_blocks", "idct_blocks", "UNCOMPRESSED", "CODEC_FORMS",
-    "Codec", "CompressState", "check_codec", "Compression", "ErrorFeedbackState", "Payload",
-    "SELECTORS", "broadcast_to_workers", "cast", "chain", "collective",
-    "AGGREGATIONS", "aggregate", "comm_channel", "compress", "compression", "dct_top_k", "decode_tree",
-    "encode_tree", "error_feedback", "feedback_step", "group_mean",
-    "Chunker", "index_dtype", "init_residual", "make_codec", "message_bytes", "num_workers",
-    "as_codec", "e3m0", "int8", "low_rank", "roundtrip_warm", "start_tree", "parse_codec", "payload_nbytes", "per_worker", "quantize", "random_k",
-    "replace_with_mean", "roundtrip", "roundtrip_workers", "sign", "sparse_average", "sparse_count",
-    "sparse_indices", "sparse_payload_bytes", "top_k", "transmit",
-    "ROBUST", "Adversaries", "adversaries", "check_robust", "corrupt",
-    "corrupts", "current_adversaries", "robust_mean", "current_weights",
-    "weighted_mean", "weighting",
-    "worker_correlation", "worker_divergence", "worker_mean", "all_workers", "any_worker",
-    "local_workers", "call_participating", "participants", "participating", "sharded_workers", "total_workers", "worker_ids",
-    "where_workers", "worker_offset", "worker_sum", "device_mean",
+__all__ = [
+    "UNCOMPRESSED", "CODEC_FORMS", "Codec", "Compression",
+    "ErrorFeedbackState", "Payload", "broadcast_to_workers", "cast", "chain",
+    "collective", "comm_channel", "compress", "compression", "dct_top_k",
+    "decode_tree", "encode_tree", "error_feedback", "feedback_step",
+    "group_mean", "Chunker", "index_dtype", "make_codec", "num_workers",
+    "as_codec", "e3m0", "int8", "low_rank", "parse_codec", "payload_nbytes",
+    "per_worker", "quantize", "random_k", "replace_with_mean", "roundtrip",
+    "roundtrip_workers", "sign", "sparse_average", "sparse_count",
+    "sparse_indices", "top_k", "transmit",
+    "Adversaries", "adversaries", "corrupt", "corrupts", "robust_mean",
+    "weighting",
+    "worker_correlation", "worker_divergence", "worker_mean", "all_workers",
+    "any_worker", "local_workers", "call_participating", "participants",
+    "participating", "sharded_workers", "worker_ids", "where_workers",
+    "worker_offset", "worker_sum", "device_mean",
 ]
