@@ -21,11 +21,15 @@ import re
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-PACKAGES = ("transforms", "network", "models", "data", "telemetry",
-            "studies")
+PACKAGES = ("strategies", "transforms", "network", "models", "data",
+            "telemetry", "studies")
 
 # Read through the package by lowbw/config or lowbw/simulation (see above).
 ENGINE = {
+    "strategies": {"B2", "INNER_KINDS", "OUTER_KINDS", "SCHEDULES", "USES",
+                   "OUTER_SCHEDULE", "check_outer_schedule",
+                   "PeakScheduleState", "WithCodec", "with_codec", "describe",
+                   "nothing_reported"},
     "transforms": {"UNCOMPRESSED", "CODEC_FORMS", "as_codec",
                    "broadcast_to_workers", "where_workers", "any_worker",
                    "worker_offset", "device_mean", "Adversaries", "corrupts",
