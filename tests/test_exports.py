@@ -156,6 +156,14 @@ def _public_reads(tree) -> set[tuple[str, str]]:
   return found
 
 
+def test_public_reads_sees_imports_and_aliases():
+  tree = ast.parse("from lowbw.network import tiers_of\n"
+                   "from lowbw import data as data_lib\n"
+                   "from lowbw.data._tokenizer import BPE\n"
+                   "x = data_lib.get('digits')\n")
+  assert _public_reads(tree) == {("network", "tiers_of"), ("data", "get")}
+
+
 def test_engine_names_are_still_read_by_the_engine():
   reads = _engine_reads()
   stale = [f"lowbw.{p}.{n}" for p, names in ENGINE.items() for n in names
