@@ -21,10 +21,10 @@ _cores.configure()  # before anything starts JAX's backends
 # pylint: disable=wrong-import-position
 from lowbw import data, models, network, strategies, telemetry, transforms  # noqa: E402
 from lowbw._validate import ConfigError
-from lowbw.config import Config, SavedRun, build, load, simulate
+from lowbw.config import Config
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
-                              RunWarning, Simulator, SweepResult, initialize,
-                              sweep)
+                              RunWarning, SavedRun, Simulator, SweepResult,
+                              build, initialize, load, simulate, sweep)
 from lowbw.studies import Study, study
 
 __version__ = "0.1.0"

@@ -13,7 +13,7 @@ started its backends, it asks JAX for one CPU device per core (up to
 ``XLA_FLAGS=--xla_force_host_platform_device_count=N``, the
 ``jax_num_cpu_devices`` option, or ``LOWBW_CPU_DEVICES=N`` (``1`` keeps one
 device). A run with ``devices=None`` then spreads its workers over these
-devices when that helps (``lowbw.simulation._mesh.default_devices``); a
+devices when that helps (``lowbw.config._settings.default_devices``); a
 process that only uses JAX's default device sees no difference.
 """
 

@@ -262,7 +262,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   peak = memory.peak()  # the simulator's own: before the baseline exists
   base = baseline(simulator.config.model, sampler, inner,
                   num_workers * batch_size, rounds * strategy.period, seed,
-                  simulator.config.backward)
+                  simulation.backward_of(simulator.config))
   for _ in range(warmup - 1):
     base()
   sim_s, base_s = [], []

@@ -47,7 +47,7 @@ def test_the_cli_names_the_flag_from_the_error_not_its_wording(
   def refuse(*args, **kwargs):
     raise lowbw.ConfigError("num_workers", 3, "a sentence in other words "
                             "about batch_size=4")
-  monkeypatch.setattr(lowbw.config, "build", refuse)
+  monkeypatch.setattr(lowbw.simulation, "build", refuse)
   assert cli.main(_TINY + ["--out", str(tmp_path / "r")]) == 2
   assert _err(capsys) == ("lowbw: error: --workers=3 is invalid: a sentence in "
                           "other words about --batch-size=4")
@@ -121,7 +121,7 @@ def test_grid_names_are_checked_before_anything_compiles(monkeypatch, capsys,
                                                          tmp_path):
   def no_build(*a, **k):
     raise AssertionError("built before the grid was checked")
-  monkeypatch.setattr(lowbw.config, "build_config", no_build)
+  monkeypatch.setattr(lowbw.simulation, "build_config", no_build)
   monkeypatch.setattr(lowbw.studies._run, "build_config", no_build)
   argv = ["sweep", "--data", "digits", "--steps", "3", "--out",
           str(tmp_path / "s")]

@@ -248,7 +248,7 @@ def test_config_values_of_the_wrong_type_are_named(tmp_path, capsys, text,
 def test_an_internal_type_error_is_a_bug_with_its_traceback(monkeypatch):
   def broken(args):
     raise TypeError("a bug")
-  monkeypatch.setattr(config_lib, "build", lambda *a, **k: broken(a))
+  monkeypatch.setattr(lowbw.simulation, "build", lambda *a, **k: broken(a))
   with pytest.raises(TypeError, match="a bug"):
     cli.main(TINY)
 

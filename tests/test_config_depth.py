@@ -59,7 +59,7 @@ def test_a_saved_runs_deep_config_json_names_the_folder(tmp_path):
   (tmp_path / "config.json").write_text("[" * 10_000 + "]" * 10_000)
   with pytest.raises(lowbw.ConfigError, match="^run_dir=.*its config.json "
                      "nests lists or objects too deeply"):
-    lowbw.config.load(str(tmp_path))
+    lowbw.load(str(tmp_path))
 
 
 def test_aliases_of_aliases_are_refused_at_once(tmp_path, capsys):

@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import lowbw
-from lowbw import cli, simulation, strategies
+from lowbw import cli, strategies
 
 SETTINGS = dict(data="digits", model="mlp", hidden=8, workers=2,
                 batch_size=4, steps=8, H=4, eval_examples=16, devices=1,
@@ -32,9 +32,9 @@ def counts(monkeypatch):
       factory=counting("strategy", spec.factory)))
   monkeypatch.setattr(lowbw.network, "network",
                       counting("network", lowbw.network.network))
-  check = counting("check_settings", simulation.check_settings)
-  monkeypatch.setattr(simulation, "check_settings", check)
-  monkeypatch.setattr(simulation._config, "check_settings", check)
+  settings = lowbw.config._settings  # the build settings' one check
+  monkeypatch.setattr(settings, "check_settings", counting(
+      "check_settings", settings.check_settings))
   return seen
 
 

@@ -35,6 +35,7 @@ INTERNAL = {
     # and the signature composition of build's and simulate's keywords.
     ("lowbw/simulation", "lowbw.config._settings"),
     ("lowbw/simulation", "lowbw.config._options"),
+    ("lowbw/simulation", "lowbw.config._resources"),  # the memory budget
 }
 
 

@@ -313,8 +313,8 @@ def test_sizes_beyond_int32_negative_rates_and_nan_jitter_are_refused():
 
 def test_a_memory_refusal_names_memory_budget_when_given_as_a_share(
     monkeypatch):
-  from lowbw.simulation import _memory
-  monkeypatch.setattr(_memory, "free_bytes", lambda: (1e5, "host memory"))
+  from lowbw.config import _resources
+  monkeypatch.setattr(_resources, "free_bytes", lambda: (1e5, "host memory"))
   with pytest.raises(ValueError, match=r"^memory_budget=.* is invalid: the "
                      r"run needs about .*\(50% of the 100 kB"):
     _build(memory_budget="50%")

@@ -312,7 +312,7 @@ def test_the_keyword_style_shows_and_checks_the_one_list_of_options():
   unknown one is refused with the nearest names."""
   import inspect
   from lowbw import simulation
-  from lowbw.simulation import _config
+  from lowbw.config import _settings as _config
   settings = set(inspect.signature(_config.check_settings).parameters) - {
       "strategy"}
   run = set(inspect.signature(simulation.Simulator.run).parameters) - {

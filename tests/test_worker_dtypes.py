@@ -9,7 +9,7 @@ import pytest
 
 import lowbw
 from lowbw import data, models, strategies
-from lowbw.simulation._config import WORKER_DTYPES
+from lowbw.config._settings import WORKER_DTYPES
 
 H = 2
 STEPS = 2 * H

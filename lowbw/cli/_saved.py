@@ -11,6 +11,7 @@ import numpy as np
 
 from lowbw import _validate, telemetry
 from lowbw import config as config_lib
+from lowbw import simulation
 from lowbw.models import generate
 
 
@@ -51,7 +52,7 @@ def add_parsers(subparsers) -> None:
 
 
 def run_generate(args) -> int:
-  run = config_lib.load(args.run_dir, args.step)
+  run = simulation.load(args.run_dir, args.step)
   if run.tokenizer is None:
     raise _validate.fail("run_dir", args.run_dir, f"trained a "
                          f"{run.model.name}, not a language model")
@@ -84,7 +85,7 @@ def run_generate(args) -> int:
 def run_eval(args) -> int:
   # Checked under the flag's own name (the data calls it max_examples).
   _validate.optional_positive_int("eval_examples", args.eval_examples)
-  run = config_lib.load(args.run_dir, args.step)
+  run = simulation.load(args.run_dir, args.step)
   source = _dataset(args.data, run)
   _check_tokenizer(run, source, args.data)
   batches = source.eval_batches(args.eval_examples)

@@ -14,6 +14,7 @@ import jax
 
 from lowbw import _validate, telemetry
 from lowbw import config as config_lib
+from lowbw import simulation
 from lowbw import network as network_lib
 from lowbw.cli import _plot
 from lowbw.config import FIELDS, Config
@@ -211,12 +212,12 @@ def run(args: argparse.Namespace) -> int:
                   create=False, field="out")
   say = _status(s)
   say(f"loading data ({s['data']}) and building the {s['strategy']} run")
-  sim = config_lib.build(config, compile=False)
+  sim = simulation.build(config, compile=False)
   saved = {k: v for k, v in config.to_dict().items()
            if k not in ("progress", "out")}
   say(f"compiling {s['workers']} workers' program (kept in the compilation "
       f"cache for later runs), then {s['steps']} steps; logs in {out}")
-  result = config_lib.run_config(
+  result = simulation.run_config(
       sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
       overwrite=args.overwrite, callback=_row_printer(s))
   if result.config["processes"] == 1 or jax.process_index() == 0:

@@ -16,10 +16,9 @@ from typing import Any, NamedTuple
 import yaml
 
 from lowbw import _validate
-from lowbw import simulation
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
-from lowbw.config import _fields, _files, _resolve
+from lowbw.config import _fields, _files, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
 
 # Python names some settings have elsewhere (``lowbw.simulate``'s keywords,
@@ -180,6 +179,12 @@ class _ConfigBase:
   def __hash__(self):
     return hash(json.dumps(self.to_dict(), sort_keys=True, default=id))
 
+  def built(self) -> "Built":
+    """What validating the config built: its strategy and its build settings
+    as ``check_settings`` returned them (the network among them). A run of
+    the config uses these: the strategy and the network are built once."""
+    return self._built
+
   def values(self) -> dict[str, Any]:
     """The fields given explicitly (what ``replace`` starts from)."""
     return {name: getattr(self, name) for name in FIELDS
@@ -299,7 +304,7 @@ def resolve(given: dict) -> dict:
 
 class Built(NamedTuple):
   """What validating a config builds, kept for its run: the strategy, and
-  the build settings as ``simulation.check_settings`` returned them (the
+  the build settings as ``check_settings`` returned them (the
   network among them)."""
 
   strategy: Any
@@ -311,7 +316,7 @@ def _check_build(s: dict, strategy) -> dict:
   strategy's period, the network, precision; the checked settings."""
   network = _resolve.build_network(s) if s["clock"] else None
   try:
-    return simulation.check_settings(
+    return _settings.check_settings(
         strategy, num_workers=s["workers"], network=network,
         eval_every=s["eval_every"],
         **{n: s[n] for n in _resolve.BUILD_SETTINGS})
@@ -321,8 +326,8 @@ def _check_build(s: dict, strategy) -> dict:
 
 def _check_run_settings(s: dict, strategy) -> None:
   """The run settings' checks: the seed, and checkpoints at syncs."""
-  simulation.check_seed(s["seed"])
-  simulation.multiple_of_period("checkpoint_every", s["checkpoint_every"],
+  _settings.check_seed(s["seed"])
+  _settings.multiple_of_period("checkpoint_every", s["checkpoint_every"],
                                 strategy.period)
 
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from lowbw import models as models_lib
 from lowbw import network as network_lib
-from lowbw import simulation
+from lowbw.config import _defaults, _resources, _settings
 
 SHAPE, TRACED, RUN = "shape", "traced", "run"
 
@@ -97,7 +97,7 @@ def _hardware(text, field):
 
 
 def _budget(text, field):
-  return simulation.check_budget(text)
+  return _resources.check_budget(text)
 
 
 def _group_size(text: str) -> str:
@@ -108,7 +108,7 @@ def _group_size(text: str) -> str:
 
 _group_size.config_types = (int, str)
 
-_CAP_MIB = simulation.CPU_ACTIVATION_CAP // 2 ** 20
+_CAP_MIB = _resources.CPU_ACTIVATION_CAP // 2 ** 20
 _STRAGGLERS = network_lib.Stragglers._field_defaults
 
 
@@ -131,7 +131,7 @@ _M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
                           "compute", "strategy")
 
 RUN_FIELDS = (
-    Field("workers", simulation.NUM_WORKERS, SHAPE, _H,
+    Field("workers", _defaults.NUM_WORKERS, SHAPE, _H,
           "number of simulated workers W", int, unit="workers"),
     # -- model and data
     Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
@@ -240,9 +240,9 @@ RUN_FIELDS = (
     Field("byzantine_scale", 10.0, SHAPE, _N, "faults: the factor of "
           "byzantine_kind scale", float),
     # -- run
-    Field("steps", simulation.STEPS, SHAPE, _R, "inner steps per worker", int,
+    Field("steps", _defaults.STEPS, SHAPE, _R, "inner steps per worker", int,
           unit="steps"),
-    Field("batch_size", simulation.BATCH_SIZE, SHAPE, _R,
+    Field("batch_size", _defaults.BATCH_SIZE, SHAPE, _R,
           "examples per worker and step", int, unit="examples"),
     Field("seed", 0, RUN, _R, "seeds initialisation, sharding, sampling and "
           "the strategy's keys", int),
@@ -265,7 +265,7 @@ RUN_FIELDS = (
           "program: one replica with the inner optimizer on the union of the "
           "workers' batches, from the same start (shadow_eval_loss; "
           "shadow_gap = eval_loss / shadow_eval_loss - 1); costs one more "
-          "replica's compute", choices=simulation.SHADOWS),
+          "replica's compute", choices=_settings.SHADOWS),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
           "network)"),
@@ -287,7 +287,7 @@ RUN_FIELDS = (
     Field("autocast", None, SHAPE, _C, "run forward and backward passes in "
           "this type, with float32 parameters, gradients and optimizer state "
           "(mixed precision); default float32",
-          choices=tuple(simulation.AUTOCAST)),
+          choices=tuple(_settings.AUTOCAST)),
     # -- devices
     Field("devices", None, SHAPE, _D, "spread the workers over N devices "
           "(must divide workers); default: on CPU, one device per core when "

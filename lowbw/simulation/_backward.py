@@ -19,7 +19,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
+from lowbw.config._settings import AUTOCAST
+
 
 
 class Backward(NamedTuple):
@@ -77,3 +78,9 @@ def _cast(tree, dtype):
   return jax.tree.map(
       lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating)
       else x, tree)
+
+
+def of(config) -> Backward:
+  """How the workers of ``config`` (a ``RunConfig``) compute their
+  gradients: its micro-batches and its ``autocast`` type."""
+  return Backward(config.micro, AUTOCAST[config.autocast])

@@ -2,7 +2,8 @@
 
 import time
 
-from lowbw.simulation import _compile_cache, _config
+from lowbw.config import _settings as _config
+from lowbw.simulation import _compile_cache
 from lowbw.simulation._simulator import Simulator
 
 

@@ -35,7 +35,7 @@ import optax
 from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _shadow, _timing
-from lowbw.simulation._backward import Backward
+from lowbw.simulation import _backward
 from lowbw.simulation._grouping import local_compute, steps_in_groups
 from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
@@ -223,11 +223,11 @@ def pieces(config, parts: Parts) -> Engine:
           _timing.timing, masks=c.masks, num_workers=c.num_workers,
           channels=parts.channels, strategy=c.strategy),
       compute=local_compute(c.model, c.strategy, precision, c.one_replica,
-                            c.backward),
+                            _backward.of(c)),
       draw=draw_redistributed if c.redistributes else draw,
       steps=_steps_piece(c, precision),
       lanes=(() if c.shadow is None else (functools.partial(
-          shadow_steps, _shadow.lane(c.model, c.shadow, c.backward)),)),
+          shadow_steps, _shadow.lane(c.model, c.shadow, _backward.of(c))),)),
       probe=(functools.partial(correlation, c.correlation_every)
              if c.correlation_every else no_correlation),
       later=functools.partial(
@@ -248,7 +248,7 @@ def _steps_piece(c, precision: Precision):
   if c.grouping is None:
     return scanned_steps
   run = steps_in_groups(c.model, c.strategy, precision, c.grouping,
-                        c.backward)
+                        _backward.of(c))
   return functools.partial(grouped_steps, Groups(run, c.grouping, c.masks))
 
 

@@ -11,7 +11,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lowbw.network import Channel
 from lowbw.network import received_wire, tiers_of
 from lowbw.simulation import _sums
 from lowbw.telemetry import names

@@ -10,7 +10,8 @@ import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
 from lowbw import network as net_lib
-from lowbw.simulation import (_config, _engine, _hparams, _mesh, _pace,
+from lowbw.config import _settings as _config
+from lowbw.simulation import (_engine, _hparams, _mesh, _pace,
                               _precision, _shadow)
 
 # Parameter arrays past which a one-device CPU run makes its initial state

@@ -27,8 +27,6 @@ gives the same bits, on an idle and on a busy machine alike. The chosen
 """
 
 import math
-import os
-import re
 from typing import NamedTuple
 
 import jax
@@ -37,24 +35,13 @@ from jax.extend import core as jex_core
 
 from lowbw import _validate
 from lowbw import network as net_lib
+from lowbw.config._resources import CPU_ACTIVATION_CAP, Budget
+from lowbw.simulation import _backward
 
-DEFAULT_FRACTION = 0.8
-# In-flight bytes above which the workers compute in groups, on a CPU: there
-# smaller groups are faster, not slower (their working set stays near the
-# caches; docs/performance.md, "Memory that follows the state": the default
-# GPT at W=64 takes 4.1 s a round in groups of 2-4, 5.3 s all at once; the
-# digits MLP at W=2000, 1.3 s in groups of 10, 1.75 s all at once).
-CPU_ACTIVATION_CAP = 128 * 2 ** 20
 # On an accelerator, where large batches are what keeps it busy (not
 # measured here: no GPU was lent), groups only once the workers in flight
 # would take this share of the budget.
 ACCELERATOR_ACTIVATION_SHARE = 0.25
-
-
-class Budget(NamedTuple):
-  bytes: float
-  source: str      # how it was set, for messages
-  given: bool      # the user set it (a size or a share); else the default
 
 
 class Plan(NamedTuple):
@@ -79,55 +66,6 @@ class Plan(NamedTuple):
                                            "in_groups": self.in_flight_group},
             "budget_bytes": self.budget and self.budget.bytes,
             "budget_source": self.budget and self.budget.source}
-
-
-def free_bytes() -> tuple[float | None, str]:
-  """Memory free now: the first device's (bytes_limit - bytes_in_use) where
-  its allocator says, else the host's MemAvailable; None where neither is
-  known."""
-  stats = jax.local_devices()[0].memory_stats() or {}
-  if "bytes_limit" in stats:
-    return (float(stats["bytes_limit"] - stats.get("bytes_in_use", 0)),
-            f"{jax.local_devices()[0].device_kind} memory")
-  try:
-    with open("/proc/meminfo") as f:
-      for line in f:
-        if line.startswith("MemAvailable:"):
-          return float(line.split()[1]) * 1024, "host memory"
-  except OSError:
-    pass
-  try:
-    return (float(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")),
-            "host memory")
-  except (ValueError, OSError, AttributeError):
-    return None, "unknown"
-
-
-def check_budget(value) -> Budget | None:
-  """``memory_budget``: None (``DEFAULT_FRACTION`` of free memory), bytes
-  (a number, or a string with its unit: "8GB", "512MiB"), or a percentage
-  of free memory ("60%"). None when free memory is unknown and no size was
-  given (no limit then)."""
-  field = "memory_budget"
-  if isinstance(value, str) and value.strip().endswith("%"):
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*%\s*", value)
-    share = float(match.group(1)) / 100 if match else 0.0
-    if not 0 < share <= 1:
-      raise _validate.fail(field, value,
-                           "expected a percentage of free memory in (0, 100]")
-    return _share_of_free(share, given=True)
-  if value is None:
-    return _share_of_free(DEFAULT_FRACTION, given=False)
-  size = net_lib.memory(value, field)
-  return Budget(size, f"memory_budget={net_lib.format_bytes(size)}", True)
-
-
-def _share_of_free(share: float, given: bool) -> Budget | None:
-  free, where = free_bytes()
-  if free is None:
-    return None
-  return Budget(share * free, f"{share:.0%} of the {net_lib.format_bytes(free)}"
-                f" of {where} free at build", given)
 
 
 def nbytes(tree) -> float:
@@ -244,7 +182,7 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   mine, shared = _per_worker(stored, workers)
   # In micro-batches only one micro-batch's residuals exist at a time, next
   # to the gradients' running sum (``_backward``).
-  backward = c.backward
+  backward = _backward.of(c)
   micro_example = jax.tree.map(lambda x: x[:x.shape[0] // backward.micro],
                                example)
   residuals = residual_bytes(backward.loss(c.model), abstract_params,

@@ -69,53 +69,6 @@ def _env_int(name):
     raise _validate.fail(name, value, "expected an integer") from None
 
 
-def default_devices(num_workers: int, spread: bool) -> int:
-  """The devices of a run that names none: every device of every process in
-  a multi-process run; on CPU, when ``spread`` (the workers are kept apart:
-  not DDP's one replica), the most of this process's CPU devices (one per
-  core, ``lowbw._cores``) that divides ``num_workers``; else one.
-
-  XLA's CPU backend runs a vmapped batched matmul on one thread and one
-  program's operations one after another, so W workers on one device use
-  one core at a time in their matmuls; on one device per core the devices
-  run their slices of the workers at once (the digits MLP under DiLoCo at
-  W = 8 on 2 cores: 0.53 of one replica's speed on one device, 0.71 on
-  two, ``benchmarks/limit.py``)."""
-  if jax.process_count() > 1:
-    return jax.device_count()
-  if not spread or jax.default_backend() != "cpu":
-    return 1
-  available = jax.local_device_count()
-  return max(d for d in range(1, min(available, num_workers) + 1)
-             if num_workers % d == 0)
-
-
-def check_devices(devices, num_workers: int, spread: bool = False) -> int:
-  """The number of devices to spread ``num_workers`` workers over.
-
-  None: ``default_devices(num_workers, spread)``.
-  """
-  available = jax.device_count()
-  if devices is None:
-    return default_devices(num_workers, spread)
-  devices = _validate.positive_int("devices", devices)
-  if devices > available:
-    raise _validate.fail("devices", devices,
-                         f"only {available} {jax.default_backend()} device(s) "
-                         "are visible (on CPU, set XLA_FLAGS="
-                         "--xla_force_host_platform_device_count=N before "
-                         "JAX starts)")
-  if jax.process_count() > 1 and devices != available:
-    raise _validate.fail("devices", devices,
-                         f"a run over {jax.process_count()} processes uses all "
-                         f"{available} devices")
-  if num_workers % devices:
-    raise _validate.fail("devices", devices,
-                         f"must divide num_workers={num_workers} (each device "
-                         "holds the same number of workers)")
-  return devices
-
-
 def make_mesh(devices: int) -> Mesh:
   """A one-axis mesh (``"workers"``) over the first ``devices`` devices."""
   return Mesh(np.asarray(jax.devices()[:devices]), (MESH_AXIS,))

@@ -1,6 +1,6 @@
 """``lowbw.simulate``: build a simulator, run it once."""
 
-from lowbw.simulation import _options
+from lowbw.config import _options
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator, build
 

@@ -22,14 +22,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from lowbw import _validate
 from lowbw._types import Array, Params, PyTree
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import after_backward, replica_grads
-from lowbw import strategies
 from lowbw.transforms import device_mean
 
-CHOICES = ("ddp",)
 
 
 class ShadowState(NamedTuple):
@@ -38,25 +35,6 @@ class ShadowState(NamedTuple):
 
   params: Params
   inner: PyTree
-
-
-def check(shadow, strategy) -> optax.GradientTransformation | None:
-  """The lane's optimizer, or None for no lane.
-
-  ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
-  (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
-  such as DeMo); or an optax transformation, the lane's optimizer.
-  """
-  if shadow is None:
-    return None
-  if isinstance(shadow, optax.GradientTransformation):
-    return shadow
-  if shadow in CHOICES:
-    return strategy.inner or strategies.default_inner()
-  raise _validate.fail(
-      "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
-      "strategy's inner optimizer, trained on the union of the workers' "
-      "batches) or an optax.GradientTransformation (the replica's optimizer)")
 
 
 def init(inner: optax.GradientTransformation, params: Params) -> ShadowState:

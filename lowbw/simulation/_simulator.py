@@ -26,8 +26,10 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
-from lowbw.simulation import (_compile_cache, _config, _engine, _facts,
-                              _hparams, _inputs, _logdir, _mesh, _options,
+from lowbw.config import _options
+from lowbw.config import _settings as _config
+from lowbw.simulation import (_compile_cache, _engine, _facts,
+                              _hparams, _inputs, _logdir, _mesh,
                               _plan, _prices, _resume, _schema, _startup)
 from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation._divergence import DivergenceError

@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from lowbw import _validate, telemetry
-from lowbw.simulation import _config, _hparams, _logdir
+from lowbw.config import _settings as _config
+from lowbw.simulation import _hparams, _logdir
 from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._track import Track

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from lowbw import _validate, simulation, telemetry
-from lowbw.config import Config, build_config, run_config, yaml_or_none
+from lowbw.config import Config
+from lowbw.simulation import build_config, run_config, yaml_or_none
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
 from lowbw.studies._result import PointResult, Study

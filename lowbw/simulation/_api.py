@@ -4,9 +4,9 @@ keywords."""
 import functools
 
 from lowbw import _validate
-from lowbw import simulation
-from lowbw.config import _resolve
-from lowbw.config._config import FIELDS, Config
+from lowbw.config import FIELDS, Config, build_data, build_model
+from lowbw.simulation import _run, _simulator
+from lowbw.simulation._build import build_checked
 
 # Arguments of a run that are not settings (what to do with the folder,
 # hooks, values for one run of a build).
@@ -15,15 +15,16 @@ RUN_ONLY = ("overwrite", "callback", "metadata", "hparams", "resume_from",
 
 
 def build_config(config: Config, compile: bool = True,
-                 compile_cache=True) -> simulation.Simulator:
+                 compile_cache=True) -> _simulator.Simulator:
   """The simulator of ``config`` (its shape fields; seed and log folder are
   ``run_config``'s): the data and the model made, the strategy, the network
   and the settings as the config checked them when it was made."""
   s = {name: getattr(config, name) for name in FIELDS}
-  source = _resolve.build_data(s)
-  return simulation.build_checked(
-      _resolve.build_model(s, source), source, config._built.strategy,
-      config._built.checked, compile=compile, compile_cache=compile_cache)
+  source = build_data(s)
+  built = config.built()
+  return build_checked(build_model(s, source), source, built.strategy,
+                       built.checked, compile=compile,
+                       compile_cache=compile_cache)
 
 
 def yaml_or_none(config: Config) -> str | None:
@@ -36,7 +37,7 @@ def yaml_or_none(config: Config) -> str | None:
     return None
 
 
-def run_config(sim: simulation.Simulator, config: Config, **kwargs):
+def run_config(sim: _simulator.Simulator, config: Config, **kwargs):
   """Runs ``sim`` (built from ``config``) with the config's run fields,
   writing ``config.yaml`` to the log folder when the config can be;
   ``kwargs`` are further ``Simulator.run`` arguments (or override one, such
@@ -67,21 +68,21 @@ def _config_of(what: str, args: tuple, kwargs: dict, allowed) -> Config | None:
   return args[0]
 
 
-@functools.wraps(simulation.simulate)
+@functools.wraps(_run.simulate)
 def simulate(*args, **kwargs):
   config = _config_of("simulate", args, kwargs, RUN_ONLY)
   if config is None:
-    return simulation.simulate(*args, **kwargs)
+    return _run.simulate(*args, **kwargs)
   cache = kwargs.pop("compile_cache", True)
   sim = build_config(config, compile=False, compile_cache=cache)
   return run_config(sim, config, **kwargs)
 
 
-@functools.wraps(simulation.build)
+@functools.wraps(_simulator.build)
 def build(*args, **kwargs):
   config = _config_of("build", args, kwargs, ("compile", "compile_cache"))
   if config is None:
-    return simulation.build(*args, **kwargs)
+    return _simulator.build(*args, **kwargs)
   return build_config(config, **kwargs)
 
 
@@ -91,7 +92,7 @@ _CONFIG_NOTE = """
   ``hparams``, ``resume_from`` and ``compile_cache`` may still be given) and
   writes it to ``log_dir/config.yaml``.
 """
-simulate.__doc__ = (simulation.simulate.__doc__ or "") + _CONFIG_NOTE
-build.__doc__ = (simulation.build.__doc__ or "") + _CONFIG_NOTE.replace(
+simulate.__doc__ = (_run.simulate.__doc__ or "") + _CONFIG_NOTE
+build.__doc__ = (_simulator.build.__doc__ or "") + _CONFIG_NOTE.replace(
     "simulate", "build").replace("runs", "builds").replace(
     " and\n  writes it to ``log_dir/config.yaml``", "")

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 
 from lowbw import _validate, telemetry
+from lowbw.config import Config
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 
@@ -137,8 +138,6 @@ def tokenizer_of(run_dir: str, model):
 def _checkpoint_params(run_dir: str, step: int):
   """A checkpoint's global parameters: the run rebuilt from its
   ``config.yaml``, its state restored at ``step``."""
-  from lowbw.config._api import build_config
-  from lowbw.config._config import Config
   yaml_path = os.path.join(run_dir, "config.yaml")
   checkpoints = os.path.join(run_dir, telemetry.CHECKPOINTS)
   if not os.path.isdir(checkpoints):
@@ -154,6 +153,7 @@ def _checkpoint_params(run_dir: str, step: int):
   if step not in saved:
     raise _validate.fail("step", step, "no checkpoint at that step; the run "
                          f"kept steps {saved}")
+  from lowbw.simulation._api import build_config  # _api builds through us
   sim = build_config(Config.load(yaml_path), compile=False)
   state, sampler, net, _ = sim.initial(seed)
   _, state, _ = telemetry.restore(checkpoints, state, step)

@@ -1,4 +1,4 @@
-"""A run's validated, immutable configuration: what sets the compiled programs.
+"""A run's validated, immutable build settings: what sets the compiled programs.
 
 ``configure`` checks every argument of ``lowbw.build`` and returns a frozen
 ``RunConfig``; nothing is traced or compiled here. What a ``RunConfig`` holds is
@@ -12,16 +12,21 @@ import math
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import network as net_lib
-from lowbw.simulation import _defaults, _memory, _mesh, _options, _shadow
-from lowbw.simulation._backward import AUTOCAST, Backward
+from lowbw.config import _defaults, _options
+from lowbw.config._resources import Budget, check_budget, check_devices
 
+AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
+# The paired DDP lane's choices (``shadow``).
+SHADOWS = ("ddp",)
 _TARGET_CHUNKS = 25
 WORKER_DTYPES = ("float32", "bfloat16")
 
@@ -56,20 +61,19 @@ class RunConfig:
   devices: int
   worker_dtype: str
   worker_batch: int | str | None   # "auto" until the Simulator chooses
-  memory_budget: _memory.Budget | None
+  memory_budget: "Budget | None"
   minibatch_size: int | None = None  # None: the whole batch at once
   autocast: str = "float32"
   correlation_every: int | None = None
   eval_local: bool = False
   shadow: Any = None  # the paired DDP lane's optimizer (``_shadow``)
-  # ``devices`` was not given: lowbw chose it (``_mesh.default_devices``).
+  # ``devices`` was not given: lowbw chose it (``default_devices``).
   auto_devices: bool = False
 
   @property
-  def backward(self) -> Backward:
-    """How a worker's gradient is computed (``_backward``)."""
-    micro = self.batch_size // (self.minibatch_size or self.batch_size)
-    return Backward(micro, AUTOCAST[self.autocast])
+  def micro(self) -> int:
+    """Micro-batches per worker batch (``minibatch_size``)."""
+    return self.batch_size // (self.minibatch_size or self.batch_size)
 
   @property
   def period(self) -> int:
@@ -249,7 +253,7 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
   if network is not None:
     network = net_lib.check_network(network, num_workers)
   auto_devices = devices is None
-  devices = _mesh.check_devices(devices, num_workers,
+  devices = check_devices(devices, num_workers,
                                 _spreads(strategy, network, worker_batch))
   period = strategy.period
   if steps < period:
@@ -276,11 +280,11 @@ def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
           if rounds_per_chunk is not None else default_rpc),
       devices=devices, worker_dtype=worker_dtype,
       worker_batch=check_worker_batch(worker_batch, num_workers // devices),
-      memory_budget=_memory.check_budget(memory_budget),
+      memory_budget=check_budget(memory_budget),
       minibatch_size=minibatch_size, autocast=autocast,
       correlation_every=multiple_of_period("correlation_every",
                                            correlation_every, period),
-      eval_local=eval_local, shadow=_shadow.check(shadow, strategy),
+      eval_local=eval_local, shadow=check_shadow(shadow, strategy),
       auto_devices=auto_devices and devices > 1)
 
 
@@ -355,3 +359,23 @@ def check_processes(checkpoint_every, resume_from) -> None:
 
 # The build settings' names, in check_settings' order.
 SETTINGS = tuple(_options.keywords(check_settings, skip=("strategy",)))
+
+
+# ----------------------------------------------------- the paired DDP lane
+def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
+  """The lane's optimizer, or None for no lane.
+
+  ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
+  (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
+  such as DeMo); or an optax transformation, the lane's optimizer.
+  """
+  if shadow is None:
+    return None
+  if isinstance(shadow, optax.GradientTransformation):
+    return shadow
+  if shadow in SHADOWS:
+    return strategy.inner or strategies_lib.default_inner()
+  raise _validate.fail(
+      "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
+      "strategy's inner optimizer, trained on the union of the workers' "
+      "batches) or an optax.GradientTransformation (the replica's optimizer)")
