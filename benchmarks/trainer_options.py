@@ -67,7 +67,8 @@ def main():
   for name, strategy, inner, extra in configurations():
     rounds = 1 if strategy.period > 1 else H
     r = bench.measure(model, source, strategy, inner, args.workers,
-                      args.batch_size, rounds=rounds, repeats=args.repeats,
+                      args.batch_size,
+                      bench.Timing(rounds=rounds, repeats=args.repeats),
                       worker_batch="all", **extra)
     rows.append({"name": name, **r})
     print(f"{name:45s} {r['tokens_per_s']:9,.0f} tok/s  efficiency "

@@ -13,6 +13,7 @@ configuration's own.
 import resource
 import statistics
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -20,7 +21,7 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from lowbw import simulation
+from lowbw import _validate, simulation
 from lowbw.simulation import build
 
 
@@ -222,21 +223,46 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
           "messages": part(specs.comm, st.comm)}
 
 
-def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
-            rounds: int = 2, repeats: int = 3, warmup: int = 1,
-            sync_cost: bool = True, seed: int = 0, **options) -> dict:
-  """Figures for one configuration (see the module docstring).
+class Timing(NamedTuple):
+  """How ``measure`` takes its figures.
 
-  Args:
-    model, data, strategy: as for ``lowbw.simulate``.
-    inner: the optax optimizer of the baseline (the strategy's inner one).
-    num_workers, batch_size: W and b; the baseline's batch is W·b.
+  Attributes:
     rounds: rounds (of H steps) per timed call.
     repeats: timed calls of each program; figures are medians.
     warmup: untimed calls before timing.
     sync_cost: also time the strategy's sync alone (median of ``repeats``
       calls on the run's state) and report its share of a round.
     seed: the run's seed (the baseline's too).
+  """
+
+  rounds: int = 2
+  repeats: int = 3
+  warmup: int = 1
+  sync_cost: bool = True
+  seed: int = 0
+
+
+def _check_timing(timing, options: dict) -> None:
+  """``timing`` is a ``Timing``, and none of its fields came as a build
+  setting (``rounds=2`` where ``timing=Timing(rounds=2)`` was meant)."""
+  if not isinstance(timing, Timing):
+    raise _validate.fail("timing", timing, "expected a lowbw.bench.Timing")
+  for name in Timing._fields:
+    if name in options:
+      raise _validate.fail(name, options[name], "a Timing field, not a "
+                           f"build setting: pass timing=Timing({name}=...)")
+
+
+def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
+            timing: Timing = Timing(), **options) -> dict:
+  """Figures for one configuration (see the module docstring).
+
+  Args:
+    model, data, strategy: as for ``lowbw.simulate``.
+    inner: the optax optimizer of the baseline (the strategy's inner one).
+    num_workers, batch_size: W and b; the baseline's batch is W·b.
+    timing: how the figures are taken (``Timing``: rounds per timed call,
+      repeats, warm-up calls, the sync timed alone, the seed).
     **options: further ``lowbw.build`` settings that say how the workers
       compute (``devices``, ``worker_dtype``, ``worker_batch``,
       ``memory_budget``, ``minibatch_size``, ``autocast``, ...).
@@ -244,6 +270,8 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   Returns:
     A JSON-able dict of figures.
   """
+  _check_timing(timing, options)
+  rounds, repeats, warmup, sync_cost, seed = timing
   memory = _Memory()
   simulator = build(model, data, strategy, num_workers=num_workers,
                     batch_size=batch_size, steps=rounds * strategy.period,

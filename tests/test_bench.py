@@ -21,13 +21,15 @@ P = 64 * 8 + 8 + 8 * 10 + 10  # digits: 8x8 inputs, 10 classes
 def figures():
   inner = optax.adamw(1e-3)
   return bench.measure(MLP, data.digits(), strategies.diloco(inner, H=2),
-                       inner, num_workers=2, batch_size=4, rounds=1,
-                       repeats=1, warmup=1)
+                       inner, num_workers=2, batch_size=4,
+                       timing=bench.Timing(rounds=1, repeats=1, warmup=1))
 
 
 def test_figures_are_measured(figures):
   f = figures
   assert f["workers"] == 2 and f["steps"] == 2 and f["num_params"] == P
+  # The Timing was followed: one round per call, one timed call.
+  assert f["rounds"] == 1 and len(f["efficiencies"]) == 1
   for key in ("worker_steps_per_s", "examples_per_s",
               "baseline_examples_per_s", "efficiency", "compile_s",
               "peak_bytes", "sync_s"):
@@ -38,6 +40,19 @@ def test_figures_are_measured(figures):
   # 600-parameter model and the round it is timed against take tens of
   # microseconds, and a loaded test machine can put either above the other).
   assert 0 < f["sync_share"] < float("inf")
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"rounds": 1}, "rounds"),  # a Timing field given as a build setting
+    ({"seed": 3}, "seed"),
+    ({"timing": (1, 1, 1, True, 0)}, "timing"),  # not a Timing
+])
+def test_a_misplaced_timing_is_refused_before_building(kwargs, field):
+  with pytest.raises(ValueError) as e:
+    bench.measure(MLP, data.digits(), strategies.ddp(optax.sgd(0.1)),
+                  optax.sgd(0.1), 2, 4, **kwargs)
+  assert str(e.value).startswith(f"{field}=") and "\n" not in str(e.value)
+  assert "Timing" in str(e.value)
 
 
 def test_mfu_is_flops_per_token_times_tokens_over_the_device_peak(

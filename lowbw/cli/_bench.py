@@ -83,8 +83,9 @@ def _measure(s: dict, workers: int) -> dict:
   strategy = config_lib.build_strategy(s)
   return bench.measure(
       model, source, strategy, config_lib.build_inner(s), workers,
-      s["batch_size"], rounds=s["rounds"], repeats=s["repeats"],
-      warmup=s["warmup"], seed=s["seed"], **_compute(s))
+      s["batch_size"], bench.Timing(rounds=s["rounds"], repeats=s["repeats"],
+                                    warmup=s["warmup"], seed=s["seed"]),
+      **_compute(s))
 
 
 def _compute(s: dict) -> dict:

@@ -259,8 +259,9 @@ def async_diloco(
   local = lambda s, g: (_base.inner_update(inner, s, g), {})  # noqa: E731
   sync = async_sync(outer, comp, staleness_scale)
   strategy = _base.make(
-      "async_diloco", 1, async_init(inner, outer, comp), local, sync,
-      lambda s: s.comm.global_params, async_channels(comp),
+      "async_diloco", 1, _base.Parts(
+          async_init(inner, outer, comp), local, sync,
+          lambda s: s.comm.global_params, async_channels(comp)),
       {"name": "async_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
        "delayed_nesterov": delayed_nesterov,

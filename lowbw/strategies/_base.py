@@ -248,18 +248,34 @@ def compose_step(local, sync, period: int):
   return step
 
 
-def make(name: str, period: int, init, local, sync, global_params, channels,
-         config: dict[str, Any], overlap_steps: int | None = None,
-         replicated: bool = False,
-         outer_places: dict[str, str] | None = None,
-         asynchronous: int | None = None,
-         time_budget: bool | str = False,
-         inner: optax.GradientTransformation | None = None) -> Strategy:
-  return Strategy(name, period, init, local, sync,
-                  compose_step(local, sync, period), global_params, channels,
-                  config, overlap_steps, replicated,
-                  {} if outer_places is None else dict(outer_places),
-                  asynchronous, time_budget, inner)
+class Parts(NamedTuple):
+  """The pure functions a strategy is made of (``make``); each as the
+  ``Strategy`` attribute of the same name."""
+
+  init: Callable[[Params, int, PRNGKey], StrategyState]
+  local: Callable[[StrategyState, PyTree], tuple[StrategyState, CommReport]]
+  sync: Callable[[StrategyState], tuple[StrategyState, CommReport]] | None
+  global_params: Callable[[StrategyState], Params]
+  channels: Callable[[Params, int], dict[str, Channel]]
+
+
+def make(name: str, period: int, parts: Parts, config: dict[str, Any],
+         **options) -> Strategy:
+  """A ``Strategy`` of ``parts``, its ``step`` composed of ``local`` and
+  ``sync``.
+
+  ``options`` are ``Strategy``'s optional attributes (``overlap_steps``,
+  ``replicated``, ``outer_places``, ``asynchronous``, ``time_budget``,
+  ``inner``), passed to it as they are, except that ``outer_places``
+  defaults to ``{}``: a strategy built here says where its outer optimizers
+  live, and one that names none has none.
+  """
+  # The options are Strategy's own keywords rather than restated here, so
+  # that their meaning and defaults live in one place (its docstring).
+  options["outer_places"] = dict(options.get("outer_places") or {})
+  return Strategy(name, period, parts.init, parts.local, parts.sync,
+                  compose_step(parts.local, parts.sync, period),
+                  parts.global_params, parts.channels, config, **options)
 
 
 def describe(tx: optax.GradientTransformation | None) -> dict | None:

@@ -60,9 +60,10 @@ def ddp(inner: optax.GradientTransformation | None = None,
   def channels(params, num_workers):
     return {"gradients": comm_channel(comp, params, num_workers)}
 
-  return _base.make("ddp", 1, init, local, None, _base.mean_of_workers,
-                    channels, {"name": "ddp", "inner": _base.describe(inner),
-                               **comp.config},
+  return _base.make("ddp", 1, _base.Parts(init, local, None,
+                                          _base.mean_of_workers, channels),
+                    {"name": "ddp", "inner": _base.describe(inner),
+                     **comp.config},
                     replicated=comp.codec is None and comp.message is None,
                     inner=inner)
 

@@ -198,8 +198,8 @@ def demo(
   chunk_k = (codec.config["chunk"], codec.config["k"]) if combine == "mean" \
       else None
   return _base.make(
-      "demo", 1, _init(inner, comp), _local(inner, comp, chunk_k), None,
-      _global_params, _channels(comp),
+      "demo", 1, _base.Parts(_init(inner, comp), _local(inner, comp, chunk_k),
+                             None, _global_params, _channels(comp)),
       {"name": "demo", "inner": _base.describe(inner), "decay": decay,
        "codec": codec.name,
        **({"combine": combine} if combine != "sum" else {}),

@@ -130,9 +130,9 @@ def desloc(
             for name in CHANNELS}
 
   return _base.make(
-      "desloc", math.gcd(Kx, Ku, Kv), init,
-      lambda s, g: (_base.inner_update(inner, s, g), {}),
-      desloc_sync(periods), _base.mean_of_workers, channels,
+      "desloc", math.gcd(Kx, Ku, Kv), _base.Parts(
+          init, lambda s, g: (_base.inner_update(inner, s, g), {}),
+          desloc_sync(periods), _base.mean_of_workers, channels),
       {"name": "desloc", "inner": _base.describe(inner), "Kx": Kx, "Ku": Ku,
        "Kv": Kv},
       inner=inner)

@@ -42,30 +42,34 @@ def diloco_init(inner, outer, comp: Compression):
   return init
 
 
-def outer_step(outer: optax.GradientTransformation, comp: Compression,
-               global_params: PyTree, params_W: PyTree, outer_state: PyTree,
-               message_W: PyTree, key, active_W=None,
-               senders_W=None) -> tuple:
+def outer_step(outer: optax.GradientTransformation, comp: Compression):
   """The outer step of the DiLoCo family, on any tree of tensors (the whole
   model, one of Streaming DiLoCo's fragments, or hierarchical DiLoCo's group
-  models).
+  models), with ``outer`` and ``comp`` in its closure.
 
   Each worker's pseudo-gradient is global - theta_w. Each goes through the
   message chain (the codec, after its error-feedback residual is added); the
   participants' mean of what the receivers decode is fed to the outer
-  optimizer as a gradient of the global parameters. ``active_W`` and
-  ``senders_W`` are ``transmit``'s (who takes part, whose noise a worker
-  encodes with); None: the engine's participants, each worker its own.
+  optimizer as a gradient of the global parameters.
 
   Returns:
-    (new global parameters, outer state, message states, the mean
-    pseudo-gradient).
+    ``step(global_params, params_W, outer_state, message_W, key,
+    active_W=None, senders_W=None) -> (new global parameters, outer state,
+    message states, the mean pseudo-gradient)``. ``active_W`` and
+    ``senders_W`` are ``transmit``'s (who takes part, whose noise a worker
+    encodes with); None: the engine's participants, each worker its own.
   """
-  pseudo_grad, message_W = mean_pseudo_gradient(
-      comp, global_params, params_W, message_W, key, active_W, senders_W)
-  updates, outer_state = outer.update(pseudo_grad, outer_state, global_params)
-  return (optax.apply_updates(global_params, updates), outer_state, message_W,
-          pseudo_grad)
+
+  def step(global_params: PyTree, params_W: PyTree, outer_state: PyTree,
+           message_W: PyTree, key, active_W=None, senders_W=None) -> tuple:
+    pseudo_grad, message_W = mean_pseudo_gradient(
+        comp, global_params, params_W, message_W, key, active_W, senders_W)
+    updates, outer_state = outer.update(pseudo_grad, outer_state,
+                                        global_params)
+    return (optax.apply_updates(global_params, updates), outer_state,
+            message_W, pseudo_grad)
+
+  return step
 
 
 def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
@@ -75,11 +79,13 @@ def diloco_sync(outer: optax.GradientTransformation, comp: Compression):
   its own metric.
   """
 
+  step = outer_step(outer, comp)
+
   def sync(state):
     c = state.comm
-    global_params, outer_state, residual_W, pseudo_grad = outer_step(
-        outer, comp, c.global_params, state.params_W, c.outer_state,
-        c.residual_W, _base.comm_key(state))
+    global_params, outer_state, residual_W, pseudo_grad = step(
+        c.global_params, state.params_W, c.outer_state, c.residual_W,
+        _base.comm_key(state))
     return state._replace(
         params_W=broadcast_to_workers(global_params,
                                       num_workers(state.params_W)),
@@ -112,27 +118,40 @@ _VARIANTS = {
 }
 
 
-def build(name: str, inner, outer, H: int, comp: Compression,
-          extra_config: dict | None = None, outer_delay: int = 0,
-          eager: bool = False, dylu: bool | str = False) -> _base.Strategy:
-  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo).
+class Variant(NamedTuple):
+  """How a DiLoCo-family strategy departs from DiLoCo's round (``build``).
 
-  ``outer_delay`` 1: each outer step applies the previous round's mean, so
-  the sync's communication overlaps the next round (the clock hides it
-  behind that round's H steps); ``eager``: each worker mixes in its own
-  fresh pseudo-gradient (``_delayed``)."""
+  Attributes:
+    outer_delay: 1: each outer step applies the previous round's mean, so
+      the sync's communication overlaps the next round (the clock hides it
+      behind that round's H steps); 0: this round's.
+    eager: each worker mixes in its own fresh pseudo-gradient
+      (``_delayed``; needs ``outer_delay`` 1).
+    dylu: time-budgeted rounds (``Strategy.time_budget``): False, True, or
+      "weighted".
+  """
+
+  outer_delay: int = 0
+  eager: bool = False
+  dylu: bool | str = False
+
+
+def build(name: str, inner, outer, H: int, comp: Compression,
+          variant: Variant = Variant()) -> _base.Strategy:
+  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo)."""
+  outer_delay, eager, dylu = variant
   init, sync, global_params, place = _VARIANTS[outer_delay, eager]
   return _base.make(
-      name, H, init(inner, outer, comp), lambda s, g: (
-          _base.inner_update(inner, s, g), {}),
-      sync(outer, comp, H), global_params, diloco_channels(comp),
+      name, H, _base.Parts(
+          init(inner, outer, comp),
+          lambda s, g: (_base.inner_update(inner, s, g), {}),
+          sync(outer, comp, H), global_params, diloco_channels(comp)),
       {"name": name, "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
        **({"outer_delay": outer_delay} if outer_delay else {}),
        **({"eager": True} if eager else {}),
        **({"dylu": True} if dylu else {}),
-       **({"dylu_weighted": True} if dylu == "weighted" else {}),
-       **(extra_config or {})},
+       **({"dylu_weighted": True} if dylu == "weighted" else {})},
       overlap_steps=H if outer_delay else None,
       outer_places={"outer": place}, time_budget=dylu,
       inner=inner)
@@ -240,8 +259,8 @@ def diloco(
   return build("diloco", inner, outer, H,
                compression(codec, error_feedback, message, aggregation,
                            robust),
-               outer_delay=outer_delay, eager=eager,
-               dylu="weighted" if dylu_weighted else dylu)
+               Variant(outer_delay, eager,
+                       "weighted" if dylu_weighted else dylu))
 
 
 SPEC = _spec.spec(

@@ -151,9 +151,10 @@ def fedavg(
   t = _FedAvg(inner, comp, H, island_size,
               comp.codec is not None and compress == "deltas")
   return _base.make(
-      "fedavg", H, _init(t),
-      lambda state, grads_W: (_base.inner_update(inner, state, grads_W), {}),
-      _sync(t), _base.mean_of_workers, _channels(t),
+      "fedavg", H, _base.Parts(
+          _init(t), lambda state, grads_W: (
+              _base.inner_update(inner, state, grads_W), {}),
+          _sync(t), _base.mean_of_workers, _channels(t)),
       {"name": "fedavg", "inner": _base.describe(inner), "H": H,
        "island_size": island_size, **comp.config,
        "compress": compress if comp.codec is not None else None},

@@ -188,9 +188,10 @@ def _global(t: _Tiers, state, s: int, g: int):
   key = _base.comm_key(state)
   if s > 1:  # both tiers encode: their noise is independent
     key = jax.random.fold_in(key, 1)
-  new_global, outer_state, message_W, pseudo_grad = outer_step(
-      t.global_outer, _tier(t.comp, g), c.global_params, c.group_params_W,
-      c.global_outer, c.global_message_W, key,
+  step = outer_step(t.global_outer, _tier(t.comp, g))
+  new_global, outer_state, message_W, pseudo_grad = step(
+      c.global_params, c.group_params_W, c.global_outer, c.global_message_W,
+      key,
       active_W=_live_groups(jnp.arange(total_workers(state.params_W)), s),
       senders_W=worker_ids(local) // s)
   new_W = broadcast_to_workers(new_global, local)
@@ -288,9 +289,10 @@ def hierarchical_diloco(
   t = _Tiers(inner, outer, global_outer, compression(codec, error_feedback),
              H, R, group_size, groups)
   return _base.make(
-      "hierarchical_diloco", t.H, _init(t),
-      lambda st, grads_W: (_base.inner_update(inner, st, grads_W), {}),
-      _sync(t), _global_params, _channels(t),
+      "hierarchical_diloco", t.H, _base.Parts(
+          _init(t),
+          lambda st, grads_W: (_base.inner_update(inner, st, grads_W), {}),
+          _sync(t), _global_params, _channels(t)),
       {"name": "hierarchical_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer),
        "global_outer": _base.describe(global_outer), "H": t.H,

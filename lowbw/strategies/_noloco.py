@@ -132,9 +132,10 @@ def noloco(
                              2)}
 
   return _base.make(
-      "noloco", H, init, lambda s, g: (_base.inner_update(inner, s, g), {}),
-      noloco_sync(outer, H, pull),
-      lambda s: worker_mean(s.comm.outer_params_W), channels,
+      "noloco", H, _base.Parts(
+          init, lambda s, g: (_base.inner_update(inner, s, g), {}),
+          noloco_sync(outer, H, pull),
+          lambda s: worker_mean(s.comm.outer_params_W), channels),
       {"name": "noloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "pull": pull},
       outer_places={"outer": "outer_state_W"},

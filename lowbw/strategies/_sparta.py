@@ -107,8 +107,9 @@ def sparta(
     return _base.inner_init(inner, params, num_workers_, key, ())
 
   return _base.make(
-      "sparta", 1, init, sparta_local(inner, p, selector, codec, interval),
-      None, _base.mean_of_workers, sparta_channels(p, codec),
+      "sparta", 1, _base.Parts(
+          init, sparta_local(inner, p, selector, codec, interval), None,
+          _base.mean_of_workers, sparta_channels(p, codec)),
       {"name": "sparta", "inner": _base.describe(inner), "p": p,
        "selector": selector,
        "codec": None if codec is None else codec.name,

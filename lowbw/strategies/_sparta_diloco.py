@@ -62,10 +62,10 @@ def sparta_diloco(
             **outer_channels(params, num_workers_)}
 
   return _base.make(
-      "sparta_diloco", H, diloco_init(inner, outer, comp),
-      sparta_local(inner, p, selector, sparse_codec, interval),
-      diloco_sync(outer, comp),
-      global_of, channels,
+      "sparta_diloco", H, _base.Parts(
+          diloco_init(inner, outer, comp),
+          sparta_local(inner, p, selector, sparse_codec, interval),
+          diloco_sync(outer, comp), global_of, channels),
       {"name": "sparta_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "p": p, "selector": selector,
        **({"sparta_interval": interval} if interval != 1 else {}),

@@ -311,9 +311,10 @@ def spes(
     return init(params, num_workers_, key)
 
   return _base.make(
-      "spes", H, checked_init, _local(inner), _sync(outer, comp, merging),
-      lambda s: s.comm.global_params,
-      _channels(comp, experts_per_worker, assignment),
+      "spes", H, _base.Parts(
+          checked_init, _local(inner), _sync(outer, comp, merging),
+          lambda s: s.comm.global_params,
+          _channels(comp, experts_per_worker, assignment)),
       {"name": "spes", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H,
        "experts_per_worker": experts_per_worker,

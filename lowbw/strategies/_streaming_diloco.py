@@ -226,10 +226,9 @@ def _sync_fragment(t: _Streaming, state, p: int):
   """Fragment ``p``'s outer step (merged at once when tau is 0)."""
   c = state.comm
   ids = _ids_of(t, c.global_params)
-  global_p, outer_p, res_p, pseudo_grad = outer_step(
-      t.outer, t.comp, _split(c.global_params, ids, p),
-      _split(state.params_W, ids, p), c.outer_states[p], c.residual_W[p],
-      _base.comm_key(state))
+  global_p, outer_p, res_p, pseudo_grad = outer_step(t.outer, t.comp)(
+      _split(c.global_params, ids, p), _split(state.params_W, ids, p),
+      c.outer_states[p], c.residual_W[p], _base.comm_key(state))
   state = state._replace(comm=c._replace(
       global_params=_join(c.global_params, ids, p, global_p),
       outer_states=_replace_at(c.outer_states, p, outer_p),
@@ -317,8 +316,9 @@ def streaming_diloco(
   t = _Streaming(inner, outer, comp, P, period, delay, alpha, pattern,
                  partition)
   return _base.make(
-      "streaming_diloco", period, _init(t), _local(t), _sync(t),
-      lambda s: s.comm.global_params, _channels(t),
+      "streaming_diloco", period, _base.Parts(
+          _init(t), _local(t), _sync(t), lambda s: s.comm.global_params,
+          _channels(t)),
       {"name": "streaming_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "fragments": P,
        "pattern": "user" if partition is not None else pattern,
