@@ -318,8 +318,7 @@ def _check_build(s: dict, strategy) -> dict:
   try:
     return _settings.check_settings(
         strategy, num_workers=s["workers"], network=network,
-        eval_every=s["eval_every"],
-        **{n: s[n] for n in _resolve.BUILD_SETTINGS})
+        **{f.name: s[f.name] for f in _settings.BUILD_FIELDS})
   except _validate.ConfigError as e:  # the API's name -> the setting's
     raise _validate.renamed(e, ALIASES) from None
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 
 from lowbw import models as models_lib
 from lowbw import network as network_lib
-from lowbw.config import _defaults, _resources, _settings
+from lowbw.config import _checks, _defaults, _resources
 
 SHAPE, TRACED, RUN = "shape", "traced", "run"
 
@@ -44,6 +44,10 @@ class Field(NamedTuple):
       a bare number given to a setting with units is in this unit.
     many: the text is a comma-separated list ("64,64", "1Gbps,100Mbps"):
       a list or tuple of values is accepted too, and joined.
+    check: for a setting of ``lowbw.build`` (what a compiled simulator is
+      specialised to), its rule (``_checks``): ``check(name, value,
+      settings, strategy)`` returns the value the build uses; the build's
+      settings are these fields, checked in this table's order.
   """
 
   name: str
@@ -56,6 +60,7 @@ class Field(NamedTuple):
   knob: str | None = None
   unit: str = ""
   many: bool = False
+  check: Any = None
 
   @property
   def flag(self) -> str:
@@ -241,15 +246,19 @@ RUN_FIELDS = (
           "byzantine_kind scale", float),
     # -- run
     Field("steps", _defaults.STEPS, SHAPE, _R, "inner steps per worker", int,
-          unit="steps"),
+          unit="steps",
+          check=_checks.steps),
     Field("batch_size", _defaults.BATCH_SIZE, SHAPE, _R,
-          "examples per worker and step", int, unit="examples"),
+          "examples per worker and step", int, unit="examples",
+          check=_checks.positive),
     Field("seed", 0, RUN, _R, "seeds initialisation, sharding, sampling and "
           "the strategy's keys", int),
     Field("eval_every", None, SHAPE, _R, "a multiple of H (default: the "
-          "first multiple of H >= 100)", int, unit="steps"),
+          "first multiple of H >= 100)", int, unit="steps",
+          check=_checks.every_period),
     Field("log_every", None, SHAPE, _R, "default: the power of two giving "
-          "200 to 400 rows", int, unit="steps"),
+          "200 to 400 rows", int, unit="steps",
+          check=_checks.optional_positive),
     Field("init_from", None, RUN, _R, "start every worker (and the DDP "
           "lane) from this finished run's final parameters (its "
           "params.npz), e.g. DiLoCo from a DDP warm-up; optimizer states "
@@ -257,21 +266,25 @@ RUN_FIELDS = (
     Field("checkpoint_every", None, RUN, _R, "save a checkpoint every N "
           "steps", int, unit="steps"),
     Field("eval_examples", None, SHAPE, _R, "held-out examples per "
-          "evaluation", int),
+          "evaluation", int,
+          check=_checks.optional_positive),
     Field("eval_local", False, SHAPE, _R, "also evaluate every worker's own "
           "parameters (eval_local_loss: their mean; eval_local_loss_std: the "
-          "spread)", bool),
+          "spread)", bool,
+          check=_checks.boolean),
     Field("shadow", None, SHAPE, _R, "train a paired DDP lane in the same "
           "program: one replica with the inner optimizer on the union of the "
           "workers' batches, from the same start (shadow_eval_loss; "
           "shadow_gap = eval_loss / shadow_eval_loss - 1); costs one more "
-          "replica's compute", choices=_settings.SHADOWS),
+          "replica's compute", choices=_checks.SHADOWS,
+          check=_checks.shadow),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
           "network)"),
     Field("correlation_every", None, SHAPE, _R, "log worker_correlation, the "
           "workers' mean pairwise parameter correlation, every N steps (a "
-          "multiple of H)", int, unit="steps"),
+          "multiple of H)", int, unit="steps",
+          check=_checks.every_period),
     Field("out", None, RUN, _R, "log folder (default runs/<time>-<strategy>); "
           "one holding another run is refused unless --overwrite"),
     Field("progress", None, RUN, _R, "progress bar (default: on a terminal)",
@@ -283,29 +296,35 @@ RUN_FIELDS = (
     Field("minibatch_size", None, SHAPE, _C, "gradient accumulation: compute "
           "each worker's batch in micro-batches of this size (must divide "
           "batch_size; the same gradient, one micro-batch's activations in "
-          "memory); default the batch", int),
+          "memory); default the batch", int,
+          check=_checks.minibatch_size),
     Field("autocast", None, SHAPE, _C, "run forward and backward passes in "
           "this type, with float32 parameters, gradients and optimizer state "
           "(mixed precision); default float32",
-          choices=tuple(_settings.AUTOCAST)),
+          choices=tuple(_checks.AUTOCAST),
+          check=_checks.autocast),
     # -- devices
     Field("devices", None, SHAPE, _D, "spread the workers over N devices "
           "(must divide workers); default: on CPU, one device per core when "
           "the workers are kept apart (not DDP's one replica), else 1; all "
-          "devices of a multi-process run", int),
+          "devices of a multi-process run", int,
+          check=_checks.devices),
     Field("worker_dtype", None, SHAPE, _D, "bfloat16: keep every worker's "
           "parameters and optimizer state in bf16 (half the memory); default "
-          "float32"),
+          "float32",
+          check=_checks.worker_dtype),
     Field("worker_batch", "auto", SHAPE, _D, "compute the inner steps of "
           "this many workers at a time (memory for activations and gradients "
           "of one group only; diloco, muloco, fedavg); 'all': every worker "
           "at once; 'auto': all at once while their activations fit "
           f"{_CAP_MIB} MiB (CPU; a quarter of the budget on a GPU) and the "
-          "memory budget", _group_size),
+          "memory budget", _group_size,
+          check=_checks.worker_batch),
     Field("memory_budget", None, SHAPE, _D, "memory the run may use: '8GB', "
           "'512MiB' or a share of free memory, '60%' (default 80% of free "
           "memory); a run estimated to need more is refused before compiling",
-          quantity(_budget, "memory_budget")),
+          quantity(_budget, "memory_budget"),
+          check=_checks.memory_budget),
 )
 
 # Settings that only some choices use: choice kind -> choice -> settings.

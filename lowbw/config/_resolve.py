@@ -9,7 +9,8 @@ from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import transforms
-from lowbw.config import _fields, _strategy_fields as strategy_fields
+from lowbw.config import _fields, _settings
+from lowbw.config import _strategy_fields as strategy_fields
 from lowbw import strategies as strategies_lib
 
 def used_by() -> dict[str, dict[str, set[str]]]:
@@ -274,15 +275,12 @@ def default_eval_every(period: int) -> int:
   return period * -(-100 // period)
 
 
-# ``lowbw.build`` arguments named as the settings are.
 # How the workers compute (devices, precision, memory) and what runs beside
 # them (the paired DDP lane), not what they train: what ``lowbw bench``
 # takes besides the model, the strategy and the sizes.
 COMPUTE_SETTINGS = ("devices", "worker_dtype", "worker_batch",
                     "memory_budget", "minibatch_size", "autocast",
                     "correlation_every", "shadow")
-BUILD_SETTINGS = ("batch_size", "steps", "log_every", "eval_examples",
-                  *COMPUTE_SETTINGS, "eval_local")
 
 
 def build_args(s: dict, strategy, network) -> dict:
@@ -291,5 +289,4 @@ def build_args(s: dict, strategy, network) -> dict:
   source = build_data(s)
   return dict(model=build_model(s, source), data=source, strategy=strategy,
               num_workers=s["workers"], network=network,
-              eval_every=s["eval_every"],
-              **{name: s[name] for name in BUILD_SETTINGS})
+              **{f.name: s[f.name] for f in _settings.BUILD_FIELDS})

@@ -8,27 +8,25 @@ network numbers, log folders) is an argument of ``Simulator.run``.
 """
 
 import dataclasses
+import inspect
 import math
+import textwrap
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import network as net_lib
-from lowbw.config import _defaults, _options
-from lowbw.config._resources import Budget, check_budget, check_devices
+from lowbw.config import _defaults, _fields, _options
+# The rules the engine reads too (by this module's name).
+from lowbw.config._checks import (AUTOCAST, WORKER_DTYPES, check_seed,
+                                  has_masks, multiple_of_period)
 
-AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
-# The paired DDP lane's choices (``shadow``).
-SHADOWS = ("ddp",)
 _TARGET_CHUNKS = 25
-WORKER_DTYPES = ("float32", "bfloat16")
+
 
 # Build settings, named in the error a run gives when one would need a new
 # build (they fix shapes or the compiled program's structure).
@@ -39,36 +37,16 @@ SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
                   "network structure (topology, faults or mitigation on/off)")
 
 
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-  """Everything a compiled simulator is specialised to (see ``lowbw.build``).
+class _RunConfig:
+  """Everything a compiled simulator is specialised to (see ``lowbw.build``):
+  the model, the data, the strategy and the build settings (``SETTINGS``:
+  the keyword style's own three and every field with a ``check``).
 
   ``log_every`` is None when it was not given (``default_spacing``: 200 to
   400 rows; a resume re-spaces the first run's rows to it).
+  ``worker_batch`` is "auto" until the Simulator chooses; ``shadow`` is the
+  paired DDP lane's optimizer; ``auto_devices``: lowbw chose ``devices``.
   """
-
-  model: models_lib.Model
-  data: data_lib.DataSource
-  strategy: strategies_lib.Strategy
-  num_workers: int
-  batch_size: int
-  steps: int
-  network: Any
-  eval_every: int | None
-  log_every: int | None
-  eval_examples: int | None
-  rounds_per_chunk: int
-  devices: int
-  worker_dtype: str
-  worker_batch: int | str | None   # "auto" until the Simulator chooses
-  memory_budget: "Budget | None"
-  minibatch_size: int | None = None  # None: the whole batch at once
-  autocast: str = "float32"
-  correlation_every: int | None = None
-  eval_local: bool = False
-  shadow: Any = None  # the paired DDP lane's optimizer (``_shadow``)
-  # ``devices`` was not given: lowbw chose it (``default_devices``).
-  auto_devices: bool = False
 
   @property
   def micro(self) -> int:
@@ -118,77 +96,11 @@ class RunConfig:
     return self.data.tokens_per_example is not None
 
 
-def has_masks(network) -> bool:
-  """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
-  return network is not None and (network.faults is not None or (
-      network.stragglers is not None and
-      network.stragglers.mitigation != "none"))
-
-
-def _spreads(strategy, network, worker_batch) -> bool:
-  """Whether a run that names no devices spreads its workers over CPU
-  devices: not DDP's one replica (one large matmul already uses every core)
-  and not a ``worker_batch`` the user chose (it counts a device's workers)."""
-  one_replica = strategy.replicated and not has_masks(network)
-  return not one_replica and worker_batch in (None, "auto")
-
-
-def _precision(field: str, value, allowed) -> str:
-  """``value`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
-  accepted); anything else is a ValueError naming ``field``."""
-  value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
-      value, value)
-  return _validate.one_of(field, value, allowed)
-
-
-def check_worker_dtype(value) -> str:
-  """``worker_dtype``: the type the workers' state is stored in."""
-  return _precision("worker_dtype", value, WORKER_DTYPES)
-
-
 def default_spacing(steps: int) -> int:
   """Rows every this many steps when ``log_every`` is not given: the power
   of two that makes 200 to 400 rows (every step below 400 steps). Powers of
   two nest, so a resume that extends a run re-spaces its rows exactly."""
   return 1 << max(0, (steps // 200).bit_length() - 1)
-
-
-def check_minibatch_size(value, batch_size: int) -> int | None:
-  """None (the whole batch at once) or a size dividing ``batch_size``
-  (equal micro-batches, so their mean gradient is the batch's)."""
-  value = _validate.optional_positive_int("minibatch_size", value)
-  if value is None or value == batch_size:
-    return None
-  if batch_size % value:
-    raise _validate.fail(
-        "minibatch_size", value, f"must divide batch_size={batch_size} "
-        "(equal micro-batches)")
-  return value
-
-
-def check_autocast(value) -> str:
-  """``autocast``: the forward and backward passes' compute type."""
-  return _precision("autocast", value, AUTOCAST)
-
-
-SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0
-
-
-def check_seed(seed) -> int:
-  if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
-      or not 0 <= seed < SEED_LIMIT):
-    raise _validate.fail("seed", seed, "expected an integer in [0, 2**32)")
-  return int(seed)
-
-
-def multiple_of_period(field, value, period):
-  value = _validate.optional_positive_int(field, value)
-  if value is not None and value % period:
-    raise _validate.fail(
-        field, value,
-        f"must be a multiple of the strategy's period, H = {period} (global "
-        "parameters only change at syncs)")
-  return value
 
 
 def _resolve(field, value, registry_get, cls):
@@ -200,7 +112,7 @@ def _resolve(field, value, registry_get, cls):
   return value
 
 
-def configure(model, data, strategy, **settings) -> RunConfig:
+def configure(model, data, strategy, **settings) -> "RunConfig":
   """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``:
   the model, the data, the strategy and ``check_settings``'s settings.
 
@@ -214,7 +126,7 @@ def configure(model, data, strategy, **settings) -> RunConfig:
                            check_settings(strategy, **settings))
 
 
-def configure_checked(model, data, strategy, settings: dict) -> RunConfig:
+def configure_checked(model, data, strategy, settings: dict) -> "RunConfig":
   """``configure`` with ``settings`` already checked (``check_settings``'s
   return; ``lowbw.Config`` checks them once, when it is made): the model
   and the data, and what needs both."""
@@ -231,61 +143,58 @@ def configure_checked(model, data, strategy, settings: dict) -> RunConfig:
   return RunConfig(model, data, strategy, **settings)
 
 
-# The one list of build settings (with their defaults): ``lowbw.build`` and
-# ``lowbw.simulate`` take and show these (``_options``).
-def check_settings(strategy, *, num_workers: int = _defaults.NUM_WORKERS,
-                   batch_size: int = _defaults.BATCH_SIZE,
-                   steps: int = _defaults.STEPS, network=_defaults.NETWORK,
-                   eval_every=None, log_every=None, eval_examples=None,
-                   rounds_per_chunk=None, devices=None, worker_dtype=None,
-                   worker_batch="auto", memory_budget=None,
-                   minibatch_size=None, autocast=None, correlation_every=None,
-                   eval_local=False, shadow=None) -> dict:
-  """Every build setting but the model and the data, checked against the
-  strategy (its period H): ``RunConfig``'s other fields. Needs no data, so
+# The build settings: the keyword style's own (a Config spells the first
+# ``workers`` and has no Network object nor chunk size), then every field
+# with a rule, in the table's order.
+BUILD_FIELDS = tuple(f for f in _fields.RUN_FIELDS if f.check is not None)
+KEYWORDS = {"num_workers": _defaults.NUM_WORKERS,
+            "network": _defaults.NETWORK, "rounds_per_chunk": None}
+SETTINGS = (*KEYWORDS, *(f.name for f in BUILD_FIELDS))
+# ``lowbw.build``'s and ``lowbw.simulate``'s keywords, with their defaults.
+PARAMETERS = {name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                                      default=default)
+              for name, default in (*KEYWORDS.items(), *(
+                  (f.name, f.default) for f in BUILD_FIELDS))}
+
+
+def settings_doc(indent: str = "    ") -> str:
+  """The build settings' entries of ``lowbw.simulate``'s docstring, from
+  their fields' help (what ``lowbw train --help`` shows too)."""
+  out = []
+  for f in BUILD_FIELDS:
+    default = ("" if f.default is None or "default" in f.help else
+               f" (default {f.default!r})")
+    out.append(textwrap.fill(f"{f.name}: {f.help}{default}.", 79,
+                             initial_indent=indent,
+                             subsequent_indent=indent + "  "))
+  return "\n".join(out)
+
+
+def check_settings(strategy, **given) -> dict:
+  """Every build setting but the model and the data (``SETTINGS``; those
+  not given take their defaults), checked against the strategy (its period
+  H) by each field's rule: ``RunConfig``'s other fields. Needs no data, so
   ``lowbw.Config`` runs it when it is made."""
-  num_workers = _validate.positive_int("num_workers", num_workers)
-  batch_size = _validate.positive_int("batch_size", batch_size)
-  steps = _validate.positive_int("steps", steps)
-  worker_dtype = check_worker_dtype(worker_dtype)
-  minibatch_size = check_minibatch_size(minibatch_size, batch_size)
-  autocast = check_autocast(autocast)
-  if network is not None:
-    network = net_lib.check_network(network, num_workers)
-  auto_devices = devices is None
-  devices = check_devices(devices, num_workers,
-                                _spreads(strategy, network, worker_batch))
-  period = strategy.period
-  if steps < period:
-    raise _validate.fail(
-        "steps", steps, f"the strategy syncs every {period} steps (its "
-        "period, H), so with fewer steps no sync happens and the shared "
-        f"model never changes; give steps >= {period} or a smaller H")
+  _options.check("build", given, SETTINGS)
+  s = {name: p.default for name, p in PARAMETERS.items()}
+  s.update(given)
+  s["num_workers"] = _validate.positive_int("num_workers", s["num_workers"])
+  if s["network"] is not None:
+    s["network"] = net_lib.check_network(s["network"], s["num_workers"])
+  auto_devices = s["devices"] is None
+  for field in BUILD_FIELDS:
+    s[field.name] = field.check(field.name, s[field.name], s, strategy)
+  network = s["network"]
   if network is not None and network.faults is not None:
-    net_lib.check_windows(network.faults, period)
+    net_lib.check_windows(network.faults, strategy.period)
   if strategy.asynchronous:
     _check_asynchronous(strategy, network)
-  if not isinstance(eval_local, bool):
-    raise _validate.fail("eval_local", eval_local, "expected True or False")
-  default_rpc = max(1, math.ceil(steps // period / _TARGET_CHUNKS))
-  return dict(
-      num_workers=num_workers, batch_size=batch_size, steps=steps,
-      network=network,
-      eval_every=multiple_of_period("eval_every", eval_every, period),
-      log_every=_validate.optional_positive_int("log_every", log_every),
-      eval_examples=_validate.optional_positive_int("eval_examples",
-                                                    eval_examples),
-      rounds_per_chunk=(
-          _validate.positive_int("rounds_per_chunk", rounds_per_chunk)
-          if rounds_per_chunk is not None else default_rpc),
-      devices=devices, worker_dtype=worker_dtype,
-      worker_batch=check_worker_batch(worker_batch, num_workers // devices),
-      memory_budget=check_budget(memory_budget),
-      minibatch_size=minibatch_size, autocast=autocast,
-      correlation_every=multiple_of_period("correlation_every",
-                                           correlation_every, period),
-      eval_local=eval_local, shadow=check_shadow(shadow, strategy),
-      auto_devices=auto_devices and devices > 1)
+  rounds = s["rounds_per_chunk"]
+  s["rounds_per_chunk"] = (
+      _validate.positive_int("rounds_per_chunk", rounds) if rounds is not None
+      else max(1, math.ceil(s["steps"] // strategy.period / _TARGET_CHUNKS)))
+  s["auto_devices"] = auto_devices and s["devices"] > 1
+  return s
 
 
 def _check_asynchronous(strategy, network) -> None:
@@ -309,24 +218,6 @@ def _check_asynchronous(strategy, network) -> None:
         "mitigation", network.stragglers.mitigation,
         f"strategy {strategy.name!r} waits for nobody, so there is nothing "
         "to mitigate: give mitigation 'none' (jitter still slows workers)")
-
-
-def check_worker_batch(worker_batch, per_device: int) -> int | str | None:
-  """"auto" (chosen from the memory budget, ``_memory``), None or "all"
-  (every worker at once), or a group size dividing the workers per device
-  (an int, or its digits from a flag)."""
-  if isinstance(worker_batch, str) and worker_batch.strip().isdigit():
-    worker_batch = int(worker_batch)
-  if worker_batch in ("auto", "all"):
-    return None if worker_batch == "all" else worker_batch
-  if isinstance(worker_batch, str):
-    raise _validate.fail("worker_batch", worker_batch,
-                         "expected 'auto', 'all' or an integer >= 1")
-  worker_batch = _validate.optional_positive_int("worker_batch", worker_batch)
-  if worker_batch is not None and per_device % worker_batch:
-    raise _validate.fail("worker_batch", worker_batch,
-                         f"must divide the {per_device} workers of each device")
-  return worker_batch
 
 
 def _check_model_fits_data(model, data) -> None:
@@ -357,25 +248,10 @@ def check_processes(checkpoint_every, resume_from) -> None:
         "checkpoints are not supported in multi-process runs yet")
 
 
-# The build settings' names, in check_settings' order.
-SETTINGS = tuple(_options.keywords(check_settings, skip=("strategy",)))
-
-
-# ----------------------------------------------------- the paired DDP lane
-def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
-  """The lane's optimizer, or None for no lane.
-
-  ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
-  (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
-  such as DeMo); or an optax transformation, the lane's optimizer.
-  """
-  if shadow is None:
-    return None
-  if isinstance(shadow, optax.GradientTransformation):
-    return shadow
-  if shadow in SHADOWS:
-    return strategy.inner or strategies_lib.default_inner()
-  raise _validate.fail(
-      "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
-      "strategy's inner optimizer, trained on the union of the workers' "
-      "batches) or an optax.GradientTransformation (the replica's optimizer)")
+RunConfig = dataclasses.make_dataclass(
+    "RunConfig", [("model", Any), ("data", Any), ("strategy", Any),
+                  *((name, Any) for name in SETTINGS),
+                  ("auto_devices", Any, dataclasses.field(default=False))],
+    bases=(_RunConfig,), frozen=True)
+RunConfig.__module__ = __name__
+RunConfig.__doc__ = _RunConfig.__doc__

@@ -319,5 +319,4 @@ def build(model, data, strategy, *, compile: bool = True,
 
 
 # The settings (``check_settings``'s, one list) show in build's signature.
-_options.compose(build, _options.keywords(_config.check_settings,
-                                          skip=("strategy",)))
+_options.compose(build, _config.PARAMETERS)

@@ -1,0 +1,184 @@
+"""Each build setting's rule, once: what ``lowbw.build`` accepts for it and
+the value the build uses. A build setting's ``Field`` (``_fields``) names its
+rule as ``check``; ``_settings.check_settings`` applies the rules in the
+fields' order, each seeing the settings checked before it.
+"""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from lowbw import _validate
+from lowbw import strategies as strategies_lib
+from lowbw.config import _resources
+
+AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
+# The paired DDP lane's choices (``shadow``).
+SHADOWS = ("ddp",)
+WORKER_DTYPES = ("float32", "bfloat16")
+
+
+def _precision(field: str, value, allowed) -> str:
+  """``value`` as "float32" or "bfloat16" (None, "fp32" and "bf16"
+  accepted); anything else is a ValueError naming ``field``."""
+  value = {None: "float32", "bf16": "bfloat16", "fp32": "float32"}.get(
+      value, value)
+  return _validate.one_of(field, value, allowed)
+
+
+def check_worker_dtype(value) -> str:
+  """``worker_dtype``: the type the workers' state is stored in."""
+  return _precision("worker_dtype", value, WORKER_DTYPES)
+
+
+def check_minibatch_size(value, batch_size: int) -> int | None:
+  """None (the whole batch at once) or a size dividing ``batch_size``
+  (equal micro-batches, so their mean gradient is the batch's)."""
+  value = _validate.optional_positive_int("minibatch_size", value)
+  if value is None or value == batch_size:
+    return None
+  if batch_size % value:
+    raise _validate.fail(
+        "minibatch_size", value, f"must divide batch_size={batch_size} "
+        "(equal micro-batches)")
+  return value
+
+
+def check_autocast(value) -> str:
+  """``autocast``: the forward and backward passes' compute type."""
+  return _precision("autocast", value, AUTOCAST)
+
+
+SEED_LIMIT = 2 ** 32  # PRNGKey keeps 32 bits: 2**32 would replay seed 0
+
+
+def check_seed(seed) -> int:
+  if (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+      or not 0 <= seed < SEED_LIMIT):
+    raise _validate.fail("seed", seed, "expected an integer in [0, 2**32)")
+  return int(seed)
+
+
+def multiple_of_period(field, value, period):
+  value = _validate.optional_positive_int(field, value)
+  if value is not None and value % period:
+    raise _validate.fail(
+        field, value,
+        f"must be a multiple of the strategy's period, H = {period} (global "
+        "parameters only change at syncs)")
+  return value
+
+
+def check_worker_batch(worker_batch, per_device: int) -> int | str | None:
+  """"auto" (chosen from the memory budget, ``_memory``), None or "all"
+  (every worker at once), or a group size dividing the workers per device
+  (an int, or its digits from a flag)."""
+  if isinstance(worker_batch, str) and worker_batch.strip().isdigit():
+    worker_batch = int(worker_batch)
+  if worker_batch in ("auto", "all"):
+    return None if worker_batch == "all" else worker_batch
+  if isinstance(worker_batch, str):
+    raise _validate.fail("worker_batch", worker_batch,
+                         "expected 'auto', 'all' or an integer >= 1")
+  worker_batch = _validate.optional_positive_int("worker_batch", worker_batch)
+  if worker_batch is not None and per_device % worker_batch:
+    raise _validate.fail("worker_batch", worker_batch,
+                         f"must divide the {per_device} workers of each device")
+  return worker_batch
+
+
+def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
+  """The lane's optimizer, or None for no lane.
+
+  ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
+  (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
+  such as DeMo); or an optax transformation, the lane's optimizer.
+  """
+  if shadow is None:
+    return None
+  if isinstance(shadow, optax.GradientTransformation):
+    return shadow
+  if shadow in SHADOWS:
+    return strategy.inner or strategies_lib.default_inner()
+  raise _validate.fail(
+      "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
+      "strategy's inner optimizer, trained on the union of the workers' "
+      "batches) or an optax.GradientTransformation (the replica's optimizer)")
+
+
+def has_masks(network) -> bool:
+  """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
+  return network is not None and (network.faults is not None or (
+      network.stragglers is not None and
+      network.stragglers.mitigation != "none"))
+
+
+# ------------------------------------------------ the build settings' rules
+# A rule is ``rule(name, value, settings, strategy) -> the value the build
+# uses``; ``settings`` holds the settings checked before it (in the fields'
+# order) and the given values of the others.
+
+
+def positive(name, value, s, strategy) -> int:
+  return _validate.positive_int(name, value)
+
+
+def optional_positive(name, value, s, strategy) -> int | None:
+  return _validate.optional_positive_int(name, value)
+
+
+def every_period(name, value, s, strategy) -> int | None:
+  """A number of steps that must fall on syncs (a multiple of H)."""
+  return multiple_of_period(name, value, strategy.period)
+
+
+def boolean(name, value, s, strategy) -> bool:
+  if not isinstance(value, bool):
+    raise _validate.fail(name, value, "expected True or False")
+  return value
+
+
+def steps(name, value, s, strategy) -> int:
+  """At least one sync: fewer steps than the period never change the
+  shared model."""
+  value = _validate.positive_int(name, value)
+  period = strategy.period
+  if value < period:
+    raise _validate.fail(
+        name, value, f"the strategy syncs every {period} steps (its "
+        "period, H), so with fewer steps no sync happens and the shared "
+        f"model never changes; give steps >= {period} or a smaller H")
+  return value
+
+
+def minibatch_size(name, value, s, strategy) -> int | None:
+  return check_minibatch_size(value, s["batch_size"])
+
+
+def autocast(name, value, s, strategy) -> str:
+  return check_autocast(value)
+
+
+def worker_dtype(name, value, s, strategy) -> str:
+  return check_worker_dtype(value)
+
+
+def shadow(name, value, s, strategy):
+  return check_shadow(value, strategy)
+
+
+def memory_budget(name, value, s, strategy):
+  return _resources.check_budget(value)
+
+
+def devices(name, value, s, strategy) -> int:
+  """The devices (None: lowbw's choice, ``default_devices``): spread over
+  CPU devices unless DDP keeps one replica or the user chose a
+  ``worker_batch`` (it counts a device's workers)."""
+  one_replica = strategy.replicated and not has_masks(s["network"])
+  spread = not one_replica and s["worker_batch"] in (None, "auto")
+  return _resources.check_devices(value, s["num_workers"], spread)
+
+
+def worker_batch(name, value, s, strategy):
+  return check_worker_batch(value, s["num_workers"] // s["devices"])

@@ -1,0 +1,75 @@
+"""A build setting is written once, as a field of the run's table with its
+rule (``Field.check``): ``lowbw.build``'s and ``lowbw.simulate``'s keywords,
+their docstring, the settings a ``Config`` checks and the ``RunConfig`` a
+simulator is specialised to are all read from those fields."""
+
+import inspect
+
+import pytest
+
+import lowbw
+from lowbw.config import FIELDS, _settings
+
+BUILD = [f.name for f in _settings.BUILD_FIELDS]
+SMALL = dict(data="digits", model="mlp", hidden=8, workers=2, batch_size=4,
+             steps=8, H=4, eval_examples=16, progress=False, devices=1)
+
+
+def test_the_build_fields_are_the_fields_with_a_rule():
+  assert set(BUILD) == {f.name for f in FIELDS.values()
+                        if f.check is not None}
+  assert {"batch_size", "steps", "worker_batch", "shadow"} <= set(BUILD)
+
+
+@pytest.mark.parametrize("name", BUILD)
+def test_each_build_field_is_a_keyword_of_build_and_simulate(name):
+  for function in (lowbw.build, lowbw.simulate):
+    parameter = inspect.signature(function).parameters[name]
+    assert parameter.default == FIELDS[name].default, (function, name)
+  assert f"    {name}: " in lowbw.simulate.__doc__  # from the field's help
+  assert name in {f.name for f in
+                  __import__("dataclasses").fields(_settings.RunConfig)}
+
+
+def test_a_configs_build_settings_reach_the_run_config():
+  config = lowbw.Config(**SMALL, eval_local=True, correlation_every=4,
+                        minibatch_size=2, worker_batch="all")
+  sim = lowbw.build(config, compile=False)
+  checked = config.built().checked
+  for name in BUILD:
+    assert getattr(sim.config, name) == checked[name] or name in (
+        "worker_batch", "memory_budget"), name  # the Simulator's choices
+  assert (sim.config.eval_local, sim.config.correlation_every,
+          sim.config.minibatch_size, sim.config.micro) == (True, 4, 2, 2)
+
+
+@pytest.mark.parametrize("name, bad, words", [
+    ("batch_size", 0, "expected an integer >= 1"),
+    ("steps", 2, "syncs every 4 steps"),
+    ("eval_every", 6, "multiple of the strategy's period"),
+    ("log_every", -1, "log_every"),
+    ("eval_examples", 0, "eval_examples"),
+    ("eval_local", "yes", "True or False"),
+    ("shadow", "dp", "expected None, 'ddp'"),
+    ("correlation_every", 3, "multiple of the strategy's period"),
+    ("minibatch_size", 3, "must divide batch_size=4"),
+    ("autocast", "int8", "autocast"),
+    ("devices", 64, "device"),
+    ("worker_dtype", "float64", "worker_dtype"),
+    ("worker_batch", 3, "must divide"),
+    ("memory_budget", "150%", "percentage"),
+])
+def test_each_build_fields_rule_refuses_a_bad_value_naming_it(name, bad,
+                                                              words):
+  strategy = lowbw.strategies.diloco(H=4)
+  given = dict(num_workers=2, steps=8, batch_size=4, devices=1)
+  given[name] = bad
+  with pytest.raises(lowbw.ConfigError) as e:
+    _settings.check_settings(strategy, **given)
+  assert e.value.field == name and words in str(e.value), str(e.value)
+
+
+def test_every_build_field_has_a_rule_case_here():
+  cases = {c[0] for c in test_each_build_fields_rule_refuses_a_bad_value_naming_it
+           .pytestmark[0].args[1]}
+  assert cases == set(BUILD), set(BUILD) ^ cases
