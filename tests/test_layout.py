@@ -36,6 +36,15 @@ INTERNAL = {
     ("lowbw/simulation", "lowbw.config._settings"),
     ("lowbw/simulation", "lowbw.config._options"),
     ("lowbw/simulation", "lowbw.config._resources"),  # the memory budget
+    # The settings' table is made from the strategies' optimizer kinds and
+    # schedules (_optim, _schedule) and a strategy's codec settings (_spec).
+    ("lowbw/config", "lowbw.strategies._optim"),
+    ("lowbw/config", "lowbw.strategies._schedule"),
+    ("lowbw/config", "lowbw.strategies._spec"),
+    # The engine traces outer schedules (_schedule) and writes a strategy's
+    # description and empty report (_base).
+    ("lowbw/simulation", "lowbw.strategies._base"),
+    ("lowbw/simulation", "lowbw.strategies._schedule"),
 }
 
 
@@ -63,11 +72,12 @@ def _reader(path: pathlib.Path) -> str:
   return "/".join(parts[:2] if len(parts) > 2 else parts)
 
 
-def _private_module(parts: list[str], names: list[str]) -> str:
-  """``from lowbw.x import _y`` reads ``lowbw.x._y``; ``from lowbw.x._y
-  import z`` too."""
-  private = [n for n in names if n.startswith("_")]
-  return ".".join(parts + private[:1])
+def _private_modules(parts: list[str], names: list[str]) -> list[str]:
+  """``from lowbw.x import _y, _z`` reads ``lowbw.x._y`` and ``lowbw.x._z``
+  (each a pair of its own); ``from lowbw.x._y import z`` reads
+  ``lowbw.x._y``."""
+  private = [n for n in names if n.startswith("_") and n not in SHARED]
+  return [".".join(parts + [n]) for n in private] or [".".join(parts)]
 
 
 def _private_reach(path: pathlib.Path, tree, internal=None) -> list[str]:
@@ -78,13 +88,11 @@ def _private_reach(path: pathlib.Path, tree, internal=None) -> list[str]:
     target = parts[1] if len(parts) > 1 else None
     if target == own or target in SHARED:
       continue
-    if (_reader(path), _private_module(parts, names)) in allowed:
-      continue
-    private = [p for p in parts[2:] if p.startswith("_")]
-    private += [n for n in names if n.startswith("_") and n not in SHARED]
-    if private:
-      found.append(f"{path.relative_to(ROOT.parent)}:{line} imports "
-                   f"{'.'.join(parts)} {private}")
+    for module in _private_modules(parts, names):
+      private = [p for p in module.split(".")[2:] if p.startswith("_")]
+      if private and (_reader(path), module) not in allowed:
+        found.append(f"{path.relative_to(ROOT.parent)}:{line} imports "
+                     f"{module}")
   for node in ast.walk(tree):  # network_lib._units.count and the like
     if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and
         not node.attr.startswith("__") and isinstance(node.value, ast.Name)
@@ -119,6 +127,11 @@ def test_internal_allows_only_the_named_pair():
   assert len(_private_reach(ROOT / "studies" / "_run.py", tree, internal)) == 2
   other = ast.parse("from lowbw.network._clock import price\n")
   assert len(_private_reach(ROOT / "cli" / "_train.py", other, internal)) == 1
+  # Two private modules in one import are two pairs: the first named does
+  # not let the second through.
+  both = ast.parse("from lowbw.network import _units, _clock\n")
+  assert _private_reach(ROOT / "cli" / "_train.py", both, internal) == [
+      "lowbw/cli/_train.py:1 imports lowbw.network._clock"]
 
 
 def test_every_internal_pair_is_used():
@@ -127,7 +140,7 @@ def test_every_internal_pair_is_used():
   used = set()
   for path in sorted(ROOT.rglob("*.py")):
     for _, parts, names in _imports(ast.parse(path.read_text())):
-      used.add((_reader(path), _private_module(parts, names)))
+      used.update((_reader(path), m) for m in _private_modules(parts, names))
   assert not set(INTERNAL) - used, sorted(set(INTERNAL) - used)
 
 

@@ -11,7 +11,7 @@ from lowbw import network as network_lib
 from lowbw import transforms
 from lowbw.config import _fields, _settings
 from lowbw.config import _strategy_fields as strategy_fields
-from lowbw import strategies as strategies_lib
+from lowbw.strategies._optim import USES
 
 def used_by() -> dict[str, dict[str, set[str]]]:
   """Owner kind -> choice -> the settings only that choice uses (read at
@@ -19,7 +19,7 @@ def used_by() -> dict[str, dict[str, set[str]]]:
   return {
       **_fields.USED_BY,
       "strategy": strategy_fields.used_by(),
-      "inner": {kind: set(names) for kind, names in strategies_lib.USES.items()},
+      "inner": {kind: set(names) for kind, names in USES.items()},
       "outer": strategy_fields.outer_uses(),
       "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
   }

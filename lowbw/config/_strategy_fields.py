@@ -11,16 +11,18 @@ import optax
 from lowbw import _validate
 from lowbw.config import _fields
 from lowbw import strategies as strategies_lib
-from lowbw.strategies import Param, WithCodec, with_codec
+from lowbw.strategies import Param
+from lowbw.strategies import _optim, _schedule
+from lowbw.strategies._spec import WithCodec, with_codec
 from lowbw.transforms import Codec, as_codec
 
 DEFAULT_STRATEGY = "diloco"
-SCHEDULES = strategies_lib.SCHEDULES
+SCHEDULES = _optim.SCHEDULES
 # Optimizer settings every strategy reads, each defaulting to the spec's
 # paper optimizer (the warm-up: its fraction of the run's steps).
 OPTIMIZER = ("inner", "inner_lr", "weight_decay", "momentum", "warmup_steps",
              "schedule", "min_lr_ratio", "max_norm", "b1", "b2", "eps")
-OUTER_SCHEDULE = tuple("outer_" + k for k in strategies_lib.OUTER_SCHEDULE)
+OUTER_SCHEDULE = tuple("outer_" + k for k in _schedule.OUTER_SCHEDULE)
 _MOMENTUM_SCHEDULE = tuple(k for k in OUTER_SCHEDULE
                            if k.startswith("outer_momentum"))
 # The outer optimizer's settings every kind has; the others belong to its
@@ -31,11 +33,11 @@ OUTER = ("outer", "outer_lr",
 
 def outer_uses() -> dict[str, set[str]]:
   """Outer optimizer kind -> the settings it owns, read from the kind's
-  own fields (``strategies.USES``): ``outer_momentum`` and its schedule for
-  SGD, ``outer_b1``, ``outer_b2``, ``outer_eps`` for Adam."""
+  own fields (``strategies._optim.USES``): ``outer_momentum`` and its
+  schedule for SGD, ``outer_b1``, ``outer_b2``, ``outer_eps`` for Adam."""
   out = {}
-  for kind in strategies_lib.OUTER_KINDS:
-    names = {"outer_" + name for name in strategies_lib.USES[kind]}
+  for kind in _optim.OUTER_KINDS:
+    names = {"outer_" + name for name in _optim.USES[kind]}
     if "outer_momentum" in names:
       names.update(_MOMENTUM_SCHEDULE)
     out[kind] = names
@@ -201,7 +203,7 @@ def _optimizer_fields() -> list[_fields.Field]:
   out = [
       F("inner", None, S, O, "inner optimizer [" +
         _per_strategy(lambda s: s.inner.kind) + "]",
-        choices=strategies_lib.INNER_KINDS),
+        choices=_optim.INNER_KINDS),
       F("inner_lr", None, T, O, "(peak) inner learning rate [" +
         _per_strategy(lambda s: s.inner.lr) + "]", float, knob="inner_lr"),
       F("weight_decay", None, T, O, "decoupled weight decay: adamw and muon "
@@ -215,7 +217,7 @@ def _optimizer_fields() -> list[_fields.Field]:
         knob="inner_momentum"),
       F("b1", None, T, O, "adam, adamw and adopt inners' first-moment decay "
         "[" + _per_strategy(lambda s: s.inner.b1 if s.inner.kind in
-                            strategies_lib.B2 else None) + "]", float,
+                            _optim.B2 else None) + "]", float,
         knob="inner_b1"),
       F("b2", None, T, O, "adam, adamw and adopt inners' second-moment "
         "decay [default: the kind's own, 0.999 (adopt 0.9999); " +
@@ -263,7 +265,7 @@ def _outer_fields() -> list[_fields.Field]:
       F("outer", None, S, O, "outer optimizer of the global parameters: "
         "sgd (Nesterov momentum, DiLoCo's) or adam (FedAdam's, arXiv "
         "2003.00295) [" + _per_strategy(lambda s: s.outer.kind if s.outer else None)
-        + "]", choices=strategies_lib.OUTER_KINDS),
+        + "]", choices=_optim.OUTER_KINDS),
       F("outer_lr", None, T, O, "outer learning rate [" +
         _per_strategy(lambda s: s.outer and s.outer.lr) + "]", float,
         knob="outer_lr"),

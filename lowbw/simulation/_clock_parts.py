@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw._types import Array
-from lowbw.strategies import nothing_reported
+from lowbw.strategies._base import nothing_reported
 from lowbw.transforms import call_participating
 
 

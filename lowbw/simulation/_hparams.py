@@ -22,8 +22,9 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw import network as net_lib
-from lowbw.strategies import (OUTER_SCHEDULE, OuterScheduleState,
-                              PeakScheduleState, check_outer_schedule)
+from lowbw.strategies._schedule import (OUTER_SCHEDULE, OuterScheduleState,
+                                        PeakScheduleState,
+                                        check_outer_schedule)
 from lowbw.transforms import ErrorFeedbackState
 
 

@@ -4,7 +4,7 @@ to config.json."""
 
 import jax
 
-from lowbw import strategies as strategies_lib
+from lowbw.strategies._base import describe
 from lowbw.network import tiers_of
 from lowbw.simulation import _hparams
 from lowbw.simulation._history import Layout
@@ -88,7 +88,7 @@ class Schema:
            if c.correlation_every else {}),
         **({"eval_local": True} if c.eval_local else {}),
         **({"shadow": {"name": "ddp",
-                       "inner": strategies_lib.describe(c.shadow)}}
+                       "inner": describe(c.shadow)}}
            if c.shadow is not None else {}),
         "memory": self.memory.describe(),
         "devices": c.devices, "processes": jax.process_count(),
