@@ -21,8 +21,9 @@ import numpy as np
 import optax
 from jax.sharding import PartitionSpec
 
-from lowbw import _validate, simulation
+from lowbw import _validate
 from lowbw.simulation import build
+from lowbw.simulation import _backward, _engine, _mesh, _precision
 
 
 def _proc_status(field: str) -> int | None:
@@ -125,7 +126,7 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0,
   sample = uniform_sample(sampler, batch)
   key = jax.random.PRNGKey(seed)
   params = model.init(key, jax.tree.map(lambda x: x[:1], sample(key)))
-  backward = backward or simulation.Backward()
+  backward = backward or _backward.Backward()
   loss_fn = backward.loss(model)
 
   def grad_fn(params, batch, key):
@@ -170,14 +171,14 @@ def _time_sync(sim, state, repeats: int) -> float | None:
     return None
 
   def one(st):
-    return strategy.sync(simulation.cast_workers(st, jnp.float32))[0]
+    return strategy.sync(_precision.cast_workers(st, jnp.float32))[0]
 
   if sim.mesh is not None:
     specs = sim.specs[0].strategy
-    one = simulation.map_workers(one, sim.mesh, (specs,), specs,
+    one = _engine.map_workers(one, sim.mesh, (specs,), specs,
                               sim.config.num_workers)
   sync = jax.jit(one, donate_argnums=0)
-  st = jax.tree.map(jnp.copy, simulation.cast_workers(state.strategy,
+  st = jax.tree.map(jnp.copy, _precision.cast_workers(state.strategy,
                                                       jnp.float32))
   sync = sync.lower(st).compile()
   st = jax.block_until_ready(sync(st))
@@ -209,13 +210,13 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
   c = sim.config
   st = (sim.abstract_state.strategy if strategy_state is None
         else strategy_state)
-  specs = simulation.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
+  specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
                                jax.random.PRNGKey(0))
-  per_worker = PartitionSpec(simulation.MESH_AXIS)
+  per_worker = PartitionSpec(_engine.MESH_AXIS)
 
   def part(spec_tree, tree):
     sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
-                         else 0, spec_tree, tree, is_leaf=simulation.is_spec)
+                         else 0, spec_tree, tree, is_leaf=_mesh.is_spec)
     return sum(jax.tree.leaves(sizes)) / c.num_workers
 
   return {"params": part(specs.params_W, st.params_W),
@@ -290,7 +291,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   peak = memory.peak()  # the simulator's own: before the baseline exists
   base = baseline(simulator.config.model, sampler, inner,
                   num_workers * batch_size, rounds * strategy.period, seed,
-                  simulation.backward_of(simulator.config))
+                  _backward.of(simulator.config))
   for _ in range(warmup - 1):
     base()
   sim_s, base_s = [], []

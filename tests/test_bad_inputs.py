@@ -134,12 +134,12 @@ def test_resume_names_the_setting_that_changed_not_what_follows(
 
 def test_a_checkpoint_that_cannot_be_read_is_one_line_naming_its_step(
     checkpointed, monkeypatch, capsys):
-  from lowbw import telemetry
+  from lowbw.telemetry import _checkpoint
 
   def damaged(*args, **kwargs):
     raise RuntimeError("Error reading ...: DATA_LOSS\nspec: {...}\nmore")
 
-  monkeypatch.setattr(telemetry, "restore", damaged)
+  monkeypatch.setattr(_checkpoint, "restore", damaged)
   capsys.readouterr()
   line = _error(["train", "--resume", str(checkpointed), "--steps", "12"],
                 capsys)

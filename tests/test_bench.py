@@ -11,7 +11,7 @@ import pytest
 
 from lowbw import bench, cli, data, models, strategies
 from lowbw.simulation import build
-from lowbw.simulation import Backward
+from lowbw.simulation._backward import Backward
 
 MLP = models.mlp(hidden=(8,))
 P = 64 * 8 + 8 + 8 * 10 + 10  # digits: 8x8 inputs, 10 classes

@@ -8,7 +8,8 @@ import inspect
 import pytest
 
 import lowbw
-from lowbw.config import FIELDS, _settings
+from lowbw.config import _settings
+from lowbw.config._config import FIELDS
 
 BUILD = [f.name for f in _settings.BUILD_FIELDS]
 SMALL = dict(data="digits", model="mlp", hidden=8, workers=2, batch_size=4,

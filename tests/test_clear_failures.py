@@ -121,7 +121,6 @@ def test_grid_names_are_checked_before_anything_compiles(monkeypatch, capsys,
                                                          tmp_path):
   def no_build(*a, **k):
     raise AssertionError("built before the grid was checked")
-  monkeypatch.setattr(lowbw.simulation, "build_config", no_build)
   monkeypatch.setattr(lowbw.studies._run, "build_config", no_build)
   argv = ["sweep", "--data", "digits", "--steps", "3", "--out",
           str(tmp_path / "s")]

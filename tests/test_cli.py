@@ -10,7 +10,6 @@ import pytest
 import lowbw
 
 from lowbw import cli
-from lowbw import config as config_lib
 from lowbw.cli import _train
 
 BASE = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",

@@ -18,6 +18,7 @@ import lowbw
 from lowbw import data, models, strategies
 from lowbw import network as net_lib
 from lowbw.network import _clock
+from lowbw.config._settings import configure
 from lowbw.simulation import _engine
 
 W, B = 4, 8
@@ -346,9 +347,8 @@ def test_changing_probabilities_and_links_does_not_recompile():
   channels = strategy.channels(params, W)
   faulty = net_lib.network("1Gbps", "50ms", hardware="0.01s",
                            faults=net_lib.Faults(drop_prob=0.1))
-  config = lowbw.simulation.configure(MLP, src, strategy, num_workers=W,
-                                      batch_size=B, steps=4, network=faulty,
-                                      rounds_per_chunk=2, devices=1)
+  config = configure(MLP, src, strategy, num_workers=W, batch_size=B,
+                     steps=4, network=faulty, rounds_per_chunk=2, devices=1)
   assert config.masks
   chunk = jax.jit(_engine.build(
       config, _engine.Parts(tuple(strategy.channels(params, W)))).chunk)

@@ -27,6 +27,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, data, models, strategies, telemetry
+from lowbw.telemetry import _checkpoint, _writers
 from lowbw.simulation import _logdir
 
 TRAIN = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
@@ -176,12 +177,12 @@ def test_every_file_of_a_run_names_itself_when_the_disk_is_full(
   fault = Fault(monkeypatch, match, after=13 if match == "tfevents" else 0)
   if when == "second checkpoint":
     fault.left = 10 ** 9
-    real_save = telemetry.save
+    real_save = _checkpoint.save
 
     def save(directory, step, *args, **kw):
       fault.left = 0 if step > 5 else 10 ** 9
       return real_save(directory, step, *args, **kw)
-    monkeypatch.setattr(telemetry, "save", save)
+    monkeypatch.setattr(_checkpoint, "save", save)
   assert cli.main(TRAIN + ["--out", str(out)]) == 2
   lines = stderr_lines(capfd)
   assert len(lines) == 1, lines
@@ -287,7 +288,7 @@ def test_a_csv_row_cut_short_by_a_full_disk_is_removed(tmp_path, monkeypatch):
   (tmp_path / "config.json").write_text("{}")  # a run's folder
   path = tmp_path / "sweep.csv"
   Fault(monkeypatch, "sweep.csv", after=2)  # the header and one row
-  writer = telemetry.CSVWriter(str(path), ["step", "loss"])
+  writer = _writers.CSVWriter(str(path), ["step", "loss"])
   writer.write({"step": 1, "loss": 0.5})
   with pytest.raises(OSError) as e:
     writer.write({"step": 2, "loss": 0.25})
@@ -320,11 +321,11 @@ def test_the_hint_fits_the_folder_a_write_failed_in(tmp_path):
 def test_a_json_file_that_cannot_be_replaced_keeps_its_old_copy(
     tmp_path, monkeypatch):
   path = tmp_path / "sweep.json"
-  telemetry.write_json(str(path), {"a": 1})
+  _writers.write_json(str(path), {"a": 1})
   Fault(monkeypatch, "sweep.json")
   with pytest.raises(OSError, match=re.escape(f"cannot write {path}: "
                                               f"{NO_SPACE}")):
-    telemetry.write_json(str(path), {"a": 2})
+    _writers.write_json(str(path), {"a": 2})
   monkeypatch.undo()
   assert json.loads(path.read_text()) == {"a": 1}
   assert os.listdir(tmp_path) == ["sweep.json"]  # no partial copy left

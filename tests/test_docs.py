@@ -184,8 +184,8 @@ def _capped_config(*args, **kwargs):
   """A lowbw.Config with the sizes capped as for simulate: at most SYNCS
   syncs of BATCH examples, 8 evaluation examples, a one-layer GPT."""
   config = _CONFIG(*args, **kwargs)
-  settings = {n: getattr(config, n) for n in lowbw.config.FIELDS}
-  period = _period(lowbw.config.build_strategy(settings))
+  settings = {n: getattr(config, n) for n in lowbw.config._config.FIELDS}
+  period = _period(lowbw.config._strategy_fields.build(settings))
   used = config.to_dict()
   caps = {"steps": SYNCS * period, "batch_size": BATCH,
           "eval_examples": 8, **{k: v for k, v in _GPT.items() if k in used}}

@@ -8,6 +8,7 @@ import pytest
 
 import lowbw
 from lowbw import network as net_lib
+from lowbw.network import _clock
 from lowbw import strategies
 from lowbw.simulation._leavers import redistributed
 
@@ -78,5 +79,5 @@ def test_elastic_settings_are_checked():
                         (dict(joins=((9, 10),)), "joins"),
                         (dict(leave_shards="share"), "leave_shards")]:
     with pytest.raises(ValueError, match=match):
-      net_lib.check_network(net_lib.network(
+      _clock.check_network(net_lib.network(
           faults=net_lib.Faults(**faults)), W)

@@ -8,7 +8,7 @@ import pytest
 
 import lowbw
 from lowbw import data, models, network, strategies
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 W, H, STEPS = 3, 2, 8
 WINDOWS = ((2, 0, 2),)     # worker 2 down for the first round

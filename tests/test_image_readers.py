@@ -333,13 +333,13 @@ def test_factories_name_the_path_they_were_given(tmp_path):
 
 
 def test_data_dir_picks_the_reader_by_what_the_folder_holds(tmp_path):
-  from lowbw.config import build_data
+  from lowbw.config._resolve import build_data
   mnist_folder(tmp_path / "m")
   cifar_folder(tmp_path / "c")
   (tmp_path / "t").mkdir()
-  assert data.image_kind(tmp_path / "m") == "mnist"
-  assert data.image_kind(tmp_path / "c") == "cifar10"
-  assert data.image_kind(tmp_path / "t") is None
+  assert _images.image_kind(tmp_path / "m") == "mnist"
+  assert _images.image_kind(tmp_path / "c") == "cifar10"
+  assert _images.image_kind(tmp_path / "t") is None
   settings = {"sharding": "iid", "alpha": 0.5, "seq_len": 8,
               "data_root": None}
   m = build_data({**settings, "data": str(tmp_path / "m")})

@@ -32,10 +32,43 @@ INTERNAL = {
     ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
     ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically
     # The engine builds what a Config checked: its build settings (RunConfig)
-    # and the signature composition of build's and simulate's keywords.
-    ("lowbw/simulation", "lowbw.config._settings"),
+    # and the signature composition of build's and simulate's keywords; the
+    # settings' table (_config) and the data and model a keyword-style call
+    # names (_resolve).
+    ("lowbw/simulation", "lowbw.config._config"),
     ("lowbw/simulation", "lowbw.config._options"),
+    ("lowbw/simulation", "lowbw.config._resolve"),
+    ("lowbw/simulation", "lowbw.config._settings"),
     ("lowbw/simulation", "lowbw.config._resources"),  # the memory budget
+    # The command line is the settings' table: its fields, groups and names
+    # (_config), a field's flag (_fields), config and grid files (_files),
+    # lowbw bench's builds (_resolve, _settings, _strategy_fields); it runs a
+    # Config and prepares its folder as lowbw.study does (_api, _logdir).
+    ("lowbw/cli", "lowbw.config._config"),
+    ("lowbw/cli", "lowbw.config._fields"),
+    ("lowbw/cli", "lowbw.config._files"),
+    ("lowbw/cli", "lowbw.config._resolve"),
+    ("lowbw/cli", "lowbw.config._settings"),
+    ("lowbw/cli", "lowbw.config._strategy_fields"),
+    ("lowbw/cli", "lowbw.simulation._api"),
+    ("lowbw/cli", "lowbw.simulation._logdir"),
+    # A study expands a grid over the table's fields (_config, _fields, the
+    # strategies' traced ones in _strategy_fields), checks each point's build
+    # (_settings) and runs a group's points on one build (_api, _sweep) in
+    # folders it prepares (_logdir).
+    ("lowbw/studies", "lowbw.config._config"),
+    ("lowbw/studies", "lowbw.config._fields"),
+    ("lowbw/studies", "lowbw.config._settings"),
+    ("lowbw/studies", "lowbw.config._strategy_fields"),
+    ("lowbw/studies", "lowbw.simulation._api"),
+    ("lowbw/studies", "lowbw.simulation._logdir"),
+    ("lowbw/studies", "lowbw.simulation._sweep"),
+    # lowbw bench times the compiled round against a plain replica: the
+    # engine's backward pass, worker map, mesh specs and worker casts.
+    ("lowbw/bench.py", "lowbw.simulation._backward"),
+    ("lowbw/bench.py", "lowbw.simulation._engine"),
+    ("lowbw/bench.py", "lowbw.simulation._mesh"),
+    ("lowbw/bench.py", "lowbw.simulation._precision"),
     # The settings' table is made from the strategies' optimizer kinds and
     # schedules (_optim, _schedule) and a strategy's codec settings (_spec).
     ("lowbw/config", "lowbw.strategies._optim"),
@@ -45,6 +78,31 @@ INTERNAL = {
     # description and empty report (_base).
     ("lowbw/simulation", "lowbw.strategies._base"),
     ("lowbw/simulation", "lowbw.strategies._schedule"),
+    # The simulated clock's pure functions (_clock), the topology a traced
+    # link rebuilds (_topology), the tiers of the wire bytes (_collectives);
+    # the build's check of a network and of its fault windows.
+    ("lowbw/config", "lowbw.network._clock"),
+    ("lowbw/config", "lowbw.network._faults"),
+    ("lowbw/simulation", "lowbw.network._clock"),
+    ("lowbw/simulation", "lowbw.network._collectives"),
+    ("lowbw/simulation", "lowbw.network._topology"),
+    # Which reader a data folder takes (_images, _prepared); a saved run's
+    # tokenizer (_tokenizer).
+    ("lowbw/config", "lowbw.data._images"),
+    ("lowbw/config", "lowbw.data._prepared"),
+    ("lowbw/simulation", "lowbw.data._tokenizer"),
+    # A run's files: its tables and writers (_writers), parameters
+    # (_params), checkpoints (_checkpoint), the metrics' names (_metrics),
+    # the progress bar (_progress) and the start-up seconds (_startup).
+    ("lowbw/simulation", "lowbw.telemetry._checkpoint"),
+    ("lowbw/simulation", "lowbw.telemetry._metrics"),
+    ("lowbw/simulation", "lowbw.telemetry._params"),
+    ("lowbw/simulation", "lowbw.telemetry._progress"),
+    ("lowbw/simulation", "lowbw.telemetry._startup"),
+    ("lowbw/simulation", "lowbw.telemetry._writers"),
+    ("lowbw/cli", "lowbw.telemetry._metrics"),  # lowbw train's columns
+    ("lowbw/cli", "lowbw.telemetry._progress"),  # a bar on a terminal only
+    ("lowbw/studies", "lowbw.telemetry._progress"),  # the same
 }
 
 

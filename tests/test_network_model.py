@@ -15,13 +15,13 @@ import pytest
 
 import lowbw
 
-from lowbw.network import (Channel, Clock, Faults, Flat, Link,
+from lowbw.network import (Channel, Clock, Faults, Link,
                            Network,
                            Stragglers, all_gather, bandwidth, duration, flat,
                            flops, hardware, hierarchical, link, network,
                            ring_allreduce)
 from lowbw.network import _clock
-from lowbw.network._topology import Hierarchical
+from lowbw.network._topology import Flat, Hierarchical, relinked
 from lowbw.network._clock import (check_network, net_params, participants,
                                   step_seconds, up_mask)
 
@@ -874,9 +874,9 @@ def test_a_link_list_of_the_wrong_length_is_refused(kwargs, message):
 
 def test_a_traced_bandwidth_sets_every_link_or_one_per_worker():
   links = lowbw.network.link("1Gbps,100Mbps", "10ms,20ms")
-  every = lowbw.network.relinked(links, bandwidth="10Mbps")
+  every = relinked(links, bandwidth="10Mbps")
   assert [l.bandwidth_bps for l in every] == [1e7, 1e7]
   assert [l.latency_s for l in every] == [0.01, 0.02]
-  each = lowbw.network.relinked(lowbw.network.link(), latency="1ms,2ms")
+  each = relinked(lowbw.network.link(), latency="1ms,2ms")
   assert [(l.bandwidth_bps, l.latency_s) for l in each] == [(1e9, 0.001),
                                                            (1e9, 0.002)]

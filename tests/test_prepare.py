@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from lowbw import cli, data
-from lowbw.data import _corpus, _tokenizer
+from lowbw.data import _corpus, _prepared, _tokenizer
 
 # Unicode, punctuation, code, whitespace runs: what a byte-level BPE must
 # round-trip exactly.
@@ -187,7 +187,7 @@ def test_the_cli_prepares_and_reports(tmp_path, capsys):
                    "--no-progress"])
   assert code == 0
   assert "vocabulary 300" in capsys.readouterr().out
-  assert data.is_prepared(tmp_path / "out")
+  assert _prepared.is_prepared(tmp_path / "out")
 
 
 @pytest.mark.parametrize("argv, flag, words", [

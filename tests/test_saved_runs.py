@@ -108,13 +108,13 @@ def test_a_long_generation_shows_its_pace_on_a_terminal(trained, capsys,
   # One token at a time, for as many as asked: on a terminal a bar on
   # stderr counts them (a billion tokens used to wait without a word);
   # stdout keeps only the text, the same as without the bar.
-  from lowbw import telemetry
+  from lowbw.telemetry import _progress
   _, run_dir = trained
   argv = ["generate", str(run_dir), "--prompt", "The little",
           "--max-tokens", "6", "--seed", "1"]
   assert cli.main(argv) == 0
   plain = capsys.readouterr()
-  monkeypatch.setattr(telemetry, "is_terminal", lambda: True)
+  monkeypatch.setattr(_progress, "is_terminal", lambda: True)
   assert cli.main(argv) == 0
   shown = capsys.readouterr()
   assert shown.out == plain.out and "generate" not in plain.err

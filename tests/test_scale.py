@@ -17,6 +17,7 @@ import pytest
 
 import lowbw
 from lowbw import models, strategies
+from lowbw.config._settings import configure
 from lowbw.simulation import _engine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -197,9 +198,8 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     return _engine.SimState(s.init(fresh, W, k1), k2, k3)
 
   def compiled_chunk(s):
-    config = lowbw.simulation.configure(MLP, src, s, num_workers=W,
-                                        batch_size=4, steps=4,
-                                        rounds_per_chunk=2, devices=1)
+    config = configure(MLP, src, s, num_workers=W, batch_size=4, steps=4,
+                       rounds_per_chunk=2, devices=1)
     parts = _engine.Parts(tuple(s.channels(params, W)))
     return jax.jit(_engine.build(config, parts).chunk)
 

@@ -12,7 +12,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, strategies, transforms
-from lowbw import config as config_lib
+from lowbw.config import _strategy_fields
 from lowbw.cli import _bench, _train
 from lowbw.strategies import _optim, _spec
 
@@ -20,7 +20,7 @@ from lowbw.strategies import _optim, _spec
 def cli_strategy(*argv):
   args = cli.build_parser().parse_args(["train", *argv])
   s = _train.resolved(_train.settings(args))
-  return config_lib.build_strategy(s), s
+  return _strategy_fields.build(s), s
 
 
 @pytest.mark.parametrize("name", sorted(strategies.SPECS))
@@ -41,7 +41,7 @@ def test_the_command_line_builds_the_factory_defaults(name):
 def test_the_bench_reads_the_same_defaults():
   args = cli.build_parser().parse_args(["bench", "--strategy", "muloco"])
   s = _bench._settings(args)
-  assert config_lib.build_strategy(s).config == strategies.muloco(
+  assert _strategy_fields.build(s).config == strategies.muloco(
       inner=strategies.paper_inner("muloco", s["steps"])).config
 
 

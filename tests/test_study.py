@@ -17,6 +17,7 @@ import pytest
 
 import lowbw
 from lowbw import cli, strategies
+from lowbw.simulation import _sweep
 from lowbw.studies import _files
 
 TINY = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=8,
@@ -136,8 +137,8 @@ def test_points_of_a_build_batched_as_a_vmapped_axis_equal_the_study(
   own logs and config."""
   grid = [{"H": [2], "outer_lr": [0.5, 0.7]}, {"strategy": ["ddp"]}]
   out = tmp_path / "batched"
-  sizes, run_batch = [], lowbw.simulation.run_batch
-  monkeypatch.setattr(lowbw.simulation, "run_batch", lambda sim, points, *a:
+  sizes, run_batch = [], _sweep.run_batch
+  monkeypatch.setattr(_sweep, "run_batch", lambda sim, points, *a:
                       sizes.append(len(points)) or run_batch(sim, points, *a))
   batched = lowbw.study(base, grid, seeds=[0, 1], out=str(out),
                         progress=False, plots=False, points_per_batch=3)

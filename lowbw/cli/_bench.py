@@ -8,14 +8,14 @@ import subprocess
 import sys
 
 from lowbw import _validate
-from lowbw import config as config_lib
-from lowbw import simulation
+from lowbw.config import _config, _fields, _resolve, _strategy_fields
+from lowbw.config._settings import check_settings
 from lowbw.cli import _plot, _train
 
 # The model and run settings the bench shares with lowbw train (text data
 # for the language models, the digits for mlp and cnn).
 _MODEL_FIELDS = ("model", "layers", "d_model", "heads", "seq_len",
-                 *config_lib.GPT_BLOCK, "experts", "top_k", "expert_hidden",
+                 *_resolve.GPT_BLOCK, "experts", "top_k", "expert_hidden",
                  "hidden", "channels", "batch_size", "seed")
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
@@ -31,9 +31,9 @@ def add_parser(subparsers) -> None:
       "--warmup calls. See docs/performance.md.")
   add = p.add_argument
   for name in _MODEL_FIELDS:  # lowbw train's, from the Config's table
-    field = config_lib.FIELDS[name]
-    add(field.flag, **config_lib.flag_kwargs(field))
-  data = config_lib.FIELDS["data"]
+    field = _config.FIELDS[name]
+    add(field.flag, **_fields.flag_kwargs(field))
+  data = _config.FIELDS["data"]
   add(data.flag, help=data.help.split(";")[0] + " (default: text for the "
       "language models, digits for mlp and cnn; a dataset of your own "
       "where W*b outgrows the digits' 1,438 examples)")
@@ -47,17 +47,17 @@ def add_parser(subparsers) -> None:
   add("--child", help=argparse.SUPPRESS)
   g = p.add_argument_group("strategy", "as in lowbw train; the baseline "
                            "uses the same inner optimizer")
-  for field in config_lib.FIELDS.values():
+  for field in _config.FIELDS.values():
     if field.group in ("strategy", "compression", "optimizers") and \
         field.name != "workers":
-      g.add_argument(field.flag, **config_lib.flag_kwargs(field))
+      g.add_argument(field.flag, **_fields.flag_kwargs(field))
   _train.add_scale_flags(p)
   # The other settings the bench passes to the build (``_compute``), such
   # as the paired DDP lane, whose cost it then measures.
-  for name in config_lib.COMPUTE_SETTINGS:
-    field = config_lib.FIELDS[name]
+  for name in _resolve.COMPUTE_SETTINGS:
+    field = _config.FIELDS[name]
     if field.group not in _train.SCALE_GROUPS:
-      p.add_argument(field.flag, **config_lib.flag_kwargs(field))
+      p.add_argument(field.flag, **_fields.flag_kwargs(field))
   p.set_defaults(run=run)
 
 
@@ -67,8 +67,8 @@ def _settings(args) -> dict:
   s.update(BENCH_DEFAULTS)
   given = {k: v for k, v in vars(args).items()
            if v is not None and k in s}
-  s = config_lib.fill({**s, **given}, set(given))
-  s["model"] = s["model"] or config_lib.spec_of(s).model or "gpt"
+  s = _strategy_fields.fill({**s, **given}, set(given))
+  s["model"] = s["model"] or _strategy_fields.spec_of(s).model or "gpt"
   if s["model"] in ("mlp", "cnn") and "data" not in given:
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
@@ -78,11 +78,11 @@ def _settings(args) -> dict:
 
 def _measure(s: dict, workers: int) -> dict:
   from lowbw import bench
-  source = config_lib.build_data(s)
-  model = config_lib.build_model(s, source)
-  strategy = config_lib.build_strategy(s)
+  source = _resolve.build_data(s)
+  model = _resolve.build_model(s, source)
+  strategy = _strategy_fields.build(s)
   return bench.measure(
-      model, source, strategy, config_lib.build_inner(s), workers,
+      model, source, strategy, _strategy_fields.build_inner(s), workers,
       s["batch_size"], bench.Timing(rounds=s["rounds"], repeats=s["repeats"],
                                     warmup=s["warmup"], seed=s["seed"]),
       **_compute(s))
@@ -91,7 +91,7 @@ def _measure(s: dict, workers: int) -> dict:
 def _compute(s: dict) -> dict:
   """How the workers compute (devices, precision, memory), from the
   settings."""
-  return {k: s[k] for k in config_lib.COMPUTE_SETTINGS}
+  return {k: s[k] for k in _resolve.COMPUTE_SETTINGS}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
   s = _settings(args)
   _check_outputs(args)
-  counts = config_lib.ints("workers", s["workers"])
+  counts = _resolve.ints("workers", s["workers"])
   # Validate everything once, here, before any child process starts.
-  config_lib.build_model(s, config_lib.build_data(s))
+  _resolve.build_model(s, _resolve.build_data(s))
   import jax
-  strategy = config_lib.build_strategy(s)
+  strategy = _strategy_fields.build(s)
   for w in counts:  # the build's own checks, before any child starts
     try:
-      simulation.check_settings(
+      check_settings(
           strategy, num_workers=w, batch_size=s["batch_size"],
           steps=s["rounds"] * strategy.period, network=None,
           **_compute(s))

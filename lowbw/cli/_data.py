@@ -4,7 +4,7 @@
 import argparse
 
 from lowbw import data as data_lib
-from lowbw import telemetry
+from lowbw.telemetry import _progress
 
 
 def _recipes_help() -> str:
@@ -60,7 +60,7 @@ def add_parser(subparsers) -> None:
 
 
 def run_prepare(args) -> int:
-  progress = (telemetry.is_terminal() if args.progress is None
+  progress = (_progress.is_terminal() if args.progress is None
               else args.progress)
   meta = data_lib.prepare(
       args.source, args.out, progress=progress, overwrite=args.overwrite,

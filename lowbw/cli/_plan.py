@@ -6,7 +6,7 @@ import json
 import math
 
 from lowbw import _validate
-from lowbw.config import read_config
+from lowbw.config._files import read_config
 from lowbw import network as net_lib
 from lowbw.network import plan
 from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS,

@@ -9,8 +9,9 @@ import os
 import jax
 import numpy as np
 
-from lowbw import _validate, telemetry
-from lowbw import config as config_lib
+from lowbw import _validate
+from lowbw.telemetry import _progress
+from lowbw.config import _resolve
 from lowbw import simulation
 from lowbw.models import generate
 
@@ -68,8 +69,8 @@ def run_generate(args) -> int:
   stop = run.tokenizer.eos_id()
   # Tokens come one at a time: a long generation shows its pace on a
   # terminal (stdout keeps only the text).
-  bar = (telemetry.ProgressBar(args.max_tokens, desc="generate", unit="token")
-         if telemetry.is_terminal() else None)
+  bar = (_progress.ProgressBar(args.max_tokens, desc="generate", unit="token")
+         if _progress.is_terminal() else None)
   try:
     ids = generate(run.model, run.params, prompt, args.max_tokens,
                    args.temperature, args.top_k, args.seed, stop,
@@ -123,7 +124,7 @@ def _dataset(spec: str, run):
   seq_len = run.model.config.get("seq_len", 128)
   settings = {"data": spec, "sharding": "iid", "alpha": 0.5,
               "seq_len": seq_len, "data_root": None}
-  source = config_lib.build_data(settings)
+  source = _resolve.build_data(settings)
   task = "lm" if run.model.task == "lm" else "classification"
   if source.task != task:
     raise _validate.fail("data", spec, f"is {source.task} data; the run "

@@ -6,7 +6,7 @@ import os
 import sys
 
 from lowbw import _validate
-from lowbw import config as config_lib
+from lowbw.config import _config, _files, _strategy_fields
 from lowbw.cli import _train
 from lowbw.studies import study
 
@@ -48,7 +48,7 @@ def add_parser(subparsers) -> None:
 def _value(name: str, text: str):
   """A grid value typed as its setting: '10' for H is 10; 'none' is None
   for a number."""
-  field = config_lib.FIELDS[name]
+  field = _config.FIELDS[name]
   text = text.strip()
   if field.type in (int, float) and text.lower() in ("none", "null"):
     return None
@@ -74,7 +74,7 @@ def parse_grid(items) -> dict:
       raise _validate.fail("grid", item, "expected NAME=V1,V2,... e.g. "
                            "H=10,50,100")
     try:
-      name = config_lib.canonical(name.strip())
+      name = _config.canonical(name.strip())
     except _validate.ConfigError as e:
       raise _validate.fail("grid", name.strip(), e.allowed) from None
     if name in grid:
@@ -86,7 +86,7 @@ def parse_grid(items) -> dict:
 def read_grid_file(path: str) -> list[dict]:
   """The sub-grids of a grid file: a table, a list of tables, or a table
   whose only key is ``grid``."""
-  values = config_lib.read_file(path, "grid_file")
+  values = _files.read_file(path, "grid_file")
   if isinstance(values, dict) and list(values) == ["grid"]:
     values = values["grid"]
   values = values if isinstance(values, list) else [values]
@@ -126,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
   seeds = parse_seeds(args.seeds, base.get("seed", 0))
   out = base.pop("out", None) or _train.default_out(
       {"out": None, "strategy": str(base.get(
-          "strategy", config_lib.DEFAULT_STRATEGY))}, "sweep-")
+          "strategy", _strategy_fields.DEFAULT_STRATEGY))}, "sweep-")
   progress = base.get("progress")
   result = study(base, grid, seeds, out=out, progress=progress,
                  overwrite=args.overwrite, on_point=_printer(progress),

@@ -1,7 +1,7 @@
 """``lowbw train``: one simulated run from flags, a config file, or a resume.
 
-Every flag is a ``lowbw.Config`` field (``lowbw.config.FIELDS``: its help,
-default and type); a config file gives the same fields as keys.
+Every flag is a ``lowbw.Config`` field (``lowbw.config._config.FIELDS``:
+its help, default and type); a config file gives the same fields as keys.
 """
 
 import argparse
@@ -13,18 +13,22 @@ import sys
 import jax
 
 from lowbw import _validate, telemetry
-from lowbw import config as config_lib
+from lowbw.telemetry import _progress
+from lowbw.config import _config, _fields, _files
 from lowbw import simulation
 from lowbw import network as network_lib
 from lowbw.cli import _plot
-from lowbw.config import FIELDS, Config
-from lowbw.simulation import initialize, prepare_log_dir
-from lowbw.telemetry import names
+from lowbw.config import Config
+from lowbw.config._config import FIELDS
+from lowbw.simulation import initialize
+from lowbw.simulation._api import run_config
+from lowbw.simulation._logdir import prepare as prepare_log_dir
+from lowbw.telemetry import _metrics as names
 
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 DEFAULTS = {name: f.default for name, f in FIELDS.items()}
 # API names of settings the flags name otherwise -> the setting.
-API_NAMES = {**config_lib.ALIASES, "resume_from": "resume",
+API_NAMES = {**_config.ALIASES, "resume_from": "resume",
              "stragglers.fraction": "keep_fraction"}
 # The groups add_scale_flags adds (train's and bench's).
 SCALE_GROUPS = ("compute", "devices and hosts")
@@ -57,10 +61,10 @@ def add_parser(subparsers) -> None:
 def add_fields(p, groups) -> None:
   """The flags of every ``lowbw.Config`` field in ``groups``."""
   for group in groups:
-    g = p.add_argument_group(group, config_lib.GROUPS[group])
+    g = p.add_argument_group(group, _config.GROUPS[group])
     for field in FIELDS.values():
       if field.group == group:
-        g.add_argument(field.flag, **config_lib.flag_kwargs(field))
+        g.add_argument(field.flag, **_fields.flag_kwargs(field))
     if group == "run":
       g.add_argument("--overwrite", action="store_true", help="clear what "
                      "another run wrote in --out (nothing else) before this "
@@ -69,7 +73,7 @@ def add_fields(p, groups) -> None:
 
 def add_run_flags(p) -> None:
   """Every setting of a run (train and sweep)."""
-  add_fields(p, [g for g in config_lib.GROUPS if g not in SCALE_GROUPS])
+  add_fields(p, [g for g in _config.GROUPS if g not in SCALE_GROUPS])
   add_scale_flags(p)
 
 
@@ -126,10 +130,10 @@ def setting_values(args: argparse.Namespace) -> tuple[dict, dict]:
     saved = _saved(os.path.join(args.resume, "config.json"))
     merged.update(saved)
   if args.config:
-    from_file = config_lib.read_config(args.config, FIELDS)
+    from_file = _files.read_config(args.config, FIELDS)
     for key, value in from_file.items():  # a flag may override it
       try:
-        config_lib.check_value(key, value)
+        _config.check_value(key, value)
       except _validate.ConfigError as e:
         raise _validate.fail(e.field, e.value, f"{e.allowed} (in config "
                              f"file {args.config})") from None
@@ -217,7 +221,7 @@ def run(args: argparse.Namespace) -> int:
            if k not in ("progress", "out")}
   say(f"compiling {s['workers']} workers' program (kept in the compilation "
       f"cache for later runs), then {s['steps']} steps; logs in {out}")
-  result = simulation.run_config(
+  result = run_config(
       sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
       overwrite=args.overwrite, callback=_row_printer(s))
   if result.config["processes"] == 1 or jax.process_index() == 0:
@@ -258,7 +262,7 @@ def _status(s: dict):
 def _row_printer(s: dict):
   """Off a terminal (a log file, a batch job) with no progress setting: one
   line per logged row on stdout instead of a bar; else None."""
-  if s["progress"] is not None or telemetry.is_terminal():
+  if s["progress"] is not None or _progress.is_terminal():
     return None
   steps = s["steps"]
 

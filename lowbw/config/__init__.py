@@ -8,18 +8,6 @@ compiled simulator is specialised to) and builds its strategy and network
 once; ``lowbw.simulation`` builds and runs it.
 """
 
-from lowbw.config._config import (ALIASES, FIELDS, GROUPS, Config, canonical,
-                                  check_value, natural)
-from lowbw.config._fields import RUN, SHAPE, TRACED, Field, flag_kwargs
-from lowbw.config._files import FORMATS, read_config, read_file
-from lowbw.config._resolve import (COMPUTE_SETTINGS, GPT_BLOCK, build_data,
-                                   build_model, ints, used)
-from lowbw.config._strategy_fields import (DEFAULT_STRATEGY, build_inner,
-                                           fill, spec_of)
-from lowbw.config._strategy_fields import TRACED as strategy_traced
-from lowbw.config._strategy_fields import build as build_strategy
+from lowbw.config._config import Config
 
-__all__ = ["COMPUTE_SETTINGS", "GPT_BLOCK", "DEFAULT_STRATEGY", "build_data", "build_inner", "build_model",
-           "build_strategy", "fill", "ints", "spec_of", "strategy_traced", "used",
-           "ALIASES", "Config", "FIELDS", "FORMATS", "Field", "GROUPS", "RUN",
-           "SHAPE", "TRACED", "canonical", "check_value", "natural", "flag_kwargs", "read_config", "read_file"]
+__all__ = ["Config"]

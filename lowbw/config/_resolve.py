@@ -6,6 +6,7 @@ import re
 
 from lowbw import _validate
 from lowbw import data as data_lib
+from lowbw.data import _images, _prepared
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import transforms
@@ -61,9 +62,9 @@ def data_kind(s: dict) -> str:
       if next(entries, None) is None:
         raise _validate.fail("data", data, "is an empty folder; expected "
                              "text files, a prepared corpus or images in it")
-    if data_lib.image_kind(data):
+    if _images.image_kind(data):
       return "classification"
-    return "prepared" if data_lib.is_prepared(data) else "folder"
+    return "prepared" if _prepared.is_prepared(data) else "folder"
   return "tokens" if data.endswith(".bin") else "classification"
 
 
@@ -176,11 +177,11 @@ def _build_data(s: dict):
                                **common)
   if name == "digits":
     return data_lib.digits(**labelled)
-  kind = data_lib.image_kind(name)
+  kind = _images.image_kind(name)
   if kind is not None:  # MNIST and Fashion-MNIST share their file names
     return (data_lib.mnist if kind == "mnist" else data_lib.cifar10)(
         name, **labelled)
-  if data_lib.is_prepared(name):
+  if _prepared.is_prepared(name):
     return data_lib.prepared(name, seq_len=s["seq_len"], **labelled)
   if os.path.isdir(name):
     return data_lib.text_bytes(seq_len=s["seq_len"], root=name, **common)

@@ -19,7 +19,7 @@ from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
-from lowbw import network as net_lib
+from lowbw.network import _clock, _faults
 from lowbw.config import _defaults, _fields, _options
 # The rules the engine reads too (by this module's name).
 from lowbw.config._checks import (AUTOCAST, WORKER_DTYPES, check_seed,
@@ -180,13 +180,13 @@ def check_settings(strategy, **given) -> dict:
   s.update(given)
   s["num_workers"] = _validate.positive_int("num_workers", s["num_workers"])
   if s["network"] is not None:
-    s["network"] = net_lib.check_network(s["network"], s["num_workers"])
+    s["network"] = _clock.check_network(s["network"], s["num_workers"])
   auto_devices = s["devices"] is None
   for field in BUILD_FIELDS:
     s[field.name] = field.check(field.name, s[field.name], s, strategy)
   network = s["network"]
   if network is not None and network.faults is not None:
-    net_lib.check_windows(network.faults, strategy.period)
+    _faults.check_windows(network.faults, strategy.period)
   if strategy.asynchronous:
     _check_asynchronous(strategy, network)
   rounds = s["rounds_per_chunk"]

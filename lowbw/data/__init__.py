@@ -23,21 +23,16 @@ from lowbw.data._digits import digits
 from lowbw.data._images import cifar10
 from lowbw.data._images import cifar10_arrays
 from lowbw.data._images import fashion_mnist
-from lowbw.data._images import image_kind
 from lowbw.data._images import mnist
 from lowbw.data._images import mnist_arrays
 from lowbw.data._images import read_idx
 from lowbw.data._per_worker import per_worker
 from lowbw.data._prepare import RECIPES
 from lowbw.data._prepare import prepare
-from lowbw.data._prepared import is_prepared
 from lowbw.data._prepared import prepared
 from lowbw.data._sampler import WorkerSampler
 from lowbw.data._source import DataSource
 from lowbw.data._text import text_bytes
-from lowbw.data._tokenizer import BPE
-from lowbw.data._tokenizer import Bytes
-from lowbw.data._tokenizer import load as load_tokenizer
 
 _REGISTRY: dict[str, Callable[..., DataSource]] = {
     "digits": digits,
@@ -85,8 +80,6 @@ def get(name: str, **kwargs) -> DataSource:
 
 
 __all__ = [
-    "BPE",
-    "Bytes",
     "DataSource",
     "RECIPES",
     "WorkerSampler",
@@ -96,9 +89,6 @@ __all__ = [
     "digits",
     "fashion_mnist",
     "get",
-    "image_kind",
-    "is_prepared",
-    "load_tokenizer",
     "mnist",
     "mnist_arrays",
     "names",

@@ -4,7 +4,9 @@ keywords."""
 import functools
 
 from lowbw import _validate
-from lowbw.config import FIELDS, Config, build_data, build_model
+from lowbw.config import Config
+from lowbw.config._config import FIELDS
+from lowbw.config._resolve import build_data, build_model
 from lowbw.simulation import _run, _simulator
 from lowbw.simulation._build import build_checked
 

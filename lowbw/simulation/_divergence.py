@@ -12,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 # "Far above": the final loss exceeds the first by more than the first's
 # magnitude (at least doubled) and by more than 1 nat, so a loss that drifts up

@@ -11,9 +11,9 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from lowbw.network import received_wire, tiers_of
+from lowbw.network._collectives import received_wire, tiers_of
 from lowbw.simulation import _sums
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 
 class NonFiniteLossError(FloatingPointError):

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw import network as net_lib
+from lowbw.network import _topology
 from lowbw.strategies._schedule import (OUTER_SCHEDULE, OuterScheduleState,
                                         PeakScheduleState,
                                         check_outer_schedule)
@@ -259,14 +260,14 @@ def set_network(net, values: dict):
     raise _validate.fail(name, values[name],
                          "needs a network= at build (the run has no clock)")
   topo = net.topology
-  wan = topo.link if isinstance(topo, net_lib.Flat) else topo.wan
+  wan = topo.link if isinstance(topo, _topology.Flat) else topo.wan
   for name, value in values.items():
     if name in ("bandwidth", "latency"):  # one for all, or one per worker
       if name == "bandwidth" and net.bandwidth_trace is not None:
         raise _validate.fail(name, value, "the network's bandwidth is a "
                              "trace (bandwidth_trace); it cannot also be "
                              "swept")
-      wan = net_lib.relinked(wan, **{name: value})
+      wan = _topology.relinked(wan, **{name: value})
     elif name == "jitter":
       stragglers = net.stragglers or net_lib.Stragglers()
       net = net._replace(stragglers=stragglers._replace(jitter=value))
@@ -277,7 +278,7 @@ def set_network(net, values: dict):
             "masks are compiled in only then; Faults() with zero "
             "probabilities compiles them)")
       net = net._replace(faults=net.faults._replace(**{name: value}))
-  topo = (topo._replace(link=wan) if isinstance(topo, net_lib.Flat)
+  topo = (topo._replace(link=wan) if isinstance(topo, _topology.Flat)
           else topo._replace(wan=wan))
   return net._replace(topology=topo)
 

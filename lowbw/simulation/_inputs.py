@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
-from lowbw import network as net_lib
+from lowbw.network import _clock
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_engine, _hparams, _mesh, _pace,
                               _precision, _shadow)
@@ -148,7 +148,7 @@ class Inputs:
                                self.config.strategy, state_values)
     network = _hparams.set_network(self.config.network, net_values)
     if net_values:
-      network = net_lib.check_network(network, self.config.num_workers)
+      network = _clock.check_network(network, self.config.num_workers)
     return state_values, network
 
   def sampler(self, seed: int):

@@ -11,8 +11,9 @@ import jax
 import numpy as np
 
 from lowbw import _validate, telemetry
+from lowbw.telemetry import _checkpoint
 from lowbw.config import Config
-from lowbw import data as data_lib
+from lowbw.data import _tokenizer
 from lowbw import models as models_lib
 
 
@@ -131,8 +132,8 @@ def tokenizer_of(run_dir: str, model):
     return None
   path = os.path.join(run_dir, "tokenizer.json")
   if os.path.isfile(path):
-    return data_lib.BPE(data_lib.load_tokenizer(path))
-  return data_lib.Bytes()
+    return _tokenizer.BPE(_tokenizer.load(path))
+  return _tokenizer.Bytes()
 
 
 def _checkpoint_params(run_dir: str, step: int):
@@ -156,7 +157,7 @@ def _checkpoint_params(run_dir: str, step: int):
   from lowbw.simulation._api import build_config  # _api builds through us
   sim = build_config(Config.load(yaml_path), compile=False)
   state, sampler, net, _ = sim.initial(seed)
-  _, state, _ = telemetry.restore(checkpoints, state, step)
+  _, state, _ = _checkpoint.restore(checkpoints, state, step)
   exe, state = sim.executables(state, sampler, net)
   return jax.device_get(exe.global_params(state))
 

@@ -12,13 +12,14 @@ import shutil
 import unicodedata
 
 from lowbw import _validate, telemetry
+from lowbw.telemetry import _params, _writers
 
 # What runs and sweeps write in their folder (wandb: W&B's local, offline,
 # files).
 RUN_FILES = (telemetry.CHECKPOINTS, "config.json", "metrics.csv",
              "summary.json", "tensorboard", "sweep.csv", "sweep.json",
              "sweep.png", "plot.png", "wandb", "config.yaml",
-             telemetry.PARAMS, "tokenizer.json")
+             _params.PARAMS, "tokenizer.json")
 _POINTS = "point_[0-9][0-9][0-9]*"
 
 
@@ -77,7 +78,7 @@ def prepare(log_dir: str | None, *, resuming: bool = False,
     raise _validate.fail(field, log_dir,
                          f"cannot be created ({e.strerror})") from None
   try:  # a file written, not os.access: it says nothing of a full disk
-    telemetry.check_writable(log_dir)
+    _writers.check_writable(log_dir)
   except OSError as e:
     raise _validate.fail(field, log_dir,
                          f"is not writable ({e.strerror})") from None

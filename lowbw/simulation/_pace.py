@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from lowbw import network as net_lib
+from lowbw.network import _clock
 from lowbw._types import Array
 from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
                                            StepClock, dylu_steps,
@@ -88,7 +88,7 @@ class Paced:
       return ones, ones, 0.0 * ones
     net = self.net
     exchange = 0.0 * ones if self.exchange is None else self.exchange
-    return (self.tick() / net_lib.step_seconds(net, step), speed_ratios(net),
+    return (self.tick() / _clock.step_seconds(net, step), speed_ratios(net),
             exchange)
 
   def rounds_W(self, ratio_W: Array) -> Array:

@@ -6,6 +6,7 @@ import jax
 
 from lowbw import models as models_lib
 from lowbw import network as net_lib
+from lowbw.network import _clock
 
 
 class Prices:
@@ -26,7 +27,7 @@ class Prices:
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_token = models_lib.flops_per_token(
         c.model, facts.num_params, c.data.tokens_per_example)
-    self.flops_per_step = net_lib.flops_per_step(facts.num_params, tokens,
+    self.flops_per_step = _clock.flops_per_step(facts.num_params, tokens,
                                                  self.flops_per_token)
     self._pricings: dict = {}  # id(network) -> (network, Pricing)
 
@@ -58,7 +59,7 @@ class Prices:
     """The traced network numbers of a run on ``network``, or None."""
     if network is None:
       return None
-    return net_lib.net_params(network, self.config.num_workers,
+    return _clock.net_params(network, self.config.num_workers,
                               self.pricing(network), seed)
 
 
@@ -74,7 +75,7 @@ def catch_up(c, facts) -> dict:
     size = _strategy_bytes(getattr(comm, field, ()))
     outer += size // c.num_workers if field.endswith("_W") else size
   state = 4 * facts.num_params + outer  # the global model in float32
-  return {net_lib.CATCH_UP: net_lib.exchange(0, state, c.num_workers)}
+  return {_clock.CATCH_UP: net_lib.exchange(0, state, c.num_workers)}
 
 
 def _strategy_bytes(tree) -> int:

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from lowbw.simulation._engine import SimState
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 
 @dataclasses.dataclass

@@ -6,6 +6,7 @@ import os
 import jax
 
 from lowbw import _validate, telemetry
+from lowbw.telemetry import _checkpoint
 
 # What a resumed run may change; everything else must match the checkpoint.
 MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
@@ -37,7 +38,7 @@ def saver(log_dir: str, track):
   def save(step, state, wall):
     meta = {"history": track.history.state_dict(), "wall_time_s": wall,
             "clock": track.clock.state_dict(), "config": track.config}
-    telemetry.save(os.path.join(log_dir, telemetry.CHECKPOINTS), step, state,
+    _checkpoint.save(os.path.join(log_dir, telemetry.CHECKPOINTS), step, state,
                    meta)
 
   return save
@@ -81,7 +82,7 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
   directory = _checkpoint_dir(resume_from)
   if telemetry.latest_step(directory) is None:
     raise _validate.fail("resume_from", resume_from, "holds no checkpoint")
-  step, meta = telemetry.read_meta(directory)
+  step, meta = _checkpoint.read_meta(directory)
   _check_same(resume_from, meta["config"], track.config)
   # Restore straight into this run's placement (the devices' slices under a
   # mesh, one device without): a checkpoint from any device count resumes.
@@ -91,7 +92,7 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
       initial_state)
   del initial_state
   try:
-    step, state, meta = telemetry.restore(directory, abstract, step)
+    step, state, meta = _checkpoint.restore(directory, abstract, step)
   except Exception as e:  # same configuration: the files are damaged
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
     raise _validate.fail(

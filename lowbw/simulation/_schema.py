@@ -5,10 +5,10 @@ to config.json."""
 import jax
 
 from lowbw.strategies._base import describe
-from lowbw.network import tiers_of
+from lowbw.network._collectives import tiers_of
 from lowbw.simulation import _hparams
 from lowbw.simulation._history import Layout
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 
 class Schema:

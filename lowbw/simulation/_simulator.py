@@ -25,7 +25,8 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from lowbw import _validate, telemetry
+from lowbw import _validate
+from lowbw.telemetry import _params, _progress, _writers
 from lowbw.config import _options
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_compile_cache, _engine, _facts,
@@ -191,7 +192,7 @@ class Simulator:
     state, sampler, net, network = self.initial(seed, hparams, init_from)
     initial_s = time.perf_counter() - start
     if config_yaml is not None and log_dir and self.main_process:
-      telemetry.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
+      _writers.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
     if init_from is not None:
       config["init_from"] = os.path.abspath(init_from)
@@ -232,12 +233,12 @@ class Simulator:
                     overwrite=overwrite, create=self.main_process)
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
-      telemetry.import_wandb("wandb_project", wandb_project)
+      _writers.import_wandb("wandb_project", wandb_project)
     return seed, checkpoint_every
 
   def _bar(self, progress, track):
-    show = telemetry.is_terminal() if progress is None else progress
-    return (telemetry.ProgressBar(self.config.steps,
+    show = _progress.is_terminal() if progress is None else progress
+    return (_progress.ProgressBar(self.config.steps,
                                   initial=track.history.step)
             if show and self.main_process else None)
 
@@ -279,7 +280,7 @@ class Simulator:
     if self.processes > 1:  # a copy this process can read
       params = jax.tree.map(lambda x: x.addressable_data(0), params)
     if log_dir and self.main_process:
-      telemetry.save_params(log_dir, params)
+      _params.save_params(log_dir, params)
       tokenizer = getattr(self.config.data, "tokenizer", None)
       if tokenizer is not None:
         shutil.copyfile(tokenizer, os.path.join(log_dir, "tokenizer.json"))

@@ -6,7 +6,7 @@ import time
 
 import jax
 
-from lowbw import telemetry
+from lowbw.telemetry._startup import import_s
 from lowbw.simulation._loop import Executables
 
 
@@ -115,7 +115,7 @@ class Compiled:
     (``compile_s`` less the tracing; 0 when they were compiled before), and
     the process's age when ``import lowbw`` finished (None off Linux)."""
     spent, self._unreported_startup = self._unreported_startup, _no_startup()
-    return {"import_s": telemetry.import_s(), "build_s": spent["build_s"],
+    return {"import_s": import_s(), "build_s": spent["build_s"],
             "initial_state_s": max(initial_s - spent["init_compile_s"], 0.0),
             "trace_s": spent["trace_s"],
             "compile_load_s": max(compile_s - spent["trace_s"], 0.0)}

@@ -20,13 +20,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from lowbw import _validate, telemetry
+from lowbw import _validate
+from lowbw.telemetry import _progress, _writers
 from lowbw.config import _settings as _config
 from lowbw.simulation import _hparams, _logdir
 from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation._simulator import Simulator, build
 from lowbw.simulation._track import Track
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 
 @dataclasses.dataclass
@@ -222,7 +223,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
   if size is None:
     size = default_points_per_batch(len(points), sim.memory)
   size = min(size, len(points))
-  show = telemetry.is_terminal() if progress is None else progress
+  show = _progress.is_terminal() if progress is None else progress
   compile_before = sim.take_compile_s()
   start = time.perf_counter()
   results: list[SweepPoint] = []
@@ -230,7 +231,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
   for b in range(batches):
     chunk = points[b * size:(b + 1) * size]
     padded = chunk + [chunk[-1]] * (size - len(chunk))
-    bar = (telemetry.ProgressBar(c.steps, desc=f"sweep {b + 1}/{batches}")
+    bar = (_progress.ProgressBar(c.steps, desc=f"sweep {b + 1}/{batches}")
            if show else None)
     try:
       dirs = [os.path.join(log_dir, f"point_{b * size + i:03d}")
@@ -359,7 +360,7 @@ def _tracks(sim, points, networks, dirs, texts) -> list[Track]:
                                                    texts):
     if folder and text is not None:
       os.makedirs(folder, exist_ok=True)
-      telemetry.write_text(os.path.join(folder, "config.yaml"), text)
+      _writers.write_text(os.path.join(folder, "config.yaml"), text)
     track = Track(sim, sim.config.default_log_every, network, folder,
                   config=sim.describe(seed, network, values))
     track.open_writers()
@@ -371,12 +372,12 @@ def _write(result: SweepResult, log_dir: str) -> None:
   os.makedirs(log_dir, exist_ok=True)
   table = result.table()
   columns = list(table)
-  writer = telemetry.CSVWriter(os.path.join(log_dir, "sweep.csv"), columns)
+  writer = _writers.CSVWriter(os.path.join(log_dir, "sweep.csv"), columns)
   for r in range(len(table["point"])):
     writer.write({k: table[k][r].item() for k in columns})
   writer.close()
   metric = names.EVAL_LOSS
-  telemetry.write_json(os.path.join(log_dir, "sweep.json"), {
+  _writers.write_json(os.path.join(log_dir, "sweep.json"), {
       "names": result.names, "seeds": result.seeds,
       "summary": result.summary,
       "points": [{"values": _hparams.jsonable(p.values), "seed": p.seed,

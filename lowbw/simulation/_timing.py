@@ -26,6 +26,7 @@ import jax.numpy as jnp
 
 from lowbw._types import Array
 from lowbw import network as net_lib
+from lowbw.network import _clock
 from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
                                            StepClock, dylu_steps,
                                            speed_ratios, unless_nobody)
@@ -103,7 +104,7 @@ class Clocked(Untimed):
     up_W, ready_W = carry.up_W, carry.ready_W
     computes_W = up_W & self.budgeted(st.step)
     ready_W = ready_W + jnp.where(computes_W,
-                                  net_lib.step_seconds(net, st.step), 0)
+                                  _clock.step_seconds(net, st.step), 0)
     if self.communicates(jax.eval_shape(step_fn, st)[1]):
       # Communication every step: a barrier of the workers waited for.
       fn, start, took_W, active = self.take_part(
@@ -114,13 +115,13 @@ class Clocked(Untimed):
       # it is no barrier and nobody is counted.
       sent = sum(jnp.sum(c) for c in counts.values()) > 0
       ready_W = jnp.where(sent, jnp.full_like(
-          ready_W, start + net_lib.comm_seconds(net, counts)), ready_W)
+          ready_W, start + _clock.comm_seconds(net, counts)), ready_W)
       took_W = took_W & sent
       n = jnp.where(sent, jnp.sum(took_W.astype(jnp.int32)), -1)
     else:
       st, report = self.freeze_down(step_fn, st, computes_W)
       n, took_W = jnp.int32(-1), jnp.zeros(self.num_workers, bool)
-    clock = StepClock(net_lib.waited_for(net, ready_W, up_W), n, took_W,
+    clock = StepClock(_clock.waited_for(net, ready_W, up_W), n, took_W,
                       carry.rejoined_W, jnp.sum(up_W.astype(jnp.int32)))
     return st, report, carry._replace(
         ready_W=ready_W, rejoined_W=jnp.zeros_like(carry.rejoined_W),
@@ -158,7 +159,7 @@ class Clocked(Untimed):
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
     net = self.net
-    start = net_lib.waited_for(net, carry.ready_W, carry.up_W)
+    start = _clock.waited_for(net, carry.ready_W, carry.up_W)
     sync_s, report = jnp.float32(0), {}
     n, took_W = steps_clock.participants[-1], steps_clock.active_W[-1]
     if sync_fn is not None:
@@ -166,7 +167,7 @@ class Clocked(Untimed):
           self.weigh(sync_fn, carry), carry, st.step, 1, active)
       n = jnp.sum(took_W.astype(jnp.int32))
       st, report = fn(st)
-      sync_s = net_lib.comm_seconds(net, split_report(report,
+      sync_s = _clock.comm_seconds(net, split_report(report,
                                                      self.channels)[0])
     return st, report, RoundClock(start, sync_s, n, took_W), active, carry
 
@@ -175,13 +176,14 @@ class Masked(Clocked):
   """The clock with faults and stragglers."""
 
   def up(self, step):
-    return net_lib.up_mask(self.net, step)
+    return _clock.up_mask(self.net, step)
 
   def begin(self, step, fleet=None):
     """Who is up this round; those that were down the round before first
-    download the global state (``network.CATCH_UP``), on their own links."""
+    download the global state (``network._clock.CATCH_UP``), on their own
+    links."""
     carry = super().begin(step, fleet)
-    download_W = self.net.exchange_s_W.get(net_lib.CATCH_UP)
+    download_W = self.net.exchange_s_W.get(_clock.CATCH_UP)
     if download_W is None:  # stragglers only: nobody goes down
       return carry
     before = jnp.where(step >= self.period, self.up(step - self.period), True)

@@ -12,11 +12,14 @@ import jax
 import numpy as np
 
 from lowbw import telemetry
+from lowbw.telemetry import _writers
+from lowbw.telemetry._startup import process_age_s
 from lowbw import network as net_lib
+from lowbw.network import _clock
 from lowbw.simulation import _divergence
 from lowbw.simulation._history import (History, NonFiniteLossError, Span,
                                       worker_events, worker_events_W)
-from lowbw.telemetry import names
+from lowbw.telemetry import _metrics as names
 
 
 class RunWarning(UserWarning):
@@ -56,7 +59,7 @@ class Track:
   # ----------------------------------------------------------------- rows
   def emit(self, rows: list[dict]) -> None:
     if rows and self.first_row is None and self.training_started is not None:
-      self.first_row = (time.perf_counter(), telemetry.process_age_s())
+      self.first_row = (time.perf_counter(), process_age_s())
     for row in rows:
       for i, w in enumerate(self.writers):
         w.write(row)
@@ -145,13 +148,13 @@ class Track:
 
   def _catch_ups(self, step_clock, counts, taken, taken_W) -> None:
     """Adds the workers' returns to the fleet (their downloads of the
-    global state, ``network.CATCH_UP``) to the steps' events: one
+    global state, ``network._clock.CATCH_UP``) to the steps' events: one
     worker-event per returning worker, at its round's first step."""
-    if net_lib.CATCH_UP not in self.sim.channels:
+    if _clock.CATCH_UP not in self.sim.channels:
       return
     back = np.asarray(step_clock.rejoined_W, np.int64)
-    counts[net_lib.CATCH_UP] = taken[net_lib.CATCH_UP] = back.sum(axis=1)
-    taken_W[net_lib.CATCH_UP] = back
+    counts[_clock.CATCH_UP] = taken[_clock.CATCH_UP] = back.sum(axis=1)
+    taken_W[_clock.CATCH_UP] = back
 
   def add_eval(self, step: int, ev: dict, wall: float) -> dict:
     ev = {k: float(v) for k, v in ev.items()}
@@ -177,18 +180,18 @@ class Track:
     if not self.sim.main_process:
       return
     if self.log_dir:
-      telemetry.check_writable(self.log_dir)  # a WriteError naming it
-      telemetry.write_json(os.path.join(self.log_dir, "config.json"),
+      _writers.check_writable(self.log_dir)  # a WriteError naming it
+      _writers.write_json(os.path.join(self.log_dir, "config.json"),
                            self.config)
       self.writers += [
-          telemetry.CSVWriter(os.path.join(self.log_dir, "metrics.csv"),
+          _writers.CSVWriter(os.path.join(self.log_dir, "metrics.csv"),
                               self.sim.columns()),
-          telemetry.TensorBoardWriter(
+          _writers.TensorBoardWriter(
               os.path.join(self.log_dir, "tensorboard"),
               purge_step=0 if resumed else None)]
     if wandb_project is not None:
       name = self.log_dir and os.path.basename(os.path.normpath(self.log_dir))
-      self.writers.append(telemetry.WandbWriter(
+      self.writers.append(_writers.WandbWriter(
           wandb_project, self.config, name=name, directory=self.log_dir))
     # A checkpoint at the last step holds that step's row before
     # ``finalize`` completes it; finalize writes it (once), as in the
@@ -364,8 +367,8 @@ class Track:
     if self.log_dir and self.sim.main_process:
       # The folder may have gone (or become a file) while the run wrote:
       # a WriteError naming it, not a bare FileExistsError.
-      telemetry.check_writable(self.log_dir)
-      telemetry.write_json(os.path.join(self.log_dir, "summary.json"), summary)
+      _writers.check_writable(self.log_dir)
+      _writers.write_json(os.path.join(self.log_dir, "summary.json"), summary)
 
 
 def clock_overlap(strategy, network) -> bool | int:

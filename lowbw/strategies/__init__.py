@@ -4,8 +4,7 @@ from lowbw import _validate
 from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _diloco, _fedadam, _fedavg,
                               _hierarchical_diloco, _muloco, _noloco, _sparseloco, _sparta,
                               _spes, _sparta_diloco, _streaming_diloco)
-from lowbw.strategies._base import (Strategy, StrategyState, default_inner,
-                                    describe)
+from lowbw.strategies._base import Strategy, StrategyState, default_inner
 from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
 from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
@@ -16,15 +15,10 @@ from lowbw.strategies._fedavg import fedavg
 from lowbw.strategies._hierarchical_diloco import hierarchical_diloco
 from lowbw.strategies._muloco import muloco
 from lowbw.strategies._optim import hidden_matrices, muon_inner
-from lowbw.strategies._base import nothing_reported
-from lowbw.strategies._optim import (B2, INNER_KINDS, OUTER_KINDS, SCHEDULES,
-                                     USES, Optimizer, inner_optimizer, outer,
+from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
-from lowbw.strategies._schedule import (OUTER_SCHEDULE, OuterScheduleState,
-                                       PeakScheduleState,
-                                       check_outer_schedule,
-                                       peak_schedule)
-from lowbw.strategies._spec import Param, Spec, WithCodec, with_codec
+from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
+from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._noloco import noloco
 from lowbw.strategies._sparseloco import sparseloco
 from lowbw.strategies._spes import spes
@@ -82,13 +76,12 @@ def paper_inner(name: str, steps: int):
 
 
 __all__ = [
-    "async_diloco", "delayed_nesterov", "INNER_KINDS", "Optimizer", "Param", "REGISTRY", "SPECS",
+    "async_diloco", "delayed_nesterov", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo", "desloc",
-    "default_inner", "default_outer", "describe", "diloco", "fedadam", "fedavg", "get",
-    "hierarchical_diloco", "inner_optimizer", "paper_inner", "outer_optimizer", "SCHEDULES",
+    "default_inner", "default_outer", "diloco", "fedadam", "fedavg", "get",
+    "hierarchical_diloco", "inner_optimizer", "paper_inner", "outer_optimizer",
     "unit_schedule",
-    "hidden_matrices", "muloco", "noloco", "muon_inner", "PeakScheduleState", "OUTER_SCHEDULE", "OuterScheduleState", "check_outer_schedule",
+    "hidden_matrices", "muloco", "noloco", "muon_inner", "OuterScheduleState",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
-    "B2", "OUTER_KINDS", "USES", "WithCodec", "nothing_reported",
-    "outer", "with_codec",
+    "outer",
 ]

@@ -23,9 +23,10 @@ import shutil
 import numpy as np
 
 from lowbw import _validate, telemetry
-from lowbw.telemetry._writers import write_bytes, write_csv
-from lowbw.config import FIELDS, RUN
-from lowbw.simulation import prepare_log_dir
+from lowbw.telemetry._writers import write_bytes, write_csv, write_json
+from lowbw.config._config import FIELDS
+from lowbw.config._fields import RUN
+from lowbw.simulation._logdir import prepare as prepare_log_dir
 from lowbw.studies import _grid
 from lowbw.studies._result import PointResult
 
@@ -94,7 +95,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
       elif os.path.exists(target):
         os.remove(target)
   prepare_log_dir(out, overwrite=overwrite, field="out")
-  telemetry.write_json(path, {"spec": mine, "names": names(grid)})
+  write_json(path, {"spec": mine, "names": names(grid)})
   return set()
 
 
@@ -124,7 +125,7 @@ def read_record(out: str) -> dict:
 
 
 def write_point(result: PointResult) -> None:
-  telemetry.write_json(os.path.join(result.log_dir, DONE), {
+  write_json(os.path.join(result.log_dir, DONE), {
       "index": result.index, "values": _jsonable(result.values),
       "seed": result.seed, "summary": result.summary})
 
@@ -240,7 +241,7 @@ def write_tables(study, out: str) -> None:
     record = json.load(f)
   record["summary"] = _jsonable(study.summary)
   record["names"] = list(study.names)
-  telemetry.write_json(path, record)
+  write_json(path, record)
 
 
 def _parquet(out: str, tables: dict) -> None:

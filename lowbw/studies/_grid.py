@@ -7,9 +7,10 @@ from typing import Any, NamedTuple
 
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
-from lowbw.config import (FIELDS, RUN, TRACED, Config, canonical,
-                          check_value, natural)
-from lowbw.config import strategy_traced
+from lowbw.config import Config
+from lowbw.config._config import FIELDS, canonical, check_value, natural
+from lowbw.config._fields import RUN, TRACED
+from lowbw.config._strategy_fields import TRACED as strategy_traced
 
 
 class Point(NamedTuple):

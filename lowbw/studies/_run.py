@@ -7,9 +7,12 @@ from collections.abc import Callable
 
 from tqdm.auto import tqdm
 
-from lowbw import _validate, simulation, telemetry
+from lowbw import _validate
+from lowbw.telemetry import _progress
 from lowbw.config import Config
-from lowbw.simulation import build_config, run_config, yaml_or_none
+from lowbw.config._settings import configure
+from lowbw.simulation import _logdir, _sweep
+from lowbw.simulation._api import build_config, run_config, yaml_or_none
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
 from lowbw.studies._result import PointResult, Study
@@ -76,7 +79,7 @@ def study(base, grid, seeds=(0,), out: str | None = None,
     _check_build(group[0])
   done = _files.prepare(out, base, grid, seeds, overwrite)
   _files.check_finished(out, points, done)
-  show = telemetry.is_terminal() if progress is None else progress
+  show = _progress.is_terminal() if progress is None else progress
   bar = _bar(len(points), len(done)) if show else None
   results: dict[int, PointResult] = {}
   start = time.perf_counter()
@@ -123,7 +126,7 @@ def _run_groups(groups: list, done, out: str | None,
       builds += 1
       now = [p for p in todo if _settable(sim, _diff(p, rep))]
       todo = [p for p in todo if p not in now]
-      size = points_per_batch or simulation.default_points_per_batch(
+      size = points_per_batch or _sweep.default_points_per_batch(
           len(now), sim.memory)
       for first in range(0, len(now), size):
         for r in _run_batch(sim, now[first:first + size], rep, out, size):
@@ -147,7 +150,7 @@ def _check_build(point: _grid.Point) -> None:
   examples for the workers, a model for the data's task), without tracing
   or compiling; an error names the grid point."""
   try:
-    simulation.configure(**point.config.build_args())
+    configure(**point.config.build_args())
   except _validate.ConfigError as e:
     raise _validate.fail(e.field, e.value, f"{e.allowed} (at grid point "
                          f"{_grid.describe(point.values)})") from None
@@ -190,10 +193,10 @@ def _run_batch(sim, batch: list, rep: _grid.Point, out: str | None,
   padded = batch + [batch[-1]] * (size - len(batch))
   dirs = [_files.point_dir(out, p.index) for p in batch]
   for folder in filter(None, dirs):
-    simulation.prepare_log_dir(folder, overwrite=True)
+    _logdir.prepare(folder, overwrite=True)
   texts = [yaml_or_none(p.config.replace(out=d)) for p, d in zip(batch, dirs)]
   pad = [None] * (size - len(batch))
-  swept = simulation.run_batch(
+  swept = _sweep.run_batch(
       sim, [(_diff(p, rep), p.seed) for p in padded], dirs + pad,
       texts + pad)
   results = []
