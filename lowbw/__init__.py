@@ -21,6 +21,7 @@ _cores.configure()  # before anything starts JAX's backends
 # pylint: disable=wrong-import-position
 from lowbw import data, models, network, strategies, telemetry, transforms  # noqa: E402
 from lowbw._validate import ConfigError
+from lowbw.telemetry._startup import mark_imported
 from lowbw.config import Config
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, SavedRun, Simulator, SweepResult,
@@ -29,7 +30,7 @@ from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
 
-telemetry.mark_imported()  # the process's age now: the summary's import_s
+mark_imported()  # the process's age now: the summary's import_s
 
 __all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "data", "initialize", "models", "network", "simulate",

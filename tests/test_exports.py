@@ -26,12 +26,8 @@ PACKAGES = ("strategies", "transforms", "network", "models", "data",
 
 # Read through the package by the engine (see above).
 ENGINE = {
-    "transforms": {"UNCOMPRESSED", "CODEC_FORMS", "as_codec",
-                   "broadcast_to_workers", "where_workers", "any_worker",
-                   "worker_offset", "device_mean", "Adversaries", "corrupts",
-                   "weighting"},
-    "network": {"link_values"},
-    "telemetry": {"load_params", "mark_imported"},
+    "transforms": {"UNCOMPRESSED", "CODEC_FORMS", "as_codec"},
+    "telemetry": {"load_params"},
 }
 
 

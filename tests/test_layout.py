@@ -18,6 +18,7 @@ SHARED = {"_validate", "_random", "_types", "__version__"}
 # engine's own parts meet here instead of in the packages' public names.
 INTERNAL = {
     ("lowbw/cli", "lowbw.network._planner"),  # lowbw plan's flags and units
+    ("lowbw/cli", "lowbw.network._units"),  # and its per-link lists
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
     # A strategy's message path: residuals, byte counts and aggregation
     # (_compression), its worker count (_reductions), robust means
@@ -83,6 +84,7 @@ INTERNAL = {
     # the build's check of a network and of its fault windows.
     ("lowbw/config", "lowbw.network._clock"),
     ("lowbw/config", "lowbw.network._faults"),
+    ("lowbw/config", "lowbw.network._units"),  # per-link lists of a field
     ("lowbw/simulation", "lowbw.network._clock"),
     ("lowbw/simulation", "lowbw.network._collectives"),
     ("lowbw/simulation", "lowbw.network._topology"),
@@ -100,9 +102,16 @@ INTERNAL = {
     ("lowbw/simulation", "lowbw.telemetry._progress"),
     ("lowbw/simulation", "lowbw.telemetry._startup"),
     ("lowbw/simulation", "lowbw.telemetry._writers"),
+    # The round's device-wide reductions (_reductions: any worker flagged,
+    # this device's first worker, the mean over devices) and its Byzantine
+    # and weighted means (_robust).
+    ("lowbw/simulation", "lowbw.transforms._reductions"),
+    ("lowbw/simulation", "lowbw.transforms._robust"),
     ("lowbw/cli", "lowbw.telemetry._metrics"),  # lowbw train's columns
     ("lowbw/cli", "lowbw.telemetry._progress"),  # a bar on a terminal only
     ("lowbw/studies", "lowbw.telemetry._progress"),  # the same
+    # import lowbw marks the process's age once its modules are imported.
+    ("lowbw/__init__.py", "lowbw.telemetry._startup"),
 }
 
 

@@ -11,9 +11,8 @@ import lowbw
 from lowbw import network as net_lib
 from lowbw.network import _clock
 from lowbw import strategies
-from lowbw.transforms import (Adversaries, adversaries, corrupt, participating,
-                              robust_mean)
-from lowbw.transforms._robust import check_robust
+from lowbw.transforms import adversaries, corrupt, participating, robust_mean
+from lowbw.transforms._robust import Adversaries, check_robust
 
 W = 5
 

@@ -9,6 +9,7 @@ from lowbw import _validate
 from lowbw.config._files import read_config
 from lowbw import network as net_lib
 from lowbw.network import plan
+from lowbw.network._units import link_values
 from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS,
                                     resolve_inputs, unit)
 
@@ -90,7 +91,7 @@ def _quantity(name: str):
 def parse_each(name: str, text) -> list:
   """A quantity's one value, or its per-node list (``1Gbps,100Mbps``),
   each with its units."""
-  return [_QUANTITIES[name](part, name) for part in net_lib.link_values(text)]
+  return [_QUANTITIES[name](part, name) for part in link_values(text)]
 
 
 def _help(name: str, default) -> str:

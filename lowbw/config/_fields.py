@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from lowbw import models as models_lib
 from lowbw import network as network_lib
+from lowbw.network._units import link_values
 from lowbw.config import _checks, _defaults, _resources
 
 SHAPE, TRACED, RUN = "shape", "traced", "run"
@@ -86,7 +87,7 @@ def _each(parse):
   worker (or region): ``"1Gbps,100Mbps"``."""
 
   def parse_list(value, field):
-    return [parse(v, field) for v in network_lib.link_values(value)]
+    return [parse(v, field) for v in link_values(value)]
 
   return parse_list
 

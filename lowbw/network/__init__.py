@@ -12,7 +12,7 @@ from lowbw.network._trace import Trace
 from lowbw.network._topology import Cost, Link, flat, hierarchical, link
 from lowbw.network._units import (bandwidth, count, duration, flops,
                                   format_bandwidth, format_bytes,
-                                  format_duration, link_values, memory)
+                                  format_duration, memory)
 
 __all__ = [
     "Trace", "at_time", "round_end",
@@ -20,7 +20,7 @@ __all__ = [
     "Link", "NetParams", "Network", "PRESETS",
     "Pricing", "Stragglers", "all_gather", "price", "bandwidth", "channel",
     "duration", "flat", "flops", "hardware", "hierarchical", "link",
-    "network", "plan", "ring_allreduce", "link_values", "count",
+    "network", "plan", "ring_allreduce", "count",
     "format_bandwidth", "format_bytes", "format_duration",
     "memory", "participants",
 ]

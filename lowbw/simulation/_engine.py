@@ -44,7 +44,8 @@ from lowbw.simulation._track import clock_overlap
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import (all_workers, local_workers, participating,
                               sharded_workers, worker_correlation,
-                              worker_divergence, worker_mean, worker_offset)
+                              worker_divergence, worker_mean)
+from lowbw.transforms._reductions import worker_offset
 
 
 class SimState(NamedTuple):

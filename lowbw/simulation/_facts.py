@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate
-from lowbw import transforms as transforms_lib
+from lowbw.transforms._robust import corrupts
 from lowbw.models import check_contract
 from lowbw.simulation import _engine, _inputs, _plan, _precision
 
@@ -104,7 +104,7 @@ def check_byzantine(c, abstract_state) -> None:
   if faults is None or not faults.byzantine:
     return
   strategy, st = c.strategy, abstract_state.strategy
-  if strategy.sync is None or not transforms_lib.corrupts(
+  if strategy.sync is None or not corrupts(
       strategy.sync, c.num_workers, st):
     raise _validate.fail(
         "byzantine", list(faults.byzantine), f"strategy {strategy.name!r} "

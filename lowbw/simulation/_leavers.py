@@ -13,7 +13,8 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from lowbw.transforms import all_workers, local_workers, worker_offset
+from lowbw.transforms import all_workers, local_workers
+from lowbw.transforms._reductions import worker_offset
 
 
 def redistributed(sampler, key, step, batch_W, net):

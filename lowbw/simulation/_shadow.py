@@ -25,7 +25,7 @@ import optax
 from lowbw._types import Array, Params, PyTree
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._grouping import after_backward, replica_grads
-from lowbw.transforms import device_mean
+from lowbw.transforms._reductions import device_mean
 
 
 

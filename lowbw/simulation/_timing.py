@@ -31,9 +31,10 @@ from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
                                            StepClock, dylu_steps,
                                            speed_ratios, unless_nobody)
 from lowbw.simulation._pace import Paced
-from lowbw.transforms import (Adversaries, adversaries, any_worker,
-                              broadcast_to_workers, weighting,
+from lowbw.transforms import (adversaries, broadcast_to_workers,
                               local_workers, participating, where_workers)
+from lowbw.transforms._reductions import any_worker
+from lowbw.transforms._robust import Adversaries, weighting
 
 
 def split_report(report: dict, channels) -> tuple[dict, dict]:

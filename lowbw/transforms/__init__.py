@@ -15,19 +15,16 @@ from lowbw.transforms._error_feedback import (ErrorFeedbackState,
                                               error_feedback, feedback_step)
 from lowbw.transforms._lowrank import low_rank
 from lowbw.transforms._per_worker import per_worker
-from lowbw.transforms._robust import (Adversaries, adversaries, corrupt,
-                                      corrupts, robust_mean, weighting)
+from lowbw.transforms._robust import adversaries, corrupt, robust_mean
 from lowbw.transforms._quantize import e3m0, int8, quantize, sign
-from lowbw.transforms._reductions import (all_workers, any_worker,
-                                          broadcast_to_workers,
-                                          call_participating, device_mean,
-                                          group_mean, local_workers,
-                                          num_workers, participants,
-                                          participating, replace_with_mean,
-                                          sharded_workers, worker_correlation,
+from lowbw.transforms._reductions import (all_workers, broadcast_to_workers,
+                                          call_participating, group_mean,
+                                          local_workers, num_workers,
+                                          participants, participating,
+                                          replace_with_mean, sharded_workers,
+                                          worker_correlation,
                                           worker_divergence, where_workers,
-                                          worker_ids, worker_mean,
-                                          worker_offset, worker_sum)
+                                          worker_ids, worker_mean, worker_sum)
 from lowbw.transforms._sparse import (sparse_average, sparse_count,
                                       sparse_indices)
 from lowbw.transforms._chunk import Chunker, index_dtype
@@ -43,10 +40,9 @@ __all__ = [
     "per_worker", "quantize", "random_k", "replace_with_mean", "roundtrip",
     "roundtrip_workers", "sign", "sparse_average", "sparse_count",
     "sparse_indices", "top_k", "transmit",
-    "Adversaries", "adversaries", "corrupt", "corrupts", "robust_mean",
-    "weighting",
+    "adversaries", "corrupt", "robust_mean",
     "worker_correlation", "worker_divergence", "worker_mean", "all_workers",
-    "any_worker", "local_workers", "call_participating", "participants",
+    "local_workers", "call_participating", "participants",
     "participating", "sharded_workers", "worker_ids", "where_workers",
-    "worker_offset", "worker_sum", "device_mean",
+    "worker_sum",
 ]
