@@ -170,7 +170,8 @@ def test_the_engine_chooses_each_features_piece_from_the_config():
   has the scanned steps, the plain draw, no lane, no probe and the global
   evaluation only; each setting swaps or adds its own piece, and a run
   with all of them together still runs and logs their columns."""
-  from lowbw.simulation import _engine, configure
+  from lowbw.config._settings import configure
+  from lowbw.simulation import _engine
 
   def pieces(**kw):
     c = configure(MLP, source(), strategies.diloco(optax.sgd(0.1), H=2),
