@@ -20,6 +20,9 @@ _cores.configure()  # before anything starts JAX's backends
 
 # pylint: disable=wrong-import-position
 from lowbw import data, models, network, strategies, telemetry, transforms  # noqa: E402
+from lowbw import _plugins  # noqa: E402
+
+_plugins.load()  # a user's codecs, models, strategies: before the settings
 from lowbw._validate import ConfigError
 from lowbw.telemetry._startup import mark_imported
 from lowbw.config import Config

@@ -26,7 +26,7 @@ PACKAGES = ("strategies", "transforms", "network", "models", "data",
 
 # Read through the package by the engine (see above).
 ENGINE = {
-    "transforms": {"UNCOMPRESSED", "CODEC_FORMS", "as_codec"},
+    "transforms": {"UNCOMPRESSED", "codec_forms", "as_codec"},
     "telemetry": {"load_params"},
 }
 

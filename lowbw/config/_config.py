@@ -29,7 +29,7 @@ GROUPS = {
     "strategy": "defaults are each strategy's paper's (see "
                 "docs/strategies/)",
     "compression": "codec specs chain stages with commas: " + ", ".join(
-        transforms.CODEC_FORMS) + "; e.g. topk:0.1,quant:4",
+        transforms.codec_forms()) + "; e.g. topk:0.1,quant:4",
     "optimizers": None,
     "model and data": None,
     "network (the simulated clock, sim_time_s)":

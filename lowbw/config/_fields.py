@@ -142,7 +142,7 @@ RUN_FIELDS = (
     # -- model and data
     Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
           "strategy spes, mlp for classification",
-          choices=("gpt", "moe_gpt", "mlp", "cnn")),
+          choices=models_lib.model_names()),
     Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
     Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
     Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),

@@ -24,9 +24,11 @@ from lowbw.models._gpt import OPTIONS as GPT_OPTIONS
 from lowbw.models._gpt import gpt
 from lowbw.models._mlp import mlp
 from lowbw.models._moe_gpt import moe_gpt
-from lowbw.models._registry import get
+from lowbw.models._registry import get, register
+from lowbw.models._registry import names as model_names
 
 __all__ = (
+    "register", "model_names",
     "GPT_CHOICES",
     "GPT_OPTIONS",
     "check_contract",

@@ -10,6 +10,36 @@ _FACTORIES = {"mlp": _mlp.mlp, "cnn": _cnn.cnn, "gpt": _gpt.gpt,
               "moe_gpt": _moe_gpt.moe_gpt}
 
 
+_BUILT_IN = frozenset(_FACTORIES)
+
+
+def names() -> tuple[str, ...]:
+  """The models a config file or ``--model`` may name: the built-in ones and
+  those registered (``register``)."""
+  return tuple(sorted(_FACTORIES))
+
+
+def register(name: str, factory) -> None:
+  """Makes ``name`` a model a config file, ``lowbw train --model NAME`` and
+  a study's grid can name, as the built-in ones: ``factory()`` (called
+  without arguments) returns the ``Model`` (or what ``as_model`` accepts:
+  a flax module, an ``(init, loss)`` pair).
+
+  Example:
+    >>> lowbw.models.register("wide_mlp", lambda: lowbw.models.mlp(
+    ...     hidden=(512, 512)))
+  """
+  if not (isinstance(name, str) and name.replace("_", "a").isalnum()):
+    raise _validate.fail("name", name, "expected a model name of letters, "
+                         "digits and _")
+  if name in _BUILT_IN:
+    raise _validate.fail("name", name, "is a built-in model")
+  if not callable(factory):
+    raise _validate.fail("factory", factory, "expected a function returning "
+                         "a lowbw.models.Model")
+  _FACTORIES[name] = lambda **kwargs: _contract.as_model(factory(**kwargs))
+
+
 def get(name: str, **kwargs: Any) -> _contract.Model:
   """Builds a built-in model by name.
 

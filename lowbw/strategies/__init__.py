@@ -19,6 +19,7 @@ from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
 from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
 from lowbw.strategies._spec import Param, Spec
+from lowbw.strategies._spec import spec as make_spec
 from lowbw.strategies._noloco import noloco
 from lowbw.strategies._sparseloco import sparseloco
 from lowbw.strategies._spes import spes
@@ -45,6 +46,29 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _noloco.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
+_BUILT_IN = frozenset(SPECS)
+
+
+def register(spec_: Spec) -> None:
+  """Makes a strategy of your own (its module's ``spec(factory, ...)``) one
+  that ``lowbw.Config(strategy=NAME)``, ``lowbw train --strategy NAME``,
+  config files and studies can name, as the built-in ones. Its parameters
+  become settings (flags) as theirs do: register it before ``lowbw.Config``
+  is first made, e.g. from a module named in ``LOWBW_PLUGINS``, which
+  ``import lowbw`` imports first.
+
+  Example:
+    >>> SPEC = lowbw.strategies.make_spec(my_diloco, inner=..., outer=...,
+    ...                                   paper="...", help={...})
+    >>> lowbw.strategies.register(SPEC)
+  """
+  if not isinstance(spec_, Spec):
+    raise _validate.fail("spec", spec_, "expected a lowbw.strategies.Spec "
+                         "(made by lowbw.strategies.make_spec)")
+  if spec_.name in _BUILT_IN:
+    raise _validate.fail("spec", spec_.name, "is a built-in strategy")
+  SPECS[spec_.name] = spec_
+  REGISTRY[spec_.name] = spec_.factory
 
 
 def get(name: str, **kwargs) -> Strategy:
@@ -76,6 +100,7 @@ def paper_inner(name: str, steps: int):
 
 
 __all__ = [
+    "make_spec", "register",
     "async_diloco", "delayed_nesterov", "Optimizer", "Param", "REGISTRY", "SPECS",
     "Spec", "spec", "Strategy", "StrategyState", "ddp", "demo", "desloc",
     "default_inner", "default_outer", "diloco", "fedadam", "fedavg", "get",

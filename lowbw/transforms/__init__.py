@@ -5,7 +5,8 @@ from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import (Codec, Payload, chain, collective,
                                      compress, decode_tree, encode_tree,
                                      make_codec, payload_nbytes, roundtrip)
-from lowbw.transforms._codec_spec import FORMS as CODEC_FORMS
+from lowbw.transforms._codec_spec import forms as codec_forms
+from lowbw.transforms._codec_spec import register_codec
 from lowbw.transforms._codec_spec import UNCOMPRESSED, as_codec, parse_codec
 from lowbw.transforms._compression import (Compression, comm_channel,
                                            compression, roundtrip_workers,
@@ -31,7 +32,7 @@ from lowbw.transforms._chunk import Chunker, index_dtype
 from lowbw.transforms._topk import random_k, top_k
 
 __all__ = [
-    "UNCOMPRESSED", "CODEC_FORMS", "Codec", "Compression",
+    "UNCOMPRESSED", "codec_forms", "register_codec", "Codec", "Compression",
     "ErrorFeedbackState", "Payload", "broadcast_to_workers", "cast", "chain",
     "collective", "comm_channel", "compress", "compression", "dct_top_k",
     "decode_tree", "encode_tree", "error_feedback", "feedback_step",

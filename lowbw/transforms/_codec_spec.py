@@ -56,7 +56,7 @@ def parse_codec(spec: str, field: str = "codec") -> Codec | None:
                            ) from None
     except ValueError as e:
       raise _validate.fail(field, spec, f"stage {stage.strip()!r}: {e}; "
-                           "stages are " + ", ".join(FORMS)) from None
+                           "stages are " + ", ".join(forms())) from None
     codec = part if codec is None else _chain(codec, part, field, spec)
   return codec
 
@@ -137,8 +137,46 @@ STAGES = {
     "dct": _Stage("dct[:CHUNK[:K]]", (0, 2),
                   lambda a: dct_top_k(*[_integer(x) for x in a])),
 }
-# Every form a spec may take (the stages, and no codec).
-FORMS = (*(stage.form for stage in STAGES.values()), *UNCOMPRESSED[:2])
+_BUILT_IN = frozenset(STAGES)
+
+
+def forms() -> tuple[str, ...]:
+  """Every form a spec may take: the stages (a user's registered ones too)
+  and no codec."""
+  return (*(stage.form for stage in STAGES.values()), *UNCOMPRESSED[:2])
+
+
+def register_codec(name: str, build, form: str | None = None,
+                   arity: tuple[int, int] = (0, 0)) -> None:
+  """Makes ``name`` a codec spec stage, as the built-in ones are: ``--codec
+  NAME[:ARG...]`` on the command line, ``codec: NAME`` in a config file, a
+  study's grid, and ``parse_codec`` in Python.
+
+  Args:
+    name: the stage's name (letters, digits, ``_``); not a built-in's.
+    build: a ``Codec`` (a stage without arguments), or a function of the
+      stage's arguments (a list of strings, ``"mine:4:x"`` -> ``["4",
+      "x"]``) returning a ``Codec``. The codec's ``name`` should be the spec
+      that rebuilds it, so a saved run's config repeats it.
+    form: how help and errors show it (default: the name).
+    arity: the fewest and most arguments it takes (default none).
+
+  Example:
+    >>> absmax8 = lowbw.transforms.make_codec("absmax8", encode, decode)
+    >>> lowbw.transforms.register_codec("absmax8", absmax8)
+    >>> lowbw.Config(codec="absmax8,cast:bf16")  # chains like a built-in
+  """
+  if not (isinstance(name, str) and name.replace("_", "a").isalnum()):
+    raise _validate.fail("name", name, "expected a stage name of letters, "
+                         "digits and _")
+  if name in _BUILT_IN or name in UNCOMPRESSED:
+    raise _validate.fail("name", name, "is a built-in codec stage")
+  if isinstance(build, Codec):
+    codec, build = build, (lambda args, codec=build: codec)
+  elif not callable(build):
+    raise _validate.fail("build", build, "expected a Codec or a function "
+                         "of the stage's arguments returning one")
+  STAGES[name] = _Stage(form or name, tuple(arity), build)
 
 
 def _stage(stage: str) -> Codec:
