@@ -105,3 +105,15 @@ def test_every_strategy_prints_the_call_it_describes(name):
   text = repr(lowbw.strategies.get(name))
   assert text.startswith(name + "(") and "function" not in text, text
   assert "<" not in text, text  # no object addresses
+
+
+@pytest.mark.parametrize("old, new", [("num_workers", "workers"),
+                                      ("log_dir", "out"),
+                                      ("error_feedback", "ef")])
+def test_a_setting_has_one_name_and_old_spellings_say_it(old, new, tmp_path):
+  with pytest.raises(lowbw.ConfigError, match=f"did you mean {new!r}"):
+    lowbw.Config(**{old: 1})
+  path = tmp_path / "run.yaml"
+  path.write_text(f"{old}: 1\n")
+  with pytest.raises(lowbw.ConfigError, match=f"did you mean {new!r}"):
+    lowbw.Config.load(str(path))

@@ -150,7 +150,7 @@ def test_eval_refuses_data_of_another_tokenizer_or_task(trained, tmp_path,
 
 def test_generate_refuses_a_classifier_and_bad_settings(tmp_path, capsys):
   lowbw.simulate(lowbw.Config(data="digits", strategy="ddp", steps=3,
-                              workers=2, log_dir=str(tmp_path / "mlp")))
+                              workers=2, out=str(tmp_path / "mlp")))
   run = lowbw.load(tmp_path / "mlp")
   assert run.tokenizer is None and run.model.apply(
       run.params, np.zeros((2, 8, 8, 1), np.float32)).shape == (2, 10)
@@ -163,7 +163,7 @@ def test_generate_refuses_a_classifier_and_bad_settings(tmp_path, capsys):
 def test_the_api_run_saves_what_load_reads(tmp_path):
   result = lowbw.simulate(lowbw.Config(data="digits", strategy="ddp",
                                        steps=3, workers=2,
-                                       log_dir=str(tmp_path / "r")))
+                                       out=str(tmp_path / "r")))
   run = lowbw.load(tmp_path / "r")
   for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(run.params)):
     np.testing.assert_array_equal(np.asarray(a), b)

@@ -21,8 +21,10 @@ from lowbw import transforms
 from lowbw.config import _fields, _files, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
 
-# Python names some settings have elsewhere (``lowbw.simulate``'s keywords,
-# a strategy factory's) -> the setting.
+# The keyword style's names of some settings (``lowbw.simulate``'s keywords,
+# a strategy factory's) -> the setting: refused as a Config's keys (one name
+# per setting), and used to name the setting in errors the keyword-style
+# checks raise.
 ALIASES = {"num_workers": "workers", "log_dir": "out",
            "error_feedback": "ef"}
 GROUPS = {
@@ -134,11 +136,16 @@ def _parts(word: str) -> str:
 
 def canonical(name: str) -> str:
   """A setting's name from a key of a file, a grid or a keyword ('-' or
-  '_', or an alias such as ``num_workers``); a ConfigError if unknown."""
+  '_'); a ConfigError if unknown. A setting has one name: the keyword
+  style's spellings (``num_workers``, ``log_dir``, ``error_feedback``) are
+  refused with the name to use."""
   key = str(name).replace("-", "_")
-  key = ALIASES.get(key, key)
+  if key in ALIASES:
+    raise _validate.fail("config", name, f"a Config, a config file and the "
+                         f"command line call it {ALIASES[key]!r} (did you "
+                         f"mean {ALIASES[key]!r}?)")
   if key not in FIELDS:
-    close = _validate.suggest(key, [*FIELDS, *ALIASES]) or _parts(key)
+    close = _validate.suggest(key, list(FIELDS)) or _parts(key)
     raise _validate.fail("config", name, "not a setting" + close +
                          "; see lowbw.Config.help() or lowbw train --help")
   return key
@@ -247,7 +254,8 @@ class _ConfigBase:
   def load(cls, path: str, **changes) -> "Config":
     """A config from a YAML, TOML or JSON file (by extension), with
     ``changes`` on top."""
-    values = _files.read_config(path, FIELDS)
+    # An old spelling gets canonical's "did you mean", not "unknown key".
+    values = _files.read_config(path, [*FIELDS, *ALIASES])
     try:
       return cls(**{**values, **changes})
     except _validate.ConfigError as e:
