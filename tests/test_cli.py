@@ -226,9 +226,10 @@ def test_console_script_help():
 @pytest.mark.parametrize("text, message", [
     ('steps = "ten"\n', "--steps='ten' is invalid: expected an integer"),
     ("inner_lr = true\n", "--inner-lr=True is invalid: expected a number"),
-    ("[strategy]\nname = 'diloco'\n",
-     "--strategy={'name': 'diloco'} is invalid: expected a single value, "
-     "not a table"),
+    ("[strategy]\nname = 'diloco'\nH = ['x']\n",
+     "--H=['x'] is invalid: expected a single value, not a list"),
+    ("[H]\nname = 4\n", "--H={'name': 4} is invalid: expected a single "
+     "value, not a table"),
     ("latency = 50\n", "--latency='50' is invalid: a number needs its "
      "unit, such as '50ms'"),
     ("bandwidth = 100\n", "--bandwidth='100' is invalid: a number needs "

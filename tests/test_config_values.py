@@ -60,8 +60,10 @@ def test_yaml_gives_natural_values(tmp_path):
     (dict(latency=50), "latency", "needs its unit"),
     (dict(bandwidth=1e9), "bandwidth", "needs its unit"),
     (dict(workers=2, bandwidth=[1e9, "1Gbps"]), "bandwidth", "needs its unit"),
-    (dict(strategy={"name": "diloco"}), "strategy", "not a table"),
     (dict(strategy=["diloco"]), "strategy", "not a list"),
+    (dict(H={"x": 1}), "H", "not a table"),
+    (dict(strategy={"name": "diloco", "HH": 3}), "config",
+     "did you mean 'strategy.H'"),
 ])
 def test_values_that_are_not_natural_forms_are_refused(given, field, words):
   with pytest.raises(lowbw.ConfigError) as e:
@@ -117,3 +119,59 @@ def test_a_setting_has_one_name_and_old_spellings_say_it(old, new, tmp_path):
   path.write_text(f"{old}: 1\n")
   with pytest.raises(lowbw.ConfigError, match=f"did you mean {new!r}"):
     lowbw.Config.load(str(path))
+
+
+NESTED = """
+strategy:
+  name: diloco
+  H: 4
+  outer: {kind: adam, lr: 0.01}
+model: {name: mlp, hidden: [8]}
+data: digits
+network: {bandwidth: 100Mbps}
+workers: 2
+"""
+FLAT = dict(strategy="diloco", H=4, outer="adam", outer_lr=0.01,
+            model="mlp", hidden="8", data="digits", bandwidth="100Mbps",
+            workers=2)
+
+
+def test_settings_have_paths_in_their_parts_and_files_may_nest_them(tmp_path):
+  by_path = lowbw.Config(**{"strategy.name": "diloco", "strategy.H": 4,
+                            "strategy.outer.kind": "adam",
+                            "strategy.outer.lr": 0.01, "model.name": "mlp",
+                            "model.hidden": (8,), "data.name": "digits",
+                            "network.bandwidth": "100Mbps", "workers": 2})
+  path = tmp_path / "nested.yaml"
+  path.write_text(NESTED)
+  nested = lowbw.Config.load(str(path))
+  flat = lowbw.Config(**FLAT)
+  assert by_path == nested == flat and by_path.values() == flat.values()
+  # Short paths of the optimizers, and a factory's own keyword names.
+  assert lowbw.Config(**{"outer.lr": 0.3}).outer_lr == 0.3
+  assert lowbw.Config(**{"strategy.error_feedback": 0.5,
+                         "codec": "quant:4"}).ef == 0.5
+  with pytest.raises(lowbw.ConfigError, match="H is given twice"):
+    lowbw.Config(**{"H": 4, "strategy.H": 8})
+
+
+def test_a_grid_addresses_settings_by_path(tmp_path):
+  base = lowbw.Config(**MLP, hidden=8, workers=2, steps=4, H=2, batch_size=4,
+                      eval_examples=16, progress=False, devices=1)
+  study = lowbw.study(base, grid={"strategy.H": [2, 4],
+                                  "strategy.outer.lr": [0.5]},
+                      out=str(tmp_path / "study"), progress=False)
+  final = study.final(frame=False)
+  assert sorted(final["H"]) == [2, 4] and set(final["outer_lr"]) == {0.5}
+
+
+def test_lowbw_train_reads_a_nested_config_file(tmp_path):
+  from lowbw import cli
+  path = tmp_path / "nested.yaml"
+  path.write_text(NESTED + "steps: 8\nbatch_size: 4\neval_examples: 16\n")
+  assert cli.main(["train", "--config", str(path), "--H", "8",
+                   "--no-progress", "--out", str(tmp_path / "run")]) == 0
+  import yaml
+  written = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+  assert (written["H"], written["outer"], written["bandwidth"]) == (
+      8, "adam", "100Mbps")  # the flag overrides the file's strategy.H

@@ -14,7 +14,7 @@ import jax
 
 from lowbw import _validate, telemetry
 from lowbw.telemetry import _progress
-from lowbw.config import _config, _fields, _files
+from lowbw.config import _config, _fields
 from lowbw import simulation
 from lowbw import network as network_lib
 from lowbw.cli import _plot
@@ -130,7 +130,7 @@ def setting_values(args: argparse.Namespace) -> tuple[dict, dict]:
     saved = _saved(os.path.join(args.resume, "config.json"))
     merged.update(saved)
   if args.config:
-    from_file = _files.read_config(args.config, FIELDS)
+    from_file = _config.read_settings(args.config)
     for key, value in from_file.items():  # a flag may override it
       try:
         _config.check_value(key, value)

@@ -18,7 +18,7 @@ import yaml
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
-from lowbw.config import _fields, _files, _resolve, _settings
+from lowbw.config import _fields, _files, _paths, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
 
 # The keyword style's names of some settings (``lowbw.simulate``'s keywords,
@@ -58,6 +58,8 @@ def _all_fields() -> dict[str, _fields.Field]:
 
 
 FIELDS = _all_fields()
+# Every setting's path in the run's parts -> its flat name (``_paths``).
+PATHS = _paths.paths(FIELDS)
 _UNSET = object()
 
 
@@ -140,6 +142,13 @@ def canonical(name: str) -> str:
   style's spellings (``num_workers``, ``log_dir``, ``error_feedback``) are
   refused with the name to use."""
   key = str(name).replace("-", "_")
+  if "." in key:  # a path: strategy.H, strategy.outer.lr, network.latency
+    if key in PATHS:
+      return PATHS[key]
+    raise _validate.fail("config", name, "not a setting's path" +
+                         _validate.suggest(key, list(PATHS)) +
+                         "; paths are the parts' settings: strategy.H, "
+                         "strategy.outer.lr, network.bandwidth, model.layers")
   if key in ALIASES:
     raise _validate.fail("config", name, f"a Config, a config file and the "
                          f"command line call it {ALIASES[key]!r} (did you "
@@ -151,12 +160,29 @@ def canonical(name: str) -> str:
   return key
 
 
+def read_settings(path: str) -> dict:
+  """The settings of a YAML, TOML or JSON file by their flat names: keys
+  with '-' or '_', paths (``strategy.H``) and nested tables of parts
+  (``strategy: {name: diloco, H: 50}``); an old spelling gets
+  ``canonical``'s "did you mean", a setting given twice is refused."""
+  values = _files.read_config(path, [*FIELDS, *ALIASES, *PATHS,
+                                     *_paths.PARTS], shown=FIELDS)
+  out = {}
+  for key, value in _paths.flatten(values).items():
+    name = canonical(key)
+    if name in out:
+      raise _validate.fail("config", path, f"{name} is given twice (as "
+                           f"{key!r} too)")
+    out[name] = value
+  return out
+
+
 class _ConfigBase:
   """The methods of ``Config`` (its fields are made from ``FIELDS``)."""
 
   def __init__(self, **values):
     given = {}
-    for name, value in values.items():
+    for name, value in _paths.flatten(values).items():
       key = canonical(name)
       if key in given:
         raise _validate.fail(name, value, f"{key} is given twice")
@@ -254,8 +280,7 @@ class _ConfigBase:
   def load(cls, path: str, **changes) -> "Config":
     """A config from a YAML, TOML or JSON file (by extension), with
     ``changes`` on top."""
-    # An old spelling gets canonical's "did you mean", not "unknown key".
-    values = _files.read_config(path, [*FIELDS, *ALIASES])
+    values = read_settings(path)
     try:
       return cls(**{**values, **changes})
     except _validate.ConfigError as e:

@@ -130,8 +130,10 @@ def _oversized(value, max_depth: int, max_values: int) -> str | None:
   return None
 
 
-def read_config(path: str, allowed: Iterable[str]) -> dict:
-  """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``."""
+def read_config(path: str, allowed: Iterable[str],
+                shown: Iterable[str] | None = None) -> dict:
+  """The options in ``path`` (keys with '-' or '_'), each one of ``allowed``;
+  an unknown key's error suggests and lists ``shown`` (default: allowed)."""
   values = read_file(path)
   if not isinstance(values, dict):
     raise _validate.fail("config", path, "expected a table of options")
@@ -147,11 +149,12 @@ def read_config(path: str, allowed: Iterable[str]) -> dict:
     spelled[name] = str(key)
   values = {str(k).replace("-", "_"): v for k, v in values.items()}
   allowed = list(allowed)
+  shown = allowed if shown is None else list(shown)
   unknown = sorted(set(values) - set(allowed))
   if unknown:
-    hints = "".join(_validate.suggest(k, allowed) for k in unknown[:1])
+    hints = "".join(_validate.suggest(k, shown) for k in unknown[:1])
     raise _validate.fail("config", path, f"unknown keys {unknown}{hints}; "
-                         f"allowed: {', '.join(sorted(allowed))}")
+                         f"allowed: {', '.join(sorted(shown))}")
   return values
 
 
