@@ -25,10 +25,7 @@ PACKAGES = ("strategies", "transforms", "network", "models", "data",
             "telemetry", "studies", "config", "simulation")
 
 # Read through the package by the engine (see above).
-ENGINE = {
-    "transforms": {"UNCOMPRESSED", "codec_forms", "as_codec"},
-    "telemetry": {"load_params"},
-}
+ENGINE: dict[str, set[str]] = {}
 
 
 def _docs() -> str:
