@@ -91,6 +91,15 @@ def fraction(field: str, value: Any, *, low_open: bool = True) -> float:
   return float(value)
 
 
+def identifier(field: str, value: Any, what: str) -> str:
+  """A name a user registers (``what``: "codec stage", "model"): letters,
+  digits and ``_``, so that specs, flags and files can carry it."""
+  if not (isinstance(value, str) and value.replace("_", "a").isalnum()):
+    raise fail(field, value, f"expected a {what} name of letters, digits "
+               "and _")
+  return value
+
+
 def boolean(field: str, value: Any) -> bool:
   """``True`` or ``False`` (numpy booleans accepted), not a truthy value."""
   if not isinstance(value, (bool, np.bool_)):

@@ -157,6 +157,9 @@ def test_diloco_takes_an_adam_outer_step_from_the_cli_as_from_python(
      "outer_momentum_warmup", "not used by outer 'adam'"),
     (dict(strategy="fedadam", outer_b1=1.0), "outer_b1", "[0, 1)"),
     (dict(strategy="fedadam", outer_eps=0.0), "outer_eps", "> 0"),
+    (dict(strategy="diloco", eps=-1e-8), "eps", "> 0"),
+    (dict(strategy="diloco", inner="sgd", eps=1e-6), "eps",
+     "not used by inner 'sgd'"),
 ])
 def test_settings_of_another_outer_optimizer_are_refused(settings, field,
                                                          words):
@@ -170,3 +173,6 @@ def test_an_adam_outer_optimizer_refuses_a_momentum_schedule():
     strategies.outer_optimizer(0.01, kind="adam", momentum_warmup=3)
   with pytest.raises(lowbw.ConfigError, match="momentum"):
     strategies.outer_optimizer(0.01, 0.5, kind="adam")
+  # DiLoCo's own 0.9 too: any momentum given with Adam is refused.
+  with pytest.raises(lowbw.ConfigError, match="momentum=0.9"):
+    strategies.outer_optimizer(0.01, 0.9, kind="adam")

@@ -133,9 +133,7 @@ def every_period(name, value, s, strategy) -> int | None:
 
 
 def boolean(name, value, s, strategy) -> bool:
-  if not isinstance(value, bool):
-    raise _validate.fail(name, value, "expected True or False")
-  return value
+  return _validate.boolean(name, value)
 
 
 def steps(name, value, s, strategy) -> int:

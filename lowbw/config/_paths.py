@@ -8,11 +8,15 @@ settings' own. A config file may nest the parts too::
 """
 
 from lowbw import strategies as strategies_lib
+from lowbw.config import _fields
 
 # The parts a nested table may describe; "name" (or "kind") is the choice.
 PARTS = ("strategy", "network", "model", "data", "inner", "outer")
 _NETWORK = "network (the simulated clock, sim_time_s)"
-_DATA = ("data_root", "sharding", "alpha", "seq_len")
+# The data's settings: the data and sharding choices' own (``USED_BY``).
+_DATA = {"sharding", *(name for owner in ("data", "sharding")
+                       for names in _fields.USED_BY[owner].values()
+                       for name in names)}
 
 
 def _optimizers(fields: dict) -> dict[str, str]:

@@ -28,13 +28,6 @@ from lowbw.config._checks import (AUTOCAST, WORKER_DTYPES, check_seed,
 _TARGET_CHUNKS = 25
 
 
-# Build settings, named in the error a run gives when one would need a new
-# build (they fix shapes or the compiled program's structure).
-SHAPE_SETTINGS = ("model", "data", "strategy (H, codec sizes, p, ...)",
-                  "num_workers", "batch_size", "steps", "devices",
-                  "worker_dtype", "worker_batch", "memory_budget",
-                  "minibatch_size", "autocast", "rounds_per_chunk",
-                  "network structure (topology, faults or mitigation on/off)")
 
 
 class _RunConfig:

@@ -274,9 +274,10 @@ def _outer_fields() -> list[_fields.Field]:
                                       and s.outer.kind == "sgd" else None) +
         "]", float, knob="outer_momentum"),
       F("outer_b1", None, T, O, "outer adam's first-moment decay [default "
-        "0.9]", float, knob="outer_b1"),
+        f"{strategies_lib.Optimizer._field_defaults['b1']:g}]", float,
+        knob="outer_b1"),
       F("outer_b2", None, T, O, "outer adam's second-moment decay [default "
-        "0.999; " + _per_strategy(lambda s: s.outer.b2 if s.outer and
+        f"{_optim.B2['adam']:g}; " + _per_strategy(lambda s: s.outer.b2 if s.outer and
                                   s.outer.kind == "adam" else None) + "]", float,
         knob="outer_b2"),
       F("outer_eps", None, T, O, "outer adam's epsilon (FedAdam's tau, its "

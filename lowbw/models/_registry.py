@@ -29,9 +29,7 @@ def register(name: str, factory) -> None:
     >>> lowbw.models.register("wide_mlp", lambda: lowbw.models.mlp(
     ...     hidden=(512, 512)))
   """
-  if not (isinstance(name, str) and name.replace("_", "a").isalnum()):
-    raise _validate.fail("name", name, "expected a model name of letters, "
-                         "digits and _")
+  _validate.identifier("name", name, "model")
   if name in _BUILT_IN:
     raise _validate.fail("name", name, "is a built-in model")
   if not callable(factory):

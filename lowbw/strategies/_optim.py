@@ -337,7 +337,7 @@ def muon_inner(learning_rate=MULOCO_INNER.lr,
 
 
 def outer_optimizer(lr: float = DILOCO_OUTER.lr,
-                    momentum: float = DILOCO_OUTER.momentum, *,
+                    momentum: float | None = None, *,
                     kind: str = "sgd", b1: float = 0.9,
                     b2: float | None = None, eps: float | None = None,
                     **schedule) -> optax.GradientTransformation:
@@ -361,8 +361,10 @@ def outer_optimizer(lr: float = DILOCO_OUTER.lr,
     >>> fedadam_outer = lowbw.strategies.outer_optimizer(
     ...     0.01, kind="adam", b2=0.99, eps=1e-3)
   """
-  if kind != "sgd" and momentum != DILOCO_OUTER.momentum:
+  if kind != "sgd" and momentum is not None:
     raise _validate.fail("momentum", momentum, f"is SGD's; kind {kind!r} "
                          "has b1 and b2")
-  return outer(Optimizer(kind, lr, momentum=momentum if kind == "sgd" else
-                         0.0, b1=b1, b2=b2, eps=eps), **schedule)
+  if momentum is None:  # SGD's default: DiLoCo's Nesterov 0.9
+    momentum = DILOCO_OUTER.momentum if kind == "sgd" else 0.0
+  return outer(Optimizer(kind, lr, momentum=momentum, b1=b1, b2=b2,
+                         eps=eps), **schedule)

@@ -166,9 +166,7 @@ def register_codec(name: str, build, form: str | None = None,
     >>> lowbw.transforms.register_codec("absmax8", absmax8)
     >>> lowbw.Config(codec="absmax8,cast:bf16")  # chains like a built-in
   """
-  if not (isinstance(name, str) and name.replace("_", "a").isalnum()):
-    raise _validate.fail("name", name, "expected a stage name of letters, "
-                         "digits and _")
+  _validate.identifier("name", name, "codec stage")
   if name in _BUILT_IN or name in UNCOMPRESSED:
     raise _validate.fail("name", name, "is a built-in codec stage")
   if isinstance(build, Codec):
