@@ -43,6 +43,20 @@ NETWORK_COLUMNS = ("kind", "from_node", "to_node", "msg_bytes", "rate_bps",
                    "t_s", "duration_s", "source")
 
 
+def _fail(field: str, value, allowed: str) -> SystemExit:
+  """A one-line error in lowbw's form: field=value is invalid: allowed."""
+  return SystemExit(f"{field}={value!r} is invalid: {allowed}")
+
+
+def _read_json(root: str, path: str) -> dict:
+  full = os.path.join(root, path)
+  if not os.path.isfile(full):
+    raise _fail("PATH_TO_CLONE", root, f"has no {path} (expected a clone "
+                "of Adnan082/diloco-measured)")
+  with open(full) as f:
+    return json.load(f)
+
+
 def _num(x) -> str:
   """Nine significant digits (far below the runs' own spread); rates and
   byte counts as whole numbers."""
@@ -64,11 +78,9 @@ def _window(telemetry: dict) -> tuple[list, list]:
 def run_row(root: str, path: str) -> dict:
   """One measured run: per-step telemetry, plus its summary record's CU,
   link settings and shaping verification."""
-  with open(os.path.join(root, path)) as f:
-    tel = json.load(f)
+  tel = _read_json(root, path)
   summary_path = f"results/raw/{tel['run_id']}.json"
-  with open(os.path.join(root, summary_path)) as f:
-    summary = json.load(f)
+  summary = _read_json(root, summary_path)
   spec, shaping = summary["spec"], summary["shaping"]
   kept, all_syncs = _window(tel)
   syncs = [r["sync_blocked_ms"] / 1e3 for r in kept if r["did_outer_step"]]
@@ -81,17 +93,20 @@ def run_row(root: str, path: str) -> dict:
   # The summary's totals come from the same window: a mismatch would mean
   # this script reads the window differently from the run's own analysis.
   if abs(compute - summary["cu"]["compute_s"]) > 1e-6 * max(compute, 1.0):
-    raise ValueError(f"{path}: compute seconds {compute} differ from "
-                     f"{summary_path}'s {summary['cu']['compute_s']}")
+    raise _fail(f"{summary_path}: cu.compute_s", summary["cu"]["compute_s"],
+                f"must equal the compute seconds of {path}'s steps after "
+                f"its warm-up, {compute!r}")
   method, H = spec["algorithm"], tel["H"]
+  link, repeat = tel["run_id"].rsplit("-bw", 1)[1].rsplit("-r", 1)
   return {
-      "run_id": tel["run_id"], "method": method, "H": H,
-      "link": tel["run_id"].rsplit("-bw", 1)[1].rsplit("-r", 1)[0],
+      "run_id": tel["run_id"], "method": method, "H": H, "link": link,
       "nominal_bps": spec["bandwidth_requested_bps"],
       "shaped_bps": None if shaping is None else shaping["measured_bps"],
       "rate_source": "run" if shaping is not None else None,
       "workers": tel["world_size"], "params": tel["n_params"],
-      "dtype_bytes": DTYPE_BYTES, "repeat": spec["repeat_index"],
+      # The repeats' records all say spec.repeat_index 0 (the run ids and
+      # start dates tell them apart): the run id's -rN is the repeat.
+      "dtype_bytes": DTYPE_BYTES, "repeat": int(repeat),
       "steps": tel["steps"], "warmup_steps": tel["warmup_steps"],
       "window_steps": n, "syncs_in_window": len(syncs),
       "compute_s_per_step": compute / n, "host_s_per_step": host / n,
@@ -124,8 +139,9 @@ def fill_rates(rows: list, iperf_bps: float) -> None:
       r["shaped_bps"] = statistics.median(same_level[r["link"]])
       r["rate_source"] = "localsgd_same_level"
     else:
-      raise ValueError(f"{r['source']}: no verified rate for link "
-                       f"{r['link']!r} (nominal {r['nominal_bps']})")
+      raise _fail(f"{r['source_summary']}: shaping", None,
+                  f"a shaped run ({r['link']}) needs its verified rate; "
+                  "only DDP runs may borrow LocalSGD's at the same level")
 
 
 def network_rows(profile: dict) -> list:
@@ -167,10 +183,9 @@ def extract(root: str, out_dir: str = HERE) -> tuple[list, list]:
   paths = sorted(os.path.relpath(p, root)
                  for p in glob.glob(os.path.join(root, TELEMETRY)))
   if not paths:
-    raise SystemExit(f"PATH_TO_CLONE={root!r} is invalid: no {TELEMETRY} "
-                     "under it (expected a clone of Adnan082/diloco-measured)")
-  with open(os.path.join(root, PROFILE)) as f:
-    profile = json.load(f)
+    raise _fail("PATH_TO_CLONE", root, f"has no {TELEMETRY} (expected a "
+                "clone of Adnan082/diloco-measured)")
+  profile = _read_json(root, PROFILE)
   order = {"ddp": 0, "localsgd": 1, "diloco": 2}
   rows = sorted((run_row(root, p) for p in paths), key=lambda r: (
       order[r["method"]], r["H"], r["nominal_bps"] or float("inf"),
