@@ -156,10 +156,10 @@ def _api_cases():
   import optax
   from lowbw import data, models, network, strategies
   base = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
-              strategy=strategies.diloco(H=5), num_workers=2, batch_size=4,
+              strategy=strategies.diloco(H=5), workers=2, batch_size=4,
               steps=10, progress=False)
   changes = {
-      "num_workers=0": {"num_workers": 0}, "steps=0": {"steps": 0},
+      "workers=0": {"workers": 0}, "steps=0": {"steps": 0},
       "batch_size=-1": {"batch_size": -1}, "seed=-1": {"seed": -1},
       "seed=2**32": {"seed": 2 ** 32}, "seed=1.5": {"seed": 1.5},
       "steps=3 (< H)": {"steps": 3},
@@ -173,7 +173,7 @@ def _api_cases():
       "memory_budget='8'": {"memory_budget": "8"},
       "memory_budget='1kB'": {"memory_budget": "1kB"},
       "eval_every=3": {"eval_every": 3},
-      "log_dir=a file": {"log_dir": "/etc/passwd"},
+      "out=a file": {"out": "/etc/passwd"},
       "inner=MultiSteps": {"strategy": strategies.diloco(
           inner=optax.MultiSteps(optax.sgd(0.1), 2), H=5)},
       "inner='adam' (a string)": {"strategy": "inner"},

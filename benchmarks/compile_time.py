@@ -36,7 +36,7 @@ else:
 out = {}
 for phase in ("cold", "warm"):
   start = time.perf_counter()
-  sim = lowbw.build(m, d, strategies.diloco(H=h), num_workers=w, batch_size=b,
+  sim = lowbw.build(m, d, strategies.diloco(H=h), workers=w, batch_size=b,
                     steps=4 * h)
   out[phase] = sim.take_compile_s()
   out[phase + "_build_s"] = time.perf_counter() - start

@@ -55,7 +55,7 @@ def simulator_run(model, corpus, workers, batch_size, steps, H, seed,
       model=model, data=corpus,
       strategy=strategies.diloco(optax.adamw(1e-3), H=H, codec=codec,
                                  error_feedback=ef),
-      num_workers=workers, batch_size=batch_size, steps=steps, seed=seed,
+      workers=workers, batch_size=batch_size, steps=steps, seed=seed,
       network=NETWORKS[net], progress=False, eval_examples=64)
   return result.summary
 

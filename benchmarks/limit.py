@@ -190,7 +190,7 @@ def optimizer_only(model, sampler, copies: int, steps: int):
 def lowbw_chunk(strategy, model, source, w: int, b: int, steps: int):
   """``run() -> seconds`` of a lowbw run's compiled chunk of ``steps``."""
   rounds = steps // strategy.period
-  sim = build(model, source, strategy, num_workers=w, batch_size=b,
+  sim = build(model, source, strategy, workers=w, batch_size=b,
               steps=steps, rounds_per_chunk=rounds, compile=False)
   st, sampler, _, _ = sim.initial(0)
   exe, st = sim.executables(st, sampler, None)

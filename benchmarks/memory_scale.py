@@ -58,7 +58,7 @@ if model == "mlp":
                   rng.integers(0, 10, n), eval_fraction=0.05)
 else:
   m, d = models.gpt(), data.text_bytes()
-sim = lowbw.build(m, d, strategies.diloco(H=h), num_workers=w, batch_size=b,
+sim = lowbw.build(m, d, strategies.diloco(H=h), workers=w, batch_size=b,
                   steps=rounds * h, rounds_per_chunk=1, eval_every=None,
                   worker_batch=group, compile=False)
 state, sampler, _, _ = sim.initial(0)

@@ -35,12 +35,12 @@ LRS = [3e-4, 5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 1e-2, 2e-2]
 WORKLOADS = {
     # The digits MLP of `lowbw train --data digits` at W=8.
     "mlp": dict(model=lambda: models.mlp(hidden=(64,), num_classes=10),
-                data=lambda: data.digits(), num_workers=8, batch_size=32,
+                data=lambda: data.digits(), workers=8, batch_size=32,
                 steps=300, H=10),
     # The default GPT of `lowbw train` (2 layers, d 128, 128 tokens) at W=4.
     "gpt": dict(model=lambda: models.gpt(layers=2, d_model=128, heads=4,
                                          seq_len=128, vocab=256),
-                data=lambda: data.text_bytes(seq_len=128), num_workers=4,
+                data=lambda: data.text_bytes(seq_len=128), workers=4,
                 batch_size=8, steps=100, H=10),
 }
 
@@ -53,7 +53,7 @@ def inner(lr):
 def build_args(w, lr=LRS[0]):
   return dict(model=w["model"](), data=w["data"](),
               strategy=strategies.diloco(inner(lr), H=w["H"]),
-              num_workers=w["num_workers"], batch_size=w["batch_size"],
+              workers=w["num_workers"], batch_size=w["batch_size"],
               steps=w["steps"], eval_examples=64)
 
 

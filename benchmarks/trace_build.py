@@ -48,7 +48,7 @@ def time_build(path: str, kind: str) -> dict:
                            else "bandwidth_trace": path})
   read = time.perf_counter()
   lowbw.build(model=models.mlp(hidden=(8,)), data=data.digits(),
-              strategy=strategies.diloco(H=10), num_workers=WORKERS,
+              strategy=strategies.diloco(H=10), workers=WORKERS,
               batch_size=8, steps=20, network=net, log_every=10,
               eval_every=20)
   built = time.perf_counter()

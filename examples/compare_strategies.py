@@ -22,7 +22,7 @@ def compare(runs=None, steps=STEPS, workers=WORKERS, seed=0):
                   "SPARTA": strategies.sparta(p=P)}    # a fraction p, every step
   return {name: lowbw.simulate(
       model=models.mlp(hidden=(64,), num_classes=10), data=data.digits(),
-      strategy=strategy, num_workers=workers, batch_size=32, steps=steps,
+      strategy=strategy, workers=workers, batch_size=32, steps=steps,
       eval_every=H, seed=seed, network=NETWORK, progress=False)
           for name, strategy in runs.items()}
 

@@ -46,7 +46,7 @@ def build(kind: str, W: int, H: int, args):
               else strategies.diloco(inner, H=H))
   return lowbw.build(
       model=models.gpt(), data=data.text_bytes(), strategy=strategy,
-      num_workers=W, batch_size=args.global_batch // W, steps=args.steps,
+      workers=W, batch_size=args.global_batch // W, steps=args.steps,
       eval_every=H * -(-args.eval_every // H), eval_examples=args.eval_examples,
       network=network.network(args.bandwidth, args.latency, hardware="h100"))
 

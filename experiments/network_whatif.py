@@ -45,7 +45,7 @@ def common(args):
 
 def measure_step_time(args) -> float:
   """Seconds per inner step of one worker on this machine (after compile)."""
-  result = lowbw.simulate(strategy=strategies.ddp(), num_workers=1,
+  result = lowbw.simulate(strategy=strategies.ddp(), workers=1,
                           steps=args.measure_steps, seed=args.seed,
                           progress=False, eval_every=args.measure_steps,
                           **common(args))
@@ -73,7 +73,7 @@ def run_all(args, cache_path):
     # One build per strategy: the links are traced values of its network, so
     # the three runs share one compilation.
     first = LINKS[todo[0]]
-    sim = lowbw.build(strategy=make(), num_workers=args.workers,
+    sim = lowbw.build(strategy=make(), workers=args.workers,
                       steps=args.steps, eval_every=args.eval_every,
                       network=network.network(*first,
                                               hardware=f"{step_time}s"),

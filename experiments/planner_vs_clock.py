@@ -46,7 +46,7 @@ def clock_run(size, W, H, link):
   net = network.network(bandwidth, latency, hardware="h100",
                         clock_params=SIZES[size])
   sim = lowbw.build(model=models.mlp(hidden=(64,)), data=data.digits(),
-                    strategy=strategies.diloco(H=H), num_workers=W,
+                    strategy=strategies.diloco(H=H), workers=W,
                     batch_size=BATCH, steps=4 * H, eval_every=4 * H,
                     network=net)
   runs = lowbw.sweep(sim, seeds=[0, 1, 2], progress=False)

@@ -48,7 +48,7 @@ FAILED = (0, 1, 2, 3)
 def build(strategy, W, args, net, steps=None, eval_every=None):
   return lowbw.build(
       model=models.mlp(hidden=(64,)), data=data.digits(), strategy=strategy,
-      num_workers=W, batch_size=args.batch_size, steps=steps or args.steps,
+      workers=W, batch_size=args.batch_size, steps=steps or args.steps,
       eval_every=eval_every or args.eval_every, network=net)
 
 

@@ -50,7 +50,7 @@ def main():
   for name, make in configurations().items():
     runs = [lowbw.simulate(
         model=models.mlp(hidden=(64,), num_classes=10), data=data.digits(),
-        strategy=make(), num_workers=args.workers, batch_size=args.batch_size,
+        strategy=make(), workers=args.workers, batch_size=args.batch_size,
         steps=args.steps, seed=seed, progress=False) for seed in range(args.seeds)]
     summary = runs[0].summary
     results[name] = {

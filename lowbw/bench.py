@@ -176,7 +176,7 @@ def _time_sync(sim, state, repeats: int) -> float | None:
   if sim.mesh is not None:
     specs = sim.specs[0].strategy
     one = _engine.map_workers(one, sim.mesh, (specs,), specs,
-                              sim.config.num_workers)
+                              sim.config.workers)
   sync = jax.jit(one, donate_argnums=0)
   st = jax.tree.map(jnp.copy, _precision.cast_workers(state.strategy,
                                                       jnp.float32))
@@ -197,7 +197,7 @@ def _nbytes(tree) -> int:
 def _per_worker_bytes(sim, state) -> int:
   """Bytes of the per-worker leaves of the state (params, optimizer states,
   residuals), all workers."""
-  return sum(state_bytes(sim, state.strategy).values()) * sim.config.num_workers
+  return sum(state_bytes(sim, state.strategy).values()) * sim.config.workers
 
 
 def state_bytes(sim, strategy_state=None) -> dict[str, float]:
@@ -210,14 +210,14 @@ def state_bytes(sim, strategy_state=None) -> dict[str, float]:
   c = sim.config
   st = (sim.abstract_state.strategy if strategy_state is None
         else strategy_state)
-  specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.num_workers,
+  specs = _mesh.strategy_specs(c.strategy, sim.abstract_params, c.workers,
                                jax.random.PRNGKey(0))
   per_worker = PartitionSpec(_engine.MESH_AXIS)
 
   def part(spec_tree, tree):
     sizes = jax.tree.map(lambda spec, sub: _nbytes(sub) if spec == per_worker
                          else 0, spec_tree, tree, is_leaf=_mesh.is_spec)
-    return sum(jax.tree.leaves(sizes)) / c.num_workers
+    return sum(jax.tree.leaves(sizes)) / c.workers
 
   return {"params": part(specs.params_W, st.params_W),
           "optimizer": part(specs.inner_W, st.inner_W),
@@ -254,14 +254,14 @@ def _check_timing(timing, options: dict) -> None:
                            f"build setting: pass timing=Timing({name}=...)")
 
 
-def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
+def measure(model, data, strategy, inner, workers: int, batch_size: int,
             timing: Timing = Timing(), **options) -> dict:
   """Figures for one configuration (see the module docstring).
 
   Args:
     model, data, strategy: as for ``lowbw.simulate``.
     inner: the optax optimizer of the baseline (the strategy's inner one).
-    num_workers, batch_size: W and b; the baseline's batch is W·b.
+    workers, batch_size: W and b; the baseline's batch is W·b.
     timing: how the figures are taken (``Timing``: rounds per timed call,
       repeats, warm-up calls, the sync timed alone, the seed).
     **options: further ``lowbw.build`` settings that say how the workers
@@ -274,9 +274,10 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   _check_timing(timing, options)
   rounds, repeats, warmup, sync_cost, seed = timing
   memory = _Memory()
-  simulator = build(model, data, strategy, num_workers=num_workers,
+  simulator = build(model, data, strategy, workers=workers,
                     batch_size=batch_size, steps=rounds * strategy.period,
-                    rounds_per_chunk=rounds, compile=False, **options)
+                    rounds_per_chunk=rounds, compile=False,
+                    **options)
   state, sampler, _, _ = simulator.initial(seed)
   memory.built()
   start = time.perf_counter()
@@ -290,7 +291,7 @@ def measure(model, data, strategy, inner, num_workers: int, batch_size: int,
   jax.block_until_ready(state)
   peak = memory.peak()  # the simulator's own: before the baseline exists
   base = baseline(simulator.config.model, sampler, inner,
-                  num_workers * batch_size, rounds * strategy.period, seed,
+                  workers * batch_size, rounds * strategy.period, seed,
                   _backward.of(simulator.config))
   for _ in range(warmup - 1):
     base()
@@ -314,7 +315,7 @@ def _settings(sim, rounds: int) -> dict:
   """What was measured: the run's shape and how its workers computed."""
   c = sim.config
   return {
-      "workers": c.num_workers, "batch_size": c.batch_size,
+      "workers": c.workers, "batch_size": c.batch_size,
       "H": c.period, "rounds": rounds, "steps": rounds * c.period,
       "devices": c.devices, "processes": sim.processes,
       "worker_dtype": c.worker_dtype, "worker_batch": c.worker_batch,
@@ -350,12 +351,12 @@ def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
   (medians; the efficiency is the median of each pair's ratio)."""
   c = sim.config
   tokens = c.data.tokens_per_example
-  examples = c.num_workers * rounds * c.period * c.batch_size
+  examples = c.workers * rounds * c.period * c.batch_size
   run, base = statistics.median(sim_s), statistics.median(base_s)
   rate = examples * tokens / run if tokens else None
   base_rate = examples * tokens / base if tokens else None
   return {
-      "worker_steps_per_s": c.num_workers * rounds * c.period / run,
+      "worker_steps_per_s": c.workers * rounds * c.period / run,
       "examples_per_s": examples / run,
       "tokens_per_s": rate,
       "baseline_examples_per_s": examples / base,
@@ -371,7 +372,7 @@ def _speed(sim, sim_s: list, base_s: list, rounds: int) -> dict:
 def _memory_figures(sim, memory, peak: int, state, exe) -> dict:
   """The process's memory against the state it holds, and XLA's analysis
   of the chunk program."""
-  W = sim.config.num_workers
+  W = sim.config.workers
   total_state = _per_worker_bytes(sim, state)
   analysis = exe.chunk.memory_analysis()
   return {

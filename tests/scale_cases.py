@@ -56,14 +56,15 @@ def cases():
   }
 
 
-def trajectory(strategy, net, devices, num_workers=W, steps=STEPS, **kw):
+def trajectory(strategy, net, devices, workers=W, steps=STEPS, **kw):
   import jax
   import lowbw
   from lowbw import models
   r = lowbw.simulate(model=models.mlp(hidden=(16,)), data="digits",
-                     strategy=strategy, num_workers=num_workers, batch_size=4,
-                     steps=steps, seed=3, network=net, progress=False,
-                     devices=devices, eval_examples=64, **kw)
+                     strategy=strategy, workers=workers, batch_size=4,
+                     steps=steps, seed=3, progress=False, devices=devices,
+                     eval_examples=64, **kw,
+                     **({"clock": False} if net is None else {"network": net}))
   hist = {k: np.asarray(v).tolist() for k, v in r.history.items()
           if k != "wall_time_s"}
   params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(r.params)]
@@ -84,7 +85,7 @@ def main(argv):
     import tempfile
     strategy, net = cases()["diloco"]
     with tempfile.TemporaryDirectory() as tmp:
-      trajectory(strategy, net, 4, steps=3, log_dir=tmp, checkpoint_every=3)
+      trajectory(strategy, net, 4, steps=3, out=tmp, checkpoint_every=3)
       resumed = trajectory(strategy, net, 1, resume_from=tmp)
     out["resume_4_to_1"] = [out["diloco"][0], resumed]
     path = argv[1]
@@ -93,7 +94,7 @@ def main(argv):
     import lowbw
     lowbw.initialize(f"127.0.0.1:{port}", 2, pid)
     strategy, net = cases()["diloco_q4_ef_faults"]
-    out = trajectory(strategy, net, None, num_workers=4)
+    out = trajectory(strategy, net, None, workers=4)
     if pid != 0:
       return
   with open(path, "w") as f:

@@ -42,7 +42,7 @@ def _fleet():
 def _run(strategy):
   model, data = _problem()
   sim = lowbw.build(model=model, data=data, strategy=strategy,
-                    num_workers=W, batch_size=BATCH, steps=TICKS,
+                    workers=W, batch_size=BATCH, steps=TICKS,
                     network=_fleet())
   params0 = sim.programs.global_params(sim.initial(0)[0])
   return sim.run(0), params0, model, data
@@ -170,7 +170,7 @@ def _digits_run(strategy, speeds, steps=40):
   net = net_lib.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds)
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
-      data=lowbw.data.digits(), strategy=strategy, num_workers=4,
+      data=lowbw.data.digits(), strategy=strategy, workers=4,
       batch_size=8, steps=steps, network=net, eval_every=20, seed=1)
 
 
@@ -204,7 +204,7 @@ def test_async_diloco_is_diloco_on_an_equal_fleet_and_faster_on_an_unequal():
 
 def test_async_diloco_refuses_what_it_does_not_model():
   model, data = _problem()
-  kw = dict(model=model, data=data, num_workers=W, batch_size=BATCH,
+  kw = dict(model=model, data=data, workers=W, batch_size=BATCH,
             steps=TICKS)
   strategy = strategies.async_diloco(H=H)
   with pytest.raises(ValueError, match="hardware"):

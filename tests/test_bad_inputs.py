@@ -61,7 +61,7 @@ BASE = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=8,
      "values, not a table"),
     ({"H": [2]}, "0,1", "^seeds='0,1' is invalid: expected a list of "
      "integers, or one integer"),
-    ({"workers": [2, 5000]}, [0], "^num_workers=5000 is invalid: expected "
+    ({"workers": [2, 5000]}, [0], "^workers=5000 is invalid: expected "
      r"at most 1438, the number of training examples of 'digits' \(at grid "
      "point workers=5000"),
     ({"model": ["mlp", "gpt"]}, [0], "^model='gpt' is invalid: is a model "

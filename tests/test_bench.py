@@ -21,7 +21,7 @@ P = 64 * 8 + 8 + 8 * 10 + 10  # digits: 8x8 inputs, 10 classes
 def figures():
   inner = optax.adamw(1e-3)
   return bench.measure(MLP, data.digits(), strategies.diloco(inner, H=2),
-                       inner, num_workers=2, batch_size=4,
+                       inner, workers=2, batch_size=4,
                        timing=bench.Timing(rounds=1, repeats=1, warmup=1))
 
 
@@ -67,7 +67,7 @@ def test_the_baseline_takes_the_runs_precision_and_micro_batches():
   # The one replica computes in the run's autocast type and micro-batches
   # (bench.measure passes the run's Backward): it compiles and runs so.
   sim = build(MLP, data.digits(), strategies.ddp(optax.sgd(0.1)),
-              num_workers=2, batch_size=4)
+              workers=2, batch_size=4)
   _, sampler, _, _ = sim.initial(0)
   run = bench.baseline(MLP, sampler, optax.sgd(0.1), 8, 2, 0,
                        Backward(2, jnp.bfloat16))

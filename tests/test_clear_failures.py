@@ -19,8 +19,8 @@ from lowbw.cli import _train
 from lowbw.simulation import _loop
 
 _RUN = dict(data=data.digits(), strategy=strategies.diloco(H=5),
-            num_workers=2, batch_size=4, steps=10, progress=False,
-            network=None)
+            workers=2, batch_size=4, steps=10, progress=False,
+            clock=False)
 _TINY = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
          "--batch-size", "4", "--steps", "10", "--H", "5", "--eval-every",
          "5", "--no-progress"]
@@ -35,17 +35,26 @@ def _err(capsys) -> str:
 # --------------------------------------------------------- structured errors
 def test_a_bad_value_is_a_config_error_with_its_parts():
   with pytest.raises(lowbw.ConfigError) as info:
-    lowbw.simulate(model=models.mlp(hidden=(8,)), **{**_RUN, "num_workers": 0})
+    lowbw.simulate(model=models.mlp(hidden=(8,)), **{**_RUN, "workers": 0})
   e = info.value
   assert isinstance(e, ValueError)
-  assert (e.field, e.value) == ("num_workers", 0) and "integer >= 1" in e.allowed
+  assert (e.field, e.value) == ("workers", 0) and "integer >= 1" in e.allowed
+
+
+@pytest.mark.parametrize("old, new", [("num_workers", "workers"),
+                                      ("log_dir", "out"),
+                                      ("error_feedback", "ef")])
+def test_an_earlier_spelling_is_refused_with_the_name_to_use(old, new):
+  with pytest.raises(lowbw.ConfigError, match=rf"^config='{old}' is invalid: "
+                     rf".*did you mean '{new}'\?"):
+    lowbw.simulate(model=models.mlp(hidden=(8,)), **{**_RUN, old: 2})
 
 
 def test_the_cli_names_the_flag_from_the_error_not_its_wording(
     monkeypatch, capsys, tmp_path):
   # Any wording: the flag comes from the error's field.
   def refuse(*args, **kwargs):
-    raise lowbw.ConfigError("num_workers", 3, "a sentence in other words "
+    raise lowbw.ConfigError("workers", 3, "a sentence in other words "
                             "about batch_size=4")
   monkeypatch.setattr(lowbw.simulation, "build", refuse)
   assert cli.main(_TINY + ["--out", str(tmp_path / "r")]) == 2
@@ -212,15 +221,15 @@ def test_a_model_with_no_metrics_trains():
 @pytest.fixture(scope="module")
 def diverged():
   return dict(model=models.mlp(hidden=(16,)), data=data.digits(),
-              strategy=strategies.ddp(inner=optax.sgd(1e3)), num_workers=2,
+              strategy=strategies.ddp(inner=optax.sgd(1e3)), workers=2,
               batch_size=16, steps=60, eval_every=20, progress=False,
-              network=None)
+              clock=False)
 
 
 def test_a_diverged_run_warns_with_the_step_it_turned(diverged, tmp_path):
   with pytest.warns(lowbw.RunWarning, match="the run diverged: train_loss "
                     "rose from .* it turned at step"):
-    result = lowbw.simulate(**diverged, log_dir=str(tmp_path / "d"))
+    result = lowbw.simulate(**diverged, out=str(tmp_path / "d"))
   loss = result.history["train_loss"]
   turned = result.summary["diverged_at_step"]
   steps = list(result.history["step"])
@@ -231,7 +240,7 @@ def test_a_diverged_run_warns_with_the_step_it_turned(diverged, tmp_path):
 
 def test_fail_on_divergence_raises_after_keeping_the_logs(diverged, tmp_path):
   with pytest.raises(lowbw.DivergenceError, match="logs are kept") as info:
-    lowbw.simulate(**diverged, log_dir=str(tmp_path / "d"),
+    lowbw.simulate(**diverged, out=str(tmp_path / "d"),
                    fail_on_divergence=True)
   assert (tmp_path / "d" / "summary.json").exists()
   assert info.value.summary["diverged_at_step"] == info.value.step
@@ -314,19 +323,20 @@ def test_to_pandas_names_the_missing_package(monkeypatch):
 
 
 def test_the_api_and_the_command_line_share_their_defaults():
-  for fn in (lowbw.simulate, lowbw.build):
-    params = inspect.signature(fn).parameters
-    assert params["num_workers"].default == _train.DEFAULTS["workers"]
-    assert params["batch_size"].default == _train.DEFAULTS["batch_size"]
-    assert params["steps"].default == _train.DEFAULTS["steps"]
-    net = params["network"].default
-    assert net == lowbw.network.network(
-        _train.DEFAULTS["bandwidth"], _train.DEFAULTS["latency"],
-        hardware=_train.DEFAULTS["hardware"], mfu=_train.DEFAULTS["mfu"])
+  # simulate(**fields) makes the Config the command line makes from the
+  # same settings: the same defaults, the same network.
+  from lowbw.simulation._api import config_of
+  api = config_of("simulate", (), {"data": "digits"})
+  args = cli.build_parser().parse_args(["train", "--data", "digits"])
+  flags = _train.settings(args)
+  assert api == flags
+  assert api.built().checked["network"] == lowbw.network.network(
+      _train.DEFAULTS["bandwidth"], _train.DEFAULTS["latency"],
+      hardware=_train.DEFAULTS["hardware"], mfu=_train.DEFAULTS["mfu"])
 
 
 def test_a_python_run_has_a_clock_by_default():
-  args = {k: v for k, v in _RUN.items() if k != "network"}
+  args = {k: v for k, v in _RUN.items() if k != "clock"}
   result = lowbw.simulate(model=models.mlp(hidden=(8,)), **args)
   assert result.summary["sim_time_s"] > 0
 
@@ -338,7 +348,7 @@ def test_ctrl_c_keeps_the_rows_and_writes_the_summary_of_what_ran(tmp_path):
       raise KeyboardInterrupt
   with pytest.raises(KeyboardInterrupt):
     lowbw.simulate(model=models.mlp(hidden=(8,)), **_RUN, callback=interrupt,
-                   log_dir=str(tmp_path / "r"))
+                   out=str(tmp_path / "r"))
   summary = json.loads((tmp_path / "r" / "summary.json").read_text())
   assert summary["interrupted_at_step"] >= 5
   assert (tmp_path / "r" / "metrics.csv").read_text().count("\n") >= 2
@@ -373,9 +383,9 @@ def test_the_cli_says_what_it_does_before_the_first_row(capsys, tmp_path):
 # ------------------------------------------------------------ small messages
 @pytest.mark.parametrize("out", ["runs/a\nb", "runs/\ta", " "])
 def test_a_log_folder_with_control_characters_is_refused(out):
-  with pytest.raises(lowbw.ConfigError, match="log_dir=.* is invalid: "
+  with pytest.raises(lowbw.ConfigError, match="out=.* is invalid: "
                      "(contains the control character|expected a folder)"):
-    lowbw.simulate(model=models.mlp(hidden=(8,)), **_RUN, log_dir=out)
+    lowbw.simulate(model=models.mlp(hidden=(8,)), **_RUN, out=out)
   assert not os.path.exists("runs/a\nb") and not os.path.exists("runs/\ta")
 
 

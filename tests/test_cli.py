@@ -11,6 +11,7 @@ import lowbw
 
 from lowbw import cli
 from lowbw.cli import _train
+from lowbw.simulation._api import engine_config
 
 BASE = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
         "--batch-size", "4", "--steps", "10", "--no-progress"]
@@ -92,8 +93,8 @@ def test_no_arguments_means_the_documented_default_run():
   config = _train.settings(cli.build_parser().parse_args(["train"]))
   assert config.given == set()
   s = _train.resolved(config)
-  args = config.build_args()
-  source, model, strategy = args["data"], args["model"], args["strategy"]
+  record = engine_config(config)
+  source, model, strategy = record.data, record.model, record.strategy
   assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 100, 8)
   assert model.name == "gpt" and source.task == "lm" and source.seq_len == 128
   assert s["steps"] == 200  # about a minute on a 2-core CPU

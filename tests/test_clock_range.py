@@ -12,7 +12,7 @@ from lowbw import cli, data, models, network, strategies
 from lowbw.network import _clock
 
 _RUN = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
-            strategy=strategies.diloco(H=5), num_workers=2, batch_size=4,
+            strategy=strategies.diloco(H=5), workers=2, batch_size=4,
             steps=10)
 _TINY = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
          "--batch-size", "4", "--steps", "10", "--H", "5", "--eval-every",

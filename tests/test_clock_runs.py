@@ -18,7 +18,7 @@ import lowbw
 from lowbw import data, models, strategies
 from lowbw import network as net_lib
 from lowbw.network import _clock
-from lowbw.config._settings import configure
+from lowbw.simulation._api import engine_config
 from lowbw.simulation import _engine
 
 W, B = 4, 8
@@ -44,11 +44,11 @@ def source():
   return data.arrays(X, Y, eval=EVAL, sharding="contiguous")
 
 
-def run(strategy, steps=8, network=None, num_workers=W, **kw):
+def run(strategy, steps=8, network=None, workers=W, **kw):
   kw.setdefault("progress", False)
+  kw.update(clock=False) if network is None else kw.update(network=network)
   return lowbw.simulate(model=MLP, data=source(), strategy=strategy,
-                        num_workers=num_workers, batch_size=B, steps=steps,
-                        network=network, **kw)
+                        workers=workers, batch_size=B, steps=steps, **kw)
 
 
 def base_network(**kw):
@@ -105,7 +105,7 @@ def test_gpt_ddp_vs_diloco_h100_factor():
   gpt = models.gpt(layers=1, d_model=32, seq_len=32)
   text = data.text_bytes(seq_len=32)
   net = net_lib.network("100Mbps", "100ms")
-  kw = dict(model=gpt, data=text, num_workers=2, batch_size=1, steps=100,
+  kw = dict(model=gpt, data=text, workers=2, batch_size=1, steps=100,
             network=net, progress=False, eval_examples=2)
   ddp = lowbw.simulate(strategy=strategies.ddp(), **kw)
   diloco = lowbw.simulate(strategy=strategies.diloco(H=100), **kw)
@@ -186,7 +186,7 @@ def test_checkpoint_and_resume_continue_the_clock(tmp_path):
                      faults=net_lib.Faults(drop_prob=0.2))
   strategy = strategies.diloco(optax.sgd(0.1), H=2)
   whole = run(strategy, steps=12, network=net, log_every=2)
-  run(strategy, steps=6, network=net, log_every=2, log_dir=str(tmp_path),
+  run(strategy, steps=6, network=net, log_every=2, out=str(tmp_path),
       checkpoint_every=6)
   resumed = run(strategy, steps=12, network=net, log_every=2,
                 resume_from=str(tmp_path))
@@ -347,8 +347,9 @@ def test_changing_probabilities_and_links_does_not_recompile():
   channels = strategy.channels(params, W)
   faulty = net_lib.network("1Gbps", "50ms", hardware="0.01s",
                            faults=net_lib.Faults(drop_prob=0.1))
-  config = configure(MLP, src, strategy, num_workers=W, batch_size=B,
-                     steps=4, network=faulty, rounds_per_chunk=2, devices=1)
+  config = engine_config(lowbw.Config(
+      model=MLP, data=src, strategy=strategy, workers=W, batch_size=B,
+      steps=4, network=faulty, rounds_per_chunk=2, devices=1))
   assert config.masks
   chunk = jax.jit(_engine.build(
       config, _engine.Parts(tuple(strategy.channels(params, W)))).chunk)

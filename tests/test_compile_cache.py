@@ -16,7 +16,7 @@ import time, jax, lowbw
 from lowbw import data, models, strategies
 start = time.perf_counter()
 lowbw.build(models.mlp(hidden=(8,), num_classes=10), data.digits(),
-            strategies.diloco(H=2), num_workers=2, batch_size=4, steps=4)
+            strategies.diloco(H=2), workers=2, batch_size=4, steps=4)
 print(jax.config.jax_compilation_cache_dir or "off")
 """
 
@@ -62,5 +62,5 @@ def test_default_folder_and_errors(monkeypatch, tmp_path):
   # Through the API, at build time, before anything compiles.
   with pytest.raises(ValueError, match="compile_cache=''.*True, False or a"):
     lowbw.build(models.mlp(hidden=(4,), num_classes=10), data.digits(),
-                strategies.ddp(), num_workers=2, batch_size=2, steps=2,
+                strategies.ddp(), workers=2, batch_size=2, steps=2,
                 compile=False, compile_cache="")

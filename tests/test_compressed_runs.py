@@ -19,7 +19,7 @@ GPT_RUNS = {"muloco": dict(steps=30, eval_every=30),  # H = 30: one sync
 def test_runs_on_the_default_gpt(name):
   strategy = strategies.get(name)
   result = lowbw.simulate(model=models.gpt(), data=data.text_bytes(),
-                          strategy=strategy, num_workers=2, batch_size=2,
+                          strategy=strategy, workers=2, batch_size=2,
                           eval_examples=4, progress=False, **GPT_RUNS[name])
   h = result.history
   assert np.all(np.isfinite(h["train_loss"]))

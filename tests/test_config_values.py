@@ -34,7 +34,7 @@ def test_natural_values_are_kept_in_one_form(given, kept):
 def test_a_list_of_bandwidths_is_the_same_links_as_their_text():
   def network(bandwidth):
     config = lowbw.Config(**MLP, workers=2, bandwidth=bandwidth)
-    return config.build_args()["network"].topology
+    return config.built().checked["network"].topology
 
   assert (network(["1Gbps", "100Mbps"]) == network("1Gbps,100Mbps") !=
           network("1Gbps,1Gbps"))

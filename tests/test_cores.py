@@ -20,7 +20,7 @@ import lowbw
 from lowbw import data, models, network, strategies
 
 out = {"devices": jax.device_count()}
-kw = dict(model=models.mlp(hidden=(8,)), data="digits", num_workers=4,
+kw = dict(model=models.mlp(hidden=(8,)), data="digits", workers=4,
           batch_size=4, steps=6, progress=False, eval_examples=32)
 diloco = strategies.diloco(optax.adamw(1e-3), H=3)
 
@@ -39,7 +39,7 @@ faults = network.network("100Mbps", "10ms",
 out["ddp_faults"] = run(strategies.ddp(optax.adamw(1e-3)),
                         network=faults)["devices"]
 out["worker_batch"] = run(diloco, worker_batch=1)["devices"]
-out["odd_workers"] = run(diloco, num_workers=3)["devices"]
+out["odd_workers"] = run(diloco, workers=3)["devices"]
 
 class Own(data.DataSource):
   def build(self, num_workers, batch_size, seed):

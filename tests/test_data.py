@@ -424,12 +424,12 @@ def test_token_file(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(num_workers=0, batch_size=4, seed=0), "num_workers"),
-    (dict(num_workers=2.0, batch_size=4, seed=0), "num_workers"),
+    (dict(num_workers=0, batch_size=4, seed=0), "workers"),
+    (dict(num_workers=2.0, batch_size=4, seed=0), "workers"),
     (dict(num_workers=2, batch_size=0, seed=0), "batch_size"),
     (dict(num_workers=2, batch_size=True, seed=0), "batch_size"),
     (dict(num_workers=4, batch_size=26, seed=0), "batch_size"),
-    (dict(num_workers=104, batch_size=1, seed=0), "num_workers"),
+    (dict(num_workers=104, batch_size=1, seed=0), "workers"),
     (dict(num_workers=2, batch_size=4, seed=-1), "seed"),
 ])
 def test_build_errors(kwargs, field):

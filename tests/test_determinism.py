@@ -46,7 +46,7 @@ DEVICES_RTOL = 10 * EPS
 DEVICES_ATOL = 10 * EPS
 
 MLP = models.mlp(hidden=(8,))
-RUN = dict(model=MLP, data="digits", num_workers=2, batch_size=8, steps=4,
+RUN = dict(model=MLP, data="digits", workers=2, batch_size=8, steps=4,
            eval_every=2, eval_examples=32, devices=1)
 def _values(result) -> dict:
   """Everything a run produces that must repeat: the global parameters and
@@ -80,7 +80,7 @@ def _assert_close(got: dict, want: dict):
 
 
 # ----------------------------------------------------- other processes
-DILOCO = dict(strategy="diloco", H=3, num_workers=4, steps=12)
+DILOCO = dict(strategy="diloco", H=3, workers=4, steps=12)
 _SCRIPT = r"""
 import json, sys
 import numpy as np
@@ -99,7 +99,7 @@ json.dump(out, open(sys.argv[2], "w"))
 def _diloco(steps=12, resume_from=None, **more):
   """DiLoCo H = 3, W = 4, AdamW: the run the cross-process cases compare."""
   sim = lowbw.build(strategy=strategies.diloco(H=3),
-                    **{**RUN, "num_workers": 4, "steps": steps,
+                    **{**RUN, "workers": 4, "steps": steps,
                        "eval_every": 3, **more})
   return sim.run(seed=5, progress=False, resume_from=resume_from)
 
@@ -127,8 +127,8 @@ def reference(tmp_path_factory):
   ckpt = tmp_path_factory.mktemp("checkpoint")
   whole = _values(_diloco())
   sim = lowbw.build(strategy=strategies.diloco(H=3),
-                    **{**RUN, "num_workers": 4, "steps": 6, "eval_every": 3})
-  sim.run(seed=5, progress=False, log_dir=str(ckpt), checkpoint_every=6)
+                    **{**RUN, "workers": 4, "steps": 6, "eval_every": 3})
+  sim.run(seed=5, progress=False, out=str(ckpt), checkpoint_every=6)
   return whole, ckpt
 
 

@@ -256,8 +256,8 @@ MLP = models.mlp(hidden=(8,))
 def simulate(log_dir, **kw):
   return lowbw.simulate(
       model=MLP, data=data.digits(), strategy=strategies.diloco(
-          optax.adam(1e-3), H=5), num_workers=2, batch_size=4, eval_every=5,
-      log_every=1, checkpoint_every=5, progress=False, log_dir=str(log_dir),
+          optax.adam(1e-3), H=5), workers=2, batch_size=4, eval_every=5,
+      log_every=1, checkpoint_every=5, progress=False, out=str(log_dir),
       **kw)
 
 
@@ -334,7 +334,7 @@ def test_a_json_file_that_cannot_be_replaced_keeps_its_old_copy(
 def test_a_log_folder_on_a_full_disk_is_refused_before_compiling(
     tmp_path, monkeypatch):
   Fault(monkeypatch, str(tmp_path / "out"))
-  with pytest.raises(ValueError, match=r"^log_dir=.* is invalid: is not "
+  with pytest.raises(ValueError, match=r"^out=.* is invalid: is not "
                      r"writable \(No space left on device\)"):
     _logdir.prepare(str(tmp_path / "out"))
 
@@ -422,8 +422,8 @@ def test_a_run_folder_replaced_by_a_file_while_it_runs_is_one_write_error(
 
   with pytest.raises(telemetry.WriteError) as raised:
     lowbw.simulate(model=MLP, data=data.digits(), strategy=strategies.diloco(
-        optax.adam(1e-3), H=5), num_workers=2, batch_size=4, steps=20,
+        optax.adam(1e-3), H=5), workers=2, batch_size=4, steps=20,
                    eval_every=5, log_every=5, progress=False,
-                   log_dir=str(out), callback=replace_folder)
+                   out=str(out), callback=replace_folder)
   assert str(raised.value).startswith(
       f"cannot write {out}: Not a directory (errno 20)")

@@ -130,16 +130,14 @@ def _period(strategy):
 
 
 def _shorten(fn):
-  import inspect
-  defaults = {k: p.default for k, p in inspect.signature(fn).parameters.items()}
+  defaults = {k: f.default for k, f in lowbw.config._config.FIELDS.items()}
 
-  def short(model, data=None, strategy=None,
-            num_workers=defaults["num_workers"],
+  def short(model=None, data=None, strategy=None,
             batch_size=defaults["batch_size"], steps=defaults["steps"],
-            *args, **kwargs):
+            **kwargs):
     if isinstance(model, _CONFIG):  # capped when it was made
       return fn(model, **kwargs)
-    steps = min(steps, SYNCS * _period(strategy))
+    steps = min(steps, SYNCS * _period(strategy or defaults["strategy"]))
     batch_size = min(batch_size, BATCH)
     kwargs.setdefault("eval_examples", 8)
     # Registry names, built by the (capped) factories below.
@@ -147,15 +145,16 @@ def _shorten(fn):
       model = getattr(lowbw.models, model)()
     if data == "text":
       data = lowbw.data.text_bytes()
+    parts = {k: v for k, v in dict(model=model, data=data,
+                                   strategy=strategy).items()
+             if v is not None}
     if BUILD_ONLY[0] and fn is _SIMULATE:
       # Nothing reads the result: validating and building (every name,
       # argument and the model contract) is what the block can show.
       kwargs = {k: v for k, v in kwargs.items() if k in _BUILD_ARGS}
-      return _BUILD(model, data, strategy, *args, num_workers=num_workers,
-                    batch_size=batch_size, steps=steps, compile=False,
-                    **kwargs)
-    return fn(model, data, strategy, *args, num_workers=num_workers,
-              batch_size=batch_size, steps=steps, **kwargs)
+      return _BUILD(**parts, batch_size=batch_size, steps=steps,
+                    compile=False, **kwargs)
+    return fn(**parts, batch_size=batch_size, steps=steps, **kwargs)
   return short
 
 
@@ -211,7 +210,7 @@ lowbw.Config = _capped_config
 lowbw.Config.load = _CONFIG.load
 lowbw.study = _capped_study
 _SIMULATE, _BUILD = lowbw.simulate, lowbw.build
-_BUILD_ARGS = set(inspect.signature(_BUILD).parameters)
+_BUILD_ARGS = set(lowbw.config._config.FIELDS)
 BUILD_ONLY = [False]
 lowbw.simulate = _shorten(lowbw.simulate)
 lowbw.build = _shorten(lowbw.build)

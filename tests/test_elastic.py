@@ -20,7 +20,7 @@ def _run(faults, steps=60):
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
       data=lowbw.data.digits(), strategy=strategies.diloco(H=H),
-      num_workers=W, batch_size=8, steps=steps, network=net, log_every=H,
+      workers=W, batch_size=8, steps=steps, network=net, log_every=H,
       eval_every=steps)
 
 

@@ -31,7 +31,7 @@ def run(strategy, **kw):
   kw.setdefault("progress", False)
   kw.setdefault("steps", 6)
   return lowbw.simulate(model=MLP, data=source(), strategy=strategy,
-                        num_workers=W, batch_size=B, **kw)
+                        workers=W, batch_size=B, **kw)
 
 
 def counting_strategy(H=3):
@@ -53,7 +53,7 @@ def counting_strategy(H=3):
 
 
 def test_a_strategys_own_metrics_reach_history_csv_and_summary(tmp_path):
-  r = run(counting_strategy(), log_every=1, log_dir=str(tmp_path))
+  r = run(counting_strategy(), log_every=1, out=str(tmp_path))
   steps = r.history["step"]
   # The latest value at each logged step: the sync's at round ends (3, 6).
   expected = np.where(steps % 3 == 0, 1000.0 + steps, steps)
@@ -93,7 +93,7 @@ def test_a_report_entry_that_is_neither_channel_nor_metric_is_an_error():
   with pytest.raises(ValueError, match=r"report='pseudo_gradient' is "
                      r"invalid: .*not one of its channels \(pseudo_gradients"):
     lowbw.build(model=MLP, data=source(), strategy=base._replace(sync=sync),
-                num_workers=W, batch_size=B, steps=4)
+                workers=W, batch_size=B, steps=4)
 
 
 # ------------------------------------------------------ participation mask
@@ -155,7 +155,7 @@ def test_masked_programs_leak_no_tracer(name):
     net = net_lib.network("1Gbps", "10ms", hardware="0.01s",
                           speeds=[1.0] * (W - 1) + [0.5])
   sim = lowbw.build(model=model, data=data_,
-                    strategy=strategies.get(name, **kwargs), num_workers=W,
+                    strategy=strategies.get(name, **kwargs), workers=W,
                     batch_size=B, steps=4, network=net, compile=False)
   state, sampler, net_params = sim.initial(0)[:3]
   with jax.checking_leaks():
@@ -170,12 +170,14 @@ def test_the_engine_chooses_each_features_piece_from_the_config():
   has the scanned steps, the plain draw, no lane, no probe and the global
   evaluation only; each setting swaps or adds its own piece, and a run
   with all of them together still runs and logs their columns."""
-  from lowbw.config._settings import configure
   from lowbw.simulation import _engine
+  from lowbw.simulation._api import engine_config
 
   def pieces(**kw):
-    c = configure(MLP, source(), strategies.diloco(optax.sgd(0.1), H=2),
-                  num_workers=W, batch_size=B, steps=4, devices=1, **kw)
+    c = engine_config(lowbw.Config(
+        model=MLP, data=source(), strategy=strategies.diloco(optax.sgd(0.1),
+                                                             H=2),
+        workers=W, batch_size=B, steps=4, devices=1, **kw))
     return _engine.pieces(c, _engine.Parts(()))
 
   plain = pieces()

@@ -17,9 +17,10 @@ FAILURES = ((1, 4),)       # worker 1 down from the round starting at step 4
 
 def _run(strategy, net=None, steps=STEPS):
   return lowbw.simulate(models.mlp(hidden=(8,)), data.digits(), strategy,
-                        num_workers=W, batch_size=4, steps=steps,
+                        workers=W, batch_size=4, steps=steps,
                         eval_every=steps, eval_examples=32, log_every=1,
-                        progress=False, network=net)
+                        progress=False,
+                        **({"clock": False} if net is None else {"network": net}))
 
 
 def _up(step: int, period: int) -> list[int]:
@@ -156,9 +157,9 @@ def test_random_drops_follow_the_logged_participants():
 
 def test_the_csv_has_the_new_columns(tmp_path):
   r = lowbw.simulate(models.mlp(hidden=(8,)), data.digits(),
-                     strategies.diloco(H=H), num_workers=W, batch_size=4,
+                     strategies.diloco(H=H), workers=W, batch_size=4,
                      steps=4, eval_every=4, eval_examples=32,
-                     progress=False, log_dir=str(tmp_path))
+                     progress=False, out=str(tmp_path))
   header = (tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")
   assert names.SENT_BYTES in header and names.RECEIVED_BYTES in header
   assert r.summary["received_bytes"] == pytest.approx(

@@ -135,7 +135,7 @@ def test_diloco_takes_an_adam_outer_step_from_the_cli_as_from_python(
   assert cli.main(_flags(settings) + ["--out", str(tmp_path / "cli")]) == 0
   model = lowbw.models.mlp(hidden=(8,), num_classes=10)
   python = lowbw.simulate(
-      model=model, data=lowbw.data.digits(), num_workers=2, batch_size=4,
+      model=model, data=lowbw.data.digits(), workers=2, batch_size=4,
       steps=8, eval_examples=16, worker_batch="all", devices=1,
       progress=False, strategy=strategies.diloco(
           H=4, inner=strategies.paper_inner("diloco", 8),

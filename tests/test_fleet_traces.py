@@ -22,7 +22,7 @@ def _run(network, strategy=None, steps=40):
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(8,), num_classes=10),
       data=lowbw.data.digits(), strategy=strategy or strategies.diloco(H=H),
-      num_workers=W, batch_size=8, steps=steps, network=network,
+      workers=W, batch_size=8, steps=steps, network=network,
       log_every=H, eval_every=steps)
 
 

@@ -83,7 +83,7 @@ def test_equals_a_two_tier_loop_by_hand(s, R):
 
 
 KW = dict(model=models.mlp(hidden=(16,), num_classes=10), data=data.digits(),
-          num_workers=4, batch_size=8, steps=12, log_every=3, progress=False)
+          workers=4, batch_size=8, steps=12, log_every=3, progress=False)
 INNER = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
 
 
@@ -170,8 +170,8 @@ def test_bad_settings_are_one_line_errors(kw, field):
 
 @pytest.mark.parametrize("kw, message", [
     ({"group_size": 3}, r"^group_size=3 is invalid: must divide "
-                        r"num_workers=4"),
-    ({"groups": 3}, r"^groups=3 is invalid: must divide num_workers=4"),
+                        r"workers=4"),
+    ({"groups": 3}, r"^groups=3 is invalid: must divide workers=4"),
 ])
 def test_groups_must_divide_the_workers_at_build(kw, message):
   with pytest.raises(ValueError, match=message):

@@ -37,7 +37,6 @@ INTERNAL = {
     # settings' table (_config) and the data and model a keyword-style call
     # names (_resolve).
     ("lowbw/simulation", "lowbw.config._config"),
-    ("lowbw/simulation", "lowbw.config._options"),
     ("lowbw/simulation", "lowbw.config._resolve"),
     ("lowbw/simulation", "lowbw.config._settings"),
     ("lowbw/simulation", "lowbw.config._resources"),  # the memory budget
@@ -59,7 +58,6 @@ INTERNAL = {
     # folders it prepares (_logdir).
     ("lowbw/studies", "lowbw.config._config"),
     ("lowbw/studies", "lowbw.config._fields"),
-    ("lowbw/studies", "lowbw.config._settings"),
     ("lowbw/studies", "lowbw.config._strategy_fields"),
     ("lowbw/studies", "lowbw.simulation._api"),
     ("lowbw/studies", "lowbw.simulation._logdir"),

@@ -664,7 +664,7 @@ def test_quantize_8_bits_of_values_on_its_grid_is_exact(seed, shape):
 
 # -------------------------------------------------- through the engine
 RUN = dict(model=lowbw.models.mlp(hidden=(8,), num_classes=10),
-           data=lowbw.data.digits(), num_workers=4, batch_size=8, steps=12,
+           data=lowbw.data.digits(), workers=4, batch_size=8, steps=12,
            eval_every=6)
 
 

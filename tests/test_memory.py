@@ -44,7 +44,7 @@ def test_budget_forms_and_errors():
 
 
 def test_auto_computes_all_workers_at_once_when_they_fit():
-  sim = lowbw.build(num_workers=8, compile=False, **_MLP)
+  sim = lowbw.build(workers=8, compile=False, **_MLP)
   assert sim.config.worker_batch is None
   m = sim.memory
   assert m.estimate_bytes == pytest.approx(
@@ -65,7 +65,7 @@ _WIDE = dict(_MLP, model=models.mlp(hidden=(256,)), batch_size=160)
 
 def _budget_for_half(num_workers, **kwargs):
   """A budget that holds half the workers in flight in groups, not all."""
-  m = lowbw.build(num_workers=num_workers, compile=False, **kwargs).memory
+  m = lowbw.build(workers=num_workers, compile=False, **kwargs).memory
   half, all_ = num_workers // 2 * m.in_flight_group, (
       num_workers * m.in_flight_all)
   assert half < all_  # what the configuration is chosen for
@@ -74,34 +74,34 @@ def _budget_for_half(num_workers, **kwargs):
 
 def test_a_budget_that_fits_a_group_chooses_the_largest_group_that_fits():
   budget = _budget_for_half(8, **_WIDE)
-  sim = lowbw.build(num_workers=8, memory_budget=budget, compile=False,
+  sim = lowbw.build(workers=8, memory_budget=budget, compile=False,
                     **_WIDE)
   assert sim.config.worker_batch == 4
   assert sim.memory.estimate_bytes <= budget
   # An explicit worker_batch is kept, and "all" computes all at once.
-  assert lowbw.build(num_workers=8, worker_batch=2, compile=False,
+  assert lowbw.build(workers=8, worker_batch=2, compile=False,
                      **_MLP).config.worker_batch == 2
-  assert lowbw.build(num_workers=8, worker_batch="all", compile=False,
+  assert lowbw.build(workers=8, worker_batch="all", compile=False,
                      **_MLP).config.worker_batch is None
 
 
 def test_a_run_too_big_for_the_budget_is_refused_before_compiling():
   with pytest.raises(ValueError, match=r"memory_budget=.*needs about .* more "
                      r"than the budget"):
-    lowbw.build(num_workers=8, memory_budget="100kB", **_MLP)
+    lowbw.build(workers=8, memory_budget="100kB", **_MLP)
   # A strategy that communicates every step cannot compute in groups.
   with pytest.raises(ValueError, match="memory_budget") as err:
     lowbw.build(**{**_MLP, "strategy": strategies.sparta(p=0.1)},
-                num_workers=8, memory_budget="100kB")
+                workers=8, memory_budget="100kB")
   assert "worker_batch" not in str(err.value)
 
 
 def test_auto_grouping_gives_the_all_at_once_run_and_is_logged(tmp_path):
-  grouped = lowbw.build(num_workers=4, memory_budget=_budget_for_half(
+  grouped = lowbw.build(workers=4, memory_budget=_budget_for_half(
       4, **_WIDE), **_WIDE)
   assert grouped.config.worker_batch == 2
-  a = grouped.run(seed=0, log_dir=str(tmp_path))
-  b = lowbw.build(num_workers=4, worker_batch="all", **_WIDE).run(seed=0)
+  a = grouped.run(seed=0, out=str(tmp_path))
+  b = lowbw.build(workers=4, worker_batch="all", **_WIDE).run(seed=0)
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
   written = json.loads((tmp_path / "config.json").read_text())
@@ -117,9 +117,10 @@ def test_auto_grouping_gives_the_all_at_once_run_and_is_logged(tmp_path):
 def test_per_step_outputs_are_counted_as_the_chunk_holds_them(strategy, net):
   """The estimate's bytes per step equal the compiled chunk's buffer of
   per-step outputs (its shapes, from jax.eval_shape), per step."""
-  kw = {} if net == "default" else {"network": net}
+  kw = ({} if net == "default" else {"clock": False} if net is None else
+        {"network": net})
   sim = lowbw.build(**{**_MLP, "strategy": strategy, "steps": 20},
-                    num_workers=4, compile=False, **kw)
+                    workers=4, compile=False, **kw)
   state, sampler, netp, _ = sim.initial(0)
   out = jax.eval_shape(sim.programs.chunk, state, sampler, 1, netp)[1]
   c = sim.config
@@ -137,7 +138,7 @@ def test_h_and_steps_of_a_billion_are_refused_before_allocating():
                      r"outputs.*largest part is per-step outputs: lower H "
                      r"\(1000000000\)"):
     lowbw.build(**{**_MLP, "strategy": strategies.diloco(H=10 ** 9),
-                   "steps": 10 ** 9}, num_workers=2, memory_budget="16GB",
+                   "steps": 10 ** 9}, workers=2, memory_budget="16GB",
                 compile=False)
 
 
@@ -150,7 +151,7 @@ def test_a_fleet_traces_arrays_are_counted(tmp_path):
   path = tmp_path / "speeds.csv"
   path.write_text("time,a,b\n" + "".join(f"{i},1,{1 + i % 2}\n"
                                          for i in range(rows)))
-  kw = dict(_MLP, num_workers=2, compile=False)
+  kw = dict(_MLP, workers=2, compile=False)
   plain = lowbw.build(**kw, network=lowbw.network.network(hardware="1s"))
   traced = lowbw.build(**kw, network=lowbw.network.network(
       hardware="1s", speeds=str(path)))

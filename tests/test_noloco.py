@@ -95,7 +95,7 @@ def test_noloco_defaults_are_the_authors():
 
 @pytest.mark.parametrize("call, field", [
     (lambda: strategies.noloco().init({"w": jnp.zeros(2)}, 3,
-                                      jax.random.key(0)), "num_workers"),
+                                      jax.random.key(0)), "workers"),
     (lambda: strategies.noloco(pull=-1.0), "pull"),
     (lambda: strategies.noloco(H=0), "H"),
 ])

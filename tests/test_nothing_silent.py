@@ -13,7 +13,7 @@ from lowbw import cli, data, models, network, strategies
 from lowbw.strategies import _optim
 
 _RUN = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
-            strategy=strategies.diloco(H=5), num_workers=2, batch_size=4,
+            strategy=strategies.diloco(H=5), workers=2, batch_size=4,
             steps=10, progress=False)
 _TINY = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
          "--batch-size", "4", "--steps", "10", "--H", "5", "--eval-every",
@@ -28,7 +28,7 @@ def test_every_worker_down_is_a_loud_degenerate_run(tmp_path):
   with pytest.warns(lowbw.RunWarning, match="2 of 2 communications had no "
                     "participating worker.*degenerate"):
     down = lowbw.simulate(**_RUN, network=_faults(drop_prob=1.0),
-                          log_dir=str(tmp_path / "down"))
+                          out=str(tmp_path / "down"))
   assert down.summary["degenerate"] is True
   saved = json.loads((tmp_path / "down" / "summary.json").read_text())
   assert saved["degenerate"] is True and saved["warnings"]
@@ -92,8 +92,8 @@ def test_a_log_folder_that_cannot_be_written_is_refused_before_compiling(
   if not message.startswith("exists"):
     target.write_text("a file where a folder should be")
   sim = _build()
-  with pytest.raises(ValueError, match=f"log_dir=.* is invalid: {message}"):
-    sim.run(log_dir=str(log_dir))
+  with pytest.raises(ValueError, match=f"out=.* is invalid: {message}"):
+    sim.run(out=str(log_dir))
   assert sim.take_compile_s() == 0.0  # refused before compiling
 
 
@@ -296,9 +296,9 @@ def test_stragglers_on_a_communication_bound_clock_are_a_warning(capsys,
 
 
 def test_sizes_beyond_int32_negative_rates_and_nan_jitter_are_refused():
-  with pytest.raises(ValueError, match=r"num_workers=2147483648 is invalid: "
+  with pytest.raises(ValueError, match=r"workers=2147483648 is invalid: "
                      r"expected an integer below 2\*\*31"):
-    _build(num_workers=2 ** 31)
+    _build(workers=2 ** 31)
   with pytest.raises(ValueError, match=r"inner_lr=-1.0 is invalid: expected "
                      r"a finite number > 0"):
     _build().run(hparams={"inner_lr": -1.0})

@@ -92,7 +92,7 @@ def test_schedule_is_traced_a_sweep_equals_a_build():
         model=models.mlp(hidden=(8,), num_classes=10), data=data.digits(),
         strategy=strategies.diloco(
             H=2, outer=strategies.outer_optimizer(0.7, 0.9, **schedule)),
-        num_workers=2, batch_size=4, steps=8, eval_every=8)
+        workers=2, batch_size=4, steps=8, eval_every=8)
   built = build(momentum_warmup=3, lr_final_ratio=0.5, lr_decay_steps=2)
   swept = build().run(seed=0, progress=False, hparams={
       "outer_momentum_warmup": 3, "outer_lr_final_ratio": 0.5,

@@ -104,7 +104,7 @@ def _run(strategy, faults=None):
   net = net_lib.network("1Gbps", "10ms", hardware="0.01s", faults=faults)
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
-      data=lowbw.data.digits(), strategy=strategy, num_workers=W,
+      data=lowbw.data.digits(), strategy=strategy, workers=W,
       batch_size=8, steps=60, network=net, eval_every=60, seed=0)
 
 

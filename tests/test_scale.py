@@ -17,7 +17,7 @@ import pytest
 
 import lowbw
 from lowbw import models, strategies
-from lowbw.config._settings import configure
+from lowbw.simulation._api import engine_config
 from lowbw.simulation import _engine
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -94,7 +94,7 @@ def test_two_processes_give_the_one_process_trajectory(tmp_path):
   two = json.loads(out.read_text())
   assert (two["devices"], two["processes"]) == (2, 2)
   strategy, net = scale_cases.cases()["diloco_q4_ef_faults"]
-  one = scale_cases.trajectory(strategy, net, 1, num_workers=4)
+  one = scale_cases.trajectory(strategy, net, 1, workers=4)
   _assert_same(one, two, "two processes")
 
 
@@ -103,7 +103,7 @@ MLP = models.mlp(hidden=(16,))
 
 
 def _run(**kw):
-  kw = {"model": MLP, "data": "digits", "num_workers": 4, "batch_size": 4,
+  kw = {"model": MLP, "data": "digits", "workers": 4, "batch_size": 4,
         "steps": 12, "seed": 0, "progress": False, "eval_examples": 64, **kw}
   return lowbw.simulate(**kw)
 
@@ -134,7 +134,7 @@ def test_bf16_ddp_against_a_per_worker_reference():
   its bf16-stored weights, averaged, applied in f32, rounded back to bf16."""
   W, B, lr, seed = 2, 4, 0.5, 0
   r = _run(strategy=strategies.ddp(optax.sgd(lr)), worker_dtype="bfloat16",
-           steps=3, num_workers=W, seed=seed)
+           steps=3, workers=W, seed=seed)
   src = lowbw.data.get("digits")
   init_key, data_key, _, loss_key = jax.random.split(
       jax.random.PRNGKey(seed), 4)
@@ -198,8 +198,9 @@ def test_new_learning_rates_in_the_state_do_not_recompile():
     return _engine.SimState(s.init(fresh, W, k1), k2, k3)
 
   def compiled_chunk(s):
-    config = configure(MLP, src, s, num_workers=W, batch_size=4, steps=4,
-                       rounds_per_chunk=2, devices=1)
+    config = engine_config(lowbw.Config(
+        model=MLP, data=src, strategy=s, workers=W, batch_size=4, steps=4,
+        rounds_per_chunk=2, devices=1))
     parts = _engine.Parts(tuple(s.channels(params, W)))
     return jax.jit(_engine.build(config, parts).chunk)
 
@@ -299,13 +300,13 @@ def test_worker_batch_refuses_a_strategy_whose_inner_step_reports(
   talkative = base._replace(local=local)
   with pytest.raises(ValueError, match="^worker_batch=2 is invalid: .*reports "
                      "metrics from its inner step"):
-    lowbw.build(MLP, "digits", talkative, num_workers=4, batch_size=4,
+    lowbw.build(MLP, "digits", talkative, workers=4, batch_size=4,
                 steps=6, worker_batch=2, compile=False)
   # With an activation cap of one byte, "auto" groups a silent strategy's
   # workers one at a time, and keeps this one's all at once.
   from lowbw.simulation import _memory
   monkeypatch.setattr(_memory, "CPU_ACTIVATION_CAP", 1)
-  kw = dict(num_workers=4, batch_size=4, steps=6, compile=False)
+  kw = dict(workers=4, batch_size=4, steps=6, compile=False)
   assert lowbw.build(MLP, "digits", base, **kw).config.worker_batch == 1
   assert lowbw.build(MLP, "digits", talkative, **kw).config.worker_batch is None
 

@@ -14,7 +14,7 @@ import pytest
 import lowbw
 from lowbw import cli, models, strategies
 
-RUN = dict(model=models.mlp(hidden=(16,)), data="digits", num_workers=4,
+RUN = dict(model=models.mlp(hidden=(16,)), data="digits", workers=4,
            batch_size=8, eval_every=5, eval_examples=128, progress=False)
 
 
@@ -83,7 +83,7 @@ def test_a_resumed_run_resumes_the_lane(tmp_path, ddp_22):
   """A checkpoint holds the lane: stopping at step 10 and going on to 22
   gives the uninterrupted lane."""
   kw = dict(strategy=strategies.diloco(H=5), shadow="ddp", **RUN)
-  lowbw.simulate(steps=10, log_dir=str(tmp_path), checkpoint_every=10, **kw)
+  lowbw.simulate(steps=10, out=str(tmp_path), checkpoint_every=10, **kw)
   resumed = lowbw.simulate(steps=22, resume_from=str(tmp_path), **kw)
   _same_params(resumed.state.shadow.params, ddp_22.params)
 
@@ -143,7 +143,7 @@ def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,
   final parameters at step 0; a folder of another model, or none, is an
   error naming init_from."""
   warm = tmp_path / "warm"
-  lowbw.simulate(strategy=strategies.ddp(), steps=10, log_dir=str(warm),
+  lowbw.simulate(strategy=strategies.ddp(), steps=10, out=str(warm),
                  **RUN)
   sim = lowbw.build(strategy=strategies.diloco(H=5), steps=10, shadow="ddp",
                     compile=False, **{k: v for k, v in RUN.items()
@@ -153,7 +153,7 @@ def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,
   flat = jax.tree_util.tree_flatten_with_path(state.strategy.params_W)[0]
   for path, leaf_W in flat:
     stored = saved[jax.tree_util.keystr(path)]
-    for w in range(RUN["num_workers"]):
+    for w in range(RUN["workers"]):
       np.testing.assert_array_equal(leaf_W[w], stored)
   _same_params(state.shadow.params, jax.tree.map(
       lambda p: p[0], state.strategy.params_W))

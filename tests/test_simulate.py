@@ -29,11 +29,11 @@ def toy_arrays(n, seed=0, dim=6, classes=4):
 EVAL = toy_arrays(40, seed=99)
 
 
-def run(strategy, num_workers=W, batch_size=B, steps=20, source=None, **kw):
+def run(strategy, workers=W, batch_size=B, steps=20, source=None, **kw):
   source = source or data.arrays(*toy_arrays(128), eval=EVAL)
   kw.setdefault("progress", False)
   return lowbw.simulate(model=MLP, data=source, strategy=strategy,
-                        num_workers=num_workers, batch_size=batch_size,
+                        workers=workers, batch_size=batch_size,
                         steps=steps, **kw)
 
 
@@ -45,7 +45,7 @@ def assert_moved(result, source=None, seed=0):
   """The run's parameters are not its initial ones: an equality between two
   strategies must not hold because both dropped every update."""
   sim = lowbw.build(MLP, source or data.arrays(*toy_arrays(128), eval=EVAL),
-                    strategies.fedavg(optax.sgd(0.1), H=1), num_workers=W,
+                    strategies.fedavg(optax.sgd(0.1), H=1), workers=W,
                     batch_size=B, steps=20, compile=False)
   start = sim.initial(seed)[0].strategy.params_W
   moved = [np.max(np.abs(np.asarray(p) - np.asarray(s[0])))
@@ -60,7 +60,7 @@ def test_ddp_equals_one_model_with_the_whole_batch():
   source = data.arrays(*toy_arrays(W * B), eval=EVAL, sharding="contiguous")
   sgd = optax.sgd(0.1, momentum=0.9)
   many = run(strategies.ddp(sgd), source=source)
-  one = run(strategies.ddp(sgd), num_workers=1, batch_size=W * B, source=source)
+  one = run(strategies.ddp(sgd), workers=1, batch_size=W * B, source=source)
   assert_params_close(many.params, one.params)
   np.testing.assert_allclose(many.history["train_loss"],
                              one.history["train_loss"], rtol=1e-5)
@@ -75,7 +75,7 @@ def test_ddp_one_replica_equals_per_worker_gradients():
   assert one.replicated
   per_worker = one._replace(replicated=False)
   sim_one = lowbw.build(MLP, data.arrays(*toy_arrays(128), eval=EVAL), one,
-                        num_workers=W, batch_size=B, steps=20,
+                        workers=W, batch_size=B, steps=20,
                         compile=False)
   leaves = jax.tree.leaves(sim_one.abstract_state.strategy.params_W)
   assert all(x.shape[0] == 1 for x in leaves)   # one replica, not W
@@ -133,7 +133,7 @@ def test_identical_data_keeps_workers_identical_and_equal_to_one_run():
                      sharding="contiguous")
   strategy = strategies.diloco(optax.adam(3e-3), H=5)
   many = run(strategy, source=same)
-  one = run(strategy, num_workers=1, source=data.arrays(x, y, eval=EVAL))
+  one = run(strategy, workers=1, source=data.arrays(x, y, eval=EVAL))
   assert np.nanmax(many.history["worker_divergence"]) < 1e-6
   assert_params_close(many.params, one.params)
 
@@ -154,10 +154,10 @@ def test_same_seed_same_bits_and_other_seed_differs():
 def interrupted_and_whole(tmp_path, strategy, first, steps, **kw):
   """(one run of ``steps``, a run of ``first`` steps resumed to ``steps``),
   with equal histories (but wall time) and parameters asserted."""
-  whole = run(strategy, steps=steps, log_dir=str(tmp_path / "whole"), **kw)
+  whole = run(strategy, steps=steps, out=str(tmp_path / "whole"), **kw)
   part = str(tmp_path / "part")
-  run(strategy, steps=first, log_dir=part, **kw)
-  resumed = run(strategy, steps=steps, log_dir=part, resume_from=part, **kw)
+  run(strategy, steps=first, out=part, **kw)
+  resumed = run(strategy, steps=steps, out=part, resume_from=part, **kw)
   chex.assert_trees_all_equal(_comparable(whole.history),
                               _comparable(resumed.history))
   chex.assert_trees_all_equal(whole.params, resumed.params)
@@ -177,9 +177,9 @@ def test_checkpoint_and_resume_equals_uninterrupted(tmp_path):
 
 def test_resume_rejects_a_different_configuration(tmp_path):
   strategy = strategies.diloco(optax.adam(1e-3), H=5)
-  run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
+  run(strategy, steps=10, checkpoint_every=5, out=str(tmp_path))
   with pytest.raises(ValueError, match="^resume_from="):
-    run(strategy, num_workers=2, steps=20, resume_from=str(tmp_path))
+    run(strategy, workers=2, steps=20, resume_from=str(tmp_path))
   with pytest.raises(ValueError, match="^resume_from="):
     run(strategy, steps=20, resume_from=str(tmp_path / "metrics.csv"))
 
@@ -227,8 +227,8 @@ def test_wire_bytes_do_not_depend_on_chunking():
   # W = 3: 2(W-1)/W is not a binary fraction, so summing per-event floats in
   # different chunk sizes would round differently.
   strategy = strategies.diloco(optax.adam(1e-3), H=2)
-  a = run(strategy, num_workers=3, steps=42, rounds_per_chunk=1)
-  b = run(strategy, num_workers=3, steps=42, rounds_per_chunk=7)
+  a = run(strategy, workers=3, steps=42, rounds_per_chunk=1)
+  b = run(strategy, workers=3, steps=42, rounds_per_chunk=7)
   np.testing.assert_array_equal(a.history["wire_bytes"], b.history["wire_bytes"])
   np.testing.assert_array_equal(a.history["train_loss"], b.history["train_loss"])
 
@@ -246,7 +246,7 @@ def test_last_row_averages_the_steps_since_the_previous_row():
 
 
 def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
-  kw = dict(checkpoint_every=200, log_dir=str(tmp_path))
+  kw = dict(checkpoint_every=200, out=str(tmp_path))
   run(strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5),
       steps=400, **kw)
   changed = strategies.diloco(optax.inject_hyperparams(optax.adam)(0.5), H=5)
@@ -290,15 +290,15 @@ def test_lr_is_logged_with_a_schedule():
 
 def test_a_new_run_refuses_a_folder_with_another_runs_checkpoints(tmp_path):
   strategy = strategies.diloco(optax.adam(1e-3), H=5)
-  run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
-  with pytest.raises(ValueError, match="^log_dir=.* holds another run "
+  run(strategy, steps=10, checkpoint_every=5, out=str(tmp_path))
+  with pytest.raises(ValueError, match="^out=.* holds another run "
                      r"\(checkpoints, config.json"):
-    run(strategy, steps=10, checkpoint_every=5, log_dir=str(tmp_path))
+    run(strategy, steps=10, checkpoint_every=5, out=str(tmp_path))
 
 
 def test_history_columns_and_log_files(tmp_path):
   result = run(strategies.diloco(optax.adam(1e-3), H=5), steps=20,
-               eval_every=10, log_every=5, log_dir=str(tmp_path))
+               eval_every=10, log_every=5, out=str(tmp_path))
   h = result.history
   assert h["step"].tolist() == [5, 10, 15, 20]
   assert h["examples"].tolist() == [s * W * B for s in (5, 10, 15, 20)]
@@ -316,7 +316,7 @@ def test_language_model_end_to_end(tmp_path):
   gpt = models.gpt(layers=1, d_model=32, heads=2, seq_len=16)
   result = lowbw.simulate(
       model=gpt, data=data.text_bytes(seq_len=16, root=str(tmp_path)),
-      strategy=strategies.diloco(optax.adamw(3e-3), H=4), num_workers=2,
+      strategy=strategies.diloco(optax.adamw(3e-3), H=4), workers=2,
       batch_size=4, steps=8, progress=False)
   h = result.history
   assert h["tokens"][-1] == 8 * 2 * 4 * 16
@@ -330,7 +330,7 @@ def test_language_model_end_to_end(tmp_path):
 def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):
   with pytest.raises(lowbw.NonFiniteLossError) as info:
     run(strategies.fedavg(optax.sgd(1e30), H=5), steps=40, log_every=1,
-        log_dir=str(tmp_path))
+        out=str(tmp_path))
   err = info.value
   assert 1 <= err.step <= 40 and 0 <= err.worker < W
   assert f"step {err.step} on worker {err.worker}" in str(err)
@@ -341,7 +341,7 @@ def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(num_workers=0), "num_workers"),
+    (dict(workers=0), "workers"),
     (dict(batch_size=1000), "batch_size"),
     (dict(steps=0), "steps"),
     (dict(strategy="nope"), "strategy"),
@@ -361,7 +361,7 @@ def test_non_finite_loss_stops_with_step_and_worker_and_keeps_logs(tmp_path):
 ])
 def test_bad_arguments_fail_at_build_naming_the_field(kwargs, field):
   args = dict(model=MLP, data=data.arrays(*toy_arrays(128), eval=EVAL),
-              strategy=strategies.ddp(), num_workers=W, batch_size=B, steps=10,
+              strategy=strategies.ddp(), workers=W, batch_size=B, steps=10,
               progress=False)
   args.update(kwargs)
   with pytest.raises(ValueError, match=f"^{field}="):

@@ -317,7 +317,7 @@ def test_spes_with_one_worker_owning_everything_is_diloco_end_to_end():
   from lowbw import data, models
   outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
   runs = [lowbw.simulate(models.moe_gpt(**TINY_MOE), data.text_bytes(
-      seq_len=16), s, num_workers=1, batch_size=4, steps=8, eval_every=4,
+      seq_len=16), s, workers=1, batch_size=4, steps=8, eval_every=4,
       progress=False) for s in (
           strategies.spes(_inner(), outer, H=4, merge_warmup_steps=0),
           strategies.diloco(_inner(), outer, H=4))]
@@ -367,7 +367,7 @@ def test_worker_batch_gives_the_same_spes_run():
   runs = [lowbw.simulate(models.moe_gpt(**TINY_MOE), data.text_bytes(
       seq_len=16), strategies.spes(_inner(), H=3, merge_warmup_steps=6,
                                    merge_every=3, merge_top_k=2),
-      num_workers=4, batch_size=2, steps=6, eval_every=3, progress=False,
+      workers=4, batch_size=2, steps=6, eval_every=3, progress=False,
       worker_batch=wb) for wb in (None, 2)]
   np.testing.assert_allclose(runs[0].history["eval_loss"],
                              runs[1].history["eval_loss"], rtol=1e-6)

@@ -43,7 +43,7 @@ def test_a_compiled_initial_state_counts_as_compiling_once():
   sim = lowbw.build(model=models.gpt(layers=1, d_model=8, heads=2,
                                      seq_len=8),  # 18 arrays
                     data=data.text_bytes(seq_len=8),
-                    strategy=strategies.diloco(H=2), num_workers=2,
+                    strategy=strategies.diloco(H=2), workers=2,
                     batch_size=2, steps=2, devices=1, eval_examples=8,
                     compile=False, compile_cache=False)
   sim.initial(seed=0)  # compiles the initial state's program, and says so

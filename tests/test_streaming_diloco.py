@@ -85,7 +85,7 @@ def test_fragments_and_delayed_merge_equal_a_loop_by_hand(pattern, frags,
 def test_one_fragment_without_delay_or_mixing_is_diloco_bit_for_bit(codec,
                                                                     ef):
   kw = dict(model=models.mlp(hidden=(16,), num_classes=10),
-            data=data.digits(), num_workers=4, batch_size=8, steps=12,
+            data=data.digits(), workers=4, batch_size=8, steps=12,
             log_every=2, progress=False)
   inner = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
   a = lowbw.simulate(strategy=strategies.diloco(
@@ -124,7 +124,7 @@ def test_bytes_are_each_fragments_pseudo_gradient():
   r = lowbw.simulate(model=model, data=data.digits(),
                      strategy=strategies.streaming_diloco(H=4, fragments=2,
                                                         codec=None),
-                     num_workers=4, batch_size=8, steps=16, progress=False)
+                     workers=4, batch_size=8, steps=16, progress=False)
   dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)  # blocks, fp32
   # Syncs at steps 2, 4, ..., 16: Dense_0, head, Dense_0, ... (4 each).
   assert r.summary["payload_bytes"] == 4 * dense + 4 * head
@@ -148,7 +148,7 @@ def test_more_fragments_than_blocks_is_an_error_at_build():
   with pytest.raises(ValueError, match=r"^fragments=3 is invalid: the model "
                      r"has 2 blocks \(Dense_0, head\)"):
     lowbw.build(model=models.mlp(hidden=(16,), num_classes=10),
-                data=data.digits(), num_workers=2, batch_size=4, steps=6,
+                data=data.digits(), workers=2, batch_size=4, steps=6,
                 strategy=strategies.streaming_diloco(H=6, fragments=3))
 
 
@@ -157,7 +157,7 @@ def test_peak_step_bytes_is_the_largest_sync():
   pseudo-gradient at once; Streaming DiLoCo's largest fragment; DDP's
   gradients every step."""
   model = models.mlp(hidden=(16,), num_classes=10)
-  kw = dict(model=model, data=data.digits(), num_workers=4, batch_size=8,
+  kw = dict(model=model, data=data.digits(), workers=4, batch_size=8,
             steps=16, log_every=2, progress=False)
   dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)
   ring = 2 * (4 - 1) / 4
@@ -199,7 +199,7 @@ def test_clock_overlaps_a_fragments_sync_with_tau_steps():
   times = {}
   for tau in (0, 1):
     r = lowbw.simulate(
-        model=model, data=data.digits(), num_workers=w, batch_size=8,
+        model=model, data=data.digits(), workers=w, batch_size=8,
         steps=16, network=net, progress=False,
         strategy=strategies.streaming_diloco(H=4, fragments=2, delay=tau,
                                              codec=None))

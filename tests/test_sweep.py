@@ -49,13 +49,13 @@ STEPS = 3 * H + 2  # two steps of tail
 
 def build(strategy=None, net=NET, **kw):
   return lowbw.build(model=MLP, data=SOURCE, strategy=strategy or diloco(),
-                     num_workers=W, batch_size=B, steps=STEPS, network=net,
+                     workers=W, batch_size=B, steps=STEPS, network=net,
                      eval_every=H, **kw)
 
 
 def single(strategy, seed, net=NET):
   return lowbw.simulate(model=MLP, data=SOURCE, strategy=strategy,
-                        num_workers=W, batch_size=B, steps=STEPS, seed=seed,
+                        workers=W, batch_size=B, steps=STEPS, seed=seed,
                         network=net, eval_every=H, progress=False)
 
 
@@ -175,7 +175,7 @@ def test_table_and_mean_std_over_seeds(sim):
 
 @pytest.mark.parametrize("points_per_batch", [1, 2])
 def test_a_diverging_point_does_not_stop_the_others(points_per_batch):
-  sim = lowbw.build(model=MLP, data=SOURCE, num_workers=W, batch_size=B,
+  sim = lowbw.build(model=MLP, data=SOURCE, workers=W, batch_size=B,
                     steps=2 * H, strategy=strategies.ddp(
                         optax.inject_hyperparams(optax.sgd)(
                             learning_rate=0.1)), compile=False)
@@ -190,7 +190,7 @@ def test_a_diverging_point_does_not_stop_the_others(points_per_batch):
 
 def test_sweep_writes_a_folder_per_point_and_the_tidy_table(tmp_path, sim):
   out = str(tmp_path / "sw")
-  result = lowbw.sweep(sim, grid={"inner_lr": [1e-2, 2e-2]}, log_dir=out,
+  result = lowbw.sweep(sim, grid={"inner_lr": [1e-2, 2e-2]}, out=out,
                        progress=False)
   assert sorted(os.listdir(out)) == ["point_000", "point_001", "sweep.csv",
                                      "sweep.json"]
@@ -241,23 +241,23 @@ def test_bad_grids_are_one_line_errors(sim, grid, seeds, match):
 
 def test_values_without_a_place_are_errors_naming_them():
   ddp = lowbw.build(model=MLP, data=SOURCE, strategy=strategies.ddp(
-      adamw(1e-3)), num_workers=W, batch_size=B, steps=4, compile=False,
-      network=None)
+      adamw(1e-3)), workers=W, batch_size=B, steps=4, compile=False,
+      clock=False)
   with pytest.raises(ValueError, match=r"^outer_lr=0.5 is invalid: strategy "
                      "'ddp' has no outer optimizer"):
     ddp.run(hparams={"outer_lr": 0.5})
   with pytest.raises(ValueError, match=r"^bandwidth='1Gbps' is invalid: "
-                     "needs a network= at build"):  # network=None: no clock
+                     "needs a network= at build"):  # clock=False: no clock
     ddp.run(hparams={"bandwidth": "1Gbps"})
   opaque = lowbw.build(model=MLP, data=SOURCE, strategy=strategies.diloco(
-      optax.adamw(1e-3), H=2), num_workers=W, batch_size=B, steps=4,
+      optax.adamw(1e-3), H=2), workers=W, batch_size=B, steps=4,
       compile=False)
   with pytest.raises(ValueError, match=r"^inner_lr=.*inject_hyperparams"):
     opaque.run(hparams={"inner_lr": 1e-2})
   scheduled = lowbw.build(model=MLP, data=SOURCE, strategy=strategies.diloco(
       optax.inject_hyperparams(optax.adamw)(
           learning_rate=optax.cosine_decay_schedule(1e-3, 10)), H=2),
-      num_workers=W, batch_size=B, steps=4, compile=False)
+      workers=W, batch_size=B, steps=4, compile=False)
   with pytest.raises(ValueError, match=r"^inner_lr=.*peak_schedule"):
     scheduled.run(hparams={"inner_lr": 1e-2})
   no_faults = build(net=network.network("1Gbps", "5ms"), compile=False)
@@ -339,7 +339,7 @@ def test_seeds_with_shards_of_other_sizes_are_an_error_naming_them():
   dirichlet = data.arrays(*toy_arrays(128), eval=toy_arrays(40, seed=99),
                           sharding="dirichlet", alpha=0.5)
   sim = lowbw.build(model=MLP, data=dirichlet, strategy=diloco(),
-                    num_workers=W, batch_size=2, steps=H, compile=False)
+                    workers=W, batch_size=2, steps=H, compile=False)
   with pytest.raises(ValueError, match=r"^seeds=\[0, 2\] is invalid: the "
                      "seeds' data shards have different shapes"):
     lowbw.sweep(sim, seeds=[0, 2], points_per_batch=2)  # 48 vs 71 rows

@@ -16,7 +16,7 @@ from lowbw.config import _strategy_fields as strategy_fields
 
 KEY = jax.random.PRNGKey(0)
 _BUILD = dict(model=models.mlp(hidden=(8,)), data=data.digits(),
-              num_workers=2, batch_size=4)
+              workers=2, batch_size=4)
 _RUN = dict(_BUILD, progress=False)
 CLI = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
        "--batch-size", "4", "--steps", "10", "--no-progress"]
@@ -196,10 +196,10 @@ def test_outer_optimizer_is_nesterov_sgd_like_a_plain_loop(momentum):
      "divide batch_size=4"),
     (lambda: _build(minibatch_size=0), "^minibatch_size=0 is invalid"),
     (lambda: _build(autocast="fp16"), "^autocast='fp16' is invalid: expected "
-     "one of 'float32', 'bfloat16'"),
+     "one of float32, bfloat16"),
     (lambda: _build(correlation_every=7), "^correlation_every=7 is invalid"),
     (lambda: _build(eval_local="yes"), "^eval_local='yes' is invalid: "
-     "expected True or False"),
+     "expected true or false"),
     (lambda: lowbw.simulate(strategy=strategies.diloco(H=5), steps=10,
                             wandb_project="", **_RUN),
      "^wandb_project='' is invalid: expected a non-empty name"),
@@ -264,7 +264,7 @@ def test_micro_batches_shrink_the_memory_estimate():
   source = data.get("text", seq_len=32)
 
   def flight(minibatch_size):
-    sim = lowbw.build(gpt, source, strategies.diloco(H=5), num_workers=2,
+    sim = lowbw.build(gpt, source, strategies.diloco(H=5), workers=2,
                       batch_size=16, steps=10, minibatch_size=minibatch_size,
                       compile=False)
     return sim.memory.in_flight_all

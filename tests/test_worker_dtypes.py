@@ -53,15 +53,15 @@ def test_every_strategy_trains_in_every_worker_dtype(name, extra, dtype):
     # Every other test trains every strategy in float32 (test_strategies'
     # registry, the equivalences); here it must build, where a dtype
     # mismatch between a strategy's branches would surface.
-    sim = lowbw.build(model, source, _strategy(name, extra), num_workers=2,
+    sim = lowbw.build(model, source, _strategy(name, extra), workers=2,
                       batch_size=4, steps=STEPS, worker_dtype=dtype,
-                      network=None, compile=False)
+                      clock=False, compile=False)
     assert sim.config.worker_dtype == dtype
     return
-  r = lowbw.simulate(model, source, _strategy(name, extra), num_workers=2,
+  r = lowbw.simulate(model, source, _strategy(name, extra), workers=2,
                      batch_size=4, steps=STEPS, eval_every=STEPS,
                      eval_examples=32, progress=False, worker_dtype=dtype,
-                     network=None)
+                     clock=False)
   assert r.config["worker_dtype"] == dtype
   assert np.all(np.isfinite(r.history["train_loss"]))
   assert np.isfinite(r.summary["final_eval_loss"])

@@ -35,7 +35,7 @@ def _rename_fields(text: str, flags: dict[str, str]) -> str:
 
 def _one_line(error: Exception, flags: dict[str, str]) -> str:
   """The error as one line; a setting the API names its own way
-  (``num_workers``) is named by its flag (``--workers``)."""
+  (``resume_from``) is named by its flag (``--resume``)."""
   if isinstance(error, _validate.ConfigError):
     allowed = error.allowed.splitlines()[0] if error.allowed else ""
     if error.field not in _OWN_GRAMMAR:

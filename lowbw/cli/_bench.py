@@ -110,8 +110,8 @@ def run(args: argparse.Namespace) -> int:
   for w in counts:  # the build's own checks, before any child starts
     try:
       check_settings(
-          strategy, num_workers=w, batch_size=s["batch_size"],
-          steps=s["rounds"] * strategy.period, network=None,
+          strategy, workers=w, batch_size=s["batch_size"],
+          steps=s["rounds"] * strategy.period,
           **_compute(s))
     except _validate.ConfigError as e:
       raise _validate.fail(e.field, e.value, f"{e.allowed} (at --workers "

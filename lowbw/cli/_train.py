@@ -28,7 +28,7 @@ from lowbw.telemetry import _metrics as names
 METADATA_KEY = "train_args"  # where config.json keeps these settings
 DEFAULTS = {name: f.default for name, f in FIELDS.items()}
 # API names of settings the flags name otherwise -> the setting.
-API_NAMES = {**_config.ALIASES, "resume_from": "resume",
+API_NAMES = {"resume_from": "resume",
              "stragglers.fraction": "keep_fraction"}
 # The groups add_scale_flags adds (train's and bench's).
 SCALE_GROUPS = ("compute", "devices and hosts")
@@ -63,7 +63,7 @@ def add_fields(p, groups) -> None:
   for group in groups:
     g = p.add_argument_group(group, _config.GROUPS[group])
     for field in FIELDS.values():
-      if field.group == group:
+      if field.group == group and not field.python:
         g.add_argument(field.flag, **_fields.flag_kwargs(field))
     if group == "run":
       g.add_argument("--overwrite", action="store_true", help="clear what "

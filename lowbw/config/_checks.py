@@ -4,13 +4,18 @@ rule as ``check``; ``_settings.check_settings`` applies the rules in the
 fields' order, each seeing the settings checked before it.
 """
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 import optax
 
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
+from lowbw.network import _clock, _faults
 from lowbw.config import _resources
+
+_TARGET_CHUNKS = 25  # compiled calls per run when rounds_per_chunk is not given
 
 AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
 # The paired DDP lane's choices (``shadow``).
@@ -175,8 +180,49 @@ def devices(name, value, s, strategy) -> int:
   ``worker_batch`` (it counts a device's workers)."""
   one_replica = strategy.replicated and not has_masks(s["network"])
   spread = not one_replica and s["worker_batch"] in (None, "auto")
-  return _resources.check_devices(value, s["num_workers"], spread)
+  return _resources.check_devices(value, s["workers"], spread)
 
 
 def worker_batch(name, value, s, strategy):
-  return check_worker_batch(value, s["num_workers"] // s["devices"])
+  return check_worker_batch(value, s["workers"] // s["devices"])
+
+
+def network(name, value, s, strategy):
+  """The network object (``lowbw.Config`` builds it from its settings, or
+  takes the one given), checked against the workers and the strategy."""
+  if value is None:
+    return None
+  value = _clock.check_network(value, s["workers"])
+  if value.faults is not None:
+    _faults.check_windows(value.faults, strategy.period)
+  if strategy.asynchronous:
+    _check_asynchronous(strategy, value)
+  return value
+
+
+def rounds_per_chunk(name, value, s, strategy) -> int:
+  """Rounds per compiled call: given, or about 1/25 of the run."""
+  if value is not None:
+    return _validate.positive_int(name, value)
+  return max(1, math.ceil(s["steps"] // strategy.period / _TARGET_CHUNKS))
+
+
+def _check_asynchronous(strategy, network) -> None:
+  """An asynchronous strategy orders its events by the workers' compute
+  times; faults and straggler mitigations (which drop workers from a
+  barrier it does not have) are not part of its schedule."""
+  if network.hardware is None:
+    raise _validate.fail(
+        "hardware", None, f"strategy {strategy.name!r} orders its arrivals "
+        "by the workers' compute times: give the network a hardware "
+        "(e.g. 'h100' or a time per step, '0.5s'), or run without a network")
+  if network.faults is not None:
+    raise _validate.fail(
+        "faults", "given", f"strategy {strategy.name!r} has no barrier to "
+        "drop workers from; faults are not modelled for it (speeds and "
+        "jitter are)")
+  if network.stragglers is not None and network.stragglers.mitigation != "none":
+    raise _validate.fail(
+        "mitigation", network.stragglers.mitigation,
+        f"strategy {strategy.name!r} waits for nobody, so there is nothing "
+        "to mitigate: give mitigation 'none' (jitter still slows workers)")

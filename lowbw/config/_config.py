@@ -21,11 +21,9 @@ from lowbw import transforms
 from lowbw.config import _fields, _files, _paths, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
 
-# The keyword style's names of some settings (``lowbw.simulate``'s keywords,
-# a strategy factory's) -> the setting: refused as a Config's keys (one name
-# per setting), and used to name the setting in errors the keyword-style
-# checks raise.
-ALIASES = {"num_workers": "workers", "log_dir": "out",
+# Earlier spellings of some settings -> the setting's one name: refused,
+# with the name to use.
+RENAMED = {"num_workers": "workers", "log_dir": "out",
            "error_feedback": "ef"}
 GROUPS = {
     "strategy": "defaults are each strategy's paper's (see "
@@ -42,7 +40,13 @@ GROUPS = {
 }
 # Fields that take a user object (a Model, a DataSource, a Strategy) as
 # well as a name; such a config runs but cannot be written to a file.
-OBJECT_FIELDS = ("model", "data", "strategy")
+OBJECT_FIELDS = ("model", "data", "strategy", "network", "shadow")
+
+
+def _is_pair(field: _fields.Field, value) -> bool:
+  """A model given as an ``(init, loss)`` pair of functions."""
+  return (field.name == "model" and isinstance(value, tuple) and
+          len(value) == 2 and all(map(callable, value)))
 
 
 def _all_fields() -> dict[str, _fields.Field]:
@@ -95,9 +99,19 @@ def natural(field: _fields.Field, value):
 def _check_type(field: _fields.Field, value):
   """``value`` if it has the field's type (an int is a valid float; a
   quantity is checked by its parser); else a ConfigError naming it."""
-  if value is None or (field.name in OBJECT_FIELDS and type(value) not in (
-      str, dict, list, tuple)):
-    return value  # a model, dataset or strategy given as a Python object
+  if field.python and value is None:
+    raise _validate.fail(field.name, value, "leave it out for the network "
+                         "the settings describe, or give clock=False to run "
+                         "without the simulated clock")
+  if field.python and type(value) in (str, dict, list, tuple, bool):
+    raise _validate.fail(field.name, value, "expected a lowbw.network."
+                         "Network object (from Python); a file or the "
+                         "command line gives the network's settings "
+                         "(bandwidth, latency, topology, hardware, ...)")
+  if value is None or (field.name in OBJECT_FIELDS and (
+      type(value) not in (str, dict, list, tuple) or _is_pair(field, value)
+      or field.check is not None)):  # its rule says what it takes
+    return value  # a model, dataset, strategy or optimizer as an object
   value = natural(field, value)
   if isinstance(value, (dict, list, tuple)):
     raise _validate.fail(field.name, value, "expected a single value, not a "
@@ -139,7 +153,7 @@ def _parts(word: str) -> str:
 def canonical(name: str) -> str:
   """A setting's name from a key of a file, a grid or a keyword ('-' or
   '_'); a ConfigError if unknown. A setting has one name: the keyword
-  style's spellings (``num_workers``, ``log_dir``, ``error_feedback``) are
+  earlier spellings (``num_workers``, ``log_dir``, ``error_feedback``) are
   refused with the name to use."""
   key = str(name).replace("-", "_")
   if "." in key:  # a path: strategy.H, strategy.outer.lr, network.latency
@@ -149,10 +163,10 @@ def canonical(name: str) -> str:
                          _validate.suggest(key, list(PATHS)) +
                          "; paths are the parts' settings: strategy.H, "
                          "strategy.outer.lr, network.bandwidth, model.layers")
-  if key in ALIASES:
-    raise _validate.fail("config", name, f"a Config, a config file and the "
-                         f"command line call it {ALIASES[key]!r} (did you "
-                         f"mean {ALIASES[key]!r}?)")
+  if key in RENAMED:
+    raise _validate.fail("config", name, f"lowbw.simulate, a Config, a "
+                         f"config file and the command line call it "
+                         f"{RENAMED[key]!r} (did you mean {RENAMED[key]!r}?)")
   if key not in FIELDS:
     close = _validate.suggest(key, list(FIELDS)) or _parts(key)
     raise _validate.fail("config", name, "not a setting" + close +
@@ -165,7 +179,7 @@ def read_settings(path: str) -> dict:
   with '-' or '_', paths (``strategy.H``) and nested tables of parts
   (``strategy: {name: diloco, H: 50}``); an old spelling gets
   ``canonical``'s "did you mean", a setting given twice is refused."""
-  values = _files.read_config(path, [*FIELDS, *ALIASES, *PATHS,
+  values = _files.read_config(path, [*FIELDS, *RENAMED, *PATHS,
                                      *_paths.PARTS], shown=FIELDS)
   out = {}
   for key, value in _paths.flatten(values).items():
@@ -261,10 +275,11 @@ class _ConfigBase:
     """The resolved settings as YAML; ``Config.load`` reads it back."""
     values = self.to_dict()
     for name in OBJECT_FIELDS:
-      if not isinstance(values[name], (str, type(None))):
+      if not isinstance(values.get(name), (str, type(None))):
         raise _validate.fail(name, type(values[name]).__name__,
                              "a Python object cannot be written to a file; "
-                             "give a registry name to save the config")
+                             "give a registry name (for the network, its "
+                             "settings) to save the config")
     return yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
 
   def save(self, path: str) -> str:
@@ -288,13 +303,6 @@ class _ConfigBase:
         raise _validate.fail(e.field, e.value, f"{e.allowed} (in config "
                              f"file {path})") from None
       raise
-
-  def build_args(self) -> dict:
-    """The ``lowbw.build`` arguments this config describes (data loaded,
-    model and strategy made)."""
-    return _resolve.build_args({n: getattr(self, n) for n in FIELDS},
-                               self._built.strategy,
-                               self._built.checked["network"])
 
   @staticmethod
   def help() -> str:
@@ -347,13 +355,10 @@ class Built(NamedTuple):
 def _check_build(s: dict, strategy) -> dict:
   """What the build will check without data or a model: sizes against the
   strategy's period, the network, precision; the checked settings."""
-  network = _resolve.build_network(s) if s["clock"] else None
-  try:
-    return _settings.check_settings(
-        strategy, num_workers=s["workers"], network=network,
-        **{f.name: s[f.name] for f in _settings.BUILD_FIELDS})
-  except _validate.ConfigError as e:  # the API's name -> the setting's
-    raise _validate.renamed(e, ALIASES) from None
+  given = {f.name: s[f.name] for f in _settings.BUILD_FIELDS}
+  if given["network"] is None and s["clock"]:
+    given["network"] = _resolve.build_network(s)
+  return _settings.check_settings(strategy, **given)
 
 
 def _check_run_settings(s: dict, strategy) -> None:

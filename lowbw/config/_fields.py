@@ -49,6 +49,8 @@ class Field(NamedTuple):
       specialised to), its rule (``_checks``): ``check(name, value,
       settings, strategy)`` returns the value the build uses; the build's
       settings are these fields, checked in this table's order.
+    python: the setting takes a Python object only (a ``Network``): no
+      flag, no file key.
   """
 
   name: str
@@ -62,6 +64,7 @@ class Field(NamedTuple):
   unit: str = ""
   many: bool = False
   check: Any = None
+  python: bool = False
 
   @property
   def flag(self) -> str:
@@ -106,6 +109,13 @@ def _budget(text, field):
   return _resources.check_budget(text)
 
 
+
+def _memory_budget():
+  check = quantity(_budget, "memory_budget")
+  check.config_types = (int, float, str)  # a bare number counts bytes
+  return check
+
+
 def _group_size(text: str) -> str:
   """``worker_batch``: kept as given ("auto", "all" or digits; checked at
   build); a config file may give an integer."""
@@ -132,13 +142,14 @@ def _gpt(name: str, text: str) -> "Field":
                choices=tuple(sorted(models_lib.GPT_CHOICES[name])))
 
 
+NETWORK_GROUP = "network (the simulated clock, sim_time_s)"
 _M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
-                          "network (the simulated clock, sim_time_s)", "run",
-                          "compute", "strategy")
+                          NETWORK_GROUP, "run", "compute", "strategy")
 
 RUN_FIELDS = (
     Field("workers", _defaults.NUM_WORKERS, SHAPE, _H,
-          "number of simulated workers W", int, unit="workers"),
+          "number of simulated workers W", int, unit="workers",
+          check=_checks.positive),
     # -- model and data
     Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
           "strategy spes, mlp for classification",
@@ -212,6 +223,11 @@ RUN_FIELDS = (
           _count("clock_params")),
     Field("clock", True, SHAPE, _N, "simulate the clock (sim_time_s); "
           "--no-clock: bytes and losses only", bool),
+    Field("network", None, SHAPE, _N, "a lowbw.network.Network object "
+          "(links, topology, hardware, stragglers, faults) in place of the "
+          "network settings (bandwidth, latency, ...); default: the network "
+          "they describe (none with clock=False)", object, python=True,
+          check=_checks.network),
     Field("overlap", _net("overlap"), SHAPE, _N, "overlap sync "
           "communication with the next round's compute (Streaming DiLoCo's "
           "schedule)", bool),
@@ -286,14 +302,18 @@ RUN_FIELDS = (
           "workers' mean pairwise parameter correlation, every N steps (a "
           "multiple of H)", int, unit="steps",
           check=_checks.every_period),
-    Field("out", None, RUN, _R, "log folder (default runs/<time>-<strategy>); "
-          "one holding another run is refused unless --overwrite"),
+    Field("out", None, RUN, _R, "log folder (lowbw train's default: "
+          "runs/<time>-<strategy>; from Python, none unless given); one "
+          "holding another run is refused unless --overwrite"),
     Field("progress", None, RUN, _R, "progress bar (default: on a terminal)",
           bool),
     Field("fail_on_divergence", False, RUN, _R, "fail (exit code 3, after "
           "writing the logs) when the loss ends far above its start or the "
           "accuracy at or below chance; by default a warning says so", bool),
     # -- compute
+    Field("rounds_per_chunk", None, SHAPE, _R, "rounds per compiled call "
+          "(default: about 1/25 of the run; the same results for any value)",
+          int, unit="rounds", check=_checks.rounds_per_chunk),
     Field("minibatch_size", None, SHAPE, _C, "gradient accumulation: compute "
           "each worker's batch in micro-batches of this size (must divide "
           "batch_size; the same gradient, one micro-batch's activations in "
@@ -324,8 +344,7 @@ RUN_FIELDS = (
     Field("memory_budget", None, SHAPE, _D, "memory the run may use: '8GB', "
           "'512MiB' or a share of free memory, '60%' (default 80% of free "
           "memory); a run estimated to need more is refused before compiling",
-          quantity(_budget, "memory_budget"),
-          check=_checks.memory_budget),
+          _memory_budget(), check=_checks.memory_budget),
 )
 
 # Settings that only some choices use: choice kind -> choice -> settings.

@@ -12,7 +12,6 @@ from lowbw.config import _fields
 
 # The parts a nested table may describe; "name" (or "kind") is the choice.
 PARTS = ("strategy", "network", "model", "data", "inner", "outer")
-_NETWORK = "network (the simulated clock, sim_time_s)"
 # The data's settings: the data and sharding choices' own (``USED_BY``).
 _DATA = {"sharding", *(name for owner in ("data", "sharding")
                        for names in _fields.USED_BY[owner].values()
@@ -46,10 +45,12 @@ def paths(fields: dict) -> dict[str, str]:
   out = {"strategy.name": "strategy", "model.name": "model",
          "data.name": "data"}
   for name, f in fields.items():
+    if f.python:
+      continue
     if f.group in ("strategy", "compression") and name not in (
         "strategy", "workers"):
       out["strategy." + name] = name
-    elif f.group == _NETWORK:
+    elif f.group == _fields.NETWORK_GROUP:
       out["network." + name] = name
     elif f.group == "model and data" and name not in ("model", "data"):
       out[("data." if name in _DATA else "model.") + name] = name

@@ -9,8 +9,9 @@ from lowbw import data as data_lib
 from lowbw.data import _images, _prepared
 from lowbw import models as models_lib
 from lowbw import network as network_lib
+from lowbw import strategies as strategies_lib
 from lowbw import transforms
-from lowbw.config import _fields, _settings
+from lowbw.config import _fields
 from lowbw.config import _strategy_fields as strategy_fields
 from lowbw.strategies._optim import USES
 
@@ -23,7 +24,16 @@ def used_by() -> dict[str, dict[str, set[str]]]:
       "inner": {kind: set(names) for kind, names in USES.items()},
       "outer": strategy_fields.outer_uses(),
       "schedule": {"cosine": {"min_lr_ratio"}, "constant": set()},
+      # A network object given from Python (it replaces the network's
+      # settings, ``used``).
+      "network": {"object": {"network"}, "settings": set()},
   }
+
+
+# The settings that describe the network (``network``: the object instead).
+NETWORK_SETTINGS = {f.name for f in _fields.RUN_FIELDS
+                    if f.group == _fields.NETWORK_GROUP
+                    and f.name != "network"}
 
 
 def _owned_by_strategy(s: dict) -> set[str]:
@@ -92,7 +102,8 @@ def choices(s: dict) -> dict:
           "outer": s["outer"], "model": model_name(s),
           "data": data_kind(s), "sharding": s["sharding"],
           "topology": s["topology"], "mitigation": s["mitigation"],
-          "schedule": s["schedule"]}
+          "schedule": s["schedule"],
+          "network": "settings" if s.get("network") is None else "object"}
 
 
 def used(s: dict) -> set[str]:
@@ -103,6 +114,8 @@ def used(s: dict) -> set[str]:
       options.get(chosen[kind], set()) for kind, options in table.items()))
   if _uncompressed(s.get("codec")):  # compress says what a codec encodes
     out.discard("compress")
+  if s.get("network") is not None:  # the object, not the settings
+    out -= NETWORK_SETTINGS
   return out
 
 
@@ -124,6 +137,10 @@ def check_used(s: dict, explicit) -> None:
                          "data prepare` (it records sources); this text has "
                          "neither: expected iid or contiguous")
   chosen, table = choices(s), used_by()
+  if s.get("network") is not None:
+    for name in sorted(set(explicit) & NETWORK_SETTINGS):
+      raise _validate.fail(name, s[name], "not used: the network is given as "
+                           "an object (network=...); set it there")
   for name in sorted(set(explicit) - used(s)):
     owners = [kind for kind, options in table.items()
               if any(name in names for names in options.values())]
@@ -137,6 +154,8 @@ def check_used(s: dict, explicit) -> None:
 def _named(s: dict, kind: str, chosen: dict) -> str:
   """The chosen option as the user gave it: the data by its name ('digits',
   'd.npz'), not by the kind of data it is, which they never wrote."""
+  if kind == "network" and chosen[kind] == "object":
+    return f"<{type(s['network']).__name__} object>"
   if kind != "data":
     return chosen[kind]
   data = s["data"]
@@ -157,6 +176,9 @@ def ints(field, text):
 def build_data(s: dict):
   """The settings' dataset; a bad file is reported under ``data``."""
   if not isinstance(s["data"], str):
+    if not isinstance(s["data"], data_lib.DataSource):
+      raise _validate.fail("data", s["data"], "expected a lowbw.data."
+                           "DataSource or a name")
     return s["data"]
   try:
     return _build_data(s)
@@ -221,6 +243,9 @@ def build_model(s: dict, source):
 
 def build_strategy(s: dict):
   if not isinstance(s["strategy"], str):
+    if not isinstance(s["strategy"], strategies_lib.Strategy):
+      raise _validate.fail("strategy", s["strategy"], "expected a lowbw."
+                           "strategies.Strategy or a registered name")
     return s["strategy"]
   return strategy_fields.build(s)
 
@@ -282,12 +307,3 @@ def default_eval_every(period: int) -> int:
 COMPUTE_SETTINGS = ("devices", "worker_dtype", "worker_batch",
                     "memory_budget", "minibatch_size", "autocast",
                     "correlation_every", "shadow")
-
-
-def build_args(s: dict, strategy, network) -> dict:
-  """``lowbw.build`` arguments from resolved settings and the strategy and
-  network built when they were checked."""
-  source = build_data(s)
-  return dict(model=build_model(s, source), data=source, strategy=strategy,
-              num_workers=s["workers"], network=network,
-              **{f.name: s[f.name] for f in _settings.BUILD_FIELDS})

@@ -118,6 +118,6 @@ def check_devices(devices, num_workers: int, spread: bool = False) -> int:
                          f"{available} devices")
   if num_workers % devices:
     raise _validate.fail("devices", devices,
-                         f"must divide num_workers={num_workers} (each device "
+                         f"must divide workers={num_workers} (each device "
                          "holds the same number of workers)")
   return devices

@@ -1,15 +1,15 @@
-"""A run's validated, immutable build settings: what sets the compiled programs.
+"""The engine's record of a run: what sets the compiled programs.
 
-``configure`` checks every argument of ``lowbw.build`` and returns a frozen
-``RunConfig``; nothing is traced or compiled here. What a ``RunConfig`` holds is
-what a compiled ``Simulator`` is specialised to: changing any of it needs a new
-build. What may change between runs of one build (seed, learning rates,
-network numbers, log folders) is an argument of ``Simulator.run``.
+``lowbw.Config`` is the one description of a run. When it is made,
+``check_settings`` applies its build fields' rules (``Field.check``) once;
+``engine_config`` adds the model and the data and returns the frozen
+``RunConfig`` a compiled ``Simulator`` is specialised to, whose settings are
+those fields, by the same names. What may change between runs of one build
+(seed, learning rates, network numbers, log folders) is an argument of
+``Simulator.run``.
 """
 
 import dataclasses
-import inspect
-import math
 import textwrap
 from typing import Any
 
@@ -18,22 +18,16 @@ import jax
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
-from lowbw import strategies as strategies_lib
-from lowbw.network import _clock, _faults
-from lowbw.config import _defaults, _fields, _options
+from lowbw.config import _fields
 # The rules the engine reads too (by this module's name).
 from lowbw.config._checks import (AUTOCAST, WORKER_DTYPES, check_seed,
                                   has_masks, multiple_of_period)
-
-_TARGET_CHUNKS = 25
-
-
 
 
 class _RunConfig:
   """Everything a compiled simulator is specialised to (see ``lowbw.build``):
   the model, the data, the strategy and the build settings (``SETTINGS``:
-  the keyword style's own three and every field with a ``check``).
+  the ``lowbw.Config`` fields with a ``check``, by their names).
 
   ``log_every`` is None when it was not given (``default_spacing``: 200 to
   400 rows; a resume re-spaces the first run's rows to it).
@@ -80,7 +74,7 @@ class _RunConfig:
   @property
   def grouping(self) -> int | None:
     """``worker_batch`` for the engine: None when it is every worker."""
-    if self.worker_batch in (None, "auto", self.num_workers // self.devices):
+    if self.worker_batch in (None, "auto", self.workers // self.devices):
       return None
     return self.worker_batch
 
@@ -96,58 +90,24 @@ def default_spacing(steps: int) -> int:
   return 1 << max(0, (steps // 200).bit_length() - 1)
 
 
-def _resolve(field, value, registry_get, cls):
-  if isinstance(value, str):
-    return registry_get(value)
-  if not isinstance(value, cls):
-    raise _validate.fail(field, value,
-                         f"expected a {cls.__module__}.{cls.__name__} or a name")
-  return value
-
-
-def configure(model, data, strategy, **settings) -> "RunConfig":
-  """Validates the build arguments (see ``lowbw.build``) into a ``RunConfig``:
-  the model, the data, the strategy and ``check_settings``'s settings.
-
-  Raises:
-    ValueError: a bad argument, naming it, before anything is compiled.
-  """
-  _options.check("build", settings, SETTINGS)
-  strategy = _resolve("strategy", strategy, strategies_lib.get,
-                      strategies_lib.Strategy)
-  return configure_checked(model, data, strategy,
-                           check_settings(strategy, **settings))
-
-
-def configure_checked(model, data, strategy, settings: dict) -> "RunConfig":
-  """``configure`` with ``settings`` already checked (``check_settings``'s
-  return; ``lowbw.Config`` checks them once, when it is made): the model
-  and the data, and what needs both."""
-  model = (models_lib.get(model) if isinstance(model, str)
-           else models_lib.as_model(model))
-  data = _resolve("data", data, data_lib.get, data_lib.DataSource)
+def engine_config(model, data, strategy, settings: dict) -> "RunConfig":
+  """The engine's record of a run: the model and the data made from a
+  ``lowbw.Config``, its strategy and its checked settings (``Built``), and
+  what needs both (enough data for the workers, a model for the data)."""
+  model = models_lib.as_model(model)  # a flax module, an (init, loss) pair
   settings = dict(settings)
   if settings["auto_devices"] and type(data).build is not data_lib.DataSource.build:
     # A data source of its own may not give a WorkerSampler, which
     # spreading needs: one device, as before the default spread.
     settings.update(devices=1, auto_devices=False)
   _check_model_fits_data(model, data)
-  data.check_workers(settings["num_workers"])
+  data.check_workers(settings["workers"])
   return RunConfig(model, data, strategy, **settings)
 
 
-# The build settings: the keyword style's own (a Config spells the first
-# ``workers`` and has no Network object nor chunk size), then every field
-# with a rule, in the table's order.
+# The build settings: every field with a rule, in the table's order.
 BUILD_FIELDS = tuple(f for f in _fields.RUN_FIELDS if f.check is not None)
-KEYWORDS = {"num_workers": _defaults.NUM_WORKERS,
-            "network": _defaults.NETWORK, "rounds_per_chunk": None}
-SETTINGS = (*KEYWORDS, *(f.name for f in BUILD_FIELDS))
-# ``lowbw.build``'s and ``lowbw.simulate``'s keywords, with their defaults.
-PARAMETERS = {name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
-                                      default=default)
-              for name, default in (*KEYWORDS.items(), *(
-                  (f.name, f.default) for f in BUILD_FIELDS))}
+SETTINGS = tuple(f.name for f in BUILD_FIELDS)
 
 
 def settings_doc(indent: str = "    ") -> str:
@@ -164,53 +124,22 @@ def settings_doc(indent: str = "    ") -> str:
 
 
 def check_settings(strategy, **given) -> dict:
-  """Every build setting but the model and the data (``SETTINGS``; those
-  not given take their defaults), checked against the strategy (its period
-  H) by each field's rule: ``RunConfig``'s other fields. Needs no data, so
-  ``lowbw.Config`` runs it when it is made."""
-  _options.check("build", given, SETTINGS)
-  s = {name: p.default for name, p in PARAMETERS.items()}
+  """Every build setting (``SETTINGS``; those not given take their
+  defaults), checked against the strategy (its period H) by each field's
+  rule, in the fields' order: ``RunConfig``'s other fields. Needs no data,
+  so ``lowbw.Config`` runs it when it is made (the ``network`` it gives is
+  the object its settings describe)."""
+  for name in given:
+    if name not in SETTINGS:
+      raise TypeError(f"check_settings() got an unexpected keyword argument "
+                      f"{name!r}{_validate.suggest(name, list(SETTINGS))}")
+  s = {f.name: f.default for f in BUILD_FIELDS}
   s.update(given)
-  s["num_workers"] = _validate.positive_int("num_workers", s["num_workers"])
-  if s["network"] is not None:
-    s["network"] = _clock.check_network(s["network"], s["num_workers"])
   auto_devices = s["devices"] is None
   for field in BUILD_FIELDS:
     s[field.name] = field.check(field.name, s[field.name], s, strategy)
-  network = s["network"]
-  if network is not None and network.faults is not None:
-    _faults.check_windows(network.faults, strategy.period)
-  if strategy.asynchronous:
-    _check_asynchronous(strategy, network)
-  rounds = s["rounds_per_chunk"]
-  s["rounds_per_chunk"] = (
-      _validate.positive_int("rounds_per_chunk", rounds) if rounds is not None
-      else max(1, math.ceil(s["steps"] // strategy.period / _TARGET_CHUNKS)))
   s["auto_devices"] = auto_devices and s["devices"] > 1
   return s
-
-
-def _check_asynchronous(strategy, network) -> None:
-  """An asynchronous strategy orders its events by the workers' compute
-  times; faults and straggler mitigations (which drop workers from a
-  barrier it does not have) are not part of its schedule."""
-  if network is None:
-    return
-  if network.hardware is None:
-    raise _validate.fail(
-        "hardware", None, f"strategy {strategy.name!r} orders its arrivals "
-        "by the workers' compute times: give the network a hardware "
-        "(e.g. 'h100' or a time per step, '0.5s'), or run without a network")
-  if network.faults is not None:
-    raise _validate.fail(
-        "faults", "given", f"strategy {strategy.name!r} has no barrier to "
-        "drop workers from; faults are not modelled for it (speeds and "
-        "jitter are)")
-  if network.stragglers is not None and network.stragglers.mitigation != "none":
-    raise _validate.fail(
-        "mitigation", network.stragglers.mitigation,
-        f"strategy {strategy.name!r} waits for nobody, so there is nothing "
-        "to mitigate: give mitigation 'none' (jitter still slows workers)")
 
 
 def _check_model_fits_data(model, data) -> None:

@@ -108,7 +108,7 @@ def _assigned(groups: np.ndarray, num_workers: int) -> list[np.ndarray]:
   count = int(groups.max(initial=-1)) + 1
   if count != num_workers:
     raise _validate.fail(
-        "num_workers", num_workers, f"this data gives {count} workers their "
+        "workers", num_workers, f"this data gives {count} workers their "
         "own datasets (data.per_worker); run it with that many workers")
   return [np.flatnonzero(groups == w).astype(np.int64)
           for w in range(num_workers)]

@@ -196,7 +196,7 @@ class DataSource:
     total = self.num_examples()
     if total < num_workers:
       raise _validate.fail(
-          "num_workers", num_workers,
+          "workers", num_workers,
           f"expected at most {total}, the number of training examples of "
           f"{self.name!r}")
 
@@ -226,7 +226,7 @@ class DataSource:
       >>> sampler.shard_idx_W.shape
       (4, 359)
     """
-    _validate.positive_int("num_workers", num_workers)
+    _validate.positive_int("workers", num_workers)
     _validate.positive_int("batch_size", batch_size)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
       raise _validate.fail("seed", seed, "expected an integer >= 0")

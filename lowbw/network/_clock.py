@@ -165,7 +165,7 @@ def check_network(net: Network, num_workers: int) -> Network:
   topo = net.topology
   if isinstance(topo, Hierarchical) and num_workers % topo.group_size:
     raise _validate.fail("group_size", topo.group_size,
-                         f"must divide num_workers={num_workers}")
+                         f"must divide workers={num_workers}")
   if isinstance(topo, Flat):
     _check_links("", topo.link, num_workers, "worker")
   else:

@@ -1,100 +1,183 @@
-"""``lowbw.simulate`` and ``lowbw.build`` taking a ``Config`` as well as
-keywords."""
+"""``lowbw.simulate`` and ``lowbw.build``: a ``lowbw.Config``, given or made
+of the keywords, built into a ``Simulator`` (and run)."""
 
-import functools
+import time
 
 from lowbw import _validate
-from lowbw.config import Config
+from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model
-from lowbw.simulation import _run, _simulator
-from lowbw.simulation._build import build_checked
+from lowbw.simulation import _compile_cache
+from lowbw.simulation._result import Result
+from lowbw.simulation._simulator import Simulator
 
-# Arguments of a run that are not settings (what to do with the folder,
-# hooks, values for one run of a build).
-RUN_ONLY = ("overwrite", "callback", "metadata", "hparams", "resume_from",
-            "compile_cache")
+# What a call may give besides the config's fields: what to do with the log
+# folder, hooks, values for one run of a build, the compilation cache.
+RUN_OPTIONS = {"overwrite": False, "callback": None, "metadata": None,
+               "hparams": None, "resume_from": None, "compile_cache": True}
+BUILD_OPTIONS = {"compile": True, "compile_cache": True}
+# The parts a call may give by position, in this order.
+POSITIONAL = ("model", "data", "strategy")
 
 
-def build_config(config: Config, compile: bool = True,
-                 compile_cache=True) -> _simulator.Simulator:
-  """The simulator of ``config`` (its shape fields; seed and log folder are
-  ``run_config``'s): the data and the model made, the strategy, the network
-  and the settings as the config checked them when it was made."""
+def engine_config(config: Config) -> _settings.RunConfig:
+  """The engine's record of ``config``: the data and the model made, the
+  strategy, the network and the settings as the config checked them when
+  it was made (nothing is checked or built twice)."""
   s = {name: getattr(config, name) for name in FIELDS}
   source = build_data(s)
   built = config.built()
-  return build_checked(build_model(s, source), source, built.strategy,
-                       built.checked, compile=compile,
-                       compile_cache=compile_cache)
+  return _settings.engine_config(build_model(s, source), source,
+                                 built.strategy, built.checked)
+
+
+def build_config(config: Config, compile: bool = True,
+                 compile_cache=True) -> Simulator:
+  """The simulator of ``config`` (``engine_config``)."""
+  started = time.perf_counter()
+  record = engine_config(config)
+  _compile_cache.enable(_compile_cache.check(compile_cache))
+  return Simulator(record, compile=compile, started=started)
 
 
 def yaml_or_none(config: Config) -> str | None:
   """``config`` as YAML, or None when it holds a Python object (a model,
-  dataset or strategy given as an object: such a run writes config.json
-  only)."""
+  dataset, strategy or network given as an object: such a run writes
+  config.json only)."""
   try:
     return config.to_yaml()
   except _validate.ConfigError:
     return None
 
 
-def run_config(sim: _simulator.Simulator, config: Config, **kwargs):
+def run_config(sim: Simulator, config: Config, **options) -> Result:
   """Runs ``sim`` (built from ``config``) with the config's run fields,
   writing ``config.yaml`` to the log folder when the config can be;
-  ``kwargs`` are further ``Simulator.run`` arguments (or override one, such
+  ``options`` are further ``Simulator.run`` arguments (or override one, such
   as ``progress``)."""
-  text = yaml_or_none(config)
-  args = dict(seed=config.seed, log_dir=config.out,
+  args = dict(seed=config.seed, out=config.out,
               checkpoint_every=config.checkpoint_every,
               progress=config.progress, wandb_project=config.wandb_project,
               fail_on_divergence=config.fail_on_divergence,
-              config_yaml=text, init_from=config.init_from)
-  return sim.run(**{**args, **kwargs})
+              config_yaml=yaml_or_none(config), init_from=config.init_from)
+  return sim.run(**{**args, **options})
 
 
-def _config_of(what: str, args: tuple, kwargs: dict, allowed) -> Config | None:
-  """The ``Config`` a call was given first, its keywords checked; None for
-  the keyword style."""
-  if not (args and isinstance(args[0], Config)):
-    return None
-  if len(args) > 1:
-    raise _validate.fail(what, args[1:], "takes one lowbw.Config and "
-                         "keywords")
-  for name in kwargs:
-    if name not in allowed:
-      raise _validate.fail(
-          name, kwargs[name], f"with a lowbw.Config, {what} takes only "
-          + ", ".join(allowed) + "; set the run's settings in the config "
-          f"(config.replace({name}=...))")
-  return args[0]
+def config_of(what: str, args: tuple, fields: dict) -> Config:
+  """The ``Config`` a call describes: the one given first, or one made of
+  the parts given by position (model, data, strategy) and the keywords."""
+  if args and isinstance(args[0], Config):
+    if len(args) > 1 or fields:
+      name, value = (("config", args[1:]) if len(args) > 1 else
+                     next(iter(fields.items())))
+      raise _validate.fail(name, value, f"{what} takes one lowbw.Config and "
+                           "no settings beside it; set them in the config "
+                           f"(config.replace({name}=...))")
+    return args[0]
+  if len(args) > len(POSITIONAL):
+    raise _validate.fail("arguments", args, f"{what} takes the model, the "
+                         "data and the strategy by position; the other "
+                         "settings by name")
+  for name, value in zip(POSITIONAL, args):
+    if name in fields:
+      raise TypeError(f"{what}() got multiple values for argument {name!r}")
+    fields[name] = value
+  return Config(**fields)
 
 
-@functools.wraps(_run.simulate)
-def simulate(*args, **kwargs):
-  config = _config_of("simulate", args, kwargs, RUN_ONLY)
-  if config is None:
-    return _run.simulate(*args, **kwargs)
-  cache = kwargs.pop("compile_cache", True)
-  sim = build_config(config, compile=False, compile_cache=cache)
-  return run_config(sim, config, **kwargs)
+def _split(kwargs: dict, options: dict) -> tuple[dict, dict]:
+  mine = {k: kwargs.pop(k) for k in list(kwargs) if k in options}
+  return {**options, **mine}, kwargs
 
 
-@functools.wraps(_simulator.build)
-def build(*args, **kwargs):
-  config = _config_of("build", args, kwargs, ("compile", "compile_cache"))
-  if config is None:
-    return _simulator.build(*args, **kwargs)
-  return build_config(config, **kwargs)
+def simulate(*parts, **kwargs) -> Result:
+  options, fields = _split(kwargs, RUN_OPTIONS)
+  config = config_of("simulate", parts, fields)
+  sim = build_config(config, compile=False,
+                     compile_cache=options.pop("compile_cache"))
+  return run_config(sim, config, **options)
 
 
-_CONFIG_NOTE = """
-  ``lowbw.simulate(config)`` runs a ``lowbw.Config`` (the keywords above
-  are then its fields; ``overwrite``, ``callback``, ``metadata``,
-  ``hparams``, ``resume_from`` and ``compile_cache`` may still be given) and
-  writes it to ``log_dir/config.yaml``.
+def build(*parts, **kwargs) -> Simulator:
+  options, fields = _split(kwargs, BUILD_OPTIONS)
+  return build_config(config_of("build", parts, fields), **options)
+
+
+_PARTS_DOC = """
+  The run is a ``lowbw.Config``: give one, or give its fields here
+  (``lowbw.simulate(**fields)`` is ``lowbw.simulate(lowbw.Config(
+  **fields))``). The model, the data and the strategy may come by position;
+  each takes a registry name or the object (a ``lowbw.models.Model``, a flax
+  module or an ``(init, loss)`` pair; a ``lowbw.data.DataSource``; a
+  ``lowbw.strategies.Strategy``), and ``network`` a
+  ``lowbw.network.Network``. Every field is checked when the config is made,
+  before anything is compiled; ``lowbw.Config.help()`` lists them all (the
+  same as ``lowbw train --help``). Those that fix the compiled program:
+
+{settings}
 """
-simulate.__doc__ = (_run.simulate.__doc__ or "") + _CONFIG_NOTE
-build.__doc__ = (_simulator.build.__doc__ or "") + _CONFIG_NOTE.replace(
-    "simulate", "build").replace("runs", "builds").replace(
-    " and\n  writes it to ``log_dir/config.yaml``", "")
+
+simulate.__doc__ = """Simulates W workers training a model with a strategy.
+
+  All workers run in one compiled JAX program: their parameters are stacked
+  on axis 0, a round (H inner steps and one sync) is a ``lax.scan``, and
+  chunks of rounds run without the host waiting on the device. A run with a
+  log folder (``out``) writes metrics.csv, TensorBoard events, config.json,
+  summary.json and, when the config can be written, config.yaml.
+""" + _PARTS_DOC + """
+  Besides the config, ``simulate`` takes:
+    overwrite: clear what another run wrote in ``out`` (its metrics, events,
+      checkpoints and summaries; nothing else) before this one.
+    callback: called with each logged row (a dict), on the host.
+    metadata: JSON-able notes stored under "metadata" in config.json.
+    hparams: traced values replacing the config's, e.g. ``{"inner_lr":
+      3e-3}`` (``lowbw.build`` runs many without recompiling).
+    resume_from: a log folder or checkpoint directory to continue from; the
+      run must have the same configuration; it continues bit-identically.
+    compile_cache: JAX's persistent compilation cache: True (default) in
+      ``$LOWBW_COMPILE_CACHE`` or ``~/.cache/lowbw/xla``, a folder, or False
+      to leave JAX's settings alone (``LOWBW_COMPILE_CACHE=0`` turns it off
+      everywhere).
+
+  This is ``lowbw.build(...).run(...)`` in one call.
+
+  Returns:
+    A ``Result``.
+
+  Raises:
+    ValueError: a bad setting, naming its field, its value and what is
+      allowed.
+    NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+    DivergenceError: with ``fail_on_divergence``, the loss ended far above
+      its start or accuracy at or below chance (the run finished and its logs
+      are kept); without it, a ``RunWarning`` says so.
+
+  Example:
+    >>> lowbw.simulate(model="mlp", data="digits", strategy="diloco", H=20,
+    ...                workers=8, steps=400)
+    >>> lowbw.simulate(lowbw.Config(strategy="sparta", data="digits"))
+"""
+
+build.__doc__ = """Checks a run and compiles its programs, once.
+
+  Run the ``Simulator`` with ``Simulator.run(seed=..., hparams=...)`` as
+  often as needed (traced values such as ``inner_lr``, ``outer_lr`` or
+  ``bandwidth`` change without compiling), or sweep it with ``lowbw.sweep``.
+""" + _PARTS_DOC + """
+  Besides the config, ``build`` takes:
+    compile: compile now (default); False compiles at the first run.
+    compile_cache: JAX's persistent compilation cache, as for
+      ``lowbw.simulate``: a configuration compiled before, in any process,
+      loads instead of compiling.
+
+  Raises:
+    ValueError: a bad setting, naming its field, before anything is compiled.
+
+  Example:
+    >>> sim = lowbw.build(model="mlp", data="digits", strategy="diloco",
+    ...                   H=20, workers=8, steps=400)
+    >>> a = sim.run(seed=0, hparams={"inner_lr": 1e-3})
+    >>> b = sim.run(seed=1, hparams={"inner_lr": 3e-3})   # no compilation
+"""
+for _f in (simulate, build):
+  _f.__doc__ = _f.__doc__.replace("{settings}", _settings.settings_doc())

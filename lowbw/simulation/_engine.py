@@ -202,7 +202,7 @@ def build(config, parts: Parts) -> Programs:
   tail = functools.partial(run_tail, e, config.tail_steps)
   if parts.mesh is not None:
     chunk, tail = _shard(chunk, tail, parts.mesh, parts.specs,
-                         config.num_workers)
+                         config.workers)
   return Programs(chunk=chunk, tail=tail if config.tail_steps else None,
                   evaluate=functools.partial(evaluate, e),
                   global_params=functools.partial(global_params, e))
@@ -218,10 +218,10 @@ def pieces(config, parts: Parts) -> Engine:
   c = config
   precision = Precision(stored_dtype(c))
   return Engine(
-      model=c.model, strategy=c.strategy, num_workers=c.num_workers,
+      model=c.model, strategy=c.strategy, num_workers=c.workers,
       channels=parts.channels, precision=precision,
       timing=functools.partial(
-          _timing.timing, masks=c.masks, num_workers=c.num_workers,
+          _timing.timing, masks=c.masks, num_workers=c.workers,
           channels=parts.channels, strategy=c.strategy),
       compute=local_compute(c.model, c.strategy, precision, c.one_replica,
                             _backward.of(c)),

@@ -54,7 +54,7 @@ def learn(config) -> Facts:
   num_params = sum(x.size for x in jax.tree.leaves(abstract_params))
   abstract_state = jax.eval_shape(
       functools.partial(_inputs.initial_state, c, example), key)
-  channels = c.strategy.channels(abstract_params, c.num_workers)
+  channels = c.strategy.channels(abstract_params, c.workers)
   reports = _reports(c, abstract_state)
   strategy_metrics = check_reports(c, channels, reports)
   _plan.check_worker_batch(c, channels, reports["local"])
@@ -105,7 +105,7 @@ def check_byzantine(c, abstract_state) -> None:
     return
   strategy, st = c.strategy, abstract_state.strategy
   if strategy.sync is None or not corrupts(
-      strategy.sync, c.num_workers, st):
+      strategy.sync, c.workers, st):
     raise _validate.fail(
         "byzantine", list(faults.byzantine), f"strategy {strategy.name!r} "
         "sends no pseudo-gradients a Byzantine worker could corrupt; "

@@ -79,7 +79,7 @@ def check_names(field: str, values: dict) -> dict:
       raise _validate.fail(
           field, name, "not a traced hyperparameter; expected one of " +
           ", ".join(map(repr, KNOBS)) + _validate.suggest(name, KNOBS) +
-          " (shapes such as num_workers, H or a codec's size need a new "
+          " (shapes such as workers, H or a codec's size need a new "
           "lowbw.build)")
   return dict(values)
 

@@ -27,12 +27,12 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
   init_key, data_key, strategy_key, loss_key = jax.random.split(key, 4)
   if params is None:
     params = c.model.init(init_key, example)
-  st = c.strategy.init(params, 1 if c.one_replica else c.num_workers,
+  st = c.strategy.init(params, 1 if c.one_replica else c.workers,
                        strategy_key)
   if _engine.stored_dtype(c) is not None:
     st = _precision.cast_workers(st, _engine.stored_dtype(c))
-  active = jnp.ones(c.num_workers, bool) if c.masks else None
-  fleet = _pace.start(c.num_workers) if c.strategy.asynchronous else None
+  active = jnp.ones(c.workers, bool) if c.masks else None
+  fleet = _pace.start(c.workers) if c.strategy.asynchronous else None
   traced = c.network is not None and (
       c.network.speed_trace is not None or
       c.network.bandwidth_trace is not None)
@@ -49,13 +49,13 @@ def place_mesh(c, facts, key):
   strategy_key = jax.random.split(key, 4)[2]
   state = facts.abstract_state
   sim_specs = _engine.SimState(
-      _mesh.strategy_specs(c.strategy, facts.abstract_params, c.num_workers,
+      _mesh.strategy_specs(c.strategy, facts.abstract_params, c.workers,
                            strategy_key),
       _mesh.replicated(state.data_key), _mesh.replicated(state.loss_key),
       _mesh.active_specs(c.masks),
       _mesh.fleet_specs(c.strategy.asynchronous),
       _mesh.replicated(state.time_s), _mesh.replicated(state.shadow))
-  sampler = c.data.build(c.num_workers, c.batch_size, 0)
+  sampler = c.data.build(c.workers, c.batch_size, 0)
   return mesh, (sim_specs, _mesh.sampler_specs(sampler))
 
 
@@ -148,7 +148,7 @@ class Inputs:
                                self.config.strategy, state_values)
     network = _hparams.set_network(self.config.network, net_values)
     if net_values:
-      network = _clock.check_network(network, self.config.num_workers)
+      network = _clock.check_network(network, self.config.workers)
     return state_values, network
 
   def sampler(self, seed: int):
@@ -157,7 +157,7 @@ class Inputs:
       c = self.config
       if len(self._samplers) >= 4:
         self._samplers.pop(next(iter(self._samplers)))
-      self._samplers[seed] = c.data.build(c.num_workers, c.batch_size, seed)
+      self._samplers[seed] = c.data.build(c.workers, c.batch_size, seed)
     return self._samplers[seed]
 
   def initial(self, seed: int = 0, hparams: dict | None = None,

@@ -34,7 +34,7 @@ def held(log_dir: str) -> list[str]:
 
 def prepare(log_dir: str | None, *, resuming: bool = False,
             overwrite: bool = False, create: bool = True,
-            field: str = "log_dir") -> None:
+            field: str = "out") -> None:
   """Checks ``log_dir`` (None: no logs) and creates it (``create``: the
   process that writes).
 

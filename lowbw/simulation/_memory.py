@@ -123,8 +123,8 @@ def per_step_bytes(c, metric_names, local_report) -> tuple[float, float]:
   network, the step's clock (its time, participants, members and two masks
   over the workers)."""
   values = 1 + len(metric_names)
-  clock = 0.0 if c.network is None else 12.0 + 2.0 * c.num_workers
-  local_w = c.num_workers // c.devices
+  clock = 0.0 if c.network is None else 12.0 + 2.0 * c.workers
+  local_w = c.workers // c.devices
   return (4.0 * (values + 1) + nbytes(local_report) + clock,
           4.0 * local_w * values)
 
@@ -149,7 +149,7 @@ def trace_bytes(c, num_channels: int) -> float:
   segments = len({0.0}.union(*(t.times for t in (net.speed_trace,
                                                   net.bandwidth_trace)
                                 if t is not None)))
-  w = c.num_workers
+  w = c.workers
   return 4.0 * segments * (1 + w + num_channels * (1 + w))
 
 
@@ -176,9 +176,9 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   Raises:
     ValueError: naming memory_budget, when the estimate exceeds it.
   """
-  local_w = c.num_workers // c.devices
+  local_w = c.workers // c.devices
   stored = abstract_state.strategy
-  workers = 1 if c.one_replica else c.num_workers
+  workers = 1 if c.one_replica else c.workers
   mine, shared = _per_worker(stored, workers)
   # In micro-batches only one micro-batch's residuals exist at a time, next
   # to the gradients' running sum (``_backward``).
@@ -261,7 +261,7 @@ def _too_big(c, chosen, state, buffers, data, size, flight,
           "batch_size or the model's size (a GPT's seq_len, d_model, layers)"
           + (", or compute fewer workers at a time (worker_batch)"
              if can_group and size > 1 else ""))),
-      "state": (state, "num_workers or the model's size, or store the "
+      "state": (state, "workers or the model's size, or store the "
                 "workers in worker_dtype='bfloat16'"),
       "data": (data, "the dataset's size"),
       "per-step outputs": (buffers, f"H ({c.period}) or rounds_per_chunk "

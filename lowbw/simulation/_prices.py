@@ -40,7 +40,7 @@ class Prices:
       if len(self._pricings) >= 8:
         self._pricings.pop(next(iter(self._pricings)))
       self._pricings[key] = (network, net_lib.price(
-          network, self.priced_channels, self.config.num_workers,
+          network, self.priced_channels, self.config.workers,
           self.num_params, self.flops_per_step, steps=self.config.steps))
     return self._pricings[key][1]
 
@@ -59,7 +59,7 @@ class Prices:
     """The traced network numbers of a run on ``network``, or None."""
     if network is None:
       return None
-    return _clock.net_params(network, self.config.num_workers,
+    return _clock.net_params(network, self.config.workers,
                               self.pricing(network), seed)
 
 
@@ -73,9 +73,9 @@ def catch_up(c, facts) -> dict:
   outer = 0
   for field in (c.strategy.outer_places or {}).values():
     size = _strategy_bytes(getattr(comm, field, ()))
-    outer += size // c.num_workers if field.endswith("_W") else size
+    outer += size // c.workers if field.endswith("_W") else size
   state = 4 * facts.num_params + outer  # the global model in float32
-  return {_clock.CATCH_UP: net_lib.exchange(0, state, c.num_workers)}
+  return {_clock.CATCH_UP: net_lib.exchange(0, state, c.workers)}
 
 
 def _strategy_bytes(tree) -> int:

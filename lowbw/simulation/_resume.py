@@ -57,6 +57,11 @@ _SHOWN = ("steps", "eval_every", "log_every", "checkpoint_every",
           "eval_examples", "devices", "worker_batch")
 
 
+# config.json's keys that are not the setting's name (kept, so that runs
+# written before still resume) -> the setting.
+_SETTING = {"num_workers": "workers"}
+
+
 def _short(value) -> str:
   text = repr(value)
   return text if len(text) <= 60 else text[:57] + "..."
@@ -69,10 +74,11 @@ def _check_same(resume_from, saved: dict, current: dict) -> None:
   if not differ:
     return
   key = ([k for k in differ if k not in _DERIVED] or differ)[0]
+  name = _SETTING.get(key, key)
   raise _validate.fail(
       "resume_from", resume_from,
-      f"the checkpoint was made with {key}={_short(saved.get(key))} but this "
-      f"run has {key}={_short(current.get(key))}; only "
+      f"the checkpoint was made with {name}={_short(saved.get(key))} but this "
+      f"run has {name}={_short(current.get(key))}; only "
       f"{', '.join(_SHOWN)} may change on resume")
 
 

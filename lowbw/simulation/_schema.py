@@ -33,9 +33,9 @@ class Schema:
     """What the rows of a run on ``network`` hold."""
     c = self.config
     return Layout(self.channels, self.metric_names,
-                  examples_per_step=c.num_workers * c.batch_size,
+                  examples_per_step=c.workers * c.batch_size,
                   tokens_per_example=c.data.tokens_per_example,
-                  num_workers=c.num_workers,
+                  num_workers=c.workers,
                   strategy_metrics=self.strategy_metric_names,
                   clock=network is not None,
                   correlation=c.correlation_every is not None,
@@ -72,7 +72,7 @@ class Schema:
     c = self.config
     return {
         "model": c.model.config, "data": c.data.config,
-        "strategy": c.strategy.config, "num_workers": c.num_workers,
+        "strategy": c.strategy.config, "num_workers": c.workers,
         "batch_size": c.batch_size, "steps": c.steps, "seed": seed,
         "hparams": _hparams.jsonable(hparams or {}),
         "eval_every": c.eval_every, "log_every": c.default_log_every,

@@ -27,9 +27,8 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw.telemetry import _params, _progress, _writers
-from lowbw.config import _options
 from lowbw.config import _settings as _config
-from lowbw.simulation import (_compile_cache, _engine, _facts,
+from lowbw.simulation import (_engine, _facts,
                               _hparams, _inputs, _logdir, _mesh,
                               _plan, _prices, _resume, _schema, _startup)
 from lowbw.simulation._loop import Drive, drive
@@ -153,7 +152,7 @@ class Simulator:
 
   # ------------------------------------------------------------------ runs
   def run(self, seed: int = 0, hparams: dict | None = None,
-          log_dir: str | None = None, checkpoint_every: int | None = None,
+          out: str | None = None, checkpoint_every: int | None = None,
           resume_from: str | None = None, progress: bool | None = None,
           callback=None, metadata: dict | None = None,
           overwrite: bool = False,
@@ -165,6 +164,7 @@ class Simulator:
 
     Args:
       seed: seeds initialisation, sharding, sampling and the strategy's keys.
+      out: the log folder (none when None).
       hparams: traced values for this run, e.g. ``{"inner_lr": 3e-3,
         "bandwidth": "100Mbps"}`` (names: ``Simulator.hparam_names``); they
         replace the strategy's and the network's values without compiling.
@@ -176,7 +176,7 @@ class Simulator:
         its start or accuracy at or below chance; logs are kept.
 
     ``config_yaml``: the run's ``lowbw.Config`` as YAML, written to
-    ``log_dir/config.yaml`` before the first step (``lowbw train --config``
+    ``out/config.yaml`` before the first step (``lowbw train --config``
     repeats the run from it).
 
     ``init_from``: a finished run's folder; every worker (and the DDP lane)
@@ -186,17 +186,17 @@ class Simulator:
     order and the keys.
     """
     seed, checkpoint_every = self._check_run(
-        seed, log_dir, checkpoint_every, resume_from, overwrite,
+        seed, out, checkpoint_every, resume_from, overwrite,
         wandb_project, fail_on_divergence)
     start = time.perf_counter()
     state, sampler, net, network = self.initial(seed, hparams, init_from)
     initial_s = time.perf_counter() - start
-    if config_yaml is not None and log_dir and self.main_process:
-      _writers.write_text(os.path.join(log_dir, "config.yaml"), config_yaml)
+    if config_yaml is not None and out and self.main_process:
+      _writers.write_text(os.path.join(out, "config.yaml"), config_yaml)
     config = self.describe(seed, network, hparams, metadata)
     if init_from is not None:
       config["init_from"] = os.path.abspath(init_from)
-    track = Track(self, self.config.default_log_every, network, log_dir,
+    track = Track(self, self.config.default_log_every, network, out,
                   callback, config)
     wall_offset = 0.0
     if resume_from is not None:
@@ -206,30 +206,30 @@ class Simulator:
     compile_s = self.take_compile_s()
     track.startup = self.compiled.take_startup(compile_s, initial_s)
     how = Drive(checkpoint_every=checkpoint_every,
-                save=_resume.saver(log_dir, track) if checkpoint_every
+                save=_resume.saver(out, track) if checkpoint_every
                 else None,
                 bar=self._bar(progress, track), wall_offset=wall_offset)
     track.open_writers(resume_from is not None, wandb_project)
     state, elapsed = self._drive(exe, state, sampler, net, track, how,
                                  compile_s)
     summary = self._summary(track, compile_s, elapsed, fail_on_divergence)
-    params = self._final_params(exe, state, log_dir)
+    params = self._final_params(exe, state, out)
     return Result(track.history.as_arrays(), params, state, summary, config,
-                  log_dir)
+                  out)
 
-  def _check_run(self, seed, log_dir, checkpoint_every, resume_from,
+  def _check_run(self, seed, out, checkpoint_every, resume_from,
                  overwrite, wandb_project, fail_on_divergence):
     """``run``'s own arguments checked, before any device work; returns
-    the seed and ``checkpoint_every``. Prepares ``log_dir``."""
+    the seed and ``checkpoint_every``. Prepares ``out``."""
     if not isinstance(fail_on_divergence, bool):
       raise _validate.fail("fail_on_divergence", fail_on_divergence,
                            "expected True or False")
     seed = _config.check_seed(seed)
     checkpoint_every = _config.multiple_of_period(
         "checkpoint_every", checkpoint_every, self.config.period)
-    _resume.check_paths(log_dir, checkpoint_every, resume_from)
+    _resume.check_paths(out, checkpoint_every, resume_from)
     _config.check_processes(checkpoint_every, resume_from)
-    _logdir.prepare(log_dir, resuming=_resume.continues(log_dir, resume_from),
+    _logdir.prepare(out, resuming=_resume.continues(out, resume_from),
                     overwrite=overwrite, create=self.main_process)
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
@@ -285,39 +285,3 @@ class Simulator:
       if tokenizer is not None:
         shutil.copyfile(tokenizer, os.path.join(log_dir, "tokenizer.json"))
     return params
-
-
-def build(model, data, strategy, *, compile: bool = True,
-          compile_cache: bool | str = True, **settings) -> Simulator:
-  """Validates a run configuration and compiles its programs, once.
-
-  The arguments are ``lowbw.simulate``'s that fix the compiled program
-  (shapes and structure). Run it with ``Simulator.run(seed=...,
-  hparams=...)`` as often as needed, or sweep it with ``lowbw.sweep``.
-
-  Args:
-    compile: compile now (default); False compiles at the first run.
-    compile_cache: JAX's persistent compilation cache (``_compile_cache``):
-      True (default) in ``$LOWBW_COMPILE_CACHE`` or ``~/.cache/lowbw/xla``,
-      a folder, or False to leave JAX's settings alone. An identical
-      configuration built again, in any process, then loads its programs
-      instead of compiling them.
-
-  Raises:
-    ValueError: a bad argument, naming it, before anything is compiled.
-
-  Example:
-    >>> sim = lowbw.build(model=models.mlp(hidden=(64,)), data=data.digits(),
-    ...                   strategy=strategies.diloco(H=20), num_workers=8,
-    ...                   steps=400)
-    >>> a = sim.run(seed=0, hparams={"inner_lr": 1e-3})
-    >>> b = sim.run(seed=1, hparams={"inner_lr": 3e-3})   # no compilation
-  """
-  started = time.perf_counter()
-  config = _config.configure(model, data, strategy, **settings)
-  _compile_cache.enable(_compile_cache.check(compile_cache))
-  return Simulator(config, compile=compile, started=started)
-
-
-# The settings (``check_settings``'s, one list) show in build's signature.
-_options.compose(build, _config.PARAMETERS)

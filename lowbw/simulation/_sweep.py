@@ -25,7 +25,7 @@ from lowbw.telemetry import _progress, _writers
 from lowbw.config import _settings as _config
 from lowbw.simulation import _hparams, _logdir
 from lowbw.simulation._loop import Drive, drive
-from lowbw.simulation._simulator import Simulator, build
+from lowbw.simulation._simulator import Simulator
 from lowbw.simulation._track import Track
 from lowbw.telemetry import _metrics as names
 
@@ -172,7 +172,7 @@ class _Batch:
 
 
 def sweep(build_args, grid: dict | None = None, seeds=(0,),
-          points_per_batch: int | None = None, log_dir: str | None = None,
+          points_per_batch: int | None = None, out: str | None = None,
           progress: bool | None = None, overwrite: bool = False) -> SweepResult:
   """Runs every point of ``grid`` x ``seeds`` as one vmapped program.
 
@@ -188,11 +188,11 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
       the build's memory budget on an accelerator, 1 on a CPU, where vmapping points was measured to be no
       faster than running them one after another on one compiled program
       (see ``default_points_per_batch``).
-    log_dir: ``log_dir/point_000/...`` per point (metrics.csv, TensorBoard,
+    out: ``out/point_000/...`` per point (metrics.csv, TensorBoard,
       config.json, summary.json), plus ``sweep.csv`` (the tidy table) and
       ``sweep.json`` (points, summaries, mean and std over seeds).
     progress: a progress bar (default: on a terminal).
-    overwrite: clear what another run or sweep wrote in ``log_dir`` (else
+    overwrite: clear what another run or sweep wrote in ``out`` (else
       a folder holding one is refused).
 
   Point i equals ``Simulator.run(seed=..., hparams=points[i].values)`` to
@@ -208,7 +208,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     >>> result.aggregate("final_eval_loss")
   """
   _hparams.check_names("grid", grid or {})  # before anything compiles
-  _logdir.prepare(log_dir, overwrite=overwrite,
+  _logdir.prepare(out, overwrite=overwrite,
                   create=jax.process_index() == 0)
   sim = build_args if isinstance(build_args, Simulator) else (
       _build(build_args))
@@ -234,8 +234,8 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     bar = (_progress.ProgressBar(c.steps, desc=f"sweep {b + 1}/{batches}")
            if show else None)
     try:
-      dirs = [os.path.join(log_dir, f"point_{b * size + i:03d}")
-              if log_dir and i < len(chunk) else None
+      dirs = [os.path.join(out, f"point_{b * size + i:03d}")
+              if out and i < len(chunk) else None
               for i in range(len(padded))]
       results += run_batch(sim, padded, dirs, bar=bar)[:len(chunk)]
     finally:
@@ -248,9 +248,9 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
                            dict.fromkeys(s for _, s in points)).index),
                        {"points": len(points), "points_per_batch": size,
                         "compile_s": compile_before + sim.take_compile_s(),
-                        "wall_time_s": wall, "log_dir": log_dir})
-  if log_dir:
-    _write(result, log_dir)
+                        "wall_time_s": wall, "log_dir": out})
+  if out:
+    _write(result, out)
   return result
 
 
@@ -281,7 +281,7 @@ def _on_one_device(sim: Simulator) -> Simulator:
   if not c.auto_devices:
     return sim
   worker_batch = c.worker_batch
-  if worker_batch in (None, c.num_workers // c.devices):
+  if worker_batch in (None, c.workers // c.devices):
     worker_batch = "auto"
   return Simulator(dataclasses.replace(c, devices=1, auto_devices=False,
                                        worker_batch=worker_batch),
@@ -295,6 +295,7 @@ def _build(args) -> Simulator:
                          "lowbw.build arguments")
   # The sweep compiles its own (vmapped) programs; the single-run ones are
   # compiled only if the simulator is also run on its own.
+  from lowbw.simulation._api import build  # _api imports the engine
   return build(**{"compile": False, **args})
 
 

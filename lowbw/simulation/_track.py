@@ -220,10 +220,10 @@ class Track:
       values = hist[name][~np.isnan(hist[name])]
       return float(values[-1]) if values.size else None
 
-    examples = c.steps * c.num_workers * c.batch_size
+    examples = c.steps * c.workers * c.batch_size
     rate = (lambda n: n / elapsed if elapsed > 0 else None)  # noqa: E731
     summary = {
-        "steps": c.steps, "num_workers": c.num_workers,
+        "steps": c.steps, "num_workers": c.workers,
         "num_params": self.sim.num_params,
         "final_train_loss": last(names.TRAIN_LOSS),
         "final_eval_loss": last(names.EVAL_LOSS),

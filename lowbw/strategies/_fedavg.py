@@ -164,7 +164,7 @@ def fedavg(
 def check_island_size(island_size, num_workers_):
   if island_size is not None and num_workers_ % island_size:
     raise _validate.fail("island_size", island_size,
-                         f"must divide num_workers={num_workers_}")
+                         f"must divide workers={num_workers_}")
 
 
 SPEC = _spec.spec(

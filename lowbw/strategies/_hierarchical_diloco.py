@@ -78,11 +78,11 @@ def _sizes(num_workers_: int, group_size, groups) -> tuple[int, int]:
   if group_size is not None:
     if num_workers_ % group_size:
       raise _validate.fail("group_size", group_size,
-                           f"must divide num_workers={num_workers_}")
+                           f"must divide workers={num_workers_}")
     return group_size, num_workers_ // group_size
   g = 2 if groups is None else groups
   if num_workers_ % g:
-    raise _validate.fail("groups", g, f"must divide num_workers="
+    raise _validate.fail("groups", g, f"must divide workers="
                          f"{num_workers_}" + (" (two groups unless "
                                               "group_size or groups is given)"
                                               if groups is None else ""))

@@ -119,7 +119,7 @@ def noloco(
 
   def init(params, num_workers_, key):
     if num_workers_ < 2 or num_workers_ % 2:
-      raise _validate.fail("num_workers", num_workers_, "noloco pairs the "
+      raise _validate.fail("workers", num_workers_, "noloco pairs the "
                            "workers every round: give an even number, >= 2")
     state = _base.inner_init(inner, params, num_workers_, key, ())
     outer_W = broadcast_to_workers(params, num_workers_)

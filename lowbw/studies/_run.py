@@ -10,9 +10,9 @@ from tqdm.auto import tqdm
 from lowbw import _validate
 from lowbw.telemetry import _progress
 from lowbw.config import Config
-from lowbw.config._settings import configure
 from lowbw.simulation import _logdir, _sweep
-from lowbw.simulation._api import build_config, run_config, yaml_or_none
+from lowbw.simulation._api import (build_config, engine_config, run_config,
+                                  yaml_or_none)
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
 from lowbw.studies._result import PointResult, Study
@@ -150,7 +150,7 @@ def _check_build(point: _grid.Point) -> None:
   examples for the workers, a model for the data's task), without tracing
   or compiling; an error names the grid point."""
   try:
-    configure(**point.config.build_args())
+    engine_config(point.config)
   except _validate.ConfigError as e:
     raise _validate.fail(e.field, e.value, f"{e.allowed} (at grid point "
                          f"{_grid.describe(point.values)})") from None
