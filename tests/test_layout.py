@@ -19,6 +19,8 @@ SHARED = {"_validate", "_random", "_types", "__version__"}
 INTERNAL = {
     ("lowbw/cli", "lowbw.network._planner"),  # lowbw plan's flags and units
     ("lowbw/cli", "lowbw.network._units"),  # and its per-link lists
+    ("lowbw/cli", "lowbw.network._calibrate"),  # lowbw calibrate's fit
+    ("lowbw/cli", "lowbw.network._profile"),  # and the profile it writes
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
     # A strategy's message path: residuals, byte counts and aggregation
     # (_compression), its worker count (_reductions), robust means

@@ -5,15 +5,18 @@ L40S nodes over tc-shaped TCP links; README.md), lowbw's clock is configured
 as a user would configure it:
 
   lowbw.network.network(bandwidth=<the verified link rate>, latency=0,
-                        topology="ring", hardware="<measured compute s>s")
+                        topology="ring", hardware="<measured compute s>s",
+                        profile="ideal")
 
 and asked, through ``lowbw.network.price`` (what a run's clock reads), for
 the seconds of one all-reduce of params x 4 bytes (float32) among the 4
 workers: DDP's gradients every step, LocalSGD's parameters and DiLoCo's
 pseudo-gradient every H steps. The measured compute per step is the hardware
-time, so only the network part is judged. Latency is 0: the runs' tc rule
-(``tbf ... latency 50ms``) bounds the queue and adds no delay, and the
-network characterization recorded no round-trip time.
+time, so only the network part is judged. The profile is "ideal" (latency +
+bytes / bandwidth: the clock before its measured terms; report.py scores
+those). Latency is 0: the runs' tc rule (``tbf ... latency 50ms``) bounds the
+queue and adds no delay, and the network characterization recorded no
+round-trip time.
 
 Relative error = predicted / measured - 1 (negative: the clock is too fast):
 
@@ -65,7 +68,8 @@ def load_runs(path: str = RUNS) -> list[dict]:
 def clock_of(row: dict, latency_s: float = LATENCY_S) -> tuple:
   """lowbw's ``(seconds of one sync, seconds of one step)`` for ``row``."""
   net = net_lib.network(row["shaped_bps"], latency_s, topology="ring",
-                        hardware=f"{row['compute_s_per_step']!r}s")
+                        hardware=f"{row['compute_s_per_step']!r}s",
+                        profile="ideal")
   payload = row["params"] * row["dtype_bytes"]
   sync = {"sync": net_lib.ring_allreduce(payload, row["workers"])}
   pricing = net_lib.price(net, sync, row["workers"], row["params"],
@@ -151,7 +155,7 @@ def simulate_check(row: dict, latency_s: float = LATENCY_S) -> dict:
   steps = 2 * H
   net = net_lib.network(row["shaped_bps"], latency_s, topology="ring",
                         hardware=f"{row['compute_s_per_step']!r}s",
-                        clock_params=row["params"])
+                        clock_params=row["params"], profile="ideal")
   result = lowbw.simulate(model=models.mlp(hidden=(8,)), data=data.digits(),
                           strategy=strategy, workers=row["workers"],
                           batch_size=4, steps=steps, network=net,
