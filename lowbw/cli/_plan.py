@@ -10,6 +10,9 @@ from lowbw.config._files import read_config
 from lowbw import network as net_lib
 from lowbw.network import plan
 from lowbw.network._units import link_values
+from lowbw.telemetry import _cost
+from lowbw.telemetry._metrics import COST_USD
+from lowbw.cli._train import money
 from lowbw.network._planner import (DEPRECATED, PLAN_DEFAULTS,
                                     resolve_inputs, unit)
 
@@ -51,7 +54,15 @@ _HELP = {
     "hw_growth": "hardware growth",
     "sw_growth": "software growth",
     "invest_growth": "investment growth",
+    "gpu_price": "price of one node for an hour, as lowbw train's "
+                 "--gpu-price (a node is the plan's device): outputs "
+                 "compute_cost_usd = gpu_hours x this and cost_usd",
+    "egress_price": "price of one GB sent, as lowbw train's --egress-price: "
+                    "outputs traffic_cost_usd = traffic_gb x this and "
+                    "cost_usd",
 }
+# Inputs that are unset unless given (the help says "none", not "auto").
+_PRICES = ("gpu_price", "egress_price")
 
 # Field names whose errors the CLI renames to flags (see cli._one_line).
 FLAG_NAMES = frozenset(PLAN_DEFAULTS) | frozenset(DEPRECATED) | {"sweep"}
@@ -72,7 +83,7 @@ def _flag(name: str) -> str:
 
 def _kind(name: str):
   """The Python type of an input, from its default."""
-  if name == "activation_compression":
+  if name == "activation_compression" or name in _PRICES:
     return float
   if name == "speeds":
     return str
@@ -95,7 +106,8 @@ def parse_each(name: str, text) -> list:
 
 
 def _help(name: str, default) -> str:
-  shown = "auto" if default is None else default
+  shown = ("none" if name in _PRICES else "auto") if default is None \
+      else default
   units = "" if name in _QUANTITIES or not unit(name) else f"{unit(name)}; "
   return f"{_HELP[name]} ({units}default {shown})"
 
@@ -128,6 +140,9 @@ def add_parser(subparsers) -> None:
                      help=text)
     elif name in _QUANTITIES:
       g.add_argument(_flag(name), type=_quantity(name), metavar="X",
+                     help=text)
+    elif name in _PRICES:  # its error names the input and what it takes
+      g.add_argument(_flag(name), type=_cost.price_type(name), metavar="X",
                      help=text)
     else:
       g.add_argument(_flag(name), type=_kind(name), metavar="X"
@@ -257,6 +272,8 @@ def _with_unit(name: str, value) -> str:
   """``value`` and its unit: "144 billion", "100Mbps", "50ms one-way"."""
   if value is None or isinstance(value, (str, bool)):
     return _fmt(value)
+  if name.endswith("_usd"):
+    return money(value)
   if name.endswith("bandwidth"):
     return net_lib.format_bandwidth(value)
   if name.endswith("latency"):
@@ -277,9 +294,11 @@ def format_plan(given: dict, out: dict) -> str:
             for name, value in resolved.items()]
   outputs = [(k, _with_unit(k, v)) for k, v in out.items()
              if k != "warnings" and v is not None]
+  cost = ("" if out.get("cost_usd") is None else
+          f", {money(out['cost_usd'])}")
   lines = [f"lowbw plan: {out['mode']}, {out['total_days']:,.1f} days, "
            f"efficiency {out['efficiency']:.3f}, global MFU "
-           f"{out['global_mfu']:.2%}", ""]
+           f"{out['global_mfu']:.2%}{cost}", ""]
   lines += _block("inputs (* given)", inputs) + [""]
   lines += _block("outputs", outputs)
   if out["warnings"]:
@@ -289,10 +308,13 @@ def format_plan(given: dict, out: dict) -> str:
 
 def format_sweep(name: str, rows: list) -> str:
   """One row per swept value; warnings below, prefixed by the value."""
+  # Priced rows add what they cost.
+  columns = SWEEP_COLUMNS + tuple(
+      c for c in (COST_USD,) if any(c in out for _, out in rows))
   header = (f"{name} ({unit(name)})" if unit(name) and name not in
-            _QUANTITIES else name,) + SWEEP_COLUMNS
+            _QUANTITIES else name,) + columns
   table = [header] + [
-      (_fmt(value),) + tuple(_fmt(out[c]) for c in SWEEP_COLUMNS)
+      (_fmt(value),) + tuple(_fmt(out.get(c)) for c in columns)
       for value, out in rows]
   widths = [max(len(r[i]) for r in table) for i in range(len(header))]
   lines = ["  ".join(cell.rjust(w) if i else cell.ljust(w)

@@ -333,12 +333,36 @@ def format_summary(summary: dict, s: dict) -> str:
         f"({summary['comm_share']:.1%} of the nominal time"
         + (f"; clock as if {s['clock_params']} parameters"
            if s.get("clock_params") else "") + ")")
+  if summary.get("cost_usd") is not None:
+    lines.append(f"  cost              {cost_line(summary, s)}")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")
   if summary.get("startup"):
     lines.append(f"  start-up          {startup_line(summary['startup'])}")
   lines.append(f"  logs              {summary['log_dir']}")
   lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]
   return "\n".join(lines)
+
+
+def money(dollars: float) -> str:
+  """Dollars to the cent, or to three digits below a cent."""
+  return f"${dollars:,.2f}" if dollars >= 0.01 else f"${dollars:.3g}"
+
+
+def cost_line(figures: dict, prices: dict) -> str:
+  """The total and the parts priced: "$1.23: 0.5 GPU-hours at $2/GPU-hour
+  = $1.00, 2.5 GB sent at $0.09/GB = $0.23" (``figures`` as
+  ``_cost.figures`` makes them, ``prices`` with gpu_price and
+  egress_price)."""
+  parts = []
+  if figures.get("compute_cost_usd") is not None:
+    parts.append(f"{figures['gpu_hours']:.4g} GPU-hours at "
+                 f"{money(prices['gpu_price'])}/GPU-hour = "
+                 f"{money(figures['compute_cost_usd'])}")
+  if figures.get("traffic_cost_usd") is not None:
+    parts.append(f"{figures['traffic_gb']:.4g} GB sent at "
+                 f"{money(prices['egress_price'])}/GB = "
+                 f"{money(figures['traffic_cost_usd'])}")
+  return f"{money(figures['cost_usd'])}: " + ", ".join(parts)
 
 
 def startup_line(st: dict) -> str:

@@ -20,6 +20,7 @@ from lowbw import strategies as strategies_lib
 from lowbw import transforms
 from lowbw.config import _fields, _files, _paths, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
+from lowbw.telemetry import _cost
 
 # Earlier spellings of some settings -> the setting's one name: refused,
 # with the name to use.
@@ -362,8 +363,11 @@ def _check_build(s: dict, strategy) -> dict:
 
 
 def _check_run_settings(s: dict, strategy) -> None:
-  """The run settings' checks: the seed, and checkpoints at syncs."""
+  """The run settings' checks: the seed, checkpoints at syncs, and the
+  prices (a GPU price needs the clock)."""
   _settings.check_seed(s["seed"])
+  _cost.check_prices(s["gpu_price"], s["egress_price"],
+                     clock=s["network"] is not None or s["clock"])
   _settings.multiple_of_period("checkpoint_every", s["checkpoint_every"],
                                 strategy.period)
 

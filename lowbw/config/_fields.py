@@ -22,6 +22,7 @@ from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw.network._units import link_values
 from lowbw.config import _checks, _defaults, _resources
+from lowbw.telemetry import _cost
 
 SHAPE, TRACED, RUN = "shape", "traced", "run"
 
@@ -310,6 +311,14 @@ RUN_FIELDS = (
     Field("fail_on_divergence", False, RUN, _R, "fail (exit code 3, after "
           "writing the logs) when the loss ends far above its start or the "
           "accuracy at or below chance; by default a warning says so", bool),
+    Field("gpu_price", None, RUN, _R, "dollars per GPU-hour: the summary "
+          "adds compute_cost_usd = gpu_hours x this (gpu_hours = workers x "
+          "sim_time_s / 3600) and cost_usd", _cost.price_type("gpu_price"),
+          unit="$/GPU-hour"),
+    Field("egress_price", None, RUN, _R, "dollars per GB sent over the "
+          "network: the summary adds traffic_cost_usd = traffic_gb x this "
+          "(traffic_gb = sent_bytes / 1e9) and cost_usd",
+          _cost.price_type("egress_price"), unit="$/GB"),
     # -- compute
     Field("rounds_per_chunk", None, SHAPE, _R, "rounds per compiled call "
           "(default: about 1/25 of the run; the same results for any value)",

@@ -20,6 +20,7 @@ import math
 from lowbw import _validate
 from lowbw.network._hardware import check_speeds
 from lowbw.network import _units
+from lowbw.telemetry import _cost
 
 # The seed's §9 table, §7.2 growth rates, and the switches it leaves implicit.
 PLAN_DEFAULTS = {
@@ -53,6 +54,8 @@ PLAN_DEFAULTS = {
     "hw_growth": 0.137,             # OOM/year (§7.2)
     "sw_growth": 0.477,
     "invest_growth": 0.544,
+    "gpu_price": None,              # $ per GPU-hour (None: not priced)
+    "egress_price": None,           # $ per GB sent (None: not priced)
 }
 
 # The unit of each input and output that is a number, for help and printing;
@@ -70,6 +73,8 @@ UNITS = {
     "hw_growth": "orders of magnitude per year",
     "sw_growth": "orders of magnitude per year",
     "invest_growth": "orders of magnitude per year",
+    "gpu_price": "$ per node-hour", "egress_price": "$ per GB sent",
+    "gpu_hours": "node-hours", "traffic_gb": "GB sent",
     "bytes_per_param": "bytes", "expert_parallel_degree": "nodes",
     "largest_model_on_one_node_b": "billion parameters",
     "pipeline_stages": "stages", "groups": "pipeline groups",
@@ -80,7 +85,7 @@ UNITS = {
     "global_mfu": "(fraction of peak FLOP/s)",
     "hfu": "(fraction of peak FLOP/s)",
 }
-_SUFFIX_UNITS = {"_s": "s", "_gb": "GB", "_days": "days", "_years": "years",
+_SUFFIX_UNITS = {"_usd": "$", "_s": "s", "_gb": "GB", "_days": "days", "_years": "years",
                  "_bits": "bits", "_factor_sync": "x", "_factor_regional": "x",
                  "_factor_pipeline": "x"}
 
@@ -232,6 +237,7 @@ _CHECKS = {
     "speeds": lambda f, v: check_speeds(v), "dylu": _boolean,
     "activation_compression": _optional_ratio,
     "hw_growth": _delay, "sw_growth": _delay, "invest_growth": _delay,
+    "gpu_price": _cost.check_price, "egress_price": _cost.check_price,
 }
 
 
@@ -536,6 +542,26 @@ _IGNORED_WHEN = {
 }
 
 
+def traffic_bytes(s: dict, out: dict) -> float:
+  """Bytes all nodes send over the planned run, as the time model moves
+  them, each message counted once by its sender: every model copy uploads
+  the sync payload V at each sync (every node in DiLoCo; hierarchical: every
+  node at each of the R regional syncs, one copy per region at the WAN
+  sync; one copy per pipeline group, split over its stages), and each of a
+  pipeline's S - 1 stage boundaries carries the activation bits every inner
+  step. Stretched by 1 / efficiency, as the time is (more tokens)."""
+  mode, v_bytes = out["mode"], out["sync_bits"] / 8
+  copies = {"diloco": s["num_nodes"],
+            "hierarchical_diloco": s["num_nodes"] * (
+                s["regional_steps"] + 1 / s["nodes_per_group"]),
+            "pp_group_diloco": out["groups"], "pp_over_wan": 0}[mode]
+  sent = out["outer_steps"] * copies * v_bytes
+  if out["pipeline_stages"] > 1:
+    sent += (out["replicas"] * (out["pipeline_stages"] - 1) *
+             out["total_steps"] * out["activation_bits"] / 8)
+  return sent / out["efficiency"]
+
+
 def _warnings(s: dict, given: dict, out: dict) -> list[str]:
   notes = []
   if s["mfu"] > MFU_WARNING:
@@ -632,6 +658,10 @@ def plan(**inputs) -> dict:
     timing = {**_diloco(s, t_comp, n_eff), "mode": "diloco"}
   out = _outputs(s, timing, memory_gb, stages, t_comp, n_eff)
   _check_finite(s, out)
+  # Every node, spares included, is held for the whole run.
+  out.update(_cost.figures(s["num_nodes"], out["total_days"] * SECONDS_PER_DAY,
+                           traffic_bytes(s, out), s["gpu_price"],
+                           s["egress_price"]))
   out["warnings"] = _warnings(s, inputs, out)
   return out
 

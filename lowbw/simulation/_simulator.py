@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate
-from lowbw.telemetry import _params, _progress, _writers
+from lowbw.telemetry import _cost, _params, _progress, _writers
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_engine, _facts,
                               _hparams, _inputs, _logdir, _mesh,
@@ -159,7 +159,9 @@ class Simulator:
           wandb_project: str | None = None,
           fail_on_divergence: bool = False,
           config_yaml: str | None = None,
-          init_from: str | None = None) -> Result:
+          init_from: str | None = None,
+          gpu_price: float | None = None,
+          egress_price: float | None = None) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -184,10 +186,16 @@ class Simulator:
     model's initialisation, e.g. DiLoCo from a DDP warm-up as the DiLoCo
     paper does. Optimizer states start fresh; the seed still sets the data
     order and the keys.
+
+    ``gpu_price``, ``egress_price``: dollars per GPU-hour and per GB sent;
+    the summary's ``compute_cost_usd``, ``traffic_cost_usd`` and
+    ``cost_usd`` (``lowbw.telemetry._cost``).
     """
     seed, checkpoint_every = self._check_run(
         seed, out, checkpoint_every, resume_from, overwrite,
         wandb_project, fail_on_divergence)
+    prices = _cost.check_prices(gpu_price, egress_price,
+                                clock=self.config.network is not None)
     start = time.perf_counter()
     state, sampler, net, network = self.initial(seed, hparams, init_from)
     initial_s = time.perf_counter() - start
@@ -198,6 +206,7 @@ class Simulator:
       config["init_from"] = os.path.abspath(init_from)
     track = Track(self, self.config.default_log_every, network, out,
                   callback, config)
+    track.prices = prices
     wall_offset = 0.0
     if resume_from is not None:
       state, wall_offset = _resume.restore(self, resume_from, track, state,

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from lowbw import telemetry
-from lowbw.telemetry import _writers
+from lowbw.telemetry import _cost, _writers
 from lowbw.telemetry._startup import process_age_s
 from lowbw import network as net_lib
 from lowbw.network import _clock
@@ -35,7 +35,11 @@ class Track:
     history: the rows logged so far.
     clock: the host's float64 simulated clock (with a network).
     error: the ``NonFiniteLossError`` that stopped this point, or None.
+    prices: ``(gpu_price, egress_price)`` the summary prices the run at
+      (``_cost.figures``; None: not priced).
   """
+
+  prices: tuple = (None, None)
 
   def __init__(self, sim, log_every: int, network, log_dir: str | None,
                callback=None, config: dict | None = None):
@@ -244,6 +248,7 @@ class Track:
         "steps_per_s": rate(c.steps), "examples_per_s": rate(examples),
         "log_dir": self.log_dir,
     }
+    summary.update(_cost.of_summary(summary, *self.prices))
     for m in self.sim.metric_names:
       summary["final_eval_" + m] = last(names.eval_metric(m))
     if c.shadow is not None:

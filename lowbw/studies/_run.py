@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from lowbw import _validate
-from lowbw.telemetry import _progress
+from lowbw.telemetry import _cost, _progress
 from lowbw.config import Config
 from lowbw.simulation import _logdir, _sweep
 from lowbw.simulation._api import (build_config, engine_config, run_config,
@@ -201,7 +201,10 @@ def _run_batch(sim, batch: list, rep: _grid.Point, out: str | None,
       texts + pad)
   results = []
   for p, folder, point in zip(batch, dirs, swept):
-    summary = dict(point.summary)
+    # Priced here as a single run's ``Track`` prices it: the batch's
+    # program is shared, each point's prices are its own.
+    summary = {**point.summary, **_cost.of_summary(
+        point.summary, p.config.gpu_price, p.config.egress_price)}
     error = _batch_error(summary, p.config)
     if error:
       summary["error"] = error

@@ -41,6 +41,15 @@ EVAL_LOCAL_LOSS_STD = "eval_local_loss_std"
 SHADOW_EVAL_LOSS = "shadow_eval_loss"
 SHADOW_GAP = "shadow_gap"
 LR = "lr"
+# What a run costs (summary keys, also in ``lowbw plan``'s outputs;
+# ``_cost.figures``): device time as GPU-hours (every worker held for the
+# whole sim_time_s), the GB the workers send (sent_bytes / 1e9), and, with
+# gpu_price and egress_price, dollars for each and their sum.
+GPU_HOURS = "gpu_hours"
+TRAFFIC_GB = "traffic_gb"
+COMPUTE_COST_USD = "compute_cost_usd"
+TRAFFIC_COST_USD = "traffic_cost_usd"
+COST_USD = "cost_usd"
 
 
 def train_metric(name: str) -> str:
