@@ -226,13 +226,15 @@ def test_cli_plan_bad_prices(flags, err, capsys):
 
 
 @pytest.mark.parametrize("points_per_batch", [1, 2])
-def test_study_points_are_priced(points_per_batch):
+def test_study_points_are_priced(points_per_batch, tmp_path):
   # One point at a time runs as lowbw.simulate; two at once as one vmapped
-  # program, priced after it.
+  # program: each point's summary (and its summary.json) priced the same.
   base = lowbw.Config(**SMALL, gpu_price=1.5, egress_price=0.2)
-  result = lowbw.study(base, {"inner_lr": [1e-3, 3e-3]},
+  result = lowbw.study(base, {"inner_lr": [1e-3, 3e-3]}, out=str(tmp_path),
                        points_per_batch=points_per_batch)
-  for point in result.points:
-    s = point.summary
-    hours, gb, compute, traffic = _hand(s, 1.5, 0.2)
+  written = sorted(tmp_path.glob("**/summary.json"))
+  assert len(written) == len(result.points) == 2
+  for s in [p.summary for p in result.points] + [
+      json.loads(w.read_text()) for w in written]:
+    _, _, compute, traffic = _hand(s, 1.5, 0.2)
     assert s["cost_usd"] == pytest.approx(compute + traffic, rel=1e-12)

@@ -138,8 +138,9 @@ def test_points_of_a_build_batched_as_a_vmapped_axis_equal_the_study(
   grid = [{"H": [2], "outer_lr": [0.5, 0.7]}, {"strategy": ["ddp"]}]
   out = tmp_path / "batched"
   sizes, run_batch = [], _sweep.run_batch
-  monkeypatch.setattr(_sweep, "run_batch", lambda sim, points, *a:
-                      sizes.append(len(points)) or run_batch(sim, points, *a))
+  monkeypatch.setattr(_sweep, "run_batch", lambda sim, points, *a, **k:
+                      sizes.append(len(points))
+                      or run_batch(sim, points, *a, **k))
   batched = lowbw.study(base, grid, seeds=[0, 1], out=str(out),
                         progress=False, plots=False, points_per_batch=3)
   by_key = {(tuple(sorted(p.values.items())), p.seed): p

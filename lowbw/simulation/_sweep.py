@@ -300,7 +300,7 @@ def _build(args) -> Simulator:
 
 
 def run_batch(sim, points: list, dirs: list, texts: list | None = None,
-              bar=None) -> list[SweepPoint]:
+              bar=None, prices: list | None = None) -> list[SweepPoint]:
   """``points`` (``(hparams, seed)`` pairs) run as one program: vmapped over
   the points, or the single-run program for one point.
 
@@ -312,6 +312,8 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
     dirs: each point's log folder, or None.
     texts: each point's ``config.yaml`` text (a ``lowbw.Config``), or None.
     bar: a progress bar over steps.
+    prices: each point's ``(gpu_price, egress_price)`` (``Track.prices``),
+      or None: not priced.
 
   Returns:
     One ``SweepPoint`` per point (a point whose loss became non-finite has
@@ -332,6 +334,8 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
         key=("sweep", str(batch.sampler_axes), str(batch.net_axes)))
     batched = True
   tracks = _tracks(sim, points, networks, dirs, texts or [None] * len(dirs))
+  for track, priced in zip(tracks, prices or ()):
+    track.prices = priced
   try:
     state, elapsed = drive(sim, exe, state, sampler, net, tracks,
                            Drive(batched=batched, raise_errors=False,

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from tqdm.auto import tqdm
 
 from lowbw import _validate
-from lowbw.telemetry import _cost, _progress
+from lowbw.telemetry import _progress
 from lowbw.config import Config
 from lowbw.simulation import _logdir, _sweep
 from lowbw.simulation._api import (build_config, engine_config, run_config,
@@ -196,15 +196,14 @@ def _run_batch(sim, batch: list, rep: _grid.Point, out: str | None,
     _logdir.prepare(folder, overwrite=True)
   texts = [yaml_or_none(p.config.replace(out=d)) for p, d in zip(batch, dirs)]
   pad = [None] * (size - len(batch))
+  # The batch's program is shared; each point's prices are its own.
+  prices = [(p.config.gpu_price, p.config.egress_price) for p in padded]
   swept = _sweep.run_batch(
       sim, [(_diff(p, rep), p.seed) for p in padded], dirs + pad,
-      texts + pad)
+      texts + pad, prices=prices)
   results = []
   for p, folder, point in zip(batch, dirs, swept):
-    # Priced here as a single run's ``Track`` prices it: the batch's
-    # program is shared, each point's prices are its own.
-    summary = {**point.summary, **_cost.of_summary(
-        point.summary, p.config.gpu_price, p.config.egress_price)}
+    summary = dict(point.summary)
     error = _batch_error(summary, p.config)
     if error:
       summary["error"] = error
