@@ -28,7 +28,8 @@ from lowbw.telemetry._startup import mark_imported
 from lowbw.config import Config
 from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, SavedRun, Simulator, SweepResult,
-                              build, initialize, load, simulate, sweep)
+                              build, initialize, load, retime, simulate,
+                              sweep)
 from lowbw.studies import Study, study
 
 __version__ = "0.1.0"
@@ -36,5 +37,5 @@ __version__ = "0.1.0"
 mark_imported()  # the process's age now: the summary's import_s
 
 __all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
-           "data", "initialize", "models", "network", "simulate",
+           "data", "initialize", "models", "network", "retime", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

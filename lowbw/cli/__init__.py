@@ -9,7 +9,7 @@ import warnings
 
 from lowbw import _validate, telemetry
 from lowbw.cli import (_bench, _calibrate, _data, _parser, _plan, _plot,
-                       _saved, _sweep, _train)
+                       _retime, _saved, _sweep, _train)
 
 
 # Errors whose "what is allowed" speaks its own grammar (a codec chain, a
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
   _bench.add_parser(sub)
   _plan.add_parser(sub)
   _plot.add_parser(sub)
+  _retime.add_parser(sub)
   _calibrate.add_parser(sub)
   _data.add_parser(sub)
   _saved.add_parsers(sub)

@@ -12,10 +12,11 @@ from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._load import SavedRun, load
 from lowbw.simulation._mesh import initialize
 from lowbw.simulation._result import Result
+from lowbw.simulation._retime import retime
 from lowbw.simulation._simulator import Simulator
 from lowbw.simulation._sweep import SweepResult, sweep
 from lowbw.simulation._track import RunWarning
 
 __all__ = ["DivergenceError", "NonFiniteLossError", "Result", "RunWarning",
            "SavedRun", "Simulator", "SweepResult", "build", "initialize",
-           "load", "simulate", "sweep"]
+           "load", "retime", "simulate", "sweep"]
