@@ -14,7 +14,9 @@ depend on the simulated clock (``timing_dependence``).
 """
 
 import json
+import math
 import os
+import time
 
 import numpy as np
 
@@ -45,8 +47,8 @@ def timing_dependence(config, network) -> list[str]:
 
 
 class Ledger:
-  """The ledger of one run, written to ``log_dir/ledger.npz`` after every
-  chunk (a resumed run keeps the rows before its checkpoint)."""
+  """The ledger of one run, written to ``log_dir/ledger.npz`` as chunks
+  come back (a resumed run keeps the rows before its checkpoint)."""
 
   def __init__(self, sim, network, log_dir: str | None):
     c = sim.config
@@ -68,11 +70,13 @@ class Ledger:
     self.step_counts: list[np.ndarray] = []   # (n, C) per chunk
     self.sync_counts: list[np.ndarray] = []   # (rounds, C) per chunk
     self.participants: list[np.ndarray] = []  # (n,) per chunk, with a clock
+    self.written, self.write_s = -math.inf, 0.0  # when, and its seconds
 
   def add(self, first_step: int, kind: str, n: int, out) -> None:
     """Records a chunk's ``n`` rounds (``kind == "rounds"``, a
     ``RoundOut``) or tail steps (a ``StepOut``) that start after
-    ``first_step`` steps, and rewrites the file."""
+    ``first_step`` steps; rewrites the file after the run's last step and
+    when ``_due``."""
     if self.path is None:
       return
     if self.meta["first_step"] is None:
@@ -90,7 +94,15 @@ class Ledger:
         taken[self.period - 1::self.period] = np.asarray(
             out.clock.participants)[:n]
       self.participants.append(taken.astype(np.int16))
-    self.write()
+    if first_step + per_step >= self.meta["steps"] or self._due():
+      self.write()
+
+  def _due(self) -> bool:
+    """Rewriting the whole file after every chunk would grow with the run
+    (steps x chunks): between the first and the last chunk it is rewritten
+    only once 20 times its last write's seconds have passed, so it costs
+    the host loop under 5 %."""
+    return time.perf_counter() - self.written >= 20 * self.write_s
 
   def _table(self, counts: dict, n: int) -> np.ndarray:
     """(n, C) int32 events of every channel (0 where a channel is not in
@@ -121,7 +133,7 @@ class Ledger:
         self.participants = [old["participants"][:first_step]]
 
   def write(self) -> None:
-    c = len(self.names)
+    start, c = time.perf_counter(), len(self.names)
     arrays = {
         "meta": np.asarray(json.dumps({**self.meta, "names": self.names})),
         "step_counts": np.concatenate(self.step_counts or
@@ -134,6 +146,8 @@ class Ledger:
     with open(tmp, "wb") as f:
       np.savez_compressed(f, **arrays)
     os.replace(tmp, self.path)
+    now = time.perf_counter()
+    self.written, self.write_s = now, now - start
 
 
 def read(path: str) -> dict:
