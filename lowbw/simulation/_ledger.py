@@ -13,12 +13,15 @@ It also records why a run cannot be re-timed: whatever made its training
 depend on the simulated clock (``timing_dependence``).
 """
 
+import io
 import json
 import math
 import os
 import time
 
 import numpy as np
+
+from lowbw.telemetry import _writers
 
 FILE = "ledger.npz"
 VERSION = 1
@@ -142,10 +145,11 @@ class Ledger:
                                       [np.zeros((0, c), np.int32)])}
     if self.participants:
       arrays["participants"] = np.concatenate(self.participants)
-    tmp = self.path + ".tmp.npz"
-    with open(tmp, "wb") as f:
-      np.savez_compressed(f, **arrays)
-    os.replace(tmp, self.path)
+    data = io.BytesIO()
+    np.savez_compressed(data, **arrays)
+    # A folder gone or turned into a file: a WriteError naming it.
+    _writers.check_writable(os.path.dirname(self.path))
+    _writers.write_bytes(self.path, data.getvalue())
     now = time.perf_counter()
     self.written, self.write_s = now, now - start
 
