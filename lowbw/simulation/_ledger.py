@@ -19,6 +19,7 @@ import math
 import os
 import time
 
+import jax
 import numpy as np
 
 from lowbw.telemetry import _writers
@@ -63,7 +64,8 @@ class Ledger:
         "period": c.period, "strategy": c.strategy.name,
         "overlap_steps": c.strategy.overlap_steps,
         "num_params": sim.num_params,
-        "num_tensors": sim.prices.num_tensors,
+        # The profile's calls per event count them (``Prices``' count).
+        "num_tensors": len(jax.tree.leaves(sim.abstract_params)),
         "flops_per_step": sim.flops_per_step,
         "channels": {k: ch._asdict()
                      for k, ch in sim.priced_channels.items()},
