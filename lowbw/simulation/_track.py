@@ -16,7 +16,7 @@ from lowbw.telemetry import _cost, _writers
 from lowbw.telemetry._startup import process_age_s
 from lowbw import network as net_lib
 from lowbw.network import _clock
-from lowbw.simulation import _divergence
+from lowbw.simulation import _divergence, _ledger
 from lowbw.simulation._history import (History, NonFiniteLossError, Span,
                                       worker_events, worker_events_W)
 from lowbw.telemetry import _metrics as names
@@ -50,6 +50,8 @@ class Track:
                            spacing_given=c.log_every is not None)
     self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
     self.log_dir = log_dir
+    # What re-timing the run on another network needs (``_retime``).
+    self.ledger = _ledger.Ledger(sim, network, log_dir)
     self.callback = callback
     self.config = config or {}
     self.writers: list = []
@@ -90,6 +92,7 @@ class Track:
     return rows
 
   def _rows(self, kind, n, out, ev, end_step, wall):
+    self.ledger.add(self.history.step, kind, n, out)
     span = (self._round_span(n, out) if kind == "rounds"
             else self._tail_span(n, out))
     rows = self.history.add(span, wall)
