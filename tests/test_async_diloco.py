@@ -22,6 +22,8 @@ import lowbw
 from lowbw import strategies
 from lowbw import network as net_lib
 
+import ideal
+
 W, H, TICKS, BATCH = 3, 3, 26, 4
 SPEEDS = (1.0, 0.5, 0.25)       # steps of 1 s, 2 s and 4 s
 OUTER_LR, MOMENTUM = 0.7, 0.9
@@ -36,7 +38,7 @@ def _problem():
 
 def _fleet():
   """Equal, near-instant links: the events' order is the compute's."""
-  return net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=SPEEDS)
+  return ideal.network("1000Tbps", "0ms", hardware="1s", speeds=SPEEDS)
 
 
 def _run(strategy):
@@ -167,7 +169,7 @@ def test_async_diloco_matches_an_event_driven_reference(options):
 
 
 def _digits_run(strategy, speeds, steps=40):
-  net = net_lib.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds)
+  net = ideal.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds)
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
       data=lowbw.data.digits(), strategy=strategy, workers=4,
@@ -208,13 +210,13 @@ def test_async_diloco_refuses_what_it_does_not_model():
             steps=TICKS)
   strategy = strategies.async_diloco(H=H)
   with pytest.raises(ValueError, match="hardware"):
-    lowbw.build(strategy=strategy, network=net_lib.network(hardware=None),
+    lowbw.build(strategy=strategy, network=ideal.network(hardware=None),
                 **kw)
   with pytest.raises(ValueError, match="faults"):
-    lowbw.build(strategy=strategy, network=net_lib.network(
+    lowbw.build(strategy=strategy, network=ideal.network(
         hardware="1s", faults=net_lib.Faults(drop_prob=0.1)), **kw)
   with pytest.raises(ValueError, match="mitigation"):
-    lowbw.build(strategy=strategy, network=net_lib.network(
+    lowbw.build(strategy=strategy, network=ideal.network(
         hardware="1s", stragglers=net_lib.Stragglers(
             jitter=0.1, mitigation="threshold", fraction=0.5)), **kw)
   with pytest.raises(ValueError, match="worker_batch"):

@@ -17,6 +17,8 @@ import pytest
 import lowbw
 from lowbw import data, models, strategies
 from lowbw import network as net_lib
+
+import ideal
 from lowbw.network import _clock
 from lowbw.simulation._api import engine_config
 from lowbw.simulation import _engine
@@ -52,7 +54,7 @@ def run(strategy, steps=8, network=None, workers=W, **kw):
 
 
 def base_network(**kw):
-  return net_lib.network("100Mbps", "100ms", hardware="0.01s", **kw)
+  return ideal.network("100Mbps", "100ms", hardware="0.01s", **kw)
 
 
 def ring_seconds(payload, n, bw=BW, lat=LAT):
@@ -104,7 +106,7 @@ def test_gpt_ddp_vs_diloco_h100_factor():
   default one at a fraction of the compile time."""
   gpt = models.gpt(layers=1, d_model=32, seq_len=32)
   text = data.text_bytes(seq_len=32)
-  net = net_lib.network("100Mbps", "100ms")
+  net = ideal.network("100Mbps", "100ms")
   kw = dict(model=gpt, data=text, workers=2, batch_size=1, steps=100,
             network=net, progress=False, eval_examples=2)
   ddp = lowbw.simulate(strategy=strategies.ddp(), **kw)
@@ -129,7 +131,7 @@ def test_overlap_costs_max_of_compute_and_communication():
   assert T > H * C
   assert slow_link.summary["sim_time_s"] == pytest.approx(H * C + 4 * T,
                                                           rel=1e-5)
-  fast = net_lib.network("100Gbps", "0.1ms", hardware="0.01s", overlap=True)
+  fast = ideal.network("100Gbps", "0.1ms", hardware="0.01s", overlap=True)
   t_fast = ring_seconds(P, W, 1e11, 1e-4)
   assert t_fast < H * C
   r = run(strategy, steps=20, network=fast)
@@ -138,7 +140,7 @@ def test_overlap_costs_max_of_compute_and_communication():
 
 def test_hierarchical_topology_by_hand():
   P = num_bytes(initial_params())
-  net = net_lib.network("100Mbps", "100ms", topology="hierarchical",
+  net = ideal.network("100Mbps", "100ms", topology="hierarchical",
                         group_size=2, regional_bandwidth="10Gbps",
                         regional_latency="5ms", hardware="0.01s")
   r = run(strategies.diloco(optax.sgd(0.1), H=4), steps=8, network=net)
@@ -154,7 +156,7 @@ def test_hierarchical_topology_by_hand():
 
 def test_parameter_server_and_all_gather_bytes_follow_the_topology():
   P = num_bytes(initial_params())
-  net = net_lib.network("100Mbps", "100ms", topology="parameter_server",
+  net = ideal.network("100Mbps", "100ms", topology="parameter_server",
                         hardware="0.01s")
   r = run(strategies.ddp(optax.sgd(0.1)), steps=3, network=net)
   assert r.summary["wire_bytes"] == 3 * P
@@ -164,7 +166,7 @@ def test_parameter_server_and_all_gather_bytes_follow_the_topology():
 
 def test_slowest_worker_sets_the_pace():
   P = num_bytes(initial_params())
-  net = net_lib.network("100Mbps", "100ms", hardware="0.01s",
+  net = ideal.network("100Mbps", "100ms", hardware="0.01s",
                         speeds=(1, 1, 0.5, 2))
   r = run(strategies.diloco(optax.sgd(0.1), H=4), steps=8, network=net)
   assert r.summary["sim_time_s"] == pytest.approx(
@@ -288,7 +290,7 @@ def test_random_dropouts_match_the_reference_with_the_same_masks():
 ])
 def test_straggler_mitigation_drops_the_slow_workers_updates(stragglers):
   speeds = (1.0, 0.5, 1.0, 0.5)
-  net = net_lib.network("100Mbps", "100ms", hardware="0.01s", speeds=speeds,
+  net = ideal.network("100Mbps", "100ms", hardware="0.01s", speeds=speeds,
                         stragglers=stragglers)
   r = run(diloco_strategy(2), steps=8, network=net)
   fast = [s == 1.0 for s in speeds]
@@ -345,7 +347,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
   sim = _engine.SimState(state, k2, k3, jnp.ones(W, bool))
   sampler = src.build(W, B, 0)
   channels = strategy.channels(params, W)
-  faulty = net_lib.network("1Gbps", "50ms", hardware="0.01s",
+  faulty = ideal.network("1Gbps", "50ms", hardware="0.01s",
                            faults=net_lib.Faults(drop_prob=0.1))
   config = engine_config(lowbw.Config(
       model=MLP, data=src, strategy=strategy, workers=W, batch_size=B,
@@ -356,7 +358,7 @@ def test_changing_probabilities_and_links_does_not_recompile():
 
   def params_of(**kw):
     faults = net_lib.Faults(drop_prob=kw.pop("drop", 0.1))
-    net = net_lib.network(kw.pop("bw", "1Gbps"), "50ms", hardware="0.01s",
+    net = ideal.network(kw.pop("bw", "1Gbps"), "50ms", hardware="0.01s",
                           stragglers=net_lib.Stragglers(**kw), faults=faults)
     net = _clock.check_network(net, W)
     return _clock.net_params(net, W, _clock.price(net, channels, W, 1, 0.0),
@@ -380,13 +382,13 @@ def test_changing_probabilities_and_links_does_not_recompile():
 
 @pytest.mark.parametrize("network, field", [
     ("1Gbps", "network"),
-    (net_lib.network(topology="hierarchical", group_size=3), "group_size"),
-    (net_lib.network(speeds=(1, 2)), "speeds"),
-    (net_lib.network(faults=net_lib.Faults(drop_prob=1.5)), "drop_prob"),
-    (net_lib.network(faults=net_lib.Faults(windows=((9, 0, 1),))), "windows"),
-    (net_lib.network(stragglers=net_lib.Stragglers(mitigation="x")),
+    (ideal.network(topology="hierarchical", group_size=3), "group_size"),
+    (ideal.network(speeds=(1, 2)), "speeds"),
+    (ideal.network(faults=net_lib.Faults(drop_prob=1.5)), "drop_prob"),
+    (ideal.network(faults=net_lib.Faults(windows=((9, 0, 1),))), "windows"),
+    (ideal.network(stragglers=net_lib.Stragglers(mitigation="x")),
      "mitigation"),
-    (net_lib.network(stragglers=net_lib.Stragglers(mitigation="backup",
+    (ideal.network(stragglers=net_lib.Stragglers(mitigation="backup",
                                                    backups=4)), "backups"),
 ])
 def test_bad_networks_fail_at_build_naming_the_field(network, field):
@@ -497,7 +499,7 @@ def test_a_delayed_outer_step_hides_the_sync_behind_the_next_round(
   the bytes are the same. The command line takes --outer-delay."""
   base = dict(data="digits", hidden="8", workers=4, batch_size=4, steps=16,
               H=4, eval_examples=32, latency="10ms", bandwidth="10Mbps",
-              hardware="0.01s")
+              hardware="0.01s", network_profile="ideal")
   delayed = lowbw.simulate(lowbw.Config(**base, outer_delay=1))
   overlapped = lowbw.simulate(lowbw.Config(**base, overlap=True))
   plain = lowbw.simulate(lowbw.Config(**base))

@@ -49,6 +49,13 @@ def test_the_api_builds_the_strategy_and_network_once(counts, tmp_path):
   assert counts == ONCE
 
 
+def test_simulate_of_fields_builds_the_strategy_and_network_once(counts):
+  # simulate(**fields) is simulate(Config(**fields)): one check of workers
+  # and the other build settings, one strategy, one network.
+  lowbw.simulate(**SETTINGS)
+  assert counts == ONCE
+
+
 def test_lowbw_train_builds_the_strategy_and_network_once(counts, tmp_path):
   argv = ["train"]
   for name, value in SETTINGS.items():

@@ -8,6 +8,8 @@ import pytest
 
 import lowbw
 from lowbw import network as net_lib
+
+import ideal
 from lowbw.network import _clock
 from lowbw import strategies
 from lowbw.simulation._leavers import redistributed
@@ -16,7 +18,7 @@ W, H, BW, LAT = 4, 10, 100e6, 0.01
 
 
 def _run(faults, steps=60):
-  net = net_lib.network("100Mbps", "10ms", hardware="1s", faults=faults)
+  net = ideal.network("100Mbps", "10ms", hardware="1s", faults=faults)
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
       data=lowbw.data.digits(), strategy=strategies.diloco(H=H),
@@ -79,5 +81,5 @@ def test_elastic_settings_are_checked():
                         (dict(joins=((9, 10),)), "joins"),
                         (dict(leave_shards="share"), "leave_shards")]:
     with pytest.raises(ValueError, match=match):
-      _clock.check_network(net_lib.network(
+      _clock.check_network(ideal.network(
           faults=net_lib.Faults(**faults)), W)

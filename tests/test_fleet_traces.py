@@ -7,6 +7,8 @@ import pytest
 
 import lowbw
 from lowbw import network as net_lib
+
+import ideal
 from lowbw import strategies
 
 W, H = 4, 10
@@ -33,7 +35,7 @@ def test_a_speed_trace_sets_each_rounds_compute_time(tmp_path):
   trace = _write(tmp_path, "speeds.csv", [
       ("time", "a", "b", "c", "d"), (0, 1, 1, 1, 1), ("20s", 1, 1, 1, 0.25),
       ("1min", 1, 1, 1, 1)])
-  net = net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=trace)
+  net = ideal.network("1000Tbps", "0ms", hardware="1s", speeds=trace)
   sim_time = _run(net).history["sim_time_s"]
   np.testing.assert_allclose(sim_time, [10, 20, 60, 70], atol=1e-3)
 
@@ -45,7 +47,7 @@ def test_a_bandwidth_trace_reprices_each_sync(tmp_path):
   trace = _write(tmp_path, "bw.csv", [
       ("time", "w0", "w1", "w2", "w3"), (0, "1Gbps", "1Gbps", "1Gbps", "1Gbps"),
       ("15s", "1Gbps", "1Gbps", "1Mbps", "1Gbps")])
-  net = net_lib.network(latency="0ms", hardware="1s", bandwidth_trace=trace)
+  net = ideal.network(latency="0ms", hardware="1s", bandwidth_trace=trace)
   r = _run(net)
   payload = r.history["payload_bytes"][0]
   hop = lambda bps: 8 * payload / W / bps  # noqa: E731
@@ -61,7 +63,7 @@ def test_a_speed_trace_changes_asynchronous_training(tmp_path):
   trace = _write(tmp_path, "speeds.csv", [
       ("time", 0, 1, 2, 3), (0, 1, 1, 1, 1), (5, 1, 1, 1, 0.25)])
   model_of = lambda speeds: _run(  # noqa: E731
-      net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=speeds),
+      ideal.network("1000Tbps", "0ms", hardware="1s", speeds=speeds),
       strategies.async_diloco(H=H), steps=30).params
   equal, traced = model_of(None), model_of(trace)
   assert not np.allclose(jax.tree.leaves(equal)[0],
@@ -80,25 +82,25 @@ def test_a_bad_speed_trace_is_refused_naming_the_problem(tmp_path, rows,
                                                          match):
   path = _write(tmp_path, "bad.csv", rows)
   with pytest.raises(ValueError, match="speeds") as e:
-    net_lib.network(hardware="1s", speeds=path)
+    ideal.network(hardware="1s", speeds=path)
   assert match in str(e.value)
 
 
 def test_traces_must_fit_the_fleet(tmp_path):
   three = _write(tmp_path, "three.csv", [("time", 0, 1, 2), (0, 1, 1, 1)])
   with pytest.raises(ValueError, match="expected 4, one per worker"):
-    _run(net_lib.network(hardware="1s", speeds=three))
+    _run(ideal.network(hardware="1s", speeds=three))
   with pytest.raises(ValueError, match="bandwidth_trace.*expected 4"):
-    _run(net_lib.network(hardware="1s", bandwidth_trace=_write(
+    _run(ideal.network(hardware="1s", bandwidth_trace=_write(
         tmp_path, "bw.csv", [("time", 0, 1, 2), (0, "1Gbps", "1Gbps",
                                                   "1Gbps")])))
   with pytest.raises(ValueError, match="needs hardware"):
-    _run(net_lib.network(hardware=None, speeds=_write(
+    _run(ideal.network(hardware=None, speeds=_write(
         tmp_path, "four.csv", [("time", 0, 1, 2, 3), (0, 1, 1, 1, 1)])))
   with pytest.raises(ValueError, match="cannot read the trace file"):
-    net_lib.network(hardware="1s", speeds=str(tmp_path / "missing.csv"))
+    ideal.network(hardware="1s", speeds=str(tmp_path / "missing.csv"))
   with pytest.raises(ValueError, match="speeds"):
-    net_lib.network(hardware="1s", speeds=[1, 0, 1, 1])
+    ideal.network(hardware="1s", speeds=[1, 0, 1, 1])
 
 
 @pytest.mark.parametrize("ending", ["plain", "bom_crlf"])
@@ -112,7 +114,7 @@ def test_a_one_row_speed_trace_is_a_constant_fleet(tmp_path, ending):
     path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
   else:
     path.write_text(text)
-  net = net_lib.network("1000Tbps", "0ms", hardware="1s", speeds=str(path))
+  net = ideal.network("1000Tbps", "0ms", hardware="1s", speeds=str(path))
   assert net.speed_trace.values == ((1.0, 0.5, 1.0, 1.0),)
   sim_time = _run(net).history["sim_time_s"]
   np.testing.assert_allclose(sim_time, [20, 40, 60, 80], atol=1e-3)
@@ -122,7 +124,7 @@ def test_a_trace_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
   path = tmp_path / "latin.csv"
   path.write_bytes("time,a\xe9\n0,1\n".encode("latin-1"))
   with pytest.raises(ValueError, match="speeds.*latin.csv.*not UTF-8"):
-    net_lib.network(hardware="1s", speeds=str(path))
+    ideal.network(hardware="1s", speeds=str(path))
 
 
 def test_a_long_trace_is_looked_up_by_binary_search():

@@ -147,7 +147,8 @@ def test_tiers_are_priced_on_the_hierarchical_topologys_links():
   simulated time by hand (0.01 s a step, ring all-reduces)."""
   net = lowbw.network.network("100Mbps", "100ms", topology="hierarchical",
                               group_size=2, regional_bandwidth="10Gbps",
-                              regional_latency="5ms", hardware="0.01s")
+                              regional_latency="5ms", hardware="0.01s",
+                              profile="ideal")  # the formulas by hand
   r = lowbw.simulate(strategy=strategies.hierarchical_diloco(
       H=2, group_size=2, global_every=2), network=net, **dict(KW, steps=8))
   m = 4 * (64 * 16 + 16 + 16 * 10 + 10)

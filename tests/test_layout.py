@@ -34,10 +34,9 @@ INTERNAL = {
     ("lowbw/strategies", "lowbw.transforms._sparse"),
     ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
     ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically
-    # The engine builds what a Config checked: its build settings (RunConfig)
-    # and the signature composition of build's and simulate's keywords; the
-    # settings' table (_config) and the data and model a keyword-style call
-    # names (_resolve).
+    # The engine builds what a Config checked: its build settings (RunConfig,
+    # _settings), the settings' table (_config) and the data and model the
+    # config names (_resolve).
     ("lowbw/simulation", "lowbw.config._config"),
     ("lowbw/simulation", "lowbw.config._resolve"),
     ("lowbw/simulation", "lowbw.config._settings"),
@@ -64,6 +63,13 @@ INTERNAL = {
     ("lowbw/studies", "lowbw.simulation._api"),
     ("lowbw/studies", "lowbw.simulation._logdir"),
     ("lowbw/studies", "lowbw.simulation._sweep"),
+    # A run's cost: the price settings' rule and the summary's figures, one
+    # module that the settings, the run's summary, the planner and their
+    # commands read.
+    ("lowbw/cli", "lowbw.telemetry._cost"),
+    ("lowbw/config", "lowbw.telemetry._cost"),
+    ("lowbw/network", "lowbw.telemetry._cost"),
+    ("lowbw/simulation", "lowbw.telemetry._cost"),
     # lowbw bench times the compiled round against a plain replica: the
     # engine's backward pass, worker map, mesh specs and worker casts.
     ("lowbw/bench.py", "lowbw.simulation._backward"),

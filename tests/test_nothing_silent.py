@@ -260,7 +260,8 @@ def test_row_means_are_exact_sums_rounded_once():
 
 
 def test_clock_params_prices_compute_and_messages_as_a_larger_model(tmp_path):
-  net = dict(bandwidth="100Mbps", latency="0ms", hardware="h100")
+  net = dict(bandwidth="100Mbps", latency="0ms", hardware="h100",
+             profile="ideal")  # linear in the bytes: no per-call cost
   small = lowbw.simulate(**_RUN, network=network.network(**net))
   n = small.summary["num_params"]
   big = lowbw.simulate(**_RUN, network=network.network(

@@ -182,7 +182,8 @@ def test_clock_overlaps_a_fragments_sync_with_tau_steps():
   dense, head = 4 * (64 * 16 + 16), 4 * (16 * 10 + 10)
   bw, lat, c, w = 1e6, 0.01, 0.01, 4     # 1 Mbit/s, 10 ms, 10 ms a step
   ring = lambda b: 2 * (w - 1) * (lat + 8 * b / w / bw)  # noqa: E731
-  net = lowbw.network.network("1Mbps", "10ms", hardware="0.01s")
+  net = lowbw.network.network("1Mbps", "10ms", hardware="0.01s",
+                              profile="ideal")  # the formulas by hand
 
   def by_hand(tau, frags, period, steps):
     t, arrives = 0.0, 0.0

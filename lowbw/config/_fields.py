@@ -106,6 +106,10 @@ def _hardware(text, field):
   return network_lib.hardware(text)
 
 
+def _profile(text, field):
+  return network_lib.profile(text)
+
+
 def _budget(text, field):
   return _resources.check_budget(text)
 
@@ -224,6 +228,13 @@ RUN_FIELDS = (
           _count("clock_params")),
     Field("clock", True, SHAPE, _N, "simulate the clock (sim_time_s); "
           "--no-clock: bytes and losses only", bool),
+    Field("network_profile", "calibrated", SHAPE, _N, "what real links and "
+          "collectives cost beyond latency + bytes / bandwidth: "
+          "'calibrated' (measured on real runs: link efficiency by "
+          "bandwidth, 0.30 ms per collective call, 0.37 s to set up the "
+          "first; see docs/calibration.md), 'ideal' (none of it), or a YAML "
+          "file of a profile (lowbw calibrate writes one)",
+          quantity(_profile, "network_profile")),
     Field("network", None, SHAPE, _N, "a lowbw.network.Network object "
           "(links, topology, hardware, stragglers, faults) in place of the "
           "network settings (bandwidth, latency, ...); default: the network "

@@ -39,6 +39,8 @@ from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
 from lowbw.network._hardware import Hardware, check_speeds
 from lowbw.network._hardware import hardware as make_hardware
+from lowbw.network._profile import CALIBRATED, Profile
+from lowbw.network._profile import profile as make_profile
 from lowbw.network._topology import (Flat, Hierarchical, Link, count_links,
                                      flat, relinked,
                                      hierarchical)
@@ -63,6 +65,10 @@ class Network(NamedTuple):
       model's parameters), so a small model's learning can be timed in a
       large one's regime; the bytes logged stay the real model's. None: the
       model's own size.
+    profile: what real links and collectives cost beyond latency + bytes /
+      bandwidth (``lowbw.network.Profile``: link efficiency, a cost per
+      collective call, a first-contact start-up, host time per step);
+      ``IDEAL`` leaves them out.
   """
 
   topology: Flat | Hierarchical
@@ -73,6 +79,7 @@ class Network(NamedTuple):
   clock_params: float | None = None
   speed_trace: Trace | None = None
   bandwidth_trace: Trace | None = None
+  profile: Profile = CALIBRATED
 
   def describe(self) -> dict:
     return {**self.topology.describe(),
@@ -85,6 +92,7 @@ class Network(NamedTuple):
                 if isinstance(v, tuple) else v
                 for k, v in self.faults._asdict().items()},
             "overlap": self.overlap, "clock_params": self.clock_params,
+            "profile": self.profile.describe(),
             **{name: t.describe() for name, t in (
                 ("speed_trace", self.speed_trace),
                 ("bandwidth_trace", self.bandwidth_trace)) if t is not None}}
@@ -95,7 +103,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
             regional_latency="5ms", hardware="h100", mfu: float = 0.4,
             speeds=None, stragglers: Stragglers | None = None,
             faults: Faults | None = None, overlap: bool = False,
-            clock_params=None, bandwidth_trace=None) -> Network:
+            clock_params=None, bandwidth_trace=None, profile=None) -> Network:
   """A ``Network`` from plain values.
 
   Args:
@@ -117,6 +125,10 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
     overlap: overlap sync communication with the next round's compute.
     clock_params: time the run as if the model had this many parameters
       ("1B", "350M" or a number; see ``Network``).
+    profile: "calibrated" (default: the terms measured on real runs, see
+      ``lowbw.network.Profile``), "ideal" (latency + bytes / bandwidth
+      only), a YAML file of a profile (``lowbw calibrate`` writes one) or a
+      ``Profile``.
 
   ``speeds`` may also be a trace, a .csv path (or a ``lowbw.network.Trace``)
   of per-worker values over simulated time (``_trace``), and
@@ -150,7 +162,7 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
   if clock_params is not None:
     clock_params = _units.count(clock_params, "clock_params")
   return Network(topo, hw, stragglers, faults, overlap, clock_params,
-                 speed_trace, bandwidth_trace)
+                 speed_trace, bandwidth_trace, make_profile(profile))
 
 
 def check_network(net: Network, num_workers: int) -> Network:
@@ -274,10 +286,39 @@ class Segments(NamedTuple):
 
 
 def channel_costs(net: Network, channels: dict[str, Channel],
-                  num_workers: int) -> dict:
-  """The topology's ``Cost`` of one event of every channel."""
-  return {name: net.topology.cost(c, num_workers)
-          for name, c in channels.items()}
+                  num_workers: int, num_tensors: int = 1) -> dict:
+  """The ``Cost`` of one event of every channel: the topology's, on links
+  at the rate a collective reaches (the profile's efficiency), plus the
+  profile's cost per collective call (``num_tensors``: the model's
+  parameter tensors, for a profile of one call per tensor)."""
+  topo, p = effective_topology(net), net.profile
+  extra = p.per_call_s * p.calls_per_event(num_tensors)
+  out = {}
+  for name, c in channels.items():
+    cost = topo.cost(c, num_workers)
+    if extra and cost.seconds > 0:
+      cost = cost._replace(seconds=cost.seconds + extra, seconds_W=None if (
+          cost.seconds_W is None) else tuple(s + extra for s in cost.seconds_W))
+    out[name] = cost
+  return out
+
+
+def _effective(links, p: Profile):
+  """``links`` at the rate a collective reaches on each."""
+  if isinstance(links, Link):
+    return links._replace(bandwidth_bps=links.bandwidth_bps *
+                          p.efficiency_at(links.bandwidth_bps))
+  return tuple(_effective(one, p) for one in links)
+
+
+def effective_topology(net: Network):
+  """``net``'s topology with every link's bandwidth as the profile says a
+  collective reaches it."""
+  topo, p = net.topology, net.profile
+  if isinstance(topo, Flat):
+    return topo._replace(link=_effective(topo.link, p))
+  return topo._replace(regional=_effective(topo.regional, p),
+                       wan=_effective(topo.wan, p))
 
 
 class Pricing(NamedTuple):
@@ -305,21 +346,23 @@ class Pricing(NamedTuple):
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
           num_params: int, flops_per_step: float,
-          steps: int | None = None) -> Pricing:
+          steps: int | None = None, num_tensors: int = 1) -> Pricing:
   """Everything ``net`` charges for a run whose messages are ``channels``
   and whose model has ``num_params`` parameters, ``flops_per_step`` FLOPs
   per worker step. ``net.clock_params`` prices a larger model than the one
   trained: the clock's bytes and FLOPs scale by ``clock_params /
   num_params``, the logged bytes do not. With ``steps``, refuses a network
   whose run of that many steps the clock could not count
-  (``check_clock_range``)."""
-  costs = channel_costs(net, channels, num_workers)
+  (``check_clock_range``). ``num_tensors``: the model's parameter tensors
+  (the profile's calls per event)."""
+  costs = channel_costs(net, channels, num_workers, num_tensors)
   scale = 1.0 if net.clock_params is None else net.clock_params / num_params
   scaled = channels if scale == 1.0 else {name: ch._replace(
       payload_bytes=ch.payload_bytes * scale,
       down_bytes=None if ch.down_bytes is None else ch.down_bytes * scale)
       for name, ch in channels.items()}
-  clock = costs if scale == 1.0 else channel_costs(net, scaled, num_workers)
+  clock = costs if scale == 1.0 else channel_costs(net, scaled, num_workers,
+                                                   num_tensors)
   flops = flops_per_step * scale
   hw = net.hardware
   segments = []
@@ -328,10 +371,9 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
     at = net if net.bandwidth_trace is None else _relink(
         net, net.bandwidth_trace.at(start))
     segments.append((start, speeds, clock if at is net else
-                     channel_costs(at, scaled, num_workers)))
-  pricing = Pricing(costs, clock, flops,
-                    None if hw is None else hw.step_seconds(flops),
-                    tuple(segments))
+                     channel_costs(at, scaled, num_workers, num_tensors)))
+  pricing = Pricing(costs, clock, flops, None if hw is None else (
+      hw.step_seconds(flops) + net.profile.host_s), tuple(segments))
   if steps is not None:
     check_clock_range(net, pricing, steps)
   return pricing
@@ -629,19 +671,47 @@ class Clock:
   and need it after the k-th step of the next round (Streaming DiLoCo's
   delayed merge, tau = k), waiting there only for what did not fit; ``True``:
   they need it at the next sync (the whole next round overlaps).
+
+  ``startup_s`` (the profile's first-contact cost) is added to the run's
+  first communication, a step's (``comm_steps``: DDP's all-reduce, SPARTA's
+  exchange) or a round's sync: setting up the communicator before its first
+  collective.
   """
 
-  def __init__(self, overlap: bool | int):
+  def __init__(self, overlap: bool | int, startup_s: float = 0.0):
     self.overlap = (math.inf if overlap is True else
                     0 if overlap is False else int(overlap))
     self.now = 0.0
     self.comm_end = 0.0
+    self.startup_s = float(startup_s)
+    self.contacted = False
 
   def state_dict(self) -> dict:
-    return {"now": self.now, "comm_end": self.comm_end}
+    return {"now": self.now, "comm_end": self.comm_end,
+            "contacted": self.contacted}
 
   def load_state_dict(self, d: dict) -> None:
     self.now, self.comm_end = float(d["now"]), float(d["comm_end"])
+    # A checkpoint from before the start-up term: contact was made if any
+    # time had passed.
+    self.contacted = bool(d.get("contacted", self.now > 0))
+
+  def _step_contact(self, rel: np.ndarray, comm_steps) -> float:
+    """Adds the start-up to the steps from the first communicating one of
+    ``comm_steps`` (bool per step of ``rel``) when none came before;
+    returns the seconds added."""
+    if self.contacted or comm_steps is None or not np.any(comm_steps):
+      return 0.0
+    self.contacted = True
+    rel[int(np.argmax(comm_steps)):] += self.startup_s
+    return self.startup_s
+
+  def _first_contact(self, sync_s: float) -> float:
+    """``sync_s`` with the start-up added when it is the run's first."""
+    if self.contacted or sync_s <= 0:
+      return sync_s
+    self.contacted = True
+    return sync_s + self.startup_s
 
   @property
   def elapsed(self) -> float:
@@ -658,33 +728,39 @@ class Clock:
       return 0.0
     return max(0.0, self.comm_end - (start + float(rel[k - 1])))
 
-  def rounds(self, step_s, compute_s, sync_s) -> np.ndarray:
+  def rounds(self, step_s, compute_s, sync_s, comm_steps=None) -> np.ndarray:
     """Absolute times after each step of ``n`` rounds.
 
     Args:
       step_s: (n, H) relative time after each step (workers waited for).
       compute_s: (n,) relative time the sync starts.
       sync_s: (n,) seconds of the sync's communication.
+      comm_steps: (n, H) bool, the steps that communicate (for the
+        start-up), or None.
     """
     step_s = np.array(step_s, np.float64)
     h = step_s.shape[1] if step_s.ndim == 2 else 0
     out = np.empty(step_s.shape, np.float64)
     for r in range(step_s.shape[0]):
       start, rel = self.now, step_s[r]
-      ready = start + float(compute_s[r])
+      ready = start + float(compute_s[r]) + self._step_contact(
+          rel, None if comm_steps is None else comm_steps[r])
       if 0 < self.overlap < h:  # the last sync's result is needed inside this round
         wait = self._wait_at(start, rel)
         rel[self.overlap - 1:] += wait
         ready += wait
       out[r] = start + rel
-      self.now, self.comm_end = round_end(ready, self.comm_end,
-                                          float(sync_s[r]), bool(self.overlap))
+      self.now, self.comm_end = round_end(
+          ready, self.comm_end, self._first_contact(float(sync_s[r])),
+          bool(self.overlap))
       out[r, -1] = self.now
     return out.reshape(-1)
 
-  def steps(self, step_s) -> np.ndarray:
-    """Absolute times after each of a tail's steps (no sync)."""
+  def steps(self, step_s, comm_steps=None) -> np.ndarray:
+    """Absolute times after each of a tail's steps (no sync);
+    ``comm_steps`` as for ``rounds``."""
     rel = np.array(step_s, np.float64).reshape(-1)
+    self._step_contact(rel, comm_steps)
     wait = self._wait_at(self.now, rel)
     if wait:
       rel[self.overlap - 1:] += wait

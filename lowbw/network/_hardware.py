@@ -2,7 +2,9 @@
 
 Time per step = 6 * P * tokens / (peak FLOP/s * MFU): the 6P FLOPs per token of
 the forward and backward matrix products (Kaplan et al., 2020), at a model-FLOP
-utilisation (default 0.4, the seed-001 planner's default). Or a fixed number of
+utilisation (default 0.4, what large models reach; a small model reaches
+less: a 30.8M-parameter model in fp32 reached 0.16 of an L40S's fp32 peak in
+the measured runs of ``benchmarks/calibration``). Or a fixed number of
 seconds per step. Per-worker speed multipliers describe a heterogeneous fleet.
 """
 
@@ -21,6 +23,7 @@ PRESETS = {
     "b200": 2.25e15,
     "mi300x": 1.307e15,
     "l4": 121e12,
+    "l40s": 362e12,
     "rtx4090": 165e12,
     "v100": 125e12,
 }

@@ -24,6 +24,7 @@ class Prices:
     self.priced_channels = {**facts.strategy_channels,
                             **catch_up(c, facts)}
     self.num_params = facts.num_params
+    self.num_tensors = len(jax.tree.leaves(facts.abstract_params))
     tokens = c.batch_size * (c.data.tokens_per_example or 1)
     self.flops_per_token = models_lib.flops_per_token(
         c.model, facts.num_params, c.data.tokens_per_example)
@@ -41,7 +42,8 @@ class Prices:
         self._pricings.pop(next(iter(self._pricings)))
       self._pricings[key] = (network, net_lib.price(
           network, self.priced_channels, self.config.workers,
-          self.num_params, self.flops_per_step, steps=self.config.steps))
+          self.num_params, self.flops_per_step, steps=self.config.steps,
+          num_tensors=self.num_tensors))
     return self._pricings[key][1]
 
   def channels(self, network) -> dict:

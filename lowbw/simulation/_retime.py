@@ -164,10 +164,11 @@ def _times(ledger: dict, net, pricing) -> tuple[np.ndarray, float]:
   if rounds:
     counts = step_counts[:full].reshape(rounds, period, -1)
     rel, ready = _round_steps(counts, step_s_W, comm_s)
-    out.append(clock.rounds(rel, ready, _seconds(sync_counts, comm_s)))
+    out.append(clock.rounds(rel, ready, _seconds(sync_counts, comm_s),
+                            counts.sum(axis=-1) > 0))
   if step_counts.shape[0] > full:
     rel, _ = _round_steps(step_counts[None, full:], step_s_W, comm_s)
-    out.append(clock.steps(rel[0]))
+    out.append(clock.steps(rel[0], step_counts[full:].sum(axis=-1) > 0))
   times = np.concatenate(out) if out else np.zeros(0)
   return times, clock.elapsed
 

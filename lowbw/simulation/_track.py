@@ -48,7 +48,9 @@ class Track:
     self.network = network
     self.history = History(sim.schema.layout(network), log_every,
                            spacing_given=c.log_every is not None)
-    self.clock = net_lib.Clock(clock_overlap(sim.config.strategy, network))
+    self.clock = net_lib.Clock(
+        clock_overlap(sim.config.strategy, network),
+        0.0 if network is None else network.profile.startup_s)
     self.log_dir = log_dir
     # What re-timing the run on another network needs (``_retime``).
     self.ledger = _ledger.Ledger(sim, network, log_dir)
@@ -122,7 +124,8 @@ class Track:
     if out.clock is None:
       return span
     sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
-                                 out.clock.compute_s[:n], out.clock.sync_s[:n])
+                                 out.clock.compute_s[:n], out.clock.sync_s[:n],
+                                 _communicating(per_step.counts, n, period))
     sync_counts = {c: v[:n] for c, v in out.sync_counts.items()}
     taken = worker_events(
         per_step.counts, per_step.clock.participants, sync_counts,
@@ -149,7 +152,10 @@ class Track:
     taken = worker_events(per_step.counts, participants)
     taken_W = worker_events_W(per_step.counts, per_step.clock.active_W)
     self._catch_ups(per_step.clock, counts, taken, taken_W)
-    return span._replace(sim_time=self.clock.steps(per_step.clock.time_s),
+    comm_steps = _communicating(per_step.counts, 1, n)
+    return span._replace(sim_time=self.clock.steps(
+                             per_step.clock.time_s,
+                             None if comm_steps is None else comm_steps[0]),
                          participants=participants, taken=taken,
                          taken_W=taken_W, members=per_step.clock.members)
 
@@ -405,3 +411,12 @@ def _strategy_metrics(local: dict, sync: dict, n: int, period: int) -> dict:
     full[period - 1::period] = np.asarray(v[:n], np.float64)
     out[m] = full
   return out
+
+
+def _communicating(counts: dict, n: int, period: int):
+  """(n, period) bool: the steps whose own channels sent something (for
+  the clock's start-up), or None when no step channel exists."""
+  if not counts:
+    return None
+  total = sum(np.asarray(c).reshape(-1)[:n * period] for c in counts.values())
+  return (np.asarray(total) > 0).reshape(n, period)

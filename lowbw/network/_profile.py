@@ -1,0 +1,165 @@
+"""What real links and collectives cost beyond latency + bytes / bandwidth.
+
+A ``Profile`` holds the terms the clock adds to its ideal link model, each
+measured on real runs (DDP, LocalSGD and DiLoCo on 4 NVIDIA L40S nodes over
+``tc``-shaped TCP links, 50 Mbit/s to 5 Gbit/s; the data and its source are
+in ``benchmarks/calibration/``):
+
+* ``efficiency``: the fraction of a link's rate a collective reaches, by the
+  link's bandwidth. NCCL's ring over a shaped TCP link reached 0.79 of the
+  link at 50 Mbit/s, 0.907 at 200 Mbit/s, all of it at 1 Gbit/s and 0.989
+  at 5 Gbit/s (once the per-call cost below is counted). Between the
+  measured rates it is interpolated in log-bandwidth; outside them it is
+  the nearest one's.
+* ``per_call_s`` and ``calls``: every collective call costs a fixed time on
+  top of its bytes (0.30 ms fitted), and an event of a channel makes
+  ``calls`` of them: 1 when the payload is fused into one buffer (lowbw's
+  engine sends each channel as one), or ``"per_tensor"`` for trainers that
+  issue one all-reduce per parameter tensor (57 calls a sync in the
+  measured runs, about 17 ms a sync).
+* ``startup_s``: a one-off cost of the run's first communication (setting up
+  the communicator: the first sync took 0.24 to 0.98 s longer, median
+  0.37 s).
+* ``host_s``: host time per inner step beside the device's compute (the
+  optimizer step and the data loader: 0.1 ms per step measured for DiLoCo,
+  4.7 ms for DDP's trainer); 0 by default, since it belongs to a trainer.
+
+The defaults (``CALIBRATED``) are ``lowbw calibrate``'s fit of those runs
+(``benchmarks/calibration/profile.yaml``), rounded; ``IDEAL`` is the clock
+without these terms (what lowbw computed before them).
+A profile is saved as YAML (``save``, ``load``); ``lowbw calibrate`` fits one
+to a user's own measurements.
+"""
+
+import math
+import os
+from typing import NamedTuple
+
+import yaml
+
+from lowbw import _validate
+
+CALLS = ("fused", "per_tensor")
+
+
+class Profile(NamedTuple):
+  """The clock's terms beyond the ideal link model (see the module).
+
+  Attributes:
+    efficiency: ``((bandwidth bit/s, fraction), ...)``, ascending.
+    per_call_s: seconds of every collective call beside its bytes.
+    calls: collective calls per event of a channel: "fused" (one),
+      "per_tensor" (one per parameter tensor) or a number.
+    startup_s: seconds added to the run's first communication.
+    host_s: host seconds per inner step beside the device's compute.
+  """
+
+  efficiency: tuple[tuple[float, float], ...] = (
+      (50e6, 0.79), (200e6, 0.907), (1e9, 1.0), (5e9, 0.989))
+  per_call_s: float = 0.30e-3
+  calls: str | int = "fused"
+  startup_s: float = 0.37
+  host_s: float = 0.0
+
+  def efficiency_at(self, bandwidth_bps: float) -> float:
+    """The fraction of a ``bandwidth_bps`` link a collective reaches."""
+    points = self.efficiency
+    if bandwidth_bps <= points[0][0]:
+      return points[0][1]
+    for (b0, e0), (b1, e1) in zip(points, points[1:]):
+      if bandwidth_bps <= b1:
+        t = math.log(bandwidth_bps / b0) / math.log(b1 / b0)
+        return e0 + t * (e1 - e0)
+    return points[-1][1]
+
+  def calls_per_event(self, num_tensors: int) -> int:
+    """Collective calls one event of a channel makes."""
+    if self.calls == "fused":
+      return 1
+    if self.calls == "per_tensor":
+      return max(1, int(num_tensors))
+    return int(self.calls)
+
+  def describe(self) -> dict:
+    return {"efficiency": [list(p) for p in self.efficiency],
+            "per_call_s": self.per_call_s, "calls": self.calls,
+            "startup_s": self.startup_s, "host_s": self.host_s}
+
+
+CALIBRATED = Profile()
+IDEAL = Profile(efficiency=((1.0, 1.0),), per_call_s=0.0, calls="fused",
+                startup_s=0.0, host_s=0.0)
+NAMES = {"calibrated": CALIBRATED, "ideal": IDEAL}
+
+
+def check(p: Profile, field: str = "network_profile") -> Profile:
+  """``p`` if every term is sound; else a ConfigError naming the term."""
+  if not isinstance(p, Profile):
+    raise _validate.fail(field, p, "expected a lowbw.network.Profile, "
+                         + ", ".join(repr(n) for n in NAMES)
+                         + " or a YAML file of one")
+  points = tuple((float(b), float(e)) for b, e in p.efficiency)
+  if not points or any(not (b > 0 and 0 < e <= 1) for b, e in points) or any(
+      b1 <= b0 for (b0, _), (b1, _) in zip(points, points[1:])):
+    raise _validate.fail("efficiency", p.efficiency, "expected (bandwidth "
+                         "bit/s, fraction in (0, 1]) pairs, bandwidths "
+                         "ascending")
+  for name in ("per_call_s", "startup_s", "host_s"):
+    value = getattr(p, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        0 <= value < math.inf):
+      raise _validate.fail(name, value, "expected seconds >= 0")
+  calls = p.calls
+  if not (calls in CALLS or (isinstance(calls, int) and not isinstance(
+      calls, bool) and calls >= 1)):
+    raise _validate.fail("calls", calls, "expected 'fused', 'per_tensor' or "
+                         "a number of calls >= 1")
+  return p._replace(efficiency=points, per_call_s=float(p.per_call_s),
+                    startup_s=float(p.startup_s), host_s=float(p.host_s))
+
+
+def profile(spec=None) -> Profile:
+  """A ``Profile`` from a name ("calibrated", the default; "ideal"), a YAML
+  file written by ``save`` or ``lowbw calibrate``, or a ``Profile``."""
+  if spec is None:
+    return CALIBRATED
+  if isinstance(spec, Profile):
+    return check(spec)
+  if isinstance(spec, str) and spec in NAMES:
+    return NAMES[spec]
+  if isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
+    return load(spec)
+  raise _validate.fail("network_profile", spec, "expected " + " or ".join(
+      repr(n) for n in NAMES) + ", a YAML file of a profile (lowbw "
+      "calibrate writes one) or a lowbw.network.Profile")
+
+
+def load(path) -> Profile:
+  """The profile saved in the YAML file ``path``."""
+  try:
+    with open(path) as f:
+      values = yaml.safe_load(f)
+  except (OSError, yaml.YAMLError) as e:
+    raise _validate.fail("network_profile", str(path),
+                         f"cannot be read: {e}") from None
+  if not isinstance(values, dict):
+    raise _validate.fail("network_profile", str(path), "expected a YAML "
+                         "table of the profile's terms")
+  unknown = sorted(set(values) - set(Profile._fields))
+  if unknown:
+    raise _validate.fail("network_profile", str(path), f"{unknown[0]!r} is "
+                         "not a term; expected " + ", ".join(Profile._fields))
+  if "efficiency" in values:
+    try:
+      values["efficiency"] = tuple(tuple(p) for p in values["efficiency"])
+    except TypeError:
+      raise _validate.fail("efficiency", values["efficiency"], "expected "
+                           "(bandwidth bit/s, fraction) pairs") from None
+  return check(Profile(**values))
+
+
+def save(p: Profile, path) -> str:
+  """Writes ``p`` to ``path`` as YAML; returns the path."""
+  with open(path, "w") as f:
+    yaml.safe_dump(check(p).describe(), f, sort_keys=False)
+  return str(path)

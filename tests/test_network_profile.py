@@ -1,0 +1,153 @@
+"""The clock's terms beyond latency + bytes / bandwidth (``Profile``): a
+collective reaches a fraction of the link that depends on its bandwidth,
+every collective call costs a fixed time, the first communication sets up
+the communicator, and the host adds time to every step. Each is checked
+against the ideal clock plus the term computed by hand."""
+
+import math
+
+import numpy as np
+import pytest
+
+import lowbw
+from lowbw import cli
+from lowbw import network as net_lib
+from lowbw.network import _profile
+
+W, H, STEPS, BW, LAT, STEP_S = 4, 4, 12, 100e6, 0.01, 0.01
+RUN = dict(data="digits", model="mlp", hidden="8", workers=W, batch_size=4,
+           steps=STEPS, H=H, eval_examples=16, progress=False,
+           bandwidth="100Mbps", latency="10ms", hardware="0.01s")
+
+
+def _sim_time(**changes) -> float:
+  return lowbw.simulate(**{**RUN, **changes}).summary["sim_time_s"]
+
+
+def _ring_s(payload_bytes: float, bandwidth: float) -> float:
+  """Ring all-reduce by hand: 2(W-1) hops of payload/W bytes."""
+  return 2 * (W - 1) * (LAT + 8 * payload_bytes / W / bandwidth)
+
+
+def test_efficiency_is_interpolated_in_log_bandwidth_and_clamped():
+  p = _profile.CALIBRATED
+  assert p.efficiency_at(10e6) == p.efficiency_at(50e6) == 0.79
+  assert p.efficiency_at(100e6) == pytest.approx(
+      0.79 + (0.907 - 0.79) * math.log(2) / math.log(4))
+  assert p.efficiency_at(1e9) == 1.0 and p.efficiency_at(100e9) == 0.989
+  assert _profile.IDEAL.efficiency_at(50e6) == 1.0
+
+
+@pytest.fixture(scope="module")
+def ideal_and_calibrated():
+  ideal = lowbw.simulate(**RUN, network_profile="ideal")
+  calibrated = lowbw.simulate(**RUN)  # the default profile
+  return ideal, calibrated
+
+
+def test_the_calibrated_clock_is_the_ideal_one_plus_each_term_by_hand(
+    ideal_and_calibrated):
+  ideal, calibrated = ideal_and_calibrated
+  p = _profile.CALIBRATED
+  payload = 4 * ideal.summary["num_params"]  # a float32 pseudo-gradient
+  syncs = STEPS // H
+  assert ideal.summary["sim_time_s"] == pytest.approx(
+      STEPS * STEP_S + syncs * _ring_s(payload, BW), rel=1e-6)
+  per_sync = p.per_call_s + _ring_s(payload, BW * p.efficiency_at(BW))
+  assert calibrated.summary["sim_time_s"] == pytest.approx(
+      STEPS * STEP_S + syncs * per_sync + p.startup_s, rel=1e-6)
+  # Only the clock moves: the training and the bytes are the same.
+  np.testing.assert_array_equal(ideal.history["train_loss"],
+                                calibrated.history["train_loss"])
+  assert ideal.summary["wire_bytes"] == calibrated.summary["wire_bytes"]
+
+
+def test_the_start_up_is_paid_once_at_the_first_sync(ideal_and_calibrated):
+  ideal, calibrated = ideal_and_calibrated
+  steps = ideal.history["step"]
+  gap = calibrated.history["sim_time_s"] - ideal.history["sim_time_s"]
+  before = gap[steps < H]
+  assert np.all(before == 0)  # nothing communicated yet
+  first_sync = gap[steps == H][0]
+  last = gap[steps == STEPS][0]
+  per_sync_extra = (last - first_sync) / (STEPS // H - 1)
+  assert first_sync - per_sync_extra == pytest.approx(
+      _profile.CALIBRATED.startup_s, rel=1e-5)
+
+
+def test_one_call_per_tensor_and_host_time_per_step(tmp_path):
+  base = _sim_time(network_profile="ideal")
+  profile = _profile.Profile(efficiency=((1.0, 1.0),), per_call_s=0.002,
+                             calls="per_tensor", startup_s=0.0, host_s=0.003)
+  path = _profile.save(profile, tmp_path / "p.yaml")
+  tensors = 4  # the MLP's two weight matrices and two biases
+  assert _sim_time(network_profile=str(path)) == pytest.approx(
+      base + (STEPS // H) * tensors * 0.002 + STEPS * 0.003, rel=1e-6)
+
+
+def test_a_profile_file_round_trips_and_bad_terms_name_themselves(tmp_path):
+  p = _profile.Profile(efficiency=((1e8, 0.5), (1e9, 0.9)), calls=57)
+  assert _profile.load(_profile.save(p, tmp_path / "p.yaml")) == p
+  assert net_lib.network(profile=p).profile == p
+  bad = {"efficiency": ((1e9, 0.5), (1e8, 0.9)), "per_call_s": -1.0,
+         "calls": "all", "startup_s": math.inf, "host_s": True}
+  for term, value in bad.items():
+    with pytest.raises(lowbw.ConfigError, match=rf"^{term}=.* is invalid"):
+      net_lib.network(profile=p._replace(**{term: value}))
+  (tmp_path / "odd.yaml").write_text("per_call: 1\n")
+  with pytest.raises(lowbw.ConfigError, match="'per_call' is not a term"):
+    net_lib.profile(str(tmp_path / "odd.yaml"))
+  (tmp_path / "list.yaml").write_text("- 1\n")
+  with pytest.raises(lowbw.ConfigError, match="expected a YAML table"):
+    net_lib.profile(str(tmp_path / "list.yaml"))
+  with pytest.raises(lowbw.ConfigError, match="^network_profile='fast' is "
+                     "invalid: expected 'calibrated' or 'ideal'"):
+    lowbw.Config(data="digits", network_profile="fast")
+
+
+def test_the_command_line_takes_a_profile_file(tmp_path, capsys):
+  path = _profile.save(_profile.IDEAL._replace(startup_s=2.0),
+                       tmp_path / "p.yaml")
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+          "--steps", "4", "--H", "2", "--eval-every", "2", "--no-plot",
+          "--no-progress", "--hardware", "0.01s"]
+  assert cli.main(argv + ["--network-profile", str(path), "--out",
+                          str(tmp_path / "a")]) == 0
+  assert cli.main(argv + ["--network-profile", "ideal", "--out",
+                          str(tmp_path / "b")]) == 0
+  a = lowbw.load(str(tmp_path / "a")).summary["sim_time_s"]
+  b = lowbw.load(str(tmp_path / "b")).summary["sim_time_s"]
+  assert a - b == pytest.approx(2.0, rel=1e-6)
+
+
+def test_the_calibrated_default_is_the_fit_of_the_committed_measurements():
+  # One source for the defaults: lowbw calibrate's fit of the measured runs
+  # in benchmarks/calibration, rounded (docs/calibration.md shows the data).
+  import os
+  from lowbw.network import _calibrate
+  path = os.path.join(os.path.dirname(__file__), "..", "benchmarks",
+                      "calibration", "measurements.csv")
+  fitted = _calibrate.fit(_calibrate.read_rows(path))
+  default = _profile.CALIBRATED
+  assert len(fitted.efficiency) == len(default.efficiency)
+  for (b, e), (b0, e0) in zip(fitted.efficiency, default.efficiency):
+    assert b == pytest.approx(b0, rel=0.01) and e == pytest.approx(e0, abs=0.002)
+  assert fitted.per_call_s == pytest.approx(default.per_call_s, rel=0.01)
+  assert fitted.startup_s == pytest.approx(default.startup_s, rel=0.01)
+
+
+def test_a_strategy_that_communicates_every_step_pays_the_start_up_once():
+  # DDP all-reduces every step (no round sync): the communicator is set up
+  # before its first step's all-reduce.
+  ddp = dict(RUN, strategy="ddp", H=None)
+  del ddp["H"]
+  ideal = lowbw.simulate(**ddp, network_profile="ideal")
+  calibrated = lowbw.simulate(**ddp)
+  p = _profile.CALIBRATED
+  payload = 4 * ideal.summary["num_params"]  # a float32 gradient
+  extra = STEPS * (p.per_call_s + _ring_s(payload, BW * p.efficiency_at(BW))
+                   - _ring_s(payload, BW))
+  assert calibrated.summary["sim_time_s"] - ideal.summary["sim_time_s"] == (
+      pytest.approx(p.startup_s + extra, rel=1e-5))
+  gap = calibrated.history["sim_time_s"] - ideal.history["sim_time_s"]
+  assert gap[0] == pytest.approx(p.startup_s + extra / STEPS, rel=1e-4)
