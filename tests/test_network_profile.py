@@ -151,3 +151,26 @@ def test_a_strategy_that_communicates_every_step_pays_the_start_up_once():
       pytest.approx(p.startup_s + extra, rel=1e-5))
   gap = calibrated.history["sim_time_s"] - ideal.history["sim_time_s"]
   assert gap[0] == pytest.approx(p.startup_s + extra / STEPS, rel=1e-4)
+
+
+def test_the_planner_prices_a_sync_as_a_simulated_run_does():
+  """One link model: lowbw plan's sync (the planner document's upload and
+  download, the clock's parameter-server collective) and its time per
+  round equal a simulated lock-step DiLoCo run's on the same link, bytes,
+  compute per step and profile."""
+  run = lowbw.simulate(**{**RUN, "topology": "parameter_server"})
+  (sync_s,) = run.config["network"]["comm_s_per_event"].values()
+  bits = 8 * 4 * run.summary["num_params"]  # a float32 pseudo-gradient
+  params_b = 2e-5  # the plan's model: its payload made the run's bits
+  planned = net_lib.plan(
+      parameters=params_b, compression=params_b * 1e9 * 16 / bits,
+      bandwidth="100Mbps", latency="10ms", network_profile="calibrated",
+      num_nodes=W, inner_steps=H, straggler_mitigation="threshold",
+      streaming=False, local_batch=1, mfu=0.5,
+      pflops_per_node=6 * params_b * 1e9 / (STEP_S * 1e15 * 0.5))
+  assert planned["mode"] == "diloco"
+  assert planned["t_sync_s"] == pytest.approx(sync_s, rel=1e-9)
+  rounds = STEPS // H
+  per_round = (run.summary["sim_time_s"] - _profile.CALIBRATED.startup_s) / (
+      rounds)
+  assert planned["t_outer_s"] == pytest.approx(per_round, rel=1e-6)

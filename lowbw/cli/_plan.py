@@ -54,6 +54,10 @@ _HELP = {
     "hw_growth": "hardware growth",
     "sw_growth": "software growth",
     "invest_growth": "investment growth",
+    "network_profile": "what links and collectives cost beyond latency + "
+    "bytes / bandwidth, as lowbw train's --network-profile: 'ideal' (the "
+    "planner document's model), 'calibrated' (measured on real runs) or a "
+    "YAML file of a profile",
     "gpu_price": "price of one node for an hour, as lowbw train's "
                  "--gpu-price (a node is the plan's device): outputs "
                  "compute_cost_usd = gpu_hours x this and cost_usd",

@@ -18,7 +18,10 @@ Example:
 import math
 
 from lowbw import _validate
+from lowbw.network import _clock
+from lowbw.network._collectives import Channel
 from lowbw.network._hardware import check_speeds
+from lowbw.network._profile import profile as make_profile
 from lowbw.network import _units
 from lowbw.telemetry import _cost
 
@@ -56,6 +59,10 @@ PLAN_DEFAULTS = {
     "invest_growth": 0.544,
     "gpu_price": None,              # $ per GPU-hour (None: not priced)
     "egress_price": None,           # $ per GB sent (None: not priced)
+    # The links as the clock prices them: "ideal" is the document's model
+    # (latency + bytes / bandwidth); "calibrated" or a profile file adds
+    # what measured runs cost (lowbw.network.Profile).
+    "network_profile": "ideal",
 }
 
 # The unit of each input and output that is a number, for help and printing;
@@ -238,6 +245,7 @@ _CHECKS = {
     "activation_compression": _optional_ratio,
     "hw_growth": _delay, "sw_growth": _delay, "invest_growth": _delay,
     "gpu_price": _cost.check_price, "egress_price": _cost.check_price,
+    "network_profile": lambda f, v: (make_profile(v), v)[1],
 }
 
 
@@ -381,10 +389,17 @@ def _t_comp(s: dict) -> float:
 # ------------------------------------------------------------ communication
 
 
-def _exchange_s(bits: float, bandwidth_bps: float, latency_s: float) -> float:
+def _exchange_s(bits: float, bandwidth_bps: float, latency_s: float,
+                profile) -> float:
   """Upload and download ``bits`` plus one round trip of the one-way
-  ``latency_s`` (§3.1, before f)."""
-  return 2.0 * bits / bandwidth_bps + _round_trip(latency_s)
+  ``latency_s`` (§3.1, before f): the clock's own parameter-server
+  collective (``_clock.channel_costs``), so the planner and a simulated run
+  price a sync alike, with the same network profile."""
+  net = _clock.network(bandwidth_bps, latency_s, topology="parameter_server",
+                       hardware=None, profile=make_profile(profile))
+  sync = Channel(payload_bytes=bits / 8.0, wire_bytes=0.0,
+                 collective="ring_allreduce", group_size=2)
+  return _clock.channel_costs(net, {"sync": sync}, 2)["sync"].seconds
 
 
 def _overlap(compute_s: float, comm_s: float, streaming: bool) -> float:
@@ -447,7 +462,8 @@ def _pipeline(s: dict, t_comp: float, stages: int) -> dict:
 def _diloco(s: dict, t_comp: float, n_eff: float) -> dict:
   """Mode A (§3.1): every node a replica, one WAN sync every H steps."""
   f = _factor(s, n_eff)
-  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"]) * f
+  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"],
+                       s["network_profile"]) * f
   h = s["inner_steps"]
   return {"replicas": n_eff, "straggler_factor_sync": f, "t_sync_s": t_sync,
           "t_outer_s": _overlap(h * t_comp, t_sync, s["streaming"]),
@@ -460,8 +476,10 @@ def _hierarchical(s: dict, t_comp: float, n_eff: float) -> dict:
   groups = n_eff / size
   f_regional, f_global = _factor(s, size), _factor(s, groups)
   t_regional = _exchange_s(bits, s["regional_bandwidth"],
-                           s["regional_latency"]) * f_regional
-  t_global = _exchange_s(bits, s["bandwidth"], s["latency"]) * f_global
+                           s["regional_latency"],
+                           s["network_profile"]) * f_regional
+  t_global = _exchange_s(bits, s["bandwidth"], s["latency"],
+                         s["network_profile"]) * f_global
   regional_cycle = _overlap(s["inner_steps"] * t_comp, t_regional,
                             s["streaming"])
   global_cycle = _overlap(s["regional_steps"] * regional_cycle, t_global,
@@ -484,7 +502,8 @@ def _pp_groups(s: dict, t_comp: float, n_eff: float, stages: int) -> dict:
             "replicas": max(1.0, n_eff / stages), "t_sync_s": 0.0,
             "t_outer_s": pipeline["t_pp_step_s"], "steps_per_outer": 1}
   f = _factor(s, groups)
-  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"]) * f
+  t_sync = _exchange_s(_sync_bits(s), s["bandwidth"], s["latency"],
+                       s["network_profile"]) * f
   h = s["inner_steps"]
   return {**pipeline, "mode": "pp_group_diloco", "groups": groups,
           "replicas": float(groups), "straggler_factor_sync": f,
