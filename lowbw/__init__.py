@@ -10,7 +10,7 @@ Example:
   >>> result = lowbw.simulate(
   ...     model=models.mlp(hidden=(64,), num_classes=10), data=data.digits(),
   ...     strategy=strategies.diloco(inner=optax.adamw(1e-3), H=20),
-  ...     num_workers=8, batch_size=32, steps=200)
+  ...     workers=8, batch_size=32, steps=200)
   >>> result.history["eval_loss"], result.history["payload_bytes"]
 """
 

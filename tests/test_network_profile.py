@@ -174,3 +174,24 @@ def test_the_planner_prices_a_sync_as_a_simulated_run_does():
   per_round = (run.summary["sim_time_s"] - _profile.CALIBRATED.startup_s) / (
       rounds)
   assert planned["t_outer_s"] == pytest.approx(per_round, rel=1e-6)
+
+
+def test_a_run_from_before_profiles_resumes_on_the_ideal_clock(tmp_path):
+  # A checkpoint written before network profiles has no network.profile in
+  # its config.json: it ran on the ideal clock, and resumes on it, from the
+  # command line by default.
+  import json
+  out = tmp_path / "old"
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+          "--steps", "8", "--H", "4", "--eval-every", "4", "--no-plot",
+          "--no-progress", "--hardware", "0.01s", "--checkpoint-every", "4"]
+  assert cli.main(argv + ["--network-profile", "ideal", "--out",
+                          str(out)]) == 0
+  record = json.loads((out / "config.json").read_text())
+  del record["network"]["profile"]  # as the run was written then
+  record["metadata"]["train_args"].pop("network_profile", None)
+  (out / "config.json").write_text(json.dumps(record))
+  assert cli.main(["train", "--resume", str(out), "--steps", "12",
+                   "--no-progress", "--no-plot"]) == 0
+  resumed = json.loads((out / "summary.json").read_text())
+  assert resumed["steps"] == 12

@@ -250,7 +250,8 @@ def test_resume_rejects_changed_hyperparameters_and_keeps_row_spacing(tmp_path):
   run(strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5),
       steps=400, **kw)
   changed = strategies.diloco(optax.inject_hyperparams(optax.adam)(0.5), H=5)
-  with pytest.raises(ValueError, match="^resume_from=.*strategy="):
+  with pytest.raises(ValueError, match=r"^resume_from=.*made with "
+                     r"strategy\.inner\..*learning_rate=0.001 but"):
     run(changed, steps=800, resume_from=str(tmp_path), **kw)
   same = strategies.diloco(optax.inject_hyperparams(optax.adam)(1e-3), H=5)
   with pytest.raises(ValueError, match="^resume_from=.*seed="):

@@ -118,8 +118,12 @@ def _saved(path: str) -> dict:
     raise _validate.fail("resume", os.path.dirname(path),
                          "not the log folder of a lowbw train run "
                          "(no config.json with its settings)")
-  return {k: v for k, v in saved.items() if k in FIELDS and
-          v != FIELDS[k].default}
+  out = {k: v for k, v in saved.items() if k in FIELDS and
+         v != FIELDS[k].default}
+  if "profile" not in (record.get("network") or {"profile": None}):
+    # Written before network profiles: it ran on the ideal clock.
+    out.setdefault("network_profile", "ideal")
+  return out
 
 
 def setting_values(args: argparse.Namespace) -> tuple[dict, dict]:

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 import yaml
 
 from lowbw import _validate
+from lowbw import data as data_lib
+from lowbw import models as models_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
 from lowbw.config import _fields, _files, _paths, _resolve, _settings
@@ -41,7 +43,18 @@ GROUPS = {
 }
 # Fields that take a user object (a Model, a DataSource, a Strategy) as
 # well as a name; such a config runs but cannot be written to a file.
-OBJECT_FIELDS = ("model", "data", "strategy", "network", "shadow")
+OBJECT_FIELDS = ("model", "data", "strategy", "network", "shadow",
+                 "network_profile")
+
+
+def _check_part(name: str, value) -> None:
+  """A data source or a model given as an object is one (said when the
+  config is made, not when the run reads it)."""
+  if name == "data" and not isinstance(value, data_lib.DataSource):
+    raise _validate.fail("data", value, "expected a lowbw.data.DataSource "
+                         "or a name (digits, text, a path)")
+  if name == "model":
+    models_lib.as_model(value)  # its error names what a model may be
 
 
 def _is_pair(field: _fields.Field, value) -> bool:
@@ -109,6 +122,16 @@ def _check_type(field: _fields.Field, value):
                          "Network object (from Python); a file or the "
                          "command line gives the network's settings "
                          "(bandwidth, latency, topology, hardware, ...)")
+  if field.name in ("inner", "outer") and not isinstance(value, str) and (
+      value is not None):
+    raise _validate.fail(field.name, type(value).__name__, "expected an "
+                         "optimizer's name (adamw, sgd, ...); for an optax "
+                         "optimizer give it to the strategy: strategy="
+                         f"lowbw.strategies.diloco({field.name}=...)")
+  if field.name in ("data", "model") and value is not None and not (
+      isinstance(value, (str, dict, list)) or (
+          type(value) is tuple and not _is_pair(field, value))):
+    _check_part(field.name, value)
   if value is None or (field.name in OBJECT_FIELDS and (
       type(value) not in (str, dict, list, tuple) or _is_pair(field, value)
       or field.check is not None)):  # its rule says what it takes
@@ -370,6 +393,10 @@ def _check_run_settings(s: dict, strategy) -> None:
                      clock=s["network"] is not None or s["clock"])
   _settings.multiple_of_period("checkpoint_every", s["checkpoint_every"],
                                 strategy.period)
+  if s["checkpoint_every"] and s["out"] is None:
+    raise _validate.fail("checkpoint_every", s["checkpoint_every"],
+                         "needs a log folder, out (checkpoints go to "
+                         "out/checkpoints)")
 
 
 Config = dataclasses.make_dataclass(

@@ -17,7 +17,7 @@ def per_worker(sources: list[DataSource]) -> DataSource:
   Args:
     sources: W sources of one task (all classification with the same
       example shape, or all text with the same ``seq_len`` and tokenizer),
-      or their ``config`` dicts; run with ``num_workers=len(sources)``.
+      or their ``config`` dicts; run with ``workers=len(sources)``.
 
   Returns:
     A ``DataSource`` with ``sharding="assigned"``. Text windows never

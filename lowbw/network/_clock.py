@@ -169,7 +169,7 @@ def check_network(net: Network, num_workers: int) -> Network:
   """Validates ``net`` for a run of ``num_workers`` workers."""
   if not isinstance(net, Network):
     raise _validate.fail("network", net, "expected a lowbw.network.Network "
-                         "(see lowbw.network.network) or None")
+                         "(see lowbw.network.network)")
   if not isinstance(net.topology, (Flat, Hierarchical)):
     raise _validate.fail("topology", net.topology,
                          "expected lowbw.network.flat(...) or hierarchical(...)")

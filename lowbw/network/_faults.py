@@ -101,7 +101,7 @@ def check_stragglers(s: Stragglers, num_workers: int) -> Stragglers:
   backups = _validate.non_negative_int("backups", s.backups)
   if mitigation == "backup" and backups >= num_workers:
     raise _validate.fail("backups", backups,
-                         f"must be below num_workers={num_workers}")
+                         f"must be below workers={num_workers}")
   return Stragglers(jitter, mitigation, fraction, backups)
 
 
@@ -155,7 +155,7 @@ def _worker(field, value, num_workers):
   w = _validate.non_negative_int(field, value)
   if w >= num_workers:
     raise _validate.fail(field, value,
-                         f"a worker index below num_workers={num_workers}")
+                         f"a worker index below workers={num_workers}")
   return w
 
 

@@ -129,6 +129,10 @@ def profile(spec=None) -> Profile:
     return NAMES[spec]
   if isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
     return load(spec)
+  if isinstance(spec, os.PathLike) or (isinstance(spec, str) and (
+      spec.endswith((".yaml", ".yml")) or os.sep in spec)):
+    raise _validate.fail("network_profile", str(spec), "no such file (a "
+                         "profile's YAML file, as lowbw calibrate writes)")
   raise _validate.fail("network_profile", spec, "expected " + " or ".join(
       repr(n) for n in NAMES) + ", a YAML file of a profile (lowbw "
       "calibrate writes one) or a lowbw.network.Profile")

@@ -50,7 +50,7 @@ def load(run_dir: str, step: int | None = None) -> SavedRun:
   """Reads a finished run.
 
   Args:
-    run_dir: a ``lowbw train --out`` / ``lowbw.simulate(log_dir=...)``
+    run_dir: a ``lowbw train --out`` / ``lowbw.simulate(out=...)``
       folder.
     step: None for the final parameters; or a step the run checkpointed
       (``checkpoint_every``), restored by rebuilding the run from its
@@ -63,7 +63,7 @@ def load(run_dir: str, step: int | None = None) -> SavedRun:
     >>> import lowbw, tempfile, numpy as np
     >>> folder = tempfile.mkdtemp()
     >>> _ = lowbw.simulate(lowbw.Config(data="digits", strategy="ddp",
-    ...                                 steps=5, workers=2, log_dir=folder))
+    ...                                 steps=5, workers=2, out=folder))
     >>> run = lowbw.load(folder)
     >>> run.model.apply(run.params, np.zeros((1, 8, 8, 1))).shape
     (1, 10)

@@ -6,6 +6,7 @@ import os
 import jax
 
 from lowbw import _validate, telemetry
+from lowbw import network as net_lib
 from lowbw.telemetry import _checkpoint
 
 # What a resumed run may change; everything else must match the checkpoint.
@@ -17,7 +18,8 @@ MAY_CHANGE = ("steps", "eval_every", "log_every", "checkpoint_every",
 def check_paths(log_dir, checkpoint_every, resume_from) -> None:
   if checkpoint_every and log_dir is None:
     raise _validate.fail("checkpoint_every", checkpoint_every,
-                         "needs log_dir (checkpoints go to log_dir/checkpoints)")
+                         "needs a log folder, out (checkpoints go to "
+                         "out/checkpoints)")
   if resume_from is not None and not os.path.isdir(resume_from):
     raise _validate.fail("resume_from", resume_from, "no such directory")
 
@@ -68,18 +70,41 @@ def _short(value) -> str:
 
 
 def _check_same(resume_from, saved: dict, current: dict) -> None:
-  current = json.loads(json.dumps(current, default=repr))
+  current = _as_written_before(saved, json.loads(json.dumps(current,
+                                                             default=repr)))
   differ = [key for key in sorted(set(saved) | set(current))
             if key not in MAY_CHANGE and saved.get(key) != current.get(key)]
   if not differ:
     return
   key = ([k for k in differ if k not in _DERIVED] or differ)[0]
-  name = _SETTING.get(key, key)
+  name, was, now = _first_difference(saved.get(key), current.get(key),
+                                     _SETTING.get(key, key))
   raise _validate.fail(
       "resume_from", resume_from,
-      f"the checkpoint was made with {name}={_short(saved.get(key))} but this "
-      f"run has {name}={_short(current.get(key))}; only "
+      f"the checkpoint was made with {name}={_short(was)} but this "
+      f"run has {name}={_short(now)}; only "
       f"{', '.join(_SHOWN)} may change on resume")
+
+
+def _as_written_before(saved: dict, current: dict) -> dict:
+  """``current`` as a run from before network profiles wrote it, when
+  ``saved`` is one (its network has no profile: it ran on the ideal clock,
+  which ``current`` must use too)."""
+  net, now = saved.get("network"), current.get("network")
+  if (isinstance(net, dict) and isinstance(now, dict) and "profile" not in net
+      and now.get("profile") == net_lib.profile("ideal").describe()):
+    current = {**current, "network": {k: v for k, v in now.items()
+                                      if k != "profile"}}
+  return current
+
+
+def _first_difference(was, now, path: str) -> tuple:
+  """The first path inside two tables where they differ, and its values."""
+  if isinstance(was, dict) and isinstance(now, dict):
+    for key in sorted(set(was) | set(now), key=str):
+      if was.get(key) != now.get(key):
+        return _first_difference(was.get(key), now.get(key), f"{path}.{key}")
+  return path, was, now
 
 
 def restore(sim, resume_from, track, initial_state, log_every_given: bool):
