@@ -249,3 +249,16 @@ def test_command_line(tmp_path_factory, capsys):
   assert err.startswith("lowbw: error: --speeds=") and "\n" not in err
   assert main(["retime", out, "--bandwidth", "fast"]) == 2
   assert "--bandwidth" in capsys.readouterr().err
+
+
+def test_a_run_that_did_not_finish_is_refused(tmp_path):
+  # A non-finite loss stops the run at step 2 of its first chunk: the
+  # ledger holds the whole chunk, the summary is never written.
+  from lowbw import cli
+  out = tmp_path / "nan"
+  assert cli.main(["train", "--data", "digits", "--hidden", "8", "--workers",
+                   "2", "--steps", "8", "--H", "4", "--inner", "sgd",
+                   "--inner-lr", "1e20", "--no-plot", "--no-progress",
+                   "--out", str(out)]) != 0
+  with pytest.raises(lowbw.ConfigError, match="the run did not finish"):
+    lowbw.retime(str(out), lowbw.network.network("10Mbps"))
