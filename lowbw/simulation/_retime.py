@@ -75,11 +75,6 @@ def _load(run_dir) -> dict:
         "run_dir", run_dir, f"holds no {_ledger.FILE}: not a run's log "
         "folder, or a run written before lowbw kept ledgers; re-run it with "
         "out= to re-time it")
-  if not os.path.isfile(os.path.join(os.fspath(run_dir), "summary.json")):
-    raise _validate.fail(
-        "run_dir", run_dir, "the run did not finish (no summary.json: it "
-        "failed, was killed or is still running); its ledger may hold steps "
-        "it never logged")
   ledger = _ledger.read(path)
   meta = ledger["meta"]
   if meta.get("version") != _ledger.VERSION:
@@ -96,6 +91,11 @@ def _load(run_dir) -> dict:
         "run_dir", run_dir, f"its ledger starts at step "
         f"{meta['first_step']}: the run resumed from another folder's "
         "checkpoint, whose steps before are not in it")
+  if not os.path.isfile(os.path.join(os.fspath(run_dir), "summary.json")):
+    raise _validate.fail(
+        "run_dir", run_dir, "the run did not finish (no summary.json: it "
+        "failed, was killed or is still running); its ledger may hold steps "
+        "it never logged")
   return ledger
 
 
