@@ -86,3 +86,21 @@ def test_every_build_field_has_a_rule_case_here():
   cases = {c[0] for c in test_each_build_fields_rule_refuses_a_bad_value_naming_it
            .pytestmark[0].args[1]}
   assert cases == set(BUILD), set(BUILD) ^ cases
+
+
+@pytest.mark.parametrize("given, words", [
+    (dict(network=None), "^network=None is invalid: leave it out .*clock=False"),
+    (dict(network="1Gbps"), "^network='1Gbps' is invalid: expected a Python "
+     "object"),
+    (dict(bandwidth="10Mbps"), "^bandwidth='10Mbps' is invalid: not used: "
+     "the network is given as an object"),
+    (dict(clock=False), "^clock=False is invalid: not used"),
+])
+def test_a_network_object_refuses_what_it_replaces(given, words):
+  net = lowbw.network.network("100Mbps")
+  kw = {"network": net, **given}
+  with pytest.raises(lowbw.ConfigError, match=words):
+    lowbw.Config(**SMALL, **kw)
+  # Alone, the object is the run's network.
+  assert lowbw.Config(**SMALL, network=net).built().checked[
+      "network"].topology == net.topology

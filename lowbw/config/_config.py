@@ -118,10 +118,9 @@ def _check_type(field: _fields.Field, value):
                          "the settings describe, or give clock=False to run "
                          "without the simulated clock")
   if field.python and type(value) in (str, dict, list, tuple, bool):
-    raise _validate.fail(field.name, value, "expected a lowbw.network."
-                         "Network object (from Python); a file or the "
-                         "command line gives the network's settings "
-                         "(bandwidth, latency, topology, hardware, ...)")
+    raise _validate.fail(field.name, value, "expected a Python object: "
+                         + field.help + "; a file or the command line gives "
+                         "those settings instead")
   if field.name in ("inner", "outer") and not isinstance(value, str) and (
       value is not None):
     raise _validate.fail(field.name, type(value).__name__, "expected an "

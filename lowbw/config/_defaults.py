@@ -3,13 +3,10 @@
 when nothing is given.
 
 The network is a value too: every run keeps a simulated clock
-(``sim_time_s``) unless ``network=None`` is given. Its link, topology and
-hardware defaults are ``lowbw.network.network()``'s.
+(``sim_time_s``) unless ``clock=False`` is given. Its link, topology,
+hardware and profile defaults are ``lowbw.network.network()``'s.
 """
-
-from lowbw import network as network_lib
 
 NUM_WORKERS = 8
 BATCH_SIZE = 4     # examples (sequences) per worker per step
 STEPS = 200        # the default GPT run: about a minute on a 2-core CPU
-NETWORK = network_lib.network()  # 1 Gbit/s, 50 ms one-way, ring, H100s

@@ -130,6 +130,7 @@ def _group_size(text: str) -> str:
 _group_size.config_types = (int, str)
 
 _CAP_MIB = _resources.CPU_ACTIVATION_CAP // 2 ** 20
+_CALIBRATED = network_lib.profile("calibrated")
 _STRAGGLERS = network_lib.Stragglers._field_defaults
 
 
@@ -231,9 +232,10 @@ RUN_FIELDS = (
     Field("network_profile", "calibrated", SHAPE, _N, "what real links and "
           "collectives cost beyond latency + bytes / bandwidth: "
           "'calibrated' (measured on real runs: link efficiency by "
-          "bandwidth, 0.30 ms per collective call, 0.37 s to set up the "
-          "first; see docs/calibration.md), 'ideal' (none of it), or a YAML "
-          "file of a profile (lowbw calibrate writes one)",
+          f"bandwidth, {_CALIBRATED.per_call_s * 1e3:.2f} ms per collective "
+          f"call, {_CALIBRATED.startup_s:.2f} s to set up the first; see "
+          "docs/calibration.md), 'ideal' (none of it), or a YAML file of a "
+          "profile (lowbw calibrate writes one)",
           quantity(_profile, "network_profile")),
     Field("network", None, SHAPE, _N, "a lowbw.network.Network object "
           "(links, topology, hardware, stragglers, faults) in place of the "

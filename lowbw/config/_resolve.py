@@ -175,10 +175,7 @@ def ints(field, text):
 
 def build_data(s: dict):
   """The settings' dataset; a bad file is reported under ``data``."""
-  if not isinstance(s["data"], str):
-    if not isinstance(s["data"], data_lib.DataSource):
-      raise _validate.fail("data", s["data"], "expected a lowbw.data."
-                           "DataSource or a name")
+  if not isinstance(s["data"], str):  # a DataSource, checked by Config
     return s["data"]
   try:
     return _build_data(s)
