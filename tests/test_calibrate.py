@@ -88,6 +88,42 @@ def test_fit_keeps_the_base_terms_it_is_not_asked_or_given():
   assert q.startup_s != base.startup_s
 
 
+def ddp_rows(wire: float) -> list[dict]:
+  """DDP rows (one fused call a step) whose busiest worker sends ``wire`` x
+  the payload, over links at ``TRUE_EFF``'s reach, by hand."""
+  levels = 2 * math.ceil(math.log2(W))
+  rows = []
+  for rate, e in sorted(TRUE_EFF.items()):
+    bw = rate * 1.005  # where synthetic()'s fit puts each rate's point
+    sync = (wire * 2_000_000 * 4 * 8 / (bw * e) + levels * LATENCY
+            + PER_CALL) if wire == 2 else by_hand(2_000_000, bw, e, 1)
+    rows.append({"method": "ddp", "workers": str(W), "bandwidth_bps": repr(bw),
+                 "parameters": "2000000", "dtype_bytes": "4", "H": "1",
+                 "compute_s_per_step": "0.02", "latency_s": repr(LATENCY),
+                 "sync_s": repr(sync)})
+  return rows
+
+
+@pytest.mark.parametrize("wire, algorithm", [(2, "tree"), (1.5, "ring")])
+def test_fit_takes_the_algorithm_of_ddps_rows_and_the_link_from_the_others(
+    wire, algorithm):
+  explicit = synthetic(lambda i, j: 5 if j == 0 else 200)
+  p = _calibrate.fit(explicit + ddp_rows(wire))
+  assert p.bucketed_allreduce == algorithm
+  assert p.efficiency == _calibrate.fit(explicit).efficiency
+  for row in ddp_rows(wire):  # and it prices them as they were made
+    run = _calibrate.run_of(row, "ddp")
+    assert _calibrate.predict(p, run)[0] == pytest.approx(run.sync_s)
+
+
+def test_fit_on_ddp_rows_alone_times_them_as_the_bases_algorithm():
+  p = _calibrate.fit(ddp_rows(2), fit_terms=("efficiency",),
+                     base=_profile.CALIBRATED._replace(per_call_s=PER_CALL))
+  assert p.bucketed_allreduce == "tree"
+  assert [e for _, e in p.efficiency] == pytest.approx(
+      [TRUE_EFF[b] for b in sorted(TRUE_EFF)], rel=1e-6)
+
+
 def test_predict_is_the_hand_formula_under_a_profile():
   p = _profile.Profile(efficiency=((1e8, 0.5), (1e10, 1.0)), per_call_s=1e-3,
                        startup_s=0.2, host_s=5e-4)
@@ -320,7 +356,7 @@ def test_the_committed_report_is_the_scripts_output(report):
   assert mod.rewrite_doc(doc, fresh["_markdown"]) == doc
   with open(CAL / "measurements.csv", newline="") as f:
     committed = list(csv.DictReader(f))
-  assert len(committed) == len(fresh["_rows"]) == 48
+  assert len(committed) == len(fresh["_rows"]) == 52  # 48 + DDP's 4
   for got, want in zip(committed, fresh["_rows"]):
     assert got["run_id"] == want["run_id"]
     _close([float(got[k]) for k in ("sync_s", "bandwidth_bps",

@@ -90,7 +90,8 @@ def test_a_profile_file_round_trips_and_bad_terms_name_themselves(tmp_path):
   assert _profile.load(_profile.save(p, tmp_path / "p.yaml")) == p
   assert net_lib.network(profile=p).profile == p
   bad = {"efficiency": ((1e9, 0.5), (1e8, 0.9)), "per_call_s": -1.0,
-         "calls": "all", "startup_s": math.inf, "host_s": True}
+         "calls": "all", "startup_s": math.inf, "host_s": True,
+         "bucketed_allreduce": "butterfly"}
   for term, value in bad.items():
     with pytest.raises(lowbw.ConfigError, match=rf"^{term}=.* is invalid"):
       net_lib.network(profile=p._replace(**{term: value}))
@@ -134,23 +135,84 @@ def test_the_calibrated_default_is_the_fit_of_the_committed_measurements():
     assert b == pytest.approx(b0, rel=0.01) and e == pytest.approx(e0, abs=0.002)
   assert fitted.per_call_s == pytest.approx(default.per_call_s, rel=0.01)
   assert fitted.startup_s == pytest.approx(default.startup_s, rel=0.01)
+  assert fitted.bucketed_allreduce == default.bucketed_allreduce == "tree"
 
 
-def test_a_strategy_that_communicates_every_step_pays_the_start_up_once():
-  # DDP all-reduces every step (no round sync): the communicator is set up
-  # before its first step's all-reduce.
-  ddp = dict(RUN, strategy="ddp", H=None)
+def _tree_s(payload_bytes: float, bandwidth: float) -> float:
+  """A double binary tree all-reduce of 4 members by hand: the busiest
+  member sends 2 x payload, and a latency per level up and down two
+  levels."""
+  return 8 * 2 * payload_bytes / bandwidth + 4 * LAT
+
+
+def test_the_busiest_member_of_a_double_binary_tree_sends_twice_the_payload():
+  # NCCL's two trees of 4 ranks, spelled out: 0 -> 2 -> {1, 3}, and its
+  # mirror 3 -> 1 -> {2, 0}; each carries half the payload, up and down.
+  from lowbw.network._collectives import tree_allreduce_wire
+  trees = [{0: None, 2: 0, 1: 2, 3: 2}, {3: None, 1: 3, 2: 1, 0: 1}]
+  sent = dict.fromkeys(range(4), 0.0)
+  for parent in trees:
+    for rank, up in parent.items():
+      children = sum(1 for p in parent.values() if p == rank)
+      sent[rank] += 0.5 * ((up is not None) + children)
+  assert max(sent.values()) == tree_allreduce_wire(1.0, 4) == 2.0
+  assert tree_allreduce_wire(1.0, 2) == 1.0 and tree_allreduce_wire(1.0, 1) == 0
+
+
+@pytest.fixture(scope="module")
+def ddp_runs():
+  ddp = dict(RUN, strategy="ddp")
   del ddp["H"]
-  ideal = lowbw.simulate(**ddp, network_profile="ideal")
-  calibrated = lowbw.simulate(**ddp)
+  return {name: lowbw.simulate(**ddp, network_profile=p) for name, p in (
+      ("ideal", "ideal"), ("calibrated", "calibrated"),
+      ("ring", _profile.CALIBRATED._replace(bucketed_allreduce="ring")))}
+
+
+def test_a_strategy_that_communicates_every_step_pays_the_start_up_once(
+    ddp_runs):
+  # DDP all-reduces every step (no round sync): the communicator is set up
+  # before its first step's all-reduce. Its bucketed all-reduce is timed as
+  # a tree under the calibrated profile.
+  ideal, calibrated = ddp_runs["ideal"], ddp_runs["calibrated"]
   p = _profile.CALIBRATED
+  assert p.bucketed_allreduce == "tree"
   payload = 4 * ideal.summary["num_params"]  # a float32 gradient
-  extra = STEPS * (p.per_call_s + _ring_s(payload, BW * p.efficiency_at(BW))
+  extra = STEPS * (p.per_call_s + _tree_s(payload, BW * p.efficiency_at(BW))
                    - _ring_s(payload, BW))
   assert calibrated.summary["sim_time_s"] - ideal.summary["sim_time_s"] == (
       pytest.approx(p.startup_s + extra, rel=1e-5))
   gap = calibrated.history["sim_time_s"] - ideal.history["sim_time_s"]
   assert gap[0] == pytest.approx(p.startup_s + extra / STEPS, rel=1e-4)
+
+
+def test_a_bucketed_all_reduce_timed_as_a_ring_logs_the_same_bytes(ddp_runs):
+  ideal, ring = ddp_runs["ideal"], ddp_runs["ring"]
+  p = _profile.CALIBRATED
+  payload = 4 * ideal.summary["num_params"]
+  extra = STEPS * (p.per_call_s + _ring_s(payload, BW * p.efficiency_at(BW))
+                   - _ring_s(payload, BW))
+  assert ring.summary["sim_time_s"] - ideal.summary["sim_time_s"] == (
+      pytest.approx(p.startup_s + extra, rel=1e-5))
+  # The profile times the real reducer; the bytes are lowbw's own ring's.
+  for run in ddp_runs.values():
+    assert run.summary["sent_bytes"] == ideal.summary["sent_bytes"] == (
+        STEPS * W * 2 * (W - 1) / W * payload)
+
+
+def test_only_a_bucketed_all_reduce_is_timed_as_a_tree():
+  from lowbw.network import _clock
+  from lowbw.network._collectives import all_gather, ring_allreduce
+  net = net_lib.network("100Mbps", "10ms", profile="calibrated")
+  explicit, gathered = ring_allreduce(4000, W), all_gather(4000, W)
+  costs = _clock.channel_costs(net, {
+      "explicit": explicit, "bucketed": explicit._replace(bucketed=True),
+      "gathered": gathered._replace(bucketed=True)}, W)
+  bw = BW * _profile.CALIBRATED.efficiency_at(BW)
+  call = _profile.CALIBRATED.per_call_s
+  assert costs["explicit"].seconds == pytest.approx(_ring_s(4000, bw) + call)
+  assert costs["bucketed"].seconds == pytest.approx(_tree_s(4000, bw) + call)
+  assert costs["gathered"].seconds == pytest.approx(
+      (W - 1) * (LAT + 8 * 4000 / bw) + call)
 
 
 def test_the_planner_prices_a_sync_as_a_simulated_run_does():
@@ -195,3 +257,29 @@ def test_a_run_from_before_profiles_resumes_on_the_ideal_clock(tmp_path):
                    "--no-progress", "--no-plot"]) == 0
   resumed = json.loads((out / "summary.json").read_text())
   assert resumed["steps"] == 12
+
+
+def test_a_run_from_before_a_profile_term_resumes(tmp_path):
+  # A checkpoint whose profile lacks a term added since (here
+  # bucketed_allreduce) is not refused for it.
+  import json
+  out = tmp_path / "old"
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+          "--steps", "8", "--H", "4", "--eval-every", "4", "--no-plot",
+          "--no-progress", "--hardware", "0.01s", "--checkpoint-every", "4"]
+  assert cli.main(argv + ["--out", str(out)]) == 0
+
+  def strip(value):
+    if isinstance(value, dict):
+      return {k: strip(v) for k, v in value.items()
+              if k != "bucketed_allreduce"}
+    return [strip(v) for v in value] if isinstance(value, list) else value
+  edited = 0  # config.json and the checkpoints' JSON, as written then
+  for path in out.rglob("*"):
+    if path.is_file() and b"bucketed_allreduce" in path.read_bytes():
+      path.write_text(json.dumps(strip(json.loads(path.read_text()))))
+      edited += 1
+  assert edited >= 2
+  assert cli.main(["train", "--resume", str(out), "--steps", "12",
+                   "--no-progress", "--no-plot"]) == 0
+  assert json.loads((out / "summary.json").read_text())["steps"] == 12

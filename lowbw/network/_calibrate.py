@@ -30,6 +30,11 @@ results given to ``read_rows``.
   over runs, and a dip measured at one rate is what a run there meets.
 * startup_s: the median of first_sync_extra_s (at least 0).
 * host_s: the median of host_s_per_step.
+* bucketed_allreduce: rows of method "ddp" are a bucketed gradient
+  all-reduce (PyTorch DDP's reducer); the link's terms above come from the
+  other rows, and of "ring" and "tree" the fit takes the algorithm whose
+  syncs are nearer the DDP rows' (median relative error). With DDP rows
+  only, the link's terms come from them, timed as ``base``'s algorithm.
 
 A term no row measures keeps ``base``'s value.
 """
@@ -45,7 +50,7 @@ from typing import NamedTuple
 import numpy as np
 
 from lowbw import _validate
-from lowbw.network import _clock, _units
+from lowbw.network import _clock, _profile, _units
 from lowbw.network._collectives import ring_allreduce
 from lowbw.network._profile import CALIBRATED, Profile, check
 
@@ -53,7 +58,8 @@ REQUIRED = ("method", "workers", "bandwidth_bps", "parameters", "dtype_bytes",
             "H", "compute_s_per_step", "sync_s")
 OPTIONAL = ("latency_s", "first_sync_extra_s", "host_s_per_step",
             "calls_per_sync")
-TERMS = ("efficiency", "per_call_s", "startup_s", "host_s")
+TERMS = ("efficiency", "per_call_s", "startup_s", "host_s",
+         "bucketed_allreduce")
 # Runs whose rates are within 10 % of each other are one link rate (the
 # measured runs' shaping gate: a verified rate within 10 % of the asked).
 LEVEL_SPAN = 1.1
@@ -223,17 +229,28 @@ def read_rows(path, iperf3=()) -> list[Run]:
   return runs
 
 
+def bucketed(run: Run) -> bool:
+  """Whether ``run``'s sync is a bucketed gradient all-reduce: a DDP run's
+  (method "ddp")."""
+  return run.method.lower() == "ddp"
+
+
 def _channels(run: Run) -> dict:
   payload = run.parameters * run.dtype_bytes
-  return {"sync": ring_allreduce(payload, run.workers)}
+  return {"sync": ring_allreduce(payload, run.workers)._replace(
+      bucketed=bucketed(run))}
 
 
-def _ideal_seconds(run: Run) -> tuple[float, float]:
+def _ideal_seconds(run: Run, algorithm: str = "ring"
+                   ) -> tuple[float, float]:
   """The ideal clock's ``(bytes seconds, latency seconds)`` of ``run``'s
-  sync: one ring all-reduce of its parameters, as lowbw prices it."""
+  sync: one all-reduce of its parameters, as lowbw prices it (a bucketed
+  one under ``algorithm``)."""
+  ideal = _profile.IDEAL._replace(bucketed_allreduce=algorithm)
+
   def seconds(latency):
     net = _clock.network(run.bandwidth_bps, latency, topology="ring",
-                         profile="ideal")
+                         profile=ideal)
     return _clock.channel_costs(net, _channels(run), run.workers)[
         "sync"].seconds
   x = seconds(0.0)
@@ -264,11 +281,12 @@ class _Point(NamedTuple):
   sync_s: float
 
 
-def _levels(runs: list[Run]) -> list[list[_Point]]:
+def _levels(runs: list[Run], algorithm: str = "ring"
+            ) -> list[list[_Point]]:
   """The runs' points grouped by link rate (ascending; ``LEVEL_SPAN``)."""
   levels = []
   for run in sorted(runs, key=lambda r: r.bandwidth_bps):
-    x, latency = _ideal_seconds(run)
+    x, latency = _ideal_seconds(run, algorithm)
     point = _Point(run.bandwidth_bps, x, latency, run.calls_per_sync or 1,
                    run.sync_s)
     if levels and point.bandwidth_bps <= LEVEL_SPAN * levels[-1][0].bandwidth_bps:
@@ -347,7 +365,11 @@ def fit(rows, *, fit_terms=TERMS, base: Profile = CALIBRATED,
   if not runs:
     raise _validate.fail("rows", rows, "expected at least one measured run")
   terms = {"calls": calls}
-  levels = _levels(runs)
+  explicit = [r for r in runs if not bucketed(r)]
+  # The link's terms come from the explicit all-reduces; from the bucketed
+  # ones (timed as base's algorithm) only when there are no others.
+  levels = _levels(explicit or runs,
+                   "ring" if explicit else base.bucketed_allreduce)
   per_call = (_per_call(levels) if "per_call_s" in fit_terms
               else base.per_call_s)
   terms["per_call_s"] = per_call
@@ -360,7 +382,19 @@ def fit(rows, *, fit_terms=TERMS, base: Profile = CALIBRATED,
   host = [r.host_s_per_step for r in runs if r.host_s_per_step is not None]
   if "host_s" in fit_terms and host:
     terms["host_s"] = statistics.median(host)
-  return check(base._replace(**terms), "calls")
+  profile = check(base._replace(**terms), "calls")
+  ddp = [r for r in runs if bucketed(r)]
+  if "bucketed_allreduce" in fit_terms and ddp and explicit:
+    profile = min((profile._replace(bucketed_allreduce=a)
+                   for a in _profile.ALGORITHMS),
+                  key=lambda p: _median_error(p, ddp))
+  return profile
+
+
+def _median_error(profile: Profile, runs: list[Run]) -> float:
+  """The median |relative error| of ``profile``'s sync seconds on ``runs``."""
+  return statistics.median(abs(predict(profile, r)[0] / r.sync_s - 1)
+                           for r in runs)
 
 
 def cu(run: Run, sync_s: float, step_s: float) -> float:

@@ -31,6 +31,10 @@ class Channel(NamedTuple):
       differs from what it sends (a parameter server's download); None: as
       many as it sends (every ring algorithm: each member forwards what it
       receives, and the chunks it sends are the chunks another receives).
+    bucketed: a gradient all-reduce issued in buckets during the backward
+      pass, as PyTorch DDP's reducer does (lowbw's ``ddp``): the network
+      profile says which algorithm times it on a real cluster
+      (``Profile.bucketed_allreduce``).
   """
 
   payload_bytes: int
@@ -41,6 +45,7 @@ class Channel(NamedTuple):
   shards: int = 1
   down_bytes: int | None = None
   received_bytes: float | None = None
+  bucketed: bool = False
 
 
 def received_wire(channel: Channel) -> float:
@@ -65,6 +70,18 @@ def ring_allreduce_wire(payload_bytes: float, group_size: int) -> float:
   """Bytes each member sends in a ring all-reduce (the one formula: the
   topologies' ring and two-tier algorithms use it too)."""
   return 2.0 * (group_size - 1) / group_size * payload_bytes
+
+
+def tree_allreduce_wire(payload_bytes: float, group_size: int) -> float:
+  """Bytes the busiest member sends in a double binary tree all-reduce
+  (NCCL's tree): each half of the payload is reduced up one tree and
+  broadcast down it; a member is a leaf of one tree (it sends its half up)
+  and, from 4 members on, has two children in the other (it sends that half
+  up and to each child): 2 x payload; 1.5 x with 3 members, 1 x with 2."""
+  n = group_size
+  if n <= 1:
+    return 0.0
+  return payload_bytes * (1.0 if n == 2 else 1.5 if n == 3 else 2.0)
 
 
 def all_gather_wire(payload_bytes: float, group_size: int) -> float:

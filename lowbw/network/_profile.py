@@ -23,6 +23,14 @@ in ``benchmarks/calibration/``):
 * ``host_s``: host time per inner step beside the device's compute (the
   optimizer step and the data loader: 0.1 ms per step measured for DiLoCo,
   4.7 ms for DDP's trainer); 0 by default, since it belongs to a trainer.
+* ``bucketed_allreduce``: the algorithm of a bucketed gradient all-reduce
+  (PyTorch DDP's reducer, which lowbw's ``ddp`` stands for): ``"tree"``
+  (NCCL's double binary tree: the busiest member sends twice the payload,
+  4/3 of the ring's bytes at 4 workers) or ``"ring"``. DDP's measured syncs
+  took 1.32x the ring's time at 1 and 5 Gbit/s, where the explicit
+  all-reduces of LocalSGD and DiLoCo took 1.00-1.01x: the tree's wire. The
+  source recorded neither NCCL's algorithm nor DDP's buckets, so "tree" is
+  the model that fits, not an observation.
 
 The defaults (``CALIBRATED``) are ``lowbw calibrate``'s fit of those runs
 (``benchmarks/calibration/profile.yaml``), rounded; ``IDEAL`` is the clock
@@ -40,6 +48,7 @@ import yaml
 from lowbw import _validate
 
 CALLS = ("fused", "per_tensor")
+ALGORITHMS = ("ring", "tree")
 
 
 class Profile(NamedTuple):
@@ -52,6 +61,8 @@ class Profile(NamedTuple):
       "per_tensor" (one per parameter tensor) or a number.
     startup_s: seconds added to the run's first communication.
     host_s: host seconds per inner step beside the device's compute.
+    bucketed_allreduce: the algorithm of a bucketed gradient all-reduce
+      (DDP's): "tree" or "ring".
   """
 
   efficiency: tuple[tuple[float, float], ...] = (
@@ -60,6 +71,7 @@ class Profile(NamedTuple):
   calls: str | int = "fused"
   startup_s: float = 0.37
   host_s: float = 0.0
+  bucketed_allreduce: str = "tree"
 
   def efficiency_at(self, bandwidth_bps: float) -> float:
     """The fraction of a ``bandwidth_bps`` link a collective reaches."""
@@ -83,12 +95,13 @@ class Profile(NamedTuple):
   def describe(self) -> dict:
     return {"efficiency": [list(p) for p in self.efficiency],
             "per_call_s": self.per_call_s, "calls": self.calls,
-            "startup_s": self.startup_s, "host_s": self.host_s}
+            "startup_s": self.startup_s, "host_s": self.host_s,
+            "bucketed_allreduce": self.bucketed_allreduce}
 
 
 CALIBRATED = Profile()
 IDEAL = Profile(efficiency=((1.0, 1.0),), per_call_s=0.0, calls="fused",
-                startup_s=0.0, host_s=0.0)
+                startup_s=0.0, host_s=0.0, bucketed_allreduce="ring")
 NAMES = {"calibrated": CALIBRATED, "ideal": IDEAL}
 
 
@@ -114,6 +127,9 @@ def check(p: Profile, field: str = "network_profile") -> Profile:
       calls, bool) and calls >= 1)):
     raise _validate.fail("calls", calls, "expected 'fused', 'per_tensor' or "
                          "a number of calls >= 1")
+  if p.bucketed_allreduce not in ALGORITHMS:
+    raise _validate.fail("bucketed_allreduce", p.bucketed_allreduce,
+                         "expected " + " or ".join(map(repr, ALGORITHMS)))
   return p._replace(efficiency=points, per_call_s=float(p.per_call_s),
                     startup_s=float(p.startup_s), host_s=float(p.host_s))
 

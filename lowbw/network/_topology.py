@@ -21,12 +21,14 @@ collective: ``"exchange"`` with a server, ``"pairwise"`` with one peer. The
 topology picks the algorithm.
 """
 
+import math
 from typing import NamedTuple
 
 from lowbw import _validate
 from lowbw.network import _units
 from lowbw.network._collectives import (Channel, all_gather_wire,
-                                        ring_allreduce_wire)
+                                        ring_allreduce_wire,
+                                        tree_allreduce_wire)
 
 ALGORITHMS = ("ring", "parameter_server")
 _GATHER = "all_gather"
@@ -201,6 +203,19 @@ def ring(link_: Links, channel: Channel) -> Cost:
                 "ring_all_gather")
   return Cost(2 * (n - 1) * hop(link_, payload / n),
               ring_allreduce_wire(payload, n), "ring_allreduce")
+
+
+def tree(link_: Links, channel: Channel) -> Cost:
+  """A double binary tree all-reduce, pipelined: the busiest member's bytes
+  (``tree_allreduce_wire``) at the link's rate, and a latency per level up
+  and down the trees."""
+  n, payload = _sent(channel)
+  if n <= 1:
+    return Cost(0.0, 0.0, "none")
+  levels = 2 * math.ceil(math.log2(n))
+  seconds = hop(link_, tree_allreduce_wire(payload, n)) + (
+      levels - 1) * hop(link_, 0.0)
+  return Cost(seconds, tree_allreduce_wire(payload, n), "tree_allreduce")
 
 
 def parameter_server(link_: Links, channel: Channel) -> Cost:

@@ -87,14 +87,21 @@ def _check_same(resume_from, saved: dict, current: dict) -> None:
 
 
 def _as_written_before(saved: dict, current: dict) -> dict:
-  """``current`` as a run from before network profiles wrote it, when
-  ``saved`` is one (its network has no profile: it ran on the ideal clock,
-  which ``current`` must use too)."""
+  """``current`` as an older lowbw wrote it, when ``saved`` is older: a run
+  from before network profiles (its network has no profile: it ran on the
+  ideal clock, which ``current`` must use too), or before a profile's term
+  (which ``current`` leaves out)."""
   net, now = saved.get("network"), current.get("network")
-  if (isinstance(net, dict) and isinstance(now, dict) and "profile" not in net
+  if not (isinstance(net, dict) and isinstance(now, dict)):
+    return current
+  if ("profile" not in net
       and now.get("profile") == net_lib.profile("ideal").describe()):
-    current = {**current, "network": {k: v for k, v in now.items()
-                                      if k != "profile"}}
+    return {**current, "network": {k: v for k, v in now.items()
+                                   if k != "profile"}}
+  was, profile = net.get("profile"), now.get("profile")
+  if isinstance(was, dict) and isinstance(profile, dict):
+    profile = {k: v for k, v in profile.items() if k in was}
+    return {**current, "network": {**now, "profile": profile}}
   return current
 
 

@@ -58,7 +58,11 @@ def ddp(inner: optax.GradientTransformation | None = None,
     return state, _base.events(gradients=1)
 
   def channels(params, num_workers):
-    return {"gradients": comm_channel(comp, params, num_workers)}
+    # A gradient all-reduce in buckets during the backward pass (PyTorch
+    # DDP's reducer): the network profile says how a real cluster times it.
+    gradients = comm_channel(comp, params, num_workers)
+    return {"gradients": gradients._replace(
+        bucketed=gradients.collective == "ring_allreduce")}
 
   return _base.make("ddp", 1, _base.Parts(init, local, None,
                                           _base.mean_of_workers, channels),
