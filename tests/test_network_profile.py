@@ -283,3 +283,34 @@ def test_a_run_from_before_a_profile_term_resumes(tmp_path):
   assert cli.main(["train", "--resume", str(out), "--steps", "12",
                    "--no-progress", "--no-plot"]) == 0
   assert json.loads((out / "summary.json").read_text())["steps"] == 12
+
+
+@pytest.mark.parametrize("changes, warned", [
+    ({}, True),                                # 30M parameters at MFU 0.4
+    ({"mfu": 0.2}, False),                     # an MFU given
+    ({"clock_params": 2_000_000_000}, False),  # a model that reaches it
+    ({"hardware": "0.05s"}, False),            # a measured time per step
+    ({"bandwidth": "10Mbps"}, False),          # compute is < 10 % of time
+])
+def test_the_default_mfu_on_a_small_model_is_warned_where_compute_counts(
+    changes, warned):
+  run = dict(data="digits", model="mlp", hidden="8", workers=2, steps=4, H=2,
+             eval_examples=16, progress=False, clock_params=30_000_000,
+             bandwidth="100Gbps", latency="0ms", hardware="1TFLOPS")
+  summary = lowbw.simulate(**{**run, **changes}).summary
+  said = [w for w in summary["warnings"] if "priced at MFU 0.4" in w]
+  assert bool(said) == warned
+  if warned:
+    compute = 1 - summary["comm_share"]
+    assert f"compute is {100 * compute:.0f}% of the nominal time" in said[0]
+    assert "30,000,000 parameters" in said[0]
+
+
+def test_the_planner_notes_the_default_mfu_on_a_small_model():
+  from lowbw.network import _planner
+  assert any("mfu=0.4 is the default" in n
+             for n in _planner.plan(parameters=0.03)["warnings"])
+  assert not any("is the default" in n for n in _planner.plan(
+      parameters=0.03, mfu=0.16).get("warnings") or ())
+  assert not any("is the default" in n for n in _planner.plan(
+      parameters=7)["warnings"] or ())

@@ -783,6 +783,25 @@ class Clock:
     return out
 
 
+# Models below this many parameters reach well under the default MFU (0.4,
+# what models of billions of parameters reach): a 30.8M-parameter model in
+# float32 reached 0.16 of an L40S's peak in the measured runs of
+# benchmarks/calibration.
+SMALL_MODEL = 100_000_000
+
+
+def assumed_mfu(net: Network, num_params: int) -> int | None:
+  """The parameters the clock prices (``clock_params`` or the model's) when
+  it times their compute at the default MFU and they are far below the size
+  that reaches it (``SMALL_MODEL``); None otherwise."""
+  hw = net.hardware
+  if hw is None or hw.step_time_s is not None or (
+      hw.mfu != Hardware._field_defaults["mfu"]):
+    return None
+  priced = net.clock_params or num_params
+  return int(priced) if priced < SMALL_MODEL else None
+
+
 def flops_per_step(num_params: int, tokens_per_worker_step: int,
                    flops_per_token: float | None = None) -> float:
   """``flops_per_token`` (default 6 P: forward 2P, backward 4P) times the

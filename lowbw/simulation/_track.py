@@ -340,8 +340,25 @@ class Track:
           + ("; the shared model hardly trained: this run is degenerate"
              if self.degenerate() else ""))
     out += self._late_faults()
+    out += self._assumed_mfu(split)
     out += self._non_finite()
     return out
+
+  def _assumed_mfu(self, split: dict) -> list[str]:
+    """The clock priced compute at the default MFU for a model far below
+    the size that reaches it, and compute is a fair share of the time."""
+    priced = (None if self.network is None else
+              _clock.assumed_mfu(self.network, self.sim.num_params))
+    share = split.get("comm_share")
+    if priced is None or share is None or 1 - share < 0.1:
+      return []
+    return [f"compute is {100 * (1 - share):.0f}% of the nominal time, "
+            f"priced at MFU {self.network.hardware.mfu:g} (the default, what "
+            f"models of billions of parameters reach); a model of "
+            f"{priced:,} parameters reaches less (a 30.8M-parameter one "
+            "reached 0.16 of an L40S's peak), so sim_time_s is optimistic: "
+            "give mfu (--mfu) or hardware as a measured time per step "
+            "('25ms')"]
 
   def _non_finite(self) -> list[str]:
     """Figures that came out infinite or NaN although the run went on: the
