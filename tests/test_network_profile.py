@@ -314,3 +314,15 @@ def test_the_planner_notes_the_default_mfu_on_a_small_model():
       parameters=0.03, mfu=0.16).get("warnings") or ())
   assert not any("is the default" in n for n in _planner.plan(
       parameters=7)["warnings"] or ())
+
+
+def test_a_described_profile_reads_back_and_a_missing_term_is_the_ideal_one(
+    tmp_path):
+  p = _profile.CALIBRATED._replace(per_call_s=0.002, calls=57)
+  assert _profile.from_description(p.describe()) == p
+  old = {k: v for k, v in p.describe().items() if k != "bucketed_allreduce"}
+  assert _profile.from_description(old).bucketed_allreduce == "ring"
+  # A YAML file's missing term is the calibrated default's.
+  (tmp_path / "p.yaml").write_text("per_call_s: 0.002\n")
+  assert net_lib.profile(str(tmp_path / "p.yaml")) == (
+      _profile.CALIBRATED._replace(per_call_s=0.002))

@@ -244,6 +244,16 @@ def test_command_line(tmp_path_factory, capsys):
   assert main(["retime", out, *flags]) == 0
   text = capsys.readouterr().out
   assert "on the network" in text and "CU" in text and "as it ran" in text
+  # A setting not given is the run's own: with none, the run's own time.
+  assert main(["retime", out, "--json"]) == 0
+  printed = json.loads(capsys.readouterr().out)
+  assert printed["sim_time_s"] == pytest.approx(
+      printed["original_sim_time_s"], rel=1e-6)
+  assert main(["retime", out, "--bandwidth", "3Mbps", "--json"]) == 0
+  printed = json.loads(capsys.readouterr().out)
+  mine = lowbw.retime(out, N.network("3Mbps", SMALL["latency"],
+                                     hardware=SMALL["hardware"]))
+  assert printed["sim_time_s"] == pytest.approx(mine["sim_time_s"], rel=1e-9)
   assert main(["retime", out, "--speeds", "1,1,1"]) == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("lowbw: error: --speeds=") and "\n" not in err

@@ -2,9 +2,11 @@
 
 import argparse
 import json
+import os
 
 from lowbw.config import _fields
 from lowbw.config._resolve import build_network
+from lowbw.network import _profile, _units
 
 # The network settings a re-timing takes: those that change only the clock
 # (stragglers, faults and traces would change the training; ``retime``
@@ -28,7 +30,7 @@ def add_parser(subparsers) -> None:
       "profile. Equal to a re-run's simulated time. Runs whose training "
       "followed their clock (asynchronous strategies, time budgets, "
       "straggler mitigation, faults) are refused. The network flags are "
-      "lowbw train's, with its defaults.")
+      "lowbw train's; a setting not given is the network's the run ran on.")
   p.add_argument("run_dir", metavar="RUN", help="a run's log folder "
                  "(lowbw train --out)")
   p.add_argument("--json", action="store_true", help="print the result as "
@@ -42,12 +44,53 @@ def add_parser(subparsers) -> None:
 
 
 def settings_of(args: argparse.Namespace) -> dict:
-  """The network settings the flags give, lowbw train's defaults for the
-  rest (no stragglers, faults or traces)."""
+  """The network settings the flags give; for the rest the run's own (its
+  config.json), else lowbw train's defaults (no stragglers, faults or
+  traces)."""
   s = {name: f.default for name, f in _fields_of().items()}
+  s.update(_run_settings(args.run_dir))
   s.update({name: getattr(args, name) for name in SETTINGS
             if getattr(args, name) is not None})
   return s
+
+
+def _run_settings(run_dir: str) -> dict:
+  """The re-timing settings of the network ``run_dir`` ran on, read back
+  from its config.json (none for a run without a clock, or a folder
+  ``retime`` refuses anyway)."""
+  try:
+    with open(os.path.join(run_dir, "config.json")) as f:
+      net = json.load(f).get("network")
+  except (OSError, ValueError, AttributeError):
+    return {}
+  if not isinstance(net, dict) or "bandwidth_bps" not in net:
+    return {}
+  s = {"bandwidth": _each(net["bandwidth_bps"], "bps"),
+       "latency": _each(net["latency_s"], "s"),
+       "overlap": net.get("overlap", False),
+       "clock_params": net.get("clock_params")}
+  if net.get("topology") == "hierarchical":
+    s.update(topology="hierarchical", group_size=net["group_size"],
+             regional_bandwidth=_each(net["regional_bandwidth_bps"], "bps"),
+             regional_latency=_each(net["regional_latency_s"], "s"))
+  else:
+    s["topology"] = net.get("algorithm", "ring")
+  hw = net.get("hardware")
+  if isinstance(hw, dict):
+    s.update(hardware=hw["name"], mfu=hw["mfu"], speeds=None if (
+        hw.get("speeds") is None) else ",".join(map(repr, hw["speeds"])))
+  if isinstance(net.get("profile"), dict):
+    s["network_profile"] = _profile.from_description(net["profile"])
+  else:  # written before network profiles: the ideal clock
+    s["network_profile"] = "ideal"
+  return s
+
+
+def _each(value, unit: str) -> str:
+  """A described link setting (one number, or one per worker) as a flag's
+  text."""
+  values = value if isinstance(value, list) else [value]
+  return ",".join(f"{v!r}{unit}" for v in values)
 
 
 def _time(label: str, seconds, r: dict | None = None) -> str:
@@ -73,11 +116,27 @@ def run(args: argparse.Namespace) -> int:
                                      r["history"]["sim_time_s"]]}
     print(json.dumps(out, indent=1, default=str))
     return 0
-  topology = s["topology"] + (f" of {s['group_size']}" if s["group_size"]
-                              else "")
   print(f"{r['run']}: {r['steps']} steps")
   print(_time("as it ran", r["original_sim_time_s"]))
   print(_time("on the network", r["sim_time_s"], r) +
-        f"\n  {'':<17} {s['bandwidth']}, {s['latency']} ({topology}), "
-        f"{s['hardware']} at MFU {s['mfu']}, profile {s['network_profile']}")
+        f"\n  {'':<17} {_network_text(s)}")
   return 0
+
+
+def _network_text(s: dict) -> str:
+  """The settings timed, one line."""
+  from lowbw.network import format_bandwidth, format_duration
+
+  def each(text, unit):
+    parse = _units.bandwidth if unit == "bw" else _units.duration
+    shown = format_bandwidth if unit == "bw" else format_duration
+    return ",".join(shown(parse(v)) for v in _units.link_values(text))
+  topology = s["topology"] + (f" of {s['group_size']}" if s["group_size"]
+                              else "")
+  profile = s["network_profile"]
+  if isinstance(profile, _profile.Profile):
+    profile = next((name for name, p in _profile.NAMES.items()
+                    if p == profile), "as the run's")
+  return (f"{each(s['bandwidth'], 'bw')}, {each(s['latency'], 'lat')} "
+          f"({topology}), {s['hardware']} at MFU {s['mfu']}, profile "
+          f"{profile}")

@@ -154,8 +154,28 @@ def profile(spec=None) -> Profile:
       "calibrate writes one) or a lowbw.network.Profile")
 
 
+def from_description(values: dict, source: str = "network_profile",
+                     base: Profile = IDEAL) -> Profile:
+  """The profile ``describe()`` wrote as ``values`` (a table of terms); a
+  term missing is ``base``'s: the ideal clock's for a run's record written
+  before the term existed."""
+  unknown = sorted(set(values) - set(Profile._fields))
+  if unknown:
+    raise _validate.fail("network_profile", source, f"{unknown[0]!r} is "
+                         "not a term; expected " + ", ".join(Profile._fields))
+  values = dict(values)
+  if "efficiency" in values:
+    try:
+      values["efficiency"] = tuple(tuple(p) for p in values["efficiency"])
+    except TypeError:
+      raise _validate.fail("efficiency", values["efficiency"], "expected "
+                           "(bandwidth bit/s, fraction) pairs") from None
+  return check(base._replace(**values))
+
+
 def load(path) -> Profile:
-  """The profile saved in the YAML file ``path``."""
+  """The profile saved in the YAML file ``path`` (a term it leaves out is
+  the calibrated default's)."""
   try:
     with open(path) as f:
       values = yaml.safe_load(f)
@@ -165,17 +185,7 @@ def load(path) -> Profile:
   if not isinstance(values, dict):
     raise _validate.fail("network_profile", str(path), "expected a YAML "
                          "table of the profile's terms")
-  unknown = sorted(set(values) - set(Profile._fields))
-  if unknown:
-    raise _validate.fail("network_profile", str(path), f"{unknown[0]!r} is "
-                         "not a term; expected " + ", ".join(Profile._fields))
-  if "efficiency" in values:
-    try:
-      values["efficiency"] = tuple(tuple(p) for p in values["efficiency"])
-    except TypeError:
-      raise _validate.fail("efficiency", values["efficiency"], "expected "
-                           "(bandwidth bit/s, fraction) pairs") from None
-  return check(Profile(**values))
+  return from_description(values, str(path), CALIBRATED)
 
 
 def save(p: Profile, path) -> str:
