@@ -326,3 +326,12 @@ def test_a_described_profile_reads_back_and_a_missing_term_is_the_ideal_one(
   (tmp_path / "p.yaml").write_text("per_call_s: 0.002\n")
   assert net_lib.profile(str(tmp_path / "p.yaml")) == (
       _profile.CALIBRATED._replace(per_call_s=0.002))
+
+
+def test_a_worker_that_joins_pays_the_start_up_again():
+  # Worker 1 joins at step 4: its catch-up download opens its connections,
+  # so the start-up is paid at the run's first sync and again at the join.
+  run = dict(RUN, workers=2, joins="1@4")
+  times = [lowbw.simulate(**run, network_profile=_profile.CALIBRATED._replace(
+      startup_s=s)).summary["sim_time_s"] for s in (0.0, 1.0)]
+  assert times[1] - times[0] == pytest.approx(2.0, rel=1e-6)

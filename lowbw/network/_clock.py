@@ -290,7 +290,8 @@ def channel_costs(net: Network, channels: dict[str, Channel],
   """The ``Cost`` of one event of every channel: the topology's, on links
   at the rate a collective reaches (the profile's efficiency), plus the
   profile's cost per collective call (``num_tensors``: the model's
-  parameter tensors, for a profile of one call per tensor)."""
+  parameter tensors, for a profile of one call per tensor) and, for a
+  worker's return to the fleet (``CATCH_UP``), the profile's start-up."""
   topo, p = effective_topology(net), net.profile
   extra = p.per_call_s * p.calls_per_event(num_tensors)
   out = {}
@@ -300,9 +301,12 @@ def channel_costs(net: Network, channels: dict[str, Channel],
       # Timed as the real reducer runs it; the bytes logged stay those of
       # lowbw's own ring.
       cost = cost._replace(seconds=_topology.tree(topo.link, c).seconds)
-    if extra and cost.seconds > 0:
-      cost = cost._replace(seconds=cost.seconds + extra, seconds_W=None if (
-          cost.seconds_W is None) else tuple(s + extra for s in cost.seconds_W))
+    # A worker's return to the fleet opens its connections again: the
+    # profile's start-up on top of its calls.
+    paid = extra + (p.startup_s if name == CATCH_UP else 0.0)
+    if paid and cost.seconds > 0:
+      cost = cost._replace(seconds=cost.seconds + paid, seconds_W=None if (
+          cost.seconds_W is None) else tuple(s + paid for s in cost.seconds_W))
     out[name] = cost
   return out
 
