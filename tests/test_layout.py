@@ -63,6 +63,10 @@ INTERNAL = {
     ("lowbw/studies", "lowbw.simulation._api"),
     ("lowbw/studies", "lowbw.simulation._logdir"),
     ("lowbw/studies", "lowbw.simulation._sweep"),
+    # A point that differs from another only in its clock is re-timed from
+    # that one's ledger (_ledger: the file) and priced (_cost).
+    ("lowbw/studies", "lowbw.simulation._ledger"),
+    ("lowbw/studies", "lowbw.telemetry._cost"),
     # A run's cost: the price settings' rule and the summary's figures, one
     # module that the settings, the run's summary, the planner and their
     # commands read.

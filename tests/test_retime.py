@@ -272,3 +272,53 @@ def test_a_run_that_did_not_finish_is_refused(tmp_path):
                    "--out", str(out)]) != 0
   with pytest.raises(lowbw.ConfigError, match="the run did not finish"):
     lowbw.retime(str(out), lowbw.network.network("10Mbps"))
+
+
+def test_a_study_trains_once_per_training_and_retimes_the_clock_settings(
+    tmp_path, capsys):
+  """Points that differ only in settings of the clock (bandwidth, MFU,
+  prices) are re-timed from the first one's ledger: the same histories and
+  clock figures as a study that trains every point (no folder, no
+  ledgers)."""
+  base = dict(SMALL, workers=2, strategy="diloco", H=4, eval_every=4,
+              eval_examples=16, gpu_price=2.0)
+  grid = {"bandwidth": ["1Mbps", "100Mbps"], "hardware": ["0.01s", "0.03s"],
+          "inner_lr": [1e-3, 3e-3]}
+  kept = lowbw.study(base, grid, out=str(tmp_path / "s"), progress=False,
+                     plots=False)
+  trained = lowbw.study(base, grid, progress=False, plots=False)
+  retimed = [p for p in kept.points if p.summary.get("retimed_from")]
+  assert len(retimed) == 6  # 2 trainings (inner_lr) x 4 networks, less 2
+  for a, b in zip(kept.points, trained.points):
+    assert a.values == b.values
+    for key in ("sim_time_s", "compute_s", "comm_s", "comm_share",
+                "gpu_hours", "cost_usd", "sent_bytes", "final_eval_loss"):
+      assert a.summary[key] == pytest.approx(b.summary[key], rel=1e-6), key
+    np.testing.assert_allclose(a.history["sim_time_s"],
+                               b.history["sim_time_s"], rtol=1e-6)
+    np.testing.assert_array_equal(a.history["train_loss"],
+                                  b.history["train_loss"])
+  # The folder reloads with the re-timed points, and re-times again.
+  again = lowbw.studies.load(str(tmp_path / "s"))
+  assert [p.summary["sim_time_s"] for p in again.points] == [
+      p.summary["sim_time_s"] for p in kept.points]
+  # A re-timed point is a run's folder: re-timed on its own network (the
+  # command's defaults are the point's), it gives its own time.
+  for point in retimed[:2]:
+    r = lowbw.retime(point.log_dir, N.network(
+        point.values["bandwidth"], SMALL["latency"],
+        hardware=point.values["hardware"]))
+    assert r["sim_time_s"] == pytest.approx(point.summary["sim_time_s"],
+                                            rel=1e-9)
+    assert main(["retime", point.log_dir, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["sim_time_s"] == (
+        pytest.approx(point.summary["sim_time_s"], rel=1e-9))
+
+
+def test_a_study_of_a_clock_driven_strategy_trains_every_point(tmp_path):
+  base = dict(_fields("async_diloco"), eval_examples=16)
+  s = lowbw.study(base, {"bandwidth": ["1Mbps", "100Mbps"]},
+                  out=str(tmp_path / "s"), progress=False, plots=False)
+  assert not any(p.summary.get("retimed_from") for p in s.points)
+  assert s.points[0].summary["sim_time_s"] != s.points[1].summary[
+      "sim_time_s"]

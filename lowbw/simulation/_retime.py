@@ -146,7 +146,11 @@ def _one(run_dir, ledger: dict, network, rows, original) -> dict:
           "compute_share": compute / total if total > 0 else None,
           "history": {"step": logged, "sim_time_s": at},
           "original_sim_time_s": original, "steps": steps,
-          "network": net.describe()}
+          # As a run's config.json describes its network.
+          "network": {**net.describe(), "compute_s_per_step": pricing.step_s,
+                      "comm_s_per_event": {
+                          name: cost.seconds
+                          for name, cost in pricing.clock_costs.items()}}}
 
 
 def _times(ledger: dict, net, pricing) -> tuple[np.ndarray, float]:

@@ -130,6 +130,15 @@ def write_point(result: PointResult) -> None:
       "seed": result.seed, "summary": result.summary})
 
 
+def write_history(path: str, history: dict) -> None:
+  """``history`` (metric -> array) as a ``metrics.csv`` (NaN: an empty
+  cell), as ``read_history`` reads it."""
+  names = list(history)
+  rows = len(next(iter(history.values()), []))
+  write_csv(path, names, [{k: _plain(history[k][r]) for k in names}
+                          for r in range(rows)])
+
+
 def read_history(path: str) -> dict[str, np.ndarray]:
   """``metrics.csv`` as metric -> float array (empty cells are NaN)."""
   if not os.path.isfile(path):

@@ -1,16 +1,20 @@
 """``lowbw.study``: every point of a grid over any ``Config`` field, one
 compiled program per shape, resumable."""
 
+import json
+import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from lowbw import _validate
-from lowbw.telemetry import _progress
+from lowbw.telemetry import _cost, _progress
 from lowbw.config import Config
-from lowbw.simulation import _logdir, _sweep
+from lowbw.simulation import _ledger, _logdir, _sweep, retime
 from lowbw.simulation._api import (build_config, engine_config, run_config,
                                   yaml_or_none)
 from lowbw.simulation import DivergenceError, NonFiniteLossError
@@ -113,25 +117,133 @@ def _run_groups(groups: list, done, out: str | None,
                 points_per_batch: int | None, emit) -> int:
   """Every group's points, one build per group unless a traced value
   cannot be set on it; each result, read back when ``done`` or run, goes
-  to ``emit(result, ran)`` in the grid's order. Returns the builds made."""
-  builds = 0
+  to ``emit(result, ran)``. A point that differs from another only in
+  settings of the clock (``CLOCK_ONLY``) is re-timed from that one's
+  ledger instead of trained (``_retimed``). Returns the builds made."""
+  finished = {}
   for group in groups:
-    todo = [p for p in group if p.index not in done]
     for p in group:
       if p.index in done:
-        emit(_files.read_point(out, p), False)
-    while todo:
-      rep = todo[0]
-      sim = build_config(rep.config, compile=False)
-      builds += 1
-      now = [p for p in todo if _settable(sim, _diff(p, rep))]
-      todo = [p for p in todo if p not in now]
-      size = points_per_batch or _sweep.default_points_per_batch(
-          len(now), sim.memory)
-      for first in range(0, len(now), size):
-        for r in _run_batch(sim, now[first:first + size], rep, out, size):
-          emit(r, True)
+        finished[p.index] = _files.read_point(out, p)
+        emit(finished[p.index], False)
+  points = [p for group in groups for p in group]
+  leaders, followers = _leaders(
+      points, [p for p in points if p.index not in done], out)
+  builds = 0
+  for group in groups:
+    builds += _train([p for p in group if p.index in leaders],
+                     points_per_batch, out, finished, emit)
+  rest = set()
+  for p, leader in followers:
+    r = _retimed(p, finished.get(leader.index), out)
+    if r is None:  # its leader's run cannot be re-timed: train it
+      rest.add(p.index)
+    else:
+      finished[p.index] = r
+      emit(r, True)
+  for group in groups:
+    builds += _train([p for p in group if p.index in rest],
+                     points_per_batch, out, finished, emit)
   return builds
+
+
+def _train(todo: list, points_per_batch: int | None, out: str | None,
+           finished: dict, emit) -> int:
+  """``todo``'s points run on as few builds as their traced values allow;
+  returns the builds made."""
+  builds = 0
+  while todo:
+    rep = todo[0]
+    sim = build_config(rep.config, compile=False)
+    builds += 1
+    now = [p for p in todo if _settable(sim, _diff(p, rep))]
+    todo = [p for p in todo if p not in now]
+    size = points_per_batch or _sweep.default_points_per_batch(
+        len(now), sim.memory)
+    for first in range(0, len(now), size):
+      for r in _run_batch(sim, now[first:first + size], rep, out, size):
+        finished[r.index] = r
+        emit(r, True)
+  return builds
+
+
+# The settings that change only a run's clock and prices, never its
+# training (on a network without stragglers or faults, which retime
+# refuses): a point differing from another only in these is re-timed.
+CLOCK_ONLY = ("bandwidth", "latency", "regional_bandwidth",
+              "regional_latency", "hardware", "mfu", "speeds", "overlap",
+              "clock_params", "network_profile", "gpu_price", "egress_price")
+
+
+def _leaders(points: list, todo: list, out: str | None) -> tuple:
+  """(the indices of ``todo``'s points to train, [(point, the point whose
+  run it is re-timed from)]): the first point of every training (the same
+  seed and values but ``CLOCK_ONLY``'s) leads it. Without ``out`` (no
+  ledgers) every point trains."""
+  if out is None:
+    return {p.index for p in todo}, []
+
+  def training(p):
+    return p.seed, _grid.describe({k: v for k, v in p.values.items()
+                                   if k not in CLOCK_ONLY})
+  first: dict = {}
+  for p in points:
+    first.setdefault(training(p), p)
+  lead = [(p, first[training(p)]) for p in todo]
+  return ({p.index for p, q in lead if q is p},
+          [(p, q) for p, q in lead if q is not p])
+
+
+def _retimed(point: _grid.Point, source: PointResult | None,
+             out: str) -> PointResult | None:
+  """``point`` as ``source``'s run re-timed on ``point``'s network (its
+  folder: the run's metrics with the re-timed ``sim_time_s``, its summary
+  with the clock's and prices' figures replaced and ``retimed_from``); None
+  when ``source`` failed or its run cannot be re-timed (its training
+  followed its clock)."""
+  if source is None or source.summary.get("error") or not source.log_dir:
+    return None
+  c, start = point.config, time.perf_counter()
+  try:
+    r = retime(source.log_dir, engine_config(c).network)
+  except _validate.ConfigError:
+    return None
+  folder = _files.point_dir(out, point.index)
+  _logdir.prepare(folder, overwrite=True)
+  history = {k: np.array(v) for k, v in source.history.items()}
+  if "sim_time_s" in history:
+    at = dict(zip(r["history"]["step"].tolist(),
+                  r["history"]["sim_time_s"].tolist()))
+    history["sim_time_s"] = np.asarray([at.get(int(s), np.nan)
+                                        for s in history["step"]])
+  total = r["compute_s"] + r["comm_s"]
+  summary = {**source.summary, "sim_time_s": r["sim_time_s"],
+             "compute_s": r["compute_s"], "comm_s": r["comm_s"],
+             "comm_share": r["comm_s"] / total if total > 0 else None,
+             "retimed_from": os.path.relpath(source.log_dir, folder),
+             "log_dir": folder,
+             # What this point cost: re-timing, not training.
+             "wall_time_s": time.perf_counter() - start, "compile_s": 0.0,
+             "steps_per_s": None, "examples_per_s": None}
+  summary.update(_cost.of_summary(summary, c.gpu_price, c.egress_price))
+  for name in (_ledger.FILE, "params.npz"):
+    src = os.path.join(source.log_dir, name)
+    if os.path.isfile(src):
+      shutil.copyfile(src, os.path.join(folder, name))
+  with open(os.path.join(source.log_dir, "config.json")) as f:
+    record = json.load(f)
+  _files.write_json(os.path.join(folder, "config.json"),
+                    {**record, "network": r["network"]})
+  _files.write_history(os.path.join(folder, "metrics.csv"), history)
+  _files.write_json(os.path.join(folder, "summary.json"), summary)
+  text = yaml_or_none(c.replace(out=folder))
+  if text:
+    with open(os.path.join(folder, "config.yaml"), "w") as f:
+      f.write(text)
+  result = PointResult(point.index, dict(point.values), point.seed, summary,
+                       history, folder, c)
+  _files.write_point(result)
+  return result
 
 
 def _write(result: Study, out: str, plots: bool) -> None:
