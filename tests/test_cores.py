@@ -31,15 +31,22 @@ def run(strategy, **more):
           "params": [np.asarray(x).ravel().tolist()
                      for x in jax.tree.leaves(r.params)]}
 
+# The devices a build chooses (what a run reports as its config's devices),
+# without compiling: a one-device run is every other test's path.
+def devices(strategy, **more):
+  settings = {k: v for k, v in {**kw, **more}.items() if k != "progress"}
+  return lowbw.build(strategy=strategy, compile=False,
+                     **settings).config.devices
+
 out["diloco"] = run(diloco)
 out["diloco_one"] = run(diloco, devices=1)
-out["ddp"] = run(strategies.ddp(optax.adamw(1e-3)))["devices"]
+out["ddp"] = devices(strategies.ddp(optax.adamw(1e-3)))
 faults = network.network("100Mbps", "10ms",
                          faults=network.Faults(drop_prob=0.2))
 out["ddp_faults"] = run(strategies.ddp(optax.adamw(1e-3)),
                         network=faults)["devices"]
-out["worker_batch"] = run(diloco, worker_batch=1)["devices"]
-out["odd_workers"] = run(diloco, workers=3)["devices"]
+out["worker_batch"] = devices(diloco, worker_batch=1)
+out["odd_workers"] = devices(diloco, workers=3)
 
 class Own(data.DataSource):
   def build(self, num_workers, batch_size, seed):
@@ -48,7 +55,7 @@ class Own(data.DataSource):
 digits = data.digits()
 own = Own(name="own", task="classification", train=digits.train,
           eval=digits.eval)
-out["own_data"] = run(diloco, data=own)["devices"]
+out["own_data"] = devices(diloco, data=own)
 
 inner = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-3)
 sim = lowbw.build(strategy=strategies.diloco(inner, H=3), compile=False,
