@@ -104,3 +104,13 @@ def test_a_network_object_refuses_what_it_replaces(given, words):
   # Alone, the object is the run's network.
   assert lowbw.Config(**SMALL, network=net).built().checked[
       "network"].topology == net.topology
+
+
+@pytest.mark.parametrize("name, value", [
+    ("bandwidth", "10Mbps"), ("hardware", "a100"), ("drop_prob", 0.1),
+    ("network_profile", "ideal")])
+def test_clock_false_refuses_a_network_setting(name, value):
+  with pytest.raises(lowbw.ConfigError, match=rf"^{name}=.* is invalid: not "
+                     "used: with clock=False the run has no network"):
+    lowbw.Config(**SMALL, clock=False, **{name: value})
+  assert lowbw.Config(**SMALL, clock=False).clock is False

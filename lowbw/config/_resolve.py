@@ -141,6 +141,12 @@ def check_used(s: dict, explicit) -> None:
     for name in sorted(set(explicit) & NETWORK_SETTINGS):
       raise _validate.fail(name, s[name], "not used: the network is given as "
                            "an object (network=...); set it there")
+  if s.get("network") is None and s.get("clock") is False:
+    for name in sorted(set(explicit) & NETWORK_SETTINGS - {"clock"}):
+      raise _validate.fail(name, s[name], "not used: with clock=False the "
+                           "run has no network (no simulated clock, no "
+                           "stragglers or faults); drop it or give "
+                           "clock=True")
   for name in sorted(set(explicit) - used(s)):
     owners = [kind for kind, options in table.items()
               if any(name in names for names in options.values())]
