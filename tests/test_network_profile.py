@@ -335,3 +335,29 @@ def test_a_worker_that_joins_pays_the_start_up_again():
   times = [lowbw.simulate(**run, network_profile=_profile.CALIBRATED._replace(
       startup_s=s)).summary["sim_time_s"] for s in (0.0, 1.0)]
   assert times[1] - times[0] == pytest.approx(2.0, rel=1e-6)
+
+
+def test_a_config_file_keeps_a_profile_as_its_terms(tmp_path):
+  # A profile file or object is written into config.yaml as its terms, so
+  # the file stands alone once the profile's own file is gone; a config
+  # file may give such a table (a term left out is the default's).
+  path = tmp_path / "p.yaml"
+  p = _profile.CALIBRATED._replace(per_call_s=0.002, calls=57)
+  _profile.save(p, path)
+  for given in (str(path), p):
+    saved = lowbw.Config(**RUN, network_profile=given).save(
+        str(tmp_path / "c.yaml"))
+    path.unlink(missing_ok=True)
+    again = lowbw.Config.load(saved)
+    assert net_lib.profile(again.network_profile) == p
+    _profile.save(p, path)
+  (tmp_path / "t.yaml").write_text("data: digits\nnetwork_profile:\n"
+                                   "  per_call_s: 0.004\n")
+  table = lowbw.Config.load(str(tmp_path / "t.yaml")).network_profile
+  assert net_lib.profile(table) == _profile.CALIBRATED._replace(
+      per_call_s=0.004)
+  (tmp_path / "bad.yaml").write_text("data: digits\nnetwork_profile:\n"
+                                     "  per_call: 0.004\n")
+  with pytest.raises(lowbw.ConfigError, match="'per_call' is not a term"):
+    lowbw.Config.load(str(tmp_path / "bad.yaml"))
+  assert lowbw.Config(**RUN).to_yaml().count("network_profile: calibrated")

@@ -18,6 +18,7 @@ import yaml
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
+from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
 from lowbw.config import _fields, _files, _paths, _resolve, _settings
@@ -135,6 +136,10 @@ def _check_type(field: _fields.Field, value):
       type(value) not in (str, dict, list, tuple) or _is_pair(field, value)
       or field.check is not None)):  # its rule says what it takes
     return value  # a model, dataset, strategy or optimizer as an object
+  kinds = getattr(field.type, "config_types", ())
+  if isinstance(value, dict) and dict in kinds:  # a table of terms
+    field.type.parse(value, field.name)
+    return value
   value = natural(field, value)
   if isinstance(value, (dict, list, tuple)):
     raise _validate.fail(field.name, value, "expected a single value, not a "
@@ -297,8 +302,14 @@ class _ConfigBase:
   def to_yaml(self) -> str:
     """The resolved settings as YAML; ``Config.load`` reads it back."""
     values = self.to_dict()
+    # A profile object or file is written as its terms: the file stands
+    # alone, wherever the profile's own file goes.
+    profile = values.get("network_profile")
+    if profile is not None and not (isinstance(profile, str)
+                                    and profile in network_lib.PROFILES):
+      values["network_profile"] = network_lib.profile(profile).describe()
     for name in OBJECT_FIELDS:
-      if not isinstance(values.get(name), (str, type(None))):
+      if not isinstance(values.get(name), (str, dict, type(None))):
         raise _validate.fail(name, type(values[name]).__name__,
                              "a Python object cannot be written to a file; "
                              "give a registry name (for the network, its "

@@ -110,6 +110,12 @@ def _profile(text, field):
   return network_lib.profile(text)
 
 
+def _profile_type():
+  check = quantity(_profile, "network_profile")
+  check.config_types = (str, dict)  # a name, a file, or a table of terms
+  return check
+
+
 def _budget(text, field):
   return _resources.check_budget(text)
 
@@ -235,8 +241,9 @@ RUN_FIELDS = (
           f"bandwidth, {_CALIBRATED.per_call_s * 1e3:.2f} ms per collective "
           f"call, {_CALIBRATED.startup_s:.2f} s to set up the first; see "
           "docs/calibration.md), 'ideal' (none of it), or a YAML file of a "
-          "profile (lowbw calibrate writes one)",
-          quantity(_profile, "network_profile")),
+          "profile (lowbw calibrate writes one); in a config file also a "
+          "table of its terms",
+          _profile_type()),
     Field("network", None, SHAPE, _N, "a lowbw.network.Network object "
           "(links, topology, hardware, stragglers, faults) in place of the "
           "network settings (bandwidth, latency, ...); default: the network "

@@ -8,6 +8,7 @@ from lowbw.network._collectives import (Channel, all_gather, exchange,
 from lowbw.network._faults import Faults, Stragglers
 from lowbw.network._hardware import PRESETS, hardware
 from lowbw.network._planner import plan
+from lowbw.network._profile import NAMES as PROFILES
 from lowbw.network._profile import Profile, profile
 from lowbw.network._trace import Trace
 from lowbw.network._topology import Cost, Link, flat, hierarchical, link
@@ -23,5 +24,5 @@ __all__ = [
     "duration", "flat", "flops", "hardware", "hierarchical", "link",
     "network", "plan", "ring_allreduce", "count",
     "format_bandwidth", "format_bytes", "format_duration",
-    "memory", "participants", "Profile", "profile",
+    "memory", "participants", "Profile", "PROFILES", "profile",
 ]

@@ -136,11 +136,14 @@ def check(p: Profile, field: str = "network_profile") -> Profile:
 
 def profile(spec=None) -> Profile:
   """A ``Profile`` from a name ("calibrated", the default; "ideal"), a YAML
-  file written by ``save`` or ``lowbw calibrate``, or a ``Profile``."""
+  file written by ``save`` or ``lowbw calibrate``, a table of its terms (a
+  term left out is the calibrated default's) or a ``Profile``."""
   if spec is None:
     return CALIBRATED
   if isinstance(spec, Profile):
     return check(spec)
+  if isinstance(spec, dict):  # its terms, as a config file gives them
+    return from_description(spec, "network_profile", CALIBRATED)
   if isinstance(spec, str) and spec in NAMES:
     return NAMES[spec]
   if isinstance(spec, (str, os.PathLike)) and os.path.isfile(spec):
