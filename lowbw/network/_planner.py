@@ -57,7 +57,7 @@ PLAN_DEFAULTS = {
     "hw_growth": 0.137,             # OOM/year (§7.2)
     "sw_growth": 0.477,
     "invest_growth": 0.544,
-    "gpu_price": None,              # $ per GPU-hour (None: not priced)
+    "gpu_price": None,              # $ per node-hour (None: not priced)
     "egress_price": None,           # $ per GB sent (None: not priced)
     # The links as the clock prices them: "ideal" is the document's model
     # (latency + bytes / bandwidth); "calibrated" or a profile file adds
