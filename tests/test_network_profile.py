@@ -91,7 +91,7 @@ def test_a_profile_file_round_trips_and_bad_terms_name_themselves(tmp_path):
   assert net_lib.network(profile=p).profile == p
   bad = {"efficiency": ((1e9, 0.5), (1e8, 0.9)), "per_call_s": -1.0,
          "calls": "all", "startup_s": math.inf, "host_s": True,
-         "bucketed_allreduce": "butterfly"}
+         "bucketed_allreduce": "butterfly", "bucketed_overlap": 1.5}
   for term, value in bad.items():
     with pytest.raises(lowbw.ConfigError, match=rf"^{term}=.* is invalid"):
       net_lib.network(profile=p._replace(**{term: value}))
@@ -177,8 +177,10 @@ def test_a_strategy_that_communicates_every_step_pays_the_start_up_once(
   p = _profile.CALIBRATED
   assert p.bucketed_allreduce == "tree"
   payload = 4 * ideal.summary["num_params"]  # a float32 gradient
+  # 2/3 of each step's compute hides the all-reduce (the backward pass).
   extra = STEPS * (p.per_call_s + _tree_s(payload, BW * p.efficiency_at(BW))
-                   - _ring_s(payload, BW))
+                   - 2 / 3 * STEP_S - _ring_s(payload, BW))
+  assert p.bucketed_overlap == pytest.approx(2 / 3)
   assert calibrated.summary["sim_time_s"] - ideal.summary["sim_time_s"] == (
       pytest.approx(p.startup_s + extra, rel=1e-5))
   gap = calibrated.history["sim_time_s"] - ideal.history["sim_time_s"]
@@ -190,7 +192,7 @@ def test_a_bucketed_all_reduce_timed_as_a_ring_logs_the_same_bytes(ddp_runs):
   p = _profile.CALIBRATED
   payload = 4 * ideal.summary["num_params"]
   extra = STEPS * (p.per_call_s + _ring_s(payload, BW * p.efficiency_at(BW))
-                   - _ring_s(payload, BW))
+                   - 2 / 3 * STEP_S - _ring_s(payload, BW))
   assert ring.summary["sim_time_s"] - ideal.summary["sim_time_s"] == (
       pytest.approx(p.startup_s + extra, rel=1e-5))
   # The profile times the real reducer; the bytes are lowbw's own ring's.
@@ -361,3 +363,22 @@ def test_a_config_file_keeps_a_profile_as_its_terms(tmp_path):
   with pytest.raises(lowbw.ConfigError, match="'per_call' is not a term"):
     lowbw.Config.load(str(tmp_path / "bad.yaml"))
   assert lowbw.Config(**RUN).to_yaml().count("network_profile: calibrated")
+
+
+def test_a_bucketed_all_reduce_hides_behind_the_backward_pass():
+  # price(): a step waits for what is left of a bucketed all-reduce after
+  # bucketed_overlap of the device's step; an explicit one is not hidden.
+  from lowbw.network._collectives import ring_allreduce
+  explicit = ring_allreduce(40_000, W)
+  channels = {"explicit": explicit, "bucketed": explicit._replace(
+      bucketed=True)}
+  for step_s in (0.001, 1.0):  # hides part of it; hides all of it
+    net = net_lib.network("100Mbps", "10ms", hardware=f"{step_s}s",
+                          profile=_profile.CALIBRATED._replace(
+                              bucketed_allreduce="ring"))
+    pricing = net_lib.price(net, channels, W, 10_000, 1.0)
+    whole = pricing.clock_costs["explicit"].seconds
+    assert pricing.clock_costs["bucketed"].seconds == pytest.approx(
+        max(whole - 2 / 3 * step_s, 0.0))
+    assert pricing.costs["bucketed"].wire_bytes == (
+        pricing.costs["explicit"].wire_bytes)

@@ -176,7 +176,9 @@ def unreachable(runs: list[dict], fitted) -> list[dict]:
     alone = first_excluded(r) is None  # the window's one sync is the first
     sync_s = r["sync_s_mean"] if alone else first_excluded(r)
     calls = (run.calls_per_sync or 1) * fitted.per_call_s
-    paid = latency + calls + (fitted.startup_s if alone else 0.0)
+    hidden = (fitted.bucketed_overlap * run.compute_s_per_step
+              if _calibrate.bucketed(run) else 0.0)  # behind the backward
+    paid = latency + calls + (fitted.startup_s if alone else 0.0) - hidden
     need = x / (sync_s - paid)
     reach = fitted.efficiency_at(run.bandwidth_bps)
     if abs(need / reach - 1) <= 0.1:

@@ -34,7 +34,8 @@ results given to ``read_rows``.
   all-reduce (PyTorch DDP's reducer); the link's terms above come from the
   other rows, and of "ring" and "tree" the fit takes the algorithm whose
   syncs are nearer the DDP rows' (median relative error). With DDP rows
-  only, the link's terms come from them, timed as ``base``'s algorithm.
+  only, the link's terms come from them, timed as ``base``'s algorithm
+  (their syncs being what ``base.bucketed_overlap`` of the compute left).
 
 A term no row measures keeps ``base``'s value.
 """
@@ -281,14 +282,17 @@ class _Point(NamedTuple):
   sync_s: float
 
 
-def _levels(runs: list[Run], algorithm: str = "ring"
+def _levels(runs: list[Run], algorithm: str = "ring", overlap: float = 0.0
             ) -> list[list[_Point]]:
-  """The runs' points grouped by link rate (ascending; ``LEVEL_SPAN``)."""
+  """The runs' points grouped by link rate (ascending; ``LEVEL_SPAN``); a
+  bucketed run's sync with what ``overlap`` of its compute hid added back
+  (the whole all-reduce)."""
   levels = []
   for run in sorted(runs, key=lambda r: r.bandwidth_bps):
     x, latency = _ideal_seconds(run, algorithm)
+    hidden = overlap * run.compute_s_per_step if bucketed(run) else 0.0
     point = _Point(run.bandwidth_bps, x, latency, run.calls_per_sync or 1,
-                   run.sync_s)
+                   run.sync_s + hidden)
     if levels and point.bandwidth_bps <= LEVEL_SPAN * levels[-1][0].bandwidth_bps:
       levels[-1].append(point)
     else:
@@ -369,7 +373,8 @@ def fit(rows, *, fit_terms=TERMS, base: Profile = CALIBRATED,
   # The link's terms come from the explicit all-reduces; from the bucketed
   # ones (timed as base's algorithm) only when there are no others.
   levels = _levels(explicit or runs,
-                   "ring" if explicit else base.bucketed_allreduce)
+                   "ring" if explicit else base.bucketed_allreduce,
+                   base.bucketed_overlap)
   per_call = (_per_call(levels) if "per_call_s" in fit_terms
               else base.per_call_s)
   terms["per_call_s"] = per_call

@@ -338,6 +338,22 @@ def effective_topology(net: Network):
                        wan=_effective(topo.wan, p))
 
 
+def _overlapped(costs: dict, channels: dict, p: Profile,
+                device_s: float | None) -> dict:
+  """``costs`` with a bucketed all-reduce's seconds less what it hides
+  behind the backward pass (``p.bucketed_overlap`` of the device's step,
+  ``device_s``): the seconds a step waits for it."""
+  if not p.bucketed_overlap or not device_s:
+    return costs
+  hidden = p.bucketed_overlap * device_s
+  out = dict(costs)
+  for name, c in channels.items():
+    cost = costs[name]
+    if c.bucketed and cost.seconds > 0:
+      out[name] = cost._replace(seconds=max(cost.seconds - hidden, 0.0))
+  return out
+
+
 class Pricing(NamedTuple):
   """A network's prices for one run, made in one call (``price``).
 
@@ -382,15 +398,18 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
                                                    num_tensors)
   flops = flops_per_step * scale
   hw = net.hardware
+  device_s = None if hw is None else hw.step_seconds(flops)
+  clock = _overlapped(clock, scaled, net.profile, device_s)
   segments = []
   for start in _trace.change_times(net.speed_trace, net.bandwidth_trace):
     speeds = None if net.speed_trace is None else net.speed_trace.at(start)
     at = net if net.bandwidth_trace is None else _relink(
         net, net.bandwidth_trace.at(start))
-    segments.append((start, speeds, clock if at is net else
-                     channel_costs(at, scaled, num_workers, num_tensors)))
+    segments.append((start, speeds, clock if at is net else _overlapped(
+        channel_costs(at, scaled, num_workers, num_tensors), scaled,
+        net.profile, device_s)))
   pricing = Pricing(costs, clock, flops, None if hw is None else (
-      hw.step_seconds(flops) + net.profile.host_s), tuple(segments))
+      device_s + net.profile.host_s), tuple(segments))
   if steps is not None:
     check_clock_range(net, pricing, steps)
   return pricing

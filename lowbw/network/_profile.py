@@ -31,6 +31,10 @@ in ``benchmarks/calibration/``):
   all-reduces of LocalSGD and DiLoCo took 1.00-1.01x: the tree's wire. The
   source recorded neither NCCL's algorithm nor DDP's buckets, so "tree" is
   the model that fits, not an observation.
+* ``bucketed_overlap``: such an all-reduce runs while the backward pass
+  computes, so a step waits only for what is left of it after
+  ``bucketed_overlap`` of the step's device compute (2/3 by default: the
+  backward pass's 4 of the 6 FLOPs per parameter and token).
 
 The defaults (``CALIBRATED``) are ``lowbw calibrate``'s fit of those runs
 (``benchmarks/calibration/profile.yaml``), rounded; ``IDEAL`` is the clock
@@ -63,6 +67,8 @@ class Profile(NamedTuple):
     host_s: host seconds per inner step beside the device's compute.
     bucketed_allreduce: the algorithm of a bucketed gradient all-reduce
       (DDP's): "tree" or "ring".
+    bucketed_overlap: the share of a step's device compute a bucketed
+      all-reduce runs behind (the backward pass), in [0, 1].
   """
 
   efficiency: tuple[tuple[float, float], ...] = (
@@ -72,6 +78,7 @@ class Profile(NamedTuple):
   startup_s: float = 0.37
   host_s: float = 0.0
   bucketed_allreduce: str = "tree"
+  bucketed_overlap: float = 2.0 / 3.0
 
   def efficiency_at(self, bandwidth_bps: float) -> float:
     """The fraction of a ``bandwidth_bps`` link a collective reaches."""
@@ -96,12 +103,14 @@ class Profile(NamedTuple):
     return {"efficiency": [list(p) for p in self.efficiency],
             "per_call_s": self.per_call_s, "calls": self.calls,
             "startup_s": self.startup_s, "host_s": self.host_s,
-            "bucketed_allreduce": self.bucketed_allreduce}
+            "bucketed_allreduce": self.bucketed_allreduce,
+            "bucketed_overlap": self.bucketed_overlap}
 
 
 CALIBRATED = Profile()
 IDEAL = Profile(efficiency=((1.0, 1.0),), per_call_s=0.0, calls="fused",
-                startup_s=0.0, host_s=0.0, bucketed_allreduce="ring")
+                startup_s=0.0, host_s=0.0, bucketed_allreduce="ring",
+                bucketed_overlap=0.0)
 NAMES = {"calibrated": CALIBRATED, "ideal": IDEAL}
 
 
@@ -127,11 +136,17 @@ def check(p: Profile, field: str = "network_profile") -> Profile:
       calls, bool) and calls >= 1)):
     raise _validate.fail("calls", calls, "expected 'fused', 'per_tensor' or "
                          "a number of calls >= 1")
+  overlap = p.bucketed_overlap
+  if isinstance(overlap, bool) or not isinstance(overlap, (int, float)) or (
+      not 0 <= overlap <= 1):
+    raise _validate.fail("bucketed_overlap", overlap, "expected a share of "
+                         "the step's compute in [0, 1]")
   if p.bucketed_allreduce not in ALGORITHMS:
     raise _validate.fail("bucketed_allreduce", p.bucketed_allreduce,
                          "expected " + " or ".join(map(repr, ALGORITHMS)))
   return p._replace(efficiency=points, per_call_s=float(p.per_call_s),
-                    startup_s=float(p.startup_s), host_s=float(p.host_s))
+                    startup_s=float(p.startup_s), host_s=float(p.host_s),
+                    bucketed_overlap=float(overlap))
 
 
 def profile(spec=None) -> Profile:
