@@ -881,3 +881,55 @@ def test_a_traced_bandwidth_sets_every_link_or_one_per_worker():
   each = relinked(lowbw.network.link(), latency="1ms,2ms")
   assert [(l.bandwidth_bps, l.latency_s) for l in each] == [(1e9, 0.001),
                                                            (1e9, 0.002)]
+
+
+# -- asymmetric links: a download rate (bandwidth) and an upload rate
+
+def test_an_asymmetric_link_by_hand():
+  """A ring or tree step sends and receives at once: the slower direction;
+  a parameter server's upload goes at the upload rate, its download at the
+  download rate; each worker's exchange likewise."""
+  payload, n = 1_000_000, 4
+  down, up, lat = 100e6, 20e6, 0.01
+  ring = flat("100Mbps", "10ms", "ring", upload_bandwidth="20Mbps")
+  assert ring.cost(ring_allreduce(payload, n), n).seconds == pytest.approx(
+      2 * (n - 1) * (lat + 8 * payload / n / min(up, down)))
+  ps = flat("100Mbps", "10ms", "parameter_server", upload_bandwidth="20Mbps")
+  assert ps.cost(ring_allreduce(payload, n), n).seconds == pytest.approx(
+      (lat + 8 * payload / up) + (lat + 8 * payload / down))
+  exchange = lowbw.network.exchange(payload, 3 * payload, n)
+  assert ps.cost(exchange, n).seconds_W == pytest.approx(
+      (lat + 8 * payload / up + lat + 8 * 3 * payload / down,) * n)
+  # One upload rate per worker: the parameter server waits for the slowest.
+  each = flat("100Mbps", "10ms", "parameter_server",
+              upload_bandwidth="20Mbps,5Mbps,20Mbps,20Mbps")
+  assert each.cost(ring_allreduce(payload, n), n).seconds == pytest.approx(
+      (lat + 8 * payload / 5e6) + (lat + 8 * payload / down))
+
+
+def test_an_asymmetric_link_is_described_and_kept_by_a_sweeps_relink():
+  net = lowbw.network.network("1Gbps", "10ms", upload_bandwidth="50Mbps")
+  d = net.describe()
+  assert d["bandwidth_bps"] == 1e9 and d["upload_bandwidth_bps"] == 50e6
+  assert "upload_bandwidth_bps" not in lowbw.network.network("1Gbps").describe()
+  moved = relinked(net.topology.link, bandwidth="500Mbps")
+  assert (moved.bandwidth_bps, moved.upload_bps) == (500e6, 50e6)
+  with pytest.raises(lowbw.ConfigError, match="^upload_bandwidth='fast'"):
+    lowbw.network.network("1Gbps", upload_bandwidth="fast")
+  with pytest.raises(lowbw.ConfigError, match="^upload_bandwidth=.*one per "
+                     "link"):
+    lowbw.network.network("1Gbps,1Gbps,1Gbps", upload_bandwidth="1Mbps,2Mbps")
+
+
+def test_the_upload_bandwidth_setting_times_a_run():
+  run = dict(data="digits", hidden="8", workers=2, steps=4, H=2,
+             eval_examples=16, progress=False, latency="10ms",
+             hardware="0.01s", network_profile="ideal")
+  slow_up = lowbw.simulate(**run, bandwidth="100Mbps", upload_bandwidth="10Mbps")
+  slow = lowbw.simulate(**run, bandwidth="10Mbps")
+  # A ring's steps go at the slower direction: the same as 10 Mbit/s.
+  assert slow_up.summary["sim_time_s"] == slow.summary["sim_time_s"]
+  from lowbw import cli
+  assert cli.main(["train", "--data", "digits", "--hidden", "8",
+                   "--steps", "4", "--H", "2", "--no-plot", "--no-progress",
+                   "--upload-bandwidth", "1Mbps", "--bandwidth", "1Gbps"]) == 0

@@ -106,9 +106,10 @@ def _profile() -> N.Profile:
 SHAPED = [
     ("ddp", dict(profile=_profile(), speeds=[1.0, 0.5], clock_params="1M")),
     ("diloco", dict(profile=_profile(), overlap=True,
-                    topology="parameter_server")),
+                    topology="parameter_server", upload_bandwidth="2Mbps")),
     ("sparta_diloco", dict(profile=_profile(), hardware="a100", mfu=0.2)),
-    ("streaming_diloco", dict(profile="ideal", speeds=[0.7, 1.0])),
+    ("streaming_diloco", dict(profile="ideal", speeds=[0.7, 1.0],
+                              upload_bandwidth=["1Mbps", "3Mbps"])),
     ("hierarchical_diloco", dict(topology="hierarchical", group_size=2,
                                  regional_bandwidth="1Gbps",
                                  regional_latency="2ms", profile=_profile())),

@@ -11,7 +11,8 @@ from lowbw.network import _profile, _units
 # The network settings a re-timing takes: those that change only the clock
 # (stragglers, faults and traces would change the training; ``retime``
 # refuses them).
-SETTINGS = ("bandwidth", "latency", "topology", "group_size",
+SETTINGS = ("bandwidth", "upload_bandwidth", "latency", "topology",
+            "group_size",
             "regional_bandwidth", "regional_latency", "hardware", "mfu",
             "speeds", "overlap", "clock_params", "network_profile")
 
@@ -66,6 +67,8 @@ def _run_settings(run_dir: str) -> dict:
   if not isinstance(net, dict) or "bandwidth_bps" not in net:
     return {}
   s = {"bandwidth": _each(net["bandwidth_bps"], "bps"),
+       "upload_bandwidth": None if "upload_bandwidth_bps" not in net
+       else _each(net["upload_bandwidth_bps"], "bps"),
        "latency": _each(net["latency_s"], "s"),
        "overlap": net.get("overlap", False),
        "clock_params": net.get("clock_params")}

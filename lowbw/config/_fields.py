@@ -200,6 +200,12 @@ RUN_FIELDS = (
           "comma-separated (a ring step waits for its slowest hop)",
           quantity(_each(network_lib.bandwidth), "bandwidth"),
           knob="bandwidth", unit="bit/s", many=True),
+    Field("upload_bandwidth", _net("upload_bandwidth"), SHAPE, _N,
+          "each worker's upload rate where it differs from bandwidth, which "
+          "is then its download rate (an asymmetric link, e.g. 1Gbps down "
+          "and 50Mbps up); or one per worker, comma-separated",
+          quantity(_each(network_lib.bandwidth), "upload_bandwidth"),
+          unit="bit/s", many=True),
     Field("latency", _net("latency"), TRACED, _N,
           "one-way latency per message hop, e.g. 50ms; or one per worker, "
           "comma-separated",

@@ -296,7 +296,8 @@ def build_network(s: dict) -> network_lib.Network:
       regional_latency=s["regional_latency"], hardware=s["hardware"],
       mfu=s["mfu"], speeds=s["speeds"], stragglers=stragglers, faults=faults,
       overlap=overlap, clock_params=s["clock_params"],
-      bandwidth_trace=s["bandwidth_trace"], profile=s["network_profile"])
+      bandwidth_trace=s["bandwidth_trace"], profile=s["network_profile"],
+      upload_bandwidth=s["upload_bandwidth"])
 
 
 def default_eval_every(period: int) -> int:

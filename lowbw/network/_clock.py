@@ -103,7 +103,8 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
             regional_latency="5ms", hardware="h100", mfu: float = 0.4,
             speeds=None, stragglers: Stragglers | None = None,
             faults: Faults | None = None, overlap: bool = False,
-            clock_params=None, bandwidth_trace=None, profile=None) -> Network:
+            clock_params=None, bandwidth_trace=None, profile=None,
+            upload_bandwidth=None) -> Network:
   """A ``Network`` from plain values.
 
   Args:
@@ -129,6 +130,12 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
       ``lowbw.network.Profile``), "ideal" (latency + bytes / bandwidth
       only), a YAML file of a profile (``lowbw calibrate`` writes one) or a
       ``Profile``.
+    upload_bandwidth: each worker's (WAN) upload rate where it differs
+      from ``bandwidth``, which is then its download rate (an asymmetric
+      link, such as a home connection of 1 Gbit/s down and 50 Mbit/s up);
+      one value or one per worker. A ring or tree step sends and receives
+      at once, so it goes at the slower of the two; a parameter server's
+      upload goes at this rate, its download at ``bandwidth``.
 
   ``speeds`` may also be a trace, a .csv path (or a ``lowbw.network.Trace``)
   of per-worker values over simulated time (``_trace``), and
@@ -152,12 +159,12 @@ def network(bandwidth="1Gbps", latency="50ms", *, topology: str = "ring",
       raise _validate.fail("group_size", group_size,
                            "topology='hierarchical' needs workers per region")
     topo = hierarchical(group_size, regional_bandwidth, regional_latency,
-                        bandwidth, latency)
+                        bandwidth, latency, upload_bandwidth)
   else:
     if group_size is not None:
       raise _validate.fail("group_size", group_size,
                            "only used by topology='hierarchical'")
-    topo = flat(bandwidth, latency, topology)
+    topo = flat(bandwidth, latency, topology, upload_bandwidth)
   hw = None if hardware is None else make_hardware(hardware, mfu, speeds)
   if clock_params is not None:
     clock_params = _units.count(clock_params, "clock_params")
@@ -323,8 +330,11 @@ def _tree_timed(topo, p: Profile, c: Channel, num_workers: int) -> bool:
 def _effective(links, p: Profile):
   """``links`` at the rate a collective reaches on each."""
   if isinstance(links, Link):
-    return links._replace(bandwidth_bps=links.bandwidth_bps *
-                          p.efficiency_at(links.bandwidth_bps))
+    up = links.upload_bps
+    return links._replace(
+        bandwidth_bps=links.bandwidth_bps * p.efficiency_at(
+            links.bandwidth_bps),
+        upload_bps=None if up is None else up * p.efficiency_at(up))
   return tuple(_effective(one, p) for one in links)
 
 
@@ -491,7 +501,7 @@ def _link_culprit(net: Network, pricing: Pricing) -> tuple:
           ([group] if isinstance(group, Link) else group)]
   wire = _wire_bytes(pricing)
   prefix, slow = max(each, key=lambda pl: pl[1].latency_s)
-  narrow = min(one.bandwidth_bps for _, one in each)
+  narrow = min(min(one.bandwidth_bps, one.up_bps) for _, one in each)
   if net.bandwidth_trace is not None:
     narrow = min(narrow, *(v for row in net.bandwidth_trace.values
                            for v in row))

@@ -37,13 +37,30 @@ _PAIRWISE = "pairwise"
 
 
 class Link(NamedTuple):
-  """A point-to-point link: bandwidth in bit/s, one-way latency per message."""
+  """A point-to-point link: bandwidth in bit/s, one-way latency per message,
+  and an upload rate when it differs (an asymmetric link: ``bandwidth_bps``
+  is then what it downloads at)."""
 
   bandwidth_bps: float
   latency_s: float
+  upload_bps: float | None = None
+
+  @property
+  def up_bps(self) -> float:
+    return self.bandwidth_bps if self.upload_bps is None else self.upload_bps
 
   def hop(self, nbytes: float) -> float:
-    """Seconds for one message of ``nbytes``."""
+    """Seconds for one message of ``nbytes`` sent while as many arrive (a
+    ring's or a tree's step): the slower direction's."""
+    return self.latency_s + 8.0 * nbytes / min(self.bandwidth_bps,
+                                               self.up_bps)
+
+  def send(self, nbytes: float) -> float:
+    """Seconds to upload ``nbytes``."""
+    return self.latency_s + 8.0 * nbytes / self.up_bps
+
+  def receive(self, nbytes: float) -> float:
+    """Seconds to download ``nbytes``."""
     return self.latency_s + 8.0 * nbytes / self.bandwidth_bps
 
 
@@ -59,35 +76,49 @@ def hop(links: Links, nbytes: float) -> float:
   return max(one.hop(nbytes) for one in links)
 
 
-def link(bandwidth="1Gbps", latency="50ms", field: str = "") -> Links:
+def link(bandwidth="1Gbps", latency="50ms", field: str = "",
+         upload=None) -> Links:
   """A ``Link`` from ``"100Mbps"``/``"1Gbps"``/bit/s and ``"50ms"``/seconds;
   a tuple of them, one per worker, from lists (``"1Gbps,100Mbps"`` or
-  ``["1Gbps", "100Mbps"]``; a single bandwidth or latency beside a list is
-  every worker's)."""
+  ``["1Gbps", "100Mbps"]``; a single value beside a list is every
+  worker's). ``upload``: the links' upload rates where they differ from
+  ``bandwidth`` (then their download rates), or None."""
   prefix = field + "_" if field else ""
-  bws, lats = _units.link_values(bandwidth), _units.link_values(latency)
-  if len(bws) > 1 and len(lats) > 1 and len(bws) != len(lats):
-    raise _validate.fail(prefix + "latency", latency, f"expected one value "
-                         f"or {len(bws)}, one per link of {prefix}bandwidth")
-  n = max(len(bws), len(lats))
+  lists = {prefix + "bandwidth": _units.link_values(bandwidth),
+           prefix + "latency": _units.link_values(latency),
+           prefix + "upload_bandwidth": _units.link_values(upload)}
+  # A list of bandwidths says how many links; else the longest list does.
+  by = prefix + "bandwidth"
+  if len(lists[by]) == 1:
+    by = max(lists, key=lambda name: len(lists[name]))
+  n = len(lists[by])
+  for name, values in lists.items():
+    if len(values) not in (1, n):
+      raise _validate.fail(name, ",".join(map(str, values)), f"expected one "
+                           f"value or {n}, one per link of {by}")
+  bws, lats, ups = (v * n if len(v) == 1 else v for v in lists.values())
   made = tuple(Link(_units.bandwidth(b, prefix + "bandwidth"),
-                    _units.duration(t, prefix + "latency"))
-               for b, t in zip(bws * n if len(bws) == 1 else bws,
-                               lats * n if len(lats) == 1 else lats))
+                    _units.duration(t, prefix + "latency"),
+                    None if u is None else _units.bandwidth(
+                        u, prefix + "upload_bandwidth"))
+               for b, t, u in zip(bws, lats, ups))
   return made[0] if n == 1 else made
 
 
 def relinked(links: Links, bandwidth=None, latency=None,
              field: str = "") -> Links:
   """``links`` with their bandwidth and/or latency replaced (a traced value
-  of a sweep): one value sets every link's, a list one per link."""
+  of a sweep): one value sets every link's, a list one per link; their
+  upload rates stay."""
   now = [links] if isinstance(links, Link) else list(links)
   bws = ([one.bandwidth_bps for one in now] if bandwidth is None
          else _units.link_values(bandwidth))
   lats = ([one.latency_s for one in now] if latency is None
           else _units.link_values(latency))
+  ups = [one.upload_bps for one in now]
   return link(bws if len(bws) > 1 else bws[0],
-              lats if len(lats) > 1 else lats[0], field)
+              lats if len(lats) > 1 else lats[0], field,
+              ups if len(set(ups)) > 1 else ups[0])
 
 
 def count_links(links: Links) -> int:
@@ -95,11 +126,15 @@ def count_links(links: Links) -> int:
 
 
 def _describe(links: Links, prefix: str = "") -> dict:
-  if isinstance(links, Link):
-    return {prefix + "bandwidth_bps": links.bandwidth_bps,
-            prefix + "latency_s": links.latency_s}
-  return {prefix + "bandwidth_bps": [one.bandwidth_bps for one in links],
-          prefix + "latency_s": [one.latency_s for one in links]}
+  each = (links,) if isinstance(links, Link) else links
+
+  def of(values):
+    return values[0] if isinstance(links, Link) else list(values)
+  out = {prefix + "bandwidth_bps": of([one.bandwidth_bps for one in each]),
+         prefix + "latency_s": of([one.latency_s for one in each])}
+  if any(one.upload_bps is not None for one in each):  # an asymmetric link
+    out[prefix + "upload_bandwidth_bps"] = of([one.up_bps for one in each])
+  return out
 
 
 class Cost(NamedTuple):
@@ -229,7 +264,7 @@ def parameter_server(link_: Links, channel: Channel) -> Cost:
   if channel.down_bytes is not None:
     down = channel.down_bytes
   # Each worker on its own link; the event ends with the slowest.
-  seconds = max(one.hop(payload) + one.hop(down) for one in (
+  seconds = max(one.send(payload) + one.receive(down) for one in (
       (link_,) if isinstance(link_, Link) else link_))
   return Cost(seconds, float(payload), "parameter_server", float(down))
 
@@ -239,8 +274,8 @@ def exchange(link_: Links, channel: Channel, num_workers: int) -> Cost:
   own link, on its own schedule (an asynchronous server): every worker's
   seconds, whatever the topology (a ring has no place in it)."""
   links = ((link_,) * num_workers if isinstance(link_, Link) else link_)
-  seconds_W = tuple(one.hop(channel.payload_bytes) + one.hop(channel.down_bytes)
-                    for one in links)
+  seconds_W = tuple(one.send(channel.payload_bytes) +
+                    one.receive(channel.down_bytes) for one in links)
   return Cost(max(seconds_W), float(channel.payload_bytes), "exchange",
               float(channel.down_bytes), seconds_W)
 
@@ -270,17 +305,19 @@ def two_tier(regional: Links, wan: Links, s: int, channel: Channel) -> Cost:
               inside.wire_bytes + across.wire_bytes, "hierarchical_allreduce")
 
 
-def flat(bandwidth="1Gbps", latency="50ms", algorithm: str = "ring") -> Flat:
-  """A flat topology; ``algorithm`` is "ring" or "parameter_server"."""
-  return Flat(link(bandwidth, latency),
+def flat(bandwidth="1Gbps", latency="50ms", algorithm: str = "ring",
+         upload_bandwidth=None) -> Flat:
+  """A flat topology; ``algorithm`` is "ring" or "parameter_server";
+  ``upload_bandwidth``: the links' upload rates, where they differ."""
+  return Flat(link(bandwidth, latency, upload=upload_bandwidth),
               _validate.one_of("algorithm", algorithm, ALGORITHMS))
 
 
 def hierarchical(group_size: int, regional_bandwidth="10Gbps",
                  regional_latency="5ms", bandwidth="100Mbps",
-                 latency="100ms") -> Hierarchical:
+                 latency="100ms", upload_bandwidth=None) -> Hierarchical:
   """Regions of ``group_size`` workers (on ``regional_*`` links) joined by a
-  WAN (``bandwidth``, ``latency``)."""
+  WAN (``bandwidth``, ``latency``, ``upload_bandwidth``)."""
   return Hierarchical(_validate.positive_int("group_size", group_size),
                       link(regional_bandwidth, regional_latency, "regional"),
-                      link(bandwidth, latency))
+                      link(bandwidth, latency, upload=upload_bandwidth))

@@ -170,9 +170,10 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
 # The settings that change only a run's clock and prices, never its
 # training (on a network without stragglers or faults, which retime
 # refuses): a point differing from another only in these is re-timed.
-CLOCK_ONLY = ("bandwidth", "latency", "regional_bandwidth",
-              "regional_latency", "hardware", "mfu", "speeds", "overlap",
-              "clock_params", "network_profile", "gpu_price", "egress_price")
+CLOCK_ONLY = ("bandwidth", "upload_bandwidth", "latency",
+              "regional_bandwidth", "regional_latency", "hardware", "mfu",
+              "speeds", "overlap", "clock_params", "network_profile",
+              "gpu_price", "egress_price")
 
 
 def _leaders(points: list, todo: list, out: str | None) -> tuple:
