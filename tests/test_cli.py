@@ -2,7 +2,7 @@
 
 import csv
 import json
-import subprocess
+import runpy
 import sys
 
 import pytest
@@ -218,10 +218,13 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
   assert "wokers" in capsys.readouterr().err
 
 
-def test_console_script_help():
-  done = subprocess.run([sys.executable, "-m", "lowbw", "train", "--help"],
-                        capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0 and "--strategy" in done.stdout
+def test_console_script_help(monkeypatch, capsys):
+  # ``python -m lowbw`` runs lowbw/__main__.py; run here, it spares a
+  # process start (a fresh import is test_imports.py's).
+  monkeypatch.setattr(sys, "argv", ["lowbw", "train", "--help"])
+  with pytest.raises(SystemExit) as done:
+    runpy.run_module("lowbw", run_name="__main__", alter_sys=True)
+  assert done.value.code == 0 and "--strategy" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, message", [
