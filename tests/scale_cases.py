@@ -3,8 +3,9 @@
 ``python scale_cases.py devices OUT``: with 4 host devices (XLA_FLAGS set by
 the caller), every case on 1 device and on 4; writes both trajectories to OUT.
 ``python scale_cases.py process PORT ID OUT``: process ID of 2 joins
-``jax.distributed`` on 127.0.0.1:PORT and runs the multi-process case; process
-0 writes its trajectory to OUT.
+``jax.distributed`` on 127.0.0.1:PORT and runs the multi-process case (the
+``diloco_q4_ef_faults`` case, whose one-device run ``devices`` writes);
+process 0 writes its trajectory to OUT.
 """
 
 import json
@@ -94,7 +95,7 @@ def main(argv):
     import lowbw
     lowbw.initialize(f"127.0.0.1:{port}", 2, pid)
     strategy, net = cases()["diloco_q4_ef_faults"]
-    out = trajectory(strategy, net, None, workers=4)
+    out = trajectory(strategy, net, None)
     if pid != 0:
       return
   with open(path, "w") as f:

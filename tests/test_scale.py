@@ -80,7 +80,8 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_give_the_one_process_trajectory(tmp_path):
+def test_two_processes_give_the_one_process_trajectory(tmp_path,
+                                                      four_devices):
   out = tmp_path / "out.json"
   port = _free_port()
   procs = [subprocess.Popen(
@@ -93,8 +94,10 @@ def test_two_processes_give_the_one_process_trajectory(tmp_path):
     assert p.returncode == 0, log[-3000:]
   two = json.loads(out.read_text())
   assert (two["devices"], two["processes"]) == (2, 2)
-  strategy, net = scale_cases.cases()["diloco_q4_ef_faults"]
-  one = scale_cases.trajectory(strategy, net, 1, workers=4)
+  # The same case on one device of one process (the four-device run's
+  # reference).
+  one = four_devices["diloco_q4_ef_faults"][0]
+  assert (one["devices"], one["processes"]) == (1, 1)
   _assert_same(one, two, "two processes")
 
 
