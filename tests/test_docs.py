@@ -194,9 +194,16 @@ def _capped_config(*args, **kwargs):
 
 def _capped_study(base, grid, seeds=(0,), *args, **kwargs):
   """Every point of the study is checked (its config made); its first seed
-  and the first value of each list run (sizes, like steps)."""
+  and the first value of each list run (sizes, like steps). A small study
+  given as a dict (at most 8 points of at most 8 steps, such as one a fit
+  needs whole) runs as written."""
   seeds = [seeds] if isinstance(seeds, int) else list(seeds)
   subgrids = grid if isinstance(grid, list) else [grid]
+  if isinstance(base, dict):  # a small study's base, whole (docs/fits.md)
+    points = lowbw.studies.expand(base, grid, seeds)
+    if len(points) <= 8 and all(p.config.steps <= 8 for p in points):
+      return _STUDY(base, grid, seeds, *args, **kwargs)
+    base = lowbw.Config(**base)
   periods = [h for sub in subgrids for h in sub.get("H", [])]
   base = base.replace(steps=max([base.steps, *periods]))  # one sync each
   lowbw.studies.expand(base, grid, seeds)
