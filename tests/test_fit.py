@@ -147,3 +147,37 @@ def test_command_line(study_dir, tmp_path, capsys):
   err = capsys.readouterr().err.strip()
   assert err.startswith("lowbw: error: --predict='params' is invalid") and (
       "\n" not in err)
+
+
+def test_the_planner_reads_a_fitted_efficiency_at_its_h(tmp_path, capsys):
+  """A law of token efficiency in H replaces the planner's heuristic: the
+  plan's efficiency is the law's value at its H, and its time is the
+  time before efficiency divided by it."""
+  law = lambda H: 1.02 - 0.05 * math.log(H)  # noqa: E731
+  study = synthetic(law, [{"H": h} for h in (1, 4, 16, 64)], seeds=2,
+                    noise=0.002, name="token_efficiency")
+  f = lowbw.fit(study, "H", y="token_efficiency", form="log", bootstrap=20)
+  for h in (8, 128):
+    out = lowbw.network.plan(inner_steps=h, efficiency=f)
+    eta = f.predict({"H": h})[0]["token_efficiency"]
+    assert out["efficiency"] == pytest.approx(eta)
+    assert eta == pytest.approx(law(h), rel=0.01)
+    assert out["total_days"] == pytest.approx(
+        out["time_before_efficiency_days"] / eta)
+    assert out["efficiency_source"] == "fitted token_efficiency in H"
+  heuristic = lowbw.network.plan()
+  assert heuristic["efficiency_source"].startswith("heuristic")
+  assert lowbw.network.plan(efficiency=0.5)["efficiency"] == 0.5
+  path = f.save(str(tmp_path / "eta.json"))
+  assert cli.main(["plan", "--inner-steps", "32", "--efficiency", path,
+                   "--json"]) == 0
+  printed = json.loads(capsys.readouterr().out)["outputs"]
+  assert printed["efficiency"] == pytest.approx(
+      f.predict({"H": 32})[0]["token_efficiency"])
+  law_of_tokens = lowbw.fit(synthetic(chinchilla, GRID, seeds=1),
+                            ["params", "d"], bootstrap=0)
+  with pytest.raises(lowbw.ConfigError, match="'d' is not an input the plan "
+                     "has"):
+    lowbw.network.plan(efficiency=law_of_tokens)
+  assert cli.main(["plan", "--efficiency", "nope.json"]) == 2
+  assert "--efficiency='nope.json'" in capsys.readouterr().err

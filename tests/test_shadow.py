@@ -57,6 +57,36 @@ def test_the_lane_equals_a_separate_ddp_run(ddp_22):
   assert np.all(np.abs(gap[1:]) > 1e-4)
   assert run.summary["final_shadow_gap"] == pytest.approx(gap[-1])
   assert run.config["shadow"]["name"] == "ddp"
+  # Its token efficiency, from the two evaluated curves by hand.
+  steps, loss = _evaluated(run, "eval_loss")
+  _, lane = _evaluated(run, "shadow_eval_loss")
+  assert run.summary["token_efficiency"] == pytest.approx(
+      _efficiency_by_hand(steps, loss, lane))
+
+
+def _efficiency_by_hand(steps, run, lane):
+  """Walk the evaluations: where the worse curve first reaches the better
+  one's final loss, interpolated between the two evaluations around it."""
+  worse, better = (lane, run) if run[-1] >= lane[-1] else (run, lane)
+  level = better[-1]
+  for k in range(1, len(steps)):
+    if worse[k] <= level < worse[k - 1]:
+      at = steps[k - 1] + (worse[k - 1] - level) / (
+          worse[k - 1] - worse[k]) * (steps[k] - steps[k - 1])
+      return at / steps[-1] if worse is lane else steps[-1] / at
+  return None
+
+
+@pytest.mark.parametrize("run, lane, expected", [
+    ([3.0, 2.0, 1.0], [2.5, 1.5, 0.5], 2.5 / 3),  # the lane gets to 1 first
+    ([2.5, 1.5, 0.5], [3.0, 2.0, 1.0], 3 / 2.5),  # the run beats the lane
+    ([1.0, 1.0, 1.0], [0.9, 0.8, 0.7], None),      # reached at the first
+    ([2.0, 1.0, 1.0], [2.0, 1.0, 1.0], 2 / 3),     # equal: when it got there
+])
+def test_token_efficiency_by_hand(run, lane, expected):
+  from lowbw.simulation._track import token_efficiency
+  got = token_efficiency(np.array([1, 2, 3]), np.array(run), np.array(lane))
+  assert got == (None if expected is None else pytest.approx(expected))
 
 
 def test_the_lane_with_worker_groups_and_a_traced_learning_rate():

@@ -64,6 +64,11 @@ _HELP = {
     "egress_price": "price of one GB sent, as lowbw train's --egress-price: "
                     "outputs traffic_cost_usd = traffic_gb x this and "
                     "cost_usd",
+    "efficiency": "token efficiency in place of the heuristic 1 - alpha "
+                  "log10 H: a number, or FIT.json, a law of "
+                  "token_efficiency fitted by lowbw fit to a probe study "
+                  "with the paired DDP lane (read at the plan's H, "
+                  "parameters and replicas; docs/fits.md)",
 }
 # Inputs that are unset unless given (the help says "none", not "auto").
 _PRICES = ("gpu_price", "egress_price")
@@ -85,8 +90,29 @@ def _flag(name: str) -> str:
   return "--" + name.replace("_", "-")
 
 
+def efficiency(text):
+  """``--efficiency``: a number, or a fitted law's JSON file (lowbw fit
+  --out)."""
+  if not isinstance(text, str):
+    return text
+  try:
+    return float(text)
+  except ValueError:
+    pass
+  from lowbw.studies import load_fit
+  path = _validate.existing_file("efficiency", text, "a number or a fit's "
+                                 "JSON file (lowbw fit --out)")
+  try:
+    return load_fit(path)
+  except (OSError, ValueError, KeyError) as e:
+    raise _validate.fail("efficiency", text, f"is not a fit lowbw fit wrote "
+                         f"({e})") from None
+
+
 def _kind(name: str):
   """The Python type of an input, from its default."""
+  if name == "efficiency":
+    return efficiency
   if name == "activation_compression" or name in _PRICES:
     return float
   if name == "speeds":
@@ -183,6 +209,8 @@ def given_inputs(args: argparse.Namespace) -> dict:
     if new in flags and old in given:
       del given[old]
   given.update(flags)
+  if "efficiency" in given:  # a file's number, or its fit's path
+    given["efficiency"] = efficiency(given["efficiency"])
   return given
 
 
@@ -237,14 +265,15 @@ def run(args: argparse.Namespace) -> int:
     rows = [(value, plan(**given, **{name: value})) for value in values]
     if args.json:
       print(json.dumps([{"inputs": resolve_inputs(**given, **{name: value}),
-                         "outputs": out} for value, out in rows], indent=2))
+                         "outputs": out} for value, out in rows], indent=2,
+                       default=str))
     else:
       print(format_sweep(name, rows))
     return 0
   out = plan(**given)
   if args.json:
     print(json.dumps({"inputs": resolve_inputs(**given), "outputs": out},
-                     indent=2))
+                     indent=2, default=str))
   else:
     print(format_plan(given, out))
   return 0

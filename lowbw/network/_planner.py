@@ -63,6 +63,10 @@ PLAN_DEFAULTS = {
     # (latency + bytes / bandwidth); "calibrated" or a profile file adds
     # what measured runs cost (lowbw.network.Profile).
     "network_profile": "ideal",
+    # The token efficiency: None for the heuristic of §4, a number, or a
+    # law fitted to a probe study's measured efficiency (lowbw.fit of
+    # token_efficiency in H, params and workers).
+    "efficiency": None,
 }
 
 # The unit of each input and output that is a number, for help and printing;
@@ -246,7 +250,28 @@ _CHECKS = {
     "hw_growth": _delay, "sw_growth": _delay, "invest_growth": _delay,
     "gpu_price": _cost.check_price, "egress_price": _cost.check_price,
     "network_profile": lambda f, v: (make_profile(v), v)[1],
+    "efficiency": lambda f, v: _efficiency_input(f, v),
 }
+
+# What a fitted efficiency law may take: its input's name -> the plan's.
+_LAW_INPUTS = {"H": "h_eff", "inner_steps": "h_eff", "params": "params",
+               "num_params": "params", "N": "params", "workers": "replicas",
+               "M": "replicas", "W": "replicas"}
+
+
+def _efficiency_input(field: str, value):
+  """None, a number > 0, or a fitted law (an object with ``x``, ``y`` and
+  ``predict``, as ``lowbw.fit`` returns) of inputs the plan knows."""
+  if value is None:
+    return None
+  if all(hasattr(value, a) for a in ("x", "y", "predict")):
+    unknown = [n for n in value.x if n not in _LAW_INPUTS]
+    if unknown:
+      raise _validate.fail(field, f"a law of {', '.join(value.x)}",
+                           f"{unknown[0]!r} is not an input the plan has; "
+                           "expected a law of " + ", ".join(_LAW_INPUTS))
+    return value
+  return _number(field, value)
 
 
 def _uses_groups(s: dict) -> bool:
@@ -524,11 +549,37 @@ def _h_eff(s: dict, mode: str) -> float:
   return h * math.sqrt(s["regional_steps"]) if s["hierarchical"] else h
 
 
-def _efficiency(s: dict, h_eff: float) -> tuple[float, float]:
-  """η of §4.1 and α of §4.3."""
+def _efficiency(s: dict, h_eff: float, replicas: float
+                ) -> tuple[float, float]:
+  """η of §4.1 and α of §4.3; or η given (a number, or a fitted law read
+  at the plan's H, parameters and replicas)."""
   a = alpha(s["parameters"])
-  penalty = THRESHOLD_PENALTY if s["straggler_mitigation"] == "threshold" else 1
-  return max(EFFICIENCY_FLOOR, (1.0 - a * math.log10(h_eff)) / penalty), a
+  given = s["efficiency"]
+  if given is None:
+    penalty = (THRESHOLD_PENALTY if s["straggler_mitigation"] == "threshold"
+               else 1)
+    return max(EFFICIENCY_FLOOR, (1.0 - a * math.log10(h_eff)) / penalty), a
+  if not hasattr(given, "predict"):
+    return float(given), a
+  at = {"h_eff": h_eff, "params": s["parameters"] * 1e9,
+        "replicas": replicas}
+  eta = given.predict({n: at[_LAW_INPUTS[n]] for n in given.x})[0][given.y]
+  if not eta > 0:
+    raise _validate.fail("efficiency", f"a law of {', '.join(given.x)}",
+                         f"it gives {eta:.3g} at H={h_eff:g}; expected a "
+                         "token efficiency > 0 (outside what it was "
+                         "fitted on?)")
+  return float(eta), a
+
+
+def efficiency_source(s: dict) -> str:
+  """Where the plan's efficiency comes from."""
+  given = s["efficiency"]
+  if given is None:
+    return "heuristic (§4: 1 - alpha log10 H)"
+  if hasattr(given, "predict"):
+    return f"fitted {given.y} in {', '.join(given.x)}"
+  return "given"
 
 
 # ------------------------------------------------------------------ warnings
@@ -729,7 +780,7 @@ def _outputs(s, timing, memory_gb, stages, t_comp, n_eff) -> dict:
   outer_steps = total_steps / timing["steps_per_outer"]
   raw_s = outer_steps * timing["t_outer_s"]
   h_eff = _h_eff(s, mode)
-  efficiency, a = _efficiency(s, h_eff)
+  efficiency, a = _efficiency(s, h_eff, timing["replicas"])
   total_s = raw_s / efficiency
   compute_flops = 6.0 * _active_params(s) * tokens
   mfu = compute_flops / (s["num_nodes"] * s["pflops_per_node"] * 1e15 *
@@ -760,6 +811,7 @@ def _outputs(s, timing, memory_gb, stages, t_comp, n_eff) -> dict:
       "alpha": a,
       "h_eff": h_eff,
       "efficiency": efficiency,
+      "efficiency_source": efficiency_source(s),
       "time_before_efficiency_days": raw_s / SECONDS_PER_DAY,
       "total_days": total_s / SECONDS_PER_DAY,
       "total_years": total_s / SECONDS_PER_DAY / DAYS_PER_YEAR,

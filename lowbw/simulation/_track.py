@@ -263,6 +263,10 @@ class Track:
     if c.shadow is not None:
       summary["final_" + names.SHADOW_EVAL_LOSS] = last(names.SHADOW_EVAL_LOSS)
       summary["final_" + names.SHADOW_GAP] = last(names.SHADOW_GAP)
+      h = self.history.as_arrays()
+      summary[names.TOKEN_EFFICIENCY] = token_efficiency(
+          h.get("step"), h.get(names.EVAL_LOSS),
+          h.get(names.SHADOW_EVAL_LOSS))
     if c.is_lm:
       summary["final_eval_perplexity"] = last(names.EVAL_PERPLEXITY)
       summary["tokens_per_s"] = rate(examples * c.data.tokens_per_example)
@@ -437,3 +441,36 @@ def _communicating(counts: dict, n: int, period: int):
     return None
   total = sum(np.asarray(c).reshape(-1)[:n * period] for c in counts.values())
   return (np.asarray(total) > 0).reshape(n, period)
+
+
+def token_efficiency(step, loss, shadow_loss) -> float | None:
+  """The run's token efficiency against its paired DDP lane, from their
+  evaluations: when the run ends above the lane's final loss, the share of
+  its steps the lane needed to reach the run's final loss (< 1); when it
+  ends below, its steps over those it needed to reach the lane's final
+  loss (> 1). Between evaluations the losses are interpolated linearly in
+  steps. None without evaluations of both, or when the level was reached
+  at the first evaluation already (evaluate more often to measure it)."""
+  if step is None or loss is None or shadow_loss is None:
+    return None
+  ok = np.isfinite(loss) & np.isfinite(shadow_loss)
+  t = np.asarray(step, float)[ok]
+  run, lane = np.asarray(loss)[ok], np.asarray(shadow_loss)[ok]
+  if not t.size:
+    return None
+  if run[-1] >= lane[-1]:
+    at = _first_reach(t, lane, run[-1])
+    return None if at is None else at / t[-1]
+  at = _first_reach(t, run, lane[-1])
+  return None if at is None else t[-1] / at
+
+
+def _first_reach(t: np.ndarray, curve: np.ndarray, level: float):
+  """The first step at which ``curve`` (evaluated at steps ``t``) comes
+  down to ``level``, interpolated; None if at its first evaluation."""
+  k = int(np.argmax(curve <= level))
+  if k == 0:
+    return None
+  above, below = curve[k - 1], curve[k]
+  share = (above - level) / (above - below) if above > below else 1.0
+  return float(t[k - 1] + share * (t[k] - t[k - 1]))

@@ -136,6 +136,11 @@ class Fit:
   samples: np.ndarray
   confidence: float
 
+  def __repr__(self) -> str:
+    return (f"Fit({self.form} law of {self.y} in {', '.join(self.x)}: "
+            + ", ".join(f"{k}={v:.4g}" for k, v in self.params.items())
+            + ")")
+
   def predict(self, points) -> list[dict]:
     """The law's value at ``points`` (a dict of the inputs, or a list of
     them), with the bootstrap interval of each: [{**inputs, y, low,

@@ -15,7 +15,7 @@ FINAL = ("final_eval_loss", "final_train_loss", "payload_bytes",
 # With the paired DDP lane (``shadow="ddp"``): the lane's loss and the gap
 # to it, which is paired by seed within each point; the gap also gets its
 # one-sided 95 % t-bounds over seeds (``paired_interval``).
-SHADOW = ("final_shadow_eval_loss", "final_shadow_gap")
+SHADOW = ("final_shadow_eval_loss", "final_shadow_gap", "token_efficiency")
 
 
 @dataclasses.dataclass

@@ -40,6 +40,10 @@ EVAL_LOCAL_LOSS_STD = "eval_local_loss_std"
 # eval_loss / shadow_eval_loss - 1.
 SHADOW_EVAL_LOSS = "shadow_eval_loss"
 SHADOW_GAP = "shadow_gap"
+# A summary figure of a run with the lane: its token efficiency against
+# DDP (the lane's steps to the run's final loss over the run's steps; over
+# 1 when the run beats the lane).
+TOKEN_EFFICIENCY = "token_efficiency"
 LR = "lr"
 # What a run costs (summary keys, also in ``lowbw plan``'s outputs;
 # ``_cost.figures``): device time as GPU-hours (every worker held for the
