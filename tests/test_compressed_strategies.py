@@ -7,6 +7,7 @@ in each strategy, which keys it gets, how residuals evolve and what is
 averaged.
 """
 
+import functools
 import math
 
 import chex
@@ -25,6 +26,12 @@ from test_strategies import (INNER, STEPS, W, assert_workers_close, batch_at,
 
 IDENTITY_CODECS = {"top_k(1.0)": T.top_k(1.0), "cast(float32)": T.cast("float32")}
 OUTER = optax.sgd(0.7, momentum=0.9, nesterov=True)
+
+
+def compiled(codec):
+  """``roundtrip`` through ``codec`` as one compiled program, for the
+  references' many calls (op by op, each call took about 0.2 s)."""
+  return jax.jit(functools.partial(roundtrip, codec))
 
 
 def codec_key(key, step):
@@ -77,13 +84,14 @@ def test_ddp_with_codec_and_feedback_matches_reference():
       strategies.ddp(INNER, codec=codec, error_feedback=beta), params, batches,
       key)
   params_w, inner_w = [params] * W, [INNER.init(params)] * W
+  rt = compiled(codec)
   residual_w = [jax.tree.map(jnp.zeros_like, params)] * W
   for t in range(STEPS):
     sent = []
     for w in range(W):
       g = jax.grad(loss_fn)(params_w[w], batch_at(batches, t, w))
       acc = jax.tree.map(lambda e, x: beta * e + x, residual_w[w], g)
-      sent.append(roundtrip(codec, acc, codec_key(key, t), w))
+      sent.append(rt(acc, codec_key(key, t), w))
       residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
     g = mean_of(sent)
     for w in range(W):
@@ -105,6 +113,7 @@ def diloco_reference(inner, codec, beta, H, key, params, batches,
   global parameters and every worker's."""
   params_w, inner_w = [params] * W, [inner.init(params)] * W
   global_params, outer_state = params, OUTER.init(params)
+  rt = compiled(codec)
   residual_w = [jax.tree.map(jnp.zeros_like, params)] * W
   for t in range(STEPS):
     local_steps(inner, params_w, inner_w, batches, t)
@@ -114,15 +123,14 @@ def diloco_reference(inner, codec, beta, H, key, params, batches,
     for w in range(W):
       delta = optax.tree.sub(global_params, params_w[w])
       if beta is None:
-        sent.append(roundtrip(codec, delta, codec_key(key, t + 1), w))
+        sent.append(rt(delta, codec_key(key, t + 1), w))
         continue
       acc = jax.tree.map(lambda e, d: beta * e + d, residual_w[w], delta)
-      sent.append(roundtrip(codec, acc, codec_key(key, t + 1), w))
+      sent.append(rt(acc, codec_key(key, t + 1), w))
       residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
     mean = mean_of(sent)
     if again:
-      mean = roundtrip(codec, mean,
-                       jax.random.fold_in(codec_key(key, t + 1), 0x2ED))
+      mean = rt(mean, jax.random.fold_in(codec_key(key, t + 1), 0x2ED))
     upd, outer_state = OUTER.update(mean, outer_state, global_params)
     global_params = optax.apply_updates(global_params, upd)
     params_w = [global_params] * W
@@ -188,13 +196,13 @@ def test_fedavg_parameters_codec_with_islands_matches_reference():
   state = run_vectorized(
       strategies.fedavg(INNER, H=H, island_size=s, codec=codec,
                         compress="parameters"), params, batches, key)
+  rt = compiled(codec)
   params_w, inner_w = [params] * W, [INNER.init(params)] * W
   for t in range(STEPS):
     local_steps(INNER, params_w, inner_w, batches, t)
     if (t + 1) % H:
       continue
-    decoded = [roundtrip(codec, params_w[w], codec_key(key, t + 1), w)
-               for w in range(W)]
+    decoded = [rt(params_w[w], codec_key(key, t + 1), w) for w in range(W)]
     params_w = island_average(decoded, key, t + 1, H, s)
   assert_workers_close(state.params_W, params_w)
 
@@ -205,6 +213,7 @@ def test_sparta_codec_matches_reference():
   codec = T.quantize(2)
   state = run_vectorized(strategies.sparta(INNER, p=p, codec=codec), params,
                          batches, key)
+  rt = compiled(codec)
   params_w, inner_w = [params] * W, [INNER.init(params)] * W
   for t in range(STEPS):
     local_steps(INNER, params_w, inner_w, batches, t)
@@ -217,8 +226,8 @@ def test_sparta_codec_matches_reference():
           jax.random.fold_in(jax.random.fold_in(key, 0x5BA7), i),
           jnp.int32(t + 1), leaf.size, k, "random"))
       leaf_key = jax.random.fold_in(codec_key(key, t + 1), i)
-      decoded = [np.asarray(roundtrip(codec, jnp.asarray(
-          lw[i].reshape(-1)[idx]), leaf_key, w)) for w, lw in enumerate(leaves)]
+      decoded = [np.asarray(rt(jnp.asarray(lw[i].reshape(-1)[idx]), leaf_key,
+                               w)) for w, lw in enumerate(leaves)]
       avg = sum(decoded) / W
       for lw in leaves:
         lw[i].reshape(-1)[idx] = avg
@@ -235,6 +244,7 @@ def test_demo_matches_reference():
       strategies.demo(optax.sgd(lr), decay=decay, chunk=4, k=2,
                       combine="sum"), params,
       batches)
+  rt = compiled(codec)
   theta = params
   momentum_w = [jax.tree.map(jnp.zeros_like, params)] * W
   for t in range(STEPS):
@@ -242,7 +252,7 @@ def test_demo_matches_reference():
     for w in range(W):
       g = jax.grad(loss_fn)(theta, batch_at(batches, t, w))
       m = jax.tree.map(lambda m, g: decay * m + g, momentum_w[w], g)
-      sent.append(roundtrip(codec, m))
+      sent.append(rt(m))
       momentum_w[w] = jax.tree.map(jnp.subtract, m, sent[-1])
     update = jax.tree.map(lambda *s: jnp.sign(sum(s)), *sent)
     theta = jax.tree.map(lambda p, u: p - lr * u, theta, update)
