@@ -7,6 +7,7 @@ from lowbw.studies._fit import Fit, fit, load_fit
 from lowbw.studies._grid import expand
 from lowbw.studies._result import Study, paired_interval
 from lowbw.studies._run import load, study
+from lowbw.studies._tune import Tuned, tune
 
-__all__ = ["Fit", "Study", "expand", "fit", "load", "load_fit",
-           "paired_interval", "study"]
+__all__ = ["Fit", "Study", "Tuned", "expand", "fit", "load", "load_fit",
+           "paired_interval", "study", "tune"]
