@@ -196,3 +196,41 @@ def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,
   with pytest.raises(lowbw.ConfigError, match=r"^init_from=3 is invalid: "
                      r"expected the path of a finished run's folder"):
     sim.initial(0, init_from=3)
+
+
+def test_snoo_by_hand():
+  """SNOO's equations (arXiv 2510.15830, §2) in a plain loop: K inner SGD
+  steps on the fast weights, s = w - w_K, b = mu b + s, w -= lr (mu b + s),
+  the fast weights restart from w."""
+  c = np.array([1.0, -2.0, 0.5])
+  grad = lambda x: x - c  # noqa: E731  (of 0.5 |x - c|^2)
+  K, inner_lr, lr, mu = 3, 0.1, 0.7, 0.9
+  tx = strategies.snoo(optax.sgd(inner_lr),
+                       optax.sgd(lr, momentum=mu, nesterov=True), K=K)
+  x = np.zeros(3, np.float32)
+  state = tx.init(x)
+  w, fast, b = np.zeros(3), np.zeros(3), np.zeros(3)
+  for step in range(1, 11):
+    updates, state = tx.update(grad(x), state, x)
+    x = np.asarray(optax.apply_updates(x, updates))
+    fast = fast - inner_lr * grad(fast)
+    if step % K == 0:
+      s = w - fast
+      b = mu * b + s
+      w = w - lr * (mu * b + s)
+      fast = w.copy()
+    np.testing.assert_allclose(x, fast, rtol=1e-5, atol=1e-6)
+
+
+def test_the_snoo_lane_is_a_ddp_run_of_snoo():
+  """shadow="snoo": the strategy's inner optimizer inside SNOO with K = H,
+  on the union of the workers' batches: a separate DDP run whose optimizer
+  is that SNOO."""
+  run = lowbw.simulate(strategy=strategies.diloco(H=5), steps=20,
+                       shadow="snoo", **RUN)
+  ddp = lowbw.simulate(strategy=strategies.ddp(strategies.snoo(
+      strategies.default_inner(), K=5)), steps=20, **RUN)
+  _same_as_ddp(run, ddp)
+  with pytest.raises(lowbw.ConfigError, match="^shadow='snoo' is invalid: "
+                     "SNOO's outer step comes every H steps"):
+    lowbw.Config(data="digits", strategy="ddp", shadow="snoo")

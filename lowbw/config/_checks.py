@@ -19,7 +19,7 @@ _TARGET_CHUNKS = 25  # compiled calls per run when rounds_per_chunk is not given
 
 AUTOCAST = {"float32": None, "bfloat16": jnp.bfloat16}
 # The paired DDP lane's choices (``shadow``).
-SHADOWS = ("ddp",)
+SHADOWS = ("ddp", "snoo")
 WORKER_DTYPES = ("float32", "bfloat16")
 
 
@@ -97,18 +97,31 @@ def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
 
   ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
   (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
-  such as DeMo); or an optax transformation, the lane's optimizer.
+  such as DeMo); ``"snoo"``: that optimizer inside SNOO with K the
+  strategy's H (``strategies.snoo``); or an optax transformation, the
+  lane's optimizer.
   """
   if shadow is None:
     return None
   if isinstance(shadow, optax.GradientTransformation):
     return shadow
-  if shadow in SHADOWS:
-    return strategy.inner or strategies_lib.default_inner()
+  inner = strategy.inner or strategies_lib.default_inner()
+  if shadow == "ddp":
+    return inner
+  if shadow == "snoo":
+    if strategy.period < 2:
+      raise _validate.fail("shadow", shadow, f"SNOO's outer step comes every "
+                           f"H steps of the strategy's round, and "
+                           f"{strategy.name} has rounds of "
+                           f"{strategy.period} step; give 'ddp', or "
+                           "lowbw.strategies.snoo(K=...) as the optimizer")
+    return strategies_lib.snoo(inner, K=strategy.period)
   raise _validate.fail(
       "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
       "strategy's inner optimizer, trained on the union of the workers' "
-      "batches) or an optax.GradientTransformation (the replica's optimizer)")
+      "batches), 'snoo' (the same replica with an outer Nesterov step every "
+      "H steps: SNOO, arXiv 2510.15830) or an optax.GradientTransformation "
+      "(the replica's optimizer)")
 
 
 def has_masks(network) -> bool:

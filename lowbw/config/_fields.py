@@ -319,8 +319,10 @@ RUN_FIELDS = (
     Field("shadow", None, SHAPE, _R, "train a paired DDP lane in the same "
           "program: one replica with the inner optimizer on the union of the "
           "workers' batches, from the same start (shadow_eval_loss; "
-          "shadow_gap = eval_loss / shadow_eval_loss - 1); costs one more "
-          "replica's compute", choices=_checks.SHADOWS,
+          "shadow_gap = eval_loss / shadow_eval_loss - 1); snoo: the same "
+          "replica with an outer Nesterov step every H steps (SNOO, arXiv "
+          "2510.15830: how much of a gain is the outer step's); costs one "
+          "more replica's compute", choices=_checks.SHADOWS,
           check=_checks.shadow),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "

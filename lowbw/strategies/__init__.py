@@ -18,6 +18,7 @@ from lowbw.strategies._optim import hidden_matrices, muon_inner
 from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
 from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
+from lowbw.strategies._snoo import snoo
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._spec import spec as make_spec
 from lowbw.strategies._noloco import noloco
@@ -108,5 +109,5 @@ __all__ = [
     "unit_schedule",
     "hidden_matrices", "muloco", "noloco", "muon_inner", "OuterScheduleState",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
-    "outer",
+    "outer", "snoo",
 ]
