@@ -21,7 +21,7 @@ from lowbw import strategies
 from lowbw import transforms as T
 from lowbw.transforms import roundtrip, sparse_count, sparse_indices
 from test_strategies import (INNER, STEPS, W, assert_workers_close, batch_at,
-                             island_average, local_steps, loss_fn, make_problem,
+                             grad_fn, island_average, local_steps, make_problem,
                              mean_of, run_vectorized)
 
 IDENTITY_CODECS = {"top_k(1.0)": T.top_k(1.0), "cast(float32)": T.cast("float32")}
@@ -89,7 +89,7 @@ def test_ddp_with_codec_and_feedback_matches_reference():
   for t in range(STEPS):
     sent = []
     for w in range(W):
-      g = jax.grad(loss_fn)(params_w[w], batch_at(batches, t, w))
+      g = grad_fn(params_w[w], batch_at(batches, t, w))
       acc = jax.tree.map(lambda e, x: beta * e + x, residual_w[w], g)
       sent.append(rt(acc, codec_key(key, t), w))
       residual_w[w] = jax.tree.map(jnp.subtract, acc, sent[-1])
@@ -250,7 +250,7 @@ def test_demo_matches_reference():
   for t in range(STEPS):
     sent = []
     for w in range(W):
-      g = jax.grad(loss_fn)(theta, batch_at(batches, t, w))
+      g = grad_fn(theta, batch_at(batches, t, w))
       m = jax.tree.map(lambda m, g: decay * m + g, momentum_w[w], g)
       sent.append(rt(m))
       momentum_w[w] = jax.tree.map(jnp.subtract, m, sent[-1])
@@ -295,7 +295,7 @@ def test_demo_mean_over_senders_matches_reference():
   for t in range(STEPS):
     dense, mask = [], []
     for w in range(W):
-      g = jax.grad(loss_fn)(theta, batch_at(batches, t, w))
+      g = grad_fn(theta, batch_at(batches, t, w))
       m = jax.tree.map(lambda m, g: decay * m + g, momentum_w[w], g)
       payload = T.encode_tree(codec, m)
       momentum_w[w] = jax.tree.map(jnp.subtract, m,

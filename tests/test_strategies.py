@@ -26,6 +26,11 @@ def loss_fn(params, batch):
   return jnp.mean(jnp.square(pred - batch["y"]))
 
 
+# One worker's gradient, compiled once for the references' Python loops
+# (op by op, the calls of this module's references took seconds).
+grad_fn = jax.jit(jax.grad(loss_fn))
+
+
 def make_problem(seed=0):
   rng = np.random.default_rng(seed)
   params = {"w": jnp.asarray(rng.normal(size=(DIM, 3)), jnp.float32),
@@ -62,7 +67,7 @@ def outer_step(outer, global_params, outer_state, params_w):
 def local_steps(inner, params_w, inner_w, batches, t):
   """One inner step of every worker, in a Python loop."""
   for w in range(W):
-    g = jax.grad(loss_fn)(params_w[w], batch_at(batches, t, w))
+    g = grad_fn(params_w[w], batch_at(batches, t, w))
     upd, inner_w[w] = inner.update(g, inner_w[w], params_w[w])
     params_w[w] = optax.apply_updates(params_w[w], upd)
 
@@ -85,7 +90,7 @@ def test_ddp_matches_reference():
   state = run_vectorized(strategies.ddp(INNER), params, batches)
   params_w, inner_w = [params] * W, [INNER.init(params)] * W
   for t in range(STEPS):
-    g = mean_of([jax.grad(loss_fn)(params_w[w], batch_at(batches, t, w))
+    g = mean_of([grad_fn(params_w[w], batch_at(batches, t, w))
                  for w in range(W)])
     for w in range(W):
       upd, inner_w[w] = INNER.update(g, inner_w[w], params_w[w])
@@ -237,6 +242,11 @@ def test_a_delayed_outer_step_is_refused_outside_0_and_1():
       strategies.diloco(H=2, outer_delay=bad)
 
 
+# The library's index draw, compiled once per tensor size (op by op, the
+# SPARTA references' draws took seconds).
+_sparse_indices = jax.jit(sparse_indices, static_argnums=(2, 3, 4))
+
+
 def sparse_reference(key, step, params_w, p, selector):
   """SPARTA averaging with explicit loops over tensors, indices and workers."""
   out = [jax.tree.map(np.array, pw) for pw in params_w]
@@ -245,8 +255,8 @@ def sparse_reference(key, step, params_w, p, selector):
   sparse_key = jax.random.fold_in(key, 0x5BA7)
   for i, leaf in enumerate(leaves0):
     k = sparse_count(leaf.size, p)
-    idx = np.asarray(sparse_indices(jax.random.fold_in(sparse_key, i),
-                                    jnp.int32(step), leaf.size, k, selector))
+    idx = np.asarray(_sparse_indices(jax.random.fold_in(sparse_key, i),
+                                     jnp.int32(step), leaf.size, k, selector))
     for j in idx:
       avg = sum(wl[i].reshape(-1)[j] for wl in worker_leaves) / W
       for wl in worker_leaves:
