@@ -290,6 +290,7 @@ def test_a_study_trains_once_per_training_and_retimes_the_clock_settings(
   trained = lowbw.study(base, grid, progress=False, plots=False)
   retimed = [p for p in kept.points if p.summary.get("retimed_from")]
   assert len(retimed) == 6  # 2 trainings (inner_lr) x 4 networks, less 2
+  assert kept.summary["retimed"] == 6 and trained.summary["retimed"] == 0
   for a, b in zip(kept.points, trained.points):
     assert a.values == b.values
     for key in ("sim_time_s", "compute_s", "comm_s", "comm_share",

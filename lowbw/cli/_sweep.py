@@ -154,6 +154,8 @@ def _printer(progress):
     loss = point.summary.get("final_eval_loss")
     tail = (point.summary["error"] if point.summary.get("error") else
             f"eval loss {loss:.4f}" if loss is not None else "done")
+    if point.summary.get("retimed_from"):  # trained once, timed again
+      tail += f" (re-timed from {point.summary['retimed_from']})"
     print(f"point {point.index}: {where or 'base'}, seed {point.seed}: "
           f"{tail}", flush=True)
 
@@ -167,7 +169,9 @@ def format_table(result) -> str:
            for n in names}
   s = result.summary
   lines = [f"{s['points']} points ({len(result.seeds)} seeds, "
-           f"{s['groups']} compiled shapes, {s['resumed']} resumed) in "
+           f"{s['groups']} compiled shapes, {s['resumed']} resumed"
+           + (f", {s['retimed']} re-timed" if s.get("retimed") else "")
+           + ") in "
            f"{s['wall_time_s']:.1f} s",
            "  ".join(f"{n:>{width[n]}}" for n in names) +
            "  final eval loss (mean ± std over seeds)  wire bytes/worker"]

@@ -101,7 +101,10 @@ def study(base, grid, seeds=(0,), out: str | None = None,
       bar.close()
   ordered = [results[p.index] for p in points]
   summary = {"points": len(points), "groups": len(groups), "builds": builds,
-             "resumed": len(done), "wall_time_s": time.perf_counter() - start,
+             "resumed": len(done),
+             "retimed": sum(1 for r in ordered if r.index not in done
+                            and r.summary.get("retimed_from")),
+             "wall_time_s": time.perf_counter() - start,
              "compile_s": sum(r.summary.get("compile_s") or 0.0
                               for r in ordered
                               if r.index not in done),
