@@ -30,12 +30,12 @@ from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
                               RunWarning, SavedRun, Simulator, SweepResult,
                               build, initialize, load, retime, simulate,
                               sweep)
-from lowbw.studies import Study, fit, study
+from lowbw.studies import Study, advise, fit, study
 
 __version__ = "0.1.0"
 
 mark_imported()  # the process's age now: the summary's import_s
 
 __all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
-           "data", "fit", "initialize", "models", "network", "retime", "simulate",
+           "advise", "data", "fit", "initialize", "models", "network", "retime", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

@@ -23,6 +23,7 @@ INTERNAL = {
     ("lowbw/cli", "lowbw.network._profile"),  # and the profile it writes
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
     ("lowbw/cli", "lowbw.studies._fit"),  # lowbw fit's forms and defaults
+    ("lowbw/cli", "lowbw.studies._advise"),  # lowbw advise's probe defaults
     # A strategy's message path: residuals, byte counts and aggregation
     # (_compression), its worker count (_reductions), robust means
     # (_robust), SPARTA's index sets (_sparse), DeMo's DCT (_dct) and a

@@ -8,8 +8,8 @@ import sys
 import warnings
 
 from lowbw import _validate, telemetry
-from lowbw.cli import (_bench, _calibrate, _data, _fit, _parser, _plan,
-                       _plot, _retime, _saved, _sweep, _train)
+from lowbw.cli import (_advise, _bench, _calibrate, _data, _fit, _parser,
+                       _plan, _plot, _retime, _saved, _sweep, _train)
 
 
 # Errors whose "what is allowed" speaks its own grammar (a codec chain, a
@@ -105,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
   _retime.add_parser(sub)
   _calibrate.add_parser(sub)
   _fit.add_parser(sub)
+  _advise.add_parser(sub)
   _data.add_parser(sub)
   _saved.add_parsers(sub)
   for name in ("train", "sweep", "bench"):

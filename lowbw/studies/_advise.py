@@ -1,0 +1,184 @@
+"""``lowbw.advise``: which method to use for a model and a fleet.
+
+A small probe study runs every candidate (strategy, H, codec) at laptop
+scale with the paired DDP lane, which measures each one's token efficiency
+eta against DDP (``summary["token_efficiency"]``: the share of its tokens
+DDP needs to reach the same loss; DDP's is 1). Each probe run's ledger is
+then re-timed (``lowbw.retime``) on the user's fleet at the user's model
+size (``clock_params``) and compute per step, which gives the seconds and
+bytes of one of its steps there. A candidate needs tokens / eta tokens to
+be as good as DDP with ``tokens``; its time, bytes and dollars follow, with
+an interval from eta's over seeds. The table ranks the candidates by time
+(or cost) and says when the probe cannot tell the first two apart.
+"""
+
+import dataclasses
+import math
+import os
+import tempfile
+
+import numpy as np
+
+from lowbw import _validate
+from lowbw import network as net_lib
+from lowbw.studies._result import paired_interval
+from lowbw.studies._run import study
+from lowbw.simulation import retime
+
+PROBE = {"data": "digits", "model": "mlp", "hidden": "32", "steps": 200,
+         "batch_size": 16, "eval_every": 20, "eval_examples": 256}
+CANDIDATES = ({"strategy": "ddp"}, {"strategy": "diloco", "H": 10},
+              {"strategy": "diloco", "H": 50},
+              {"strategy": "diloco", "H": 50, "codec": "quant:4"})
+
+
+@dataclasses.dataclass
+class Advice:
+  """``advise``'s answer.
+
+  Attributes:
+    rows: one per candidate, best first: ``candidate`` (its settings),
+      ``eta`` with ``eta_low``/``eta_high`` (token efficiency against DDP
+      and its 90 % interval over seeds), ``step_s`` (seconds per step on
+      the fleet at the model's size), ``steps`` (to match DDP with the
+      tokens), ``time_s`` with ``time_low``/``time_high``, ``sent_gb``,
+      ``gpu_hours`` and ``cost_usd`` (with prices).
+    notes: what limits the answer (the probe cannot tell the first two
+      apart, a candidate whose eta was not measured).
+    probe: the probe study (``lowbw.Study``).
+  """
+
+  rows: list[dict]
+  notes: list[str]
+  probe: object
+
+  @property
+  def best(self) -> dict:
+    return self.rows[0]
+
+
+def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
+           fleet: dict | None = None, candidates=None,
+           probe: dict | None = None, seeds=(0, 1, 2),
+           rank_by: str = "time", out: str | None = None,
+           progress: bool | None = None) -> Advice:
+  """Ranks ``candidates`` for a ``params``-parameter model trained on
+  ``tokens`` tokens by ``workers`` workers on ``fleet``.
+
+  Args:
+    params: the model's parameters ("1B", "350M" or a number).
+    tokens: the token budget DDP would train on ("20B" or a number).
+    workers: the fleet's workers (the probe runs as many).
+    tokens_per_step: tokens one worker processes per step at full scale.
+    fleet: the fleet's network and hardware as ``lowbw.network.network``'s
+      keywords (bandwidth, latency, topology, hardware, mfu, profile,
+      upload_bandwidth, ...); prices as ``gpu_price`` ($ per GPU-hour) and
+      ``egress_price`` ($ per GB sent).
+    candidates: settings of each candidate (default: DDP, DiLoCo at H 10
+      and 50, DiLoCo at H 50 with 4-bit pseudo-gradients).
+    probe: the probe's settings over ``PROBE`` (digits MLP, 200 steps).
+    seeds: the probe's seeds (eta's interval is over them).
+    rank_by: "time" or "cost".
+    out: the probe study's folder (default a temporary one).
+    progress: the probe's progress bar (default: on a terminal).
+  """
+  params = net_lib.count(params, "params")
+  tokens = net_lib.count(tokens, "tokens")
+  workers = _validate.positive_int("workers", workers)
+  tokens_per_step = net_lib.count(tokens_per_step, "tokens_per_step")
+  rank_by = _validate.one_of("rank_by", rank_by, ("time", "cost"))
+  fleet = dict(fleet or {})
+  prices = {k: fleet.pop(k, None) for k in ("gpu_price", "egress_price")}
+  net = _fleet(fleet, params, tokens_per_step)
+  candidates = [dict(c) for c in (candidates or CANDIDATES)]
+  base = {**PROBE, **(probe or {}), "workers": workers}
+  grid = [{k: [v] for k, v in {**c, "shadow": _lane(c)}.items()}
+          for c in candidates]
+  folder = out or tempfile.mkdtemp(prefix="lowbw-advise-")
+  s = study(base, grid, seeds, out=folder, progress=progress, plots=False)
+  steps = tokens / (workers * tokens_per_step)
+  rows = [_row(c, s, net, params, steps, workers, prices)
+          for c in candidates]
+  key = "time_s" if rank_by == "time" else "cost_usd"
+  rows.sort(key=lambda r: (math.inf if r[key] is None or
+                           math.isnan(r[key]) else r[key]))
+  return Advice(rows, _notes(rows, key), s)
+
+
+def _lane(candidate: dict):
+  """The paired lane that measures eta: none for DDP (its eta is 1)."""
+  return None if candidate.get("strategy", "diloco") == "ddp" else "ddp"
+
+
+def _fleet(fleet: dict, params: int, tokens_per_step: int):
+  """The fleet's network, its compute per step fixed at the model's size:
+  6 x params x tokens per step at the hardware's peak x MFU (the clock's
+  FLOP model), so that the probe's own batch does not enter."""
+  hw = net_lib.hardware(fleet.pop("hardware", "h100"),
+                        fleet.pop("mfu", 0.4))
+  step_s = (hw.step_time_s if hw.step_time_s is not None else
+            6.0 * params * tokens_per_step / (hw.flops * hw.mfu))
+  try:
+    return net_lib.network(**fleet, hardware=f"{step_s!r}s",
+                           clock_params=params)
+  except TypeError as e:
+    raise _validate.fail("fleet", sorted(fleet), f"{e}; expected "
+                         "lowbw.network.network's keywords") from None
+
+
+def _row(candidate: dict, s, net, params: int, steps: float, workers: int,
+         prices: dict) -> dict:
+  points = [p for p in s.points if all(p.values.get(k) == v
+                                       for k, v in candidate.items())]
+  ok = [p for p in points if not p.summary.get("error")]
+  if not ok:
+    return {"candidate": candidate, "eta": math.nan, "time_s": math.nan,
+            "cost_usd": math.nan, "error": points[0].summary.get("error")
+            if points else "no point ran"}
+  etas = np.array([1.0 if _lane(candidate) is None else
+                   (p.summary.get("token_efficiency") or math.nan)
+                   for p in ok])
+  eta = float(np.nanmean(etas)) if np.isfinite(etas).any() else math.nan
+  low, high = (eta, eta) if _lane(candidate) is None else paired_interval(
+      etas, 0.95)
+  timed = retime(ok[0].log_dir, net)
+  startup = net.profile.startup_s
+  step_s = (timed["sim_time_s"] - startup) / timed["steps"]
+  scale = params / ok[0].summary["num_params"]
+  sent_per_step = ok[0].summary["sent_bytes"] / timed["steps"] * scale
+  need = steps / eta if eta > 0 else math.nan
+
+  def time(e):
+    return steps / e * step_s + startup if e and e > 0 else math.nan
+  hours = workers * time(eta) / 3600
+  gb = need * sent_per_step / 1e9
+  cost = None
+  if prices["gpu_price"] is not None or prices["egress_price"] is not None:
+    cost = (hours * (prices["gpu_price"] or 0.0)
+            + gb * (prices["egress_price"] or 0.0))
+  return {"candidate": candidate, "eta": eta, "eta_low": low,
+          "eta_high": high, "step_s": step_s, "steps": need,
+          "time_s": time(eta), "time_low": time(high), "time_high": time(low),
+          "sent_gb": gb, "gpu_hours": hours, "cost_usd": cost,
+          "seeds": len(ok)}
+
+
+def _notes(rows: list[dict], key: str) -> list[str]:
+  unmeasured = ("the lane's and the run's losses never crossed after the "
+                "first evaluation: evaluate more often")
+  notes = []
+  for r in rows:
+    if r["eta"] is None or math.isnan(r["eta"]):
+      why = r.get("error") or unmeasured
+      notes.append(f"{r['candidate']}: eta not measured ({why}); left last")
+  timed = [r for r in rows if not math.isnan(r.get("time_s", math.nan))]
+  if len(timed) >= 2 and key == "time_s":
+    a, b = timed[0], timed[1]
+    if a["time_high"] >= b["time_low"]:
+      notes.append(f"the probe cannot tell {a['candidate']} from "
+                   f"{b['candidate']}: their time intervals overlap (more "
+                   "seeds or probe steps narrow them)")
+  return notes
+
+
+__all__ = ["Advice", "advise"]

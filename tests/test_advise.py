@@ -1,0 +1,108 @@
+"""``lowbw.advise``: a probe study's token efficiencies and the clock's step
+times at the user's model size make a ranked table; each figure is checked
+against its parts (the probe's points, the clock's price of a DDP step by
+hand), and ``lowbw advise`` prints it."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import lowbw
+from lowbw import cli
+from lowbw.network._collectives import ring_allreduce
+from lowbw.studies import _advise
+
+PROBE = dict(steps=40, hidden="8", eval_every=20, eval_examples=64)
+CANDIDATES = [{"strategy": "ddp"}, {"strategy": "diloco", "H": 10}]
+FLEET = dict(bandwidth="1Gbps", latency="20ms", hardware="0.05s",
+             gpu_price=2.0, egress_price=0.05)
+P, TOKENS, W = 100_000_000, 2e9, 4
+
+
+@pytest.fixture(scope="module")
+def advice():
+  return lowbw.advise(P, TOKENS, workers=W, fleet=dict(FLEET), probe=PROBE,
+                      candidates=CANDIDATES, seeds=[0, 1], progress=False)
+
+
+def test_ddp_is_timed_by_the_clock_at_the_models_size(advice):
+  ddp = next(r for r in advice.rows if r["candidate"]["strategy"] == "ddp")
+  assert (ddp["eta"], ddp["eta_low"], ddp["eta_high"]) == (1.0, 1.0, 1.0)
+  # One DDP step at P parameters on the fleet, priced by the clock itself:
+  # the bucketed gradient all-reduce and the compute per step.
+  net = lowbw.network.network("1Gbps", "20ms", hardware="0.05s")
+  pricing = lowbw.network.price(net, {"gradients": ring_allreduce(
+      4 * P, W)._replace(bucketed=True)}, W, P, 1.0)
+  step = pricing.step_s + pricing.clock_costs["gradients"].seconds
+  assert ddp["step_s"] == pytest.approx(step, rel=1e-6)
+  steps = TOKENS / (W * 8192)
+  startup = net.profile.startup_s
+  assert ddp["time_s"] == pytest.approx(steps * step + startup, rel=1e-6)
+  assert ddp["sent_gb"] == pytest.approx(
+      steps * W * 1.5 * 4 * P / 1e9, rel=1e-6)  # a ring's bytes per worker
+  hours = W * ddp["time_s"] / 3600
+  assert ddp["cost_usd"] == pytest.approx(
+      hours * 2.0 + ddp["sent_gb"] * 0.05, rel=1e-9)
+
+
+def test_a_candidates_eta_is_its_probe_points_and_the_ranking_is_by_time(
+    advice):
+  diloco = next(r for r in advice.rows if r["candidate"].get("H") == 10)
+  etas = [p.summary["token_efficiency"] for p in advice.probe.points
+          if p.values.get("H") == 10]
+  assert diloco["eta"] == pytest.approx(np.mean(etas))
+  low, high = lowbw.studies.paired_interval(etas)
+  assert (diloco["eta_low"], diloco["eta_high"]) == (pytest.approx(low),
+                                                     pytest.approx(high))
+  assert diloco["time_s"] == pytest.approx(
+      TOKENS / (W * 8192) / diloco["eta"] * diloco["step_s"]
+      + lowbw.network.network().profile.startup_s, rel=1e-9)
+  times = [r["time_s"] for r in advice.rows]
+  assert times == sorted(times)
+
+
+def test_the_notes_say_when_the_first_two_overlap():
+  rows = [{"candidate": {"a": 1}, "eta": 1.0, "time_s": 10.0,
+           "time_low": 8.0, "time_high": 12.0},
+          {"candidate": {"b": 2}, "eta": 1.0, "time_s": 11.0,
+           "time_low": 11.5, "time_high": 13.0},
+          {"candidate": {"c": 3}, "eta": math.nan, "time_s": math.nan,
+           "error": "diverged"}]
+  notes = _advise._notes(rows, "time_s")
+  assert any("cannot tell {'a': 1} from {'b': 2}" in n for n in notes)
+  assert any("{'c': 3}: eta not measured (diverged)" in n for n in notes)
+  rows[1]["time_low"] = 12.5
+  assert not any("cannot tell" in n for n in _advise._notes(rows, "time_s"))
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(params="lots"), "^params='lots' is invalid"),
+    (dict(workers=0), "^workers=0 is invalid"),
+    (dict(rank_by="speed"), "^rank_by='speed' is invalid"),
+    (dict(fleet={"bandwith": "1Gbps"}), "^fleet=.*bandwith"),
+])
+def test_bad_input_is_named(kw, match):
+  args = dict(params=P, tokens=TOKENS, candidates=CANDIDATES, probe=PROBE,
+              progress=False)
+  with pytest.raises(lowbw.ConfigError, match=match):
+    lowbw.advise(**{**args, **kw})
+
+
+def test_command_line(tmp_path, capsys):
+  argv = ["advise", "--params", "100M", "--tokens", "2B", "--workers", "2",
+          "--hardware", "0.05s", "--candidate", "strategy=ddp",
+          "--candidate", "strategy=diloco,H=10", "--seeds", "0,1",
+          "--probe-steps", "20", "--out", str(tmp_path / "probe")]
+  assert cli.main(argv + ["--json"]) == 0
+  printed = json.loads(capsys.readouterr().out)
+  assert {json.dumps(r["candidate"], sort_keys=True) for r in
+          printed["rows"]} == {'{"strategy": "ddp"}',
+                               '{"H": 10, "strategy": "diloco"}'}
+  assert cli.main(argv) == 0
+  text = capsys.readouterr().out
+  assert "strategy=ddp" in text and "eta (90%)" in text
+  assert cli.main(["advise", "--params", "100M", "--tokens", "2B",
+                   "--candidate", "strategy"]) == 2
+  assert "--candidate='strategy' is invalid" in capsys.readouterr().err
