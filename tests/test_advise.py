@@ -81,6 +81,7 @@ def test_the_notes_say_when_the_first_two_overlap():
     (dict(params="lots"), "^params='lots' is invalid"),
     (dict(workers=0), "^workers=0 is invalid"),
     (dict(rank_by="speed"), "^rank_by='speed' is invalid"),
+    (dict(rank_by="cost"), "^rank_by='cost' is invalid: needs a price"),
     (dict(fleet={"bandwith": "1Gbps"}), "^fleet=.*bandwith"),
 ])
 def test_bad_input_is_named(kw, match):

@@ -89,6 +89,9 @@ def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
   rank_by = _validate.one_of("rank_by", rank_by, ("time", "cost"))
   fleet = dict(fleet or {})
   prices = {k: fleet.pop(k, None) for k in ("gpu_price", "egress_price")}
+  if rank_by == "cost" and not any(v is not None for v in prices.values()):
+    raise _validate.fail("rank_by", rank_by, "needs a price: gpu_price ($ "
+                         "per GPU-hour) or egress_price ($ per GB) in fleet")
   net = _fleet(fleet, params, tokens_per_step)
   candidates = [dict(c) for c in (candidates or CANDIDATES)]
   base = {**PROBE, **(probe or {}), "workers": workers}
