@@ -78,6 +78,7 @@ SLOW_MODULES = {
     "test_kill_anywhere.py": 15, "test_sparseloco.py": 15,
     "test_compile_cache.py": 15, "test_cost.py": 15, "test_robust.py": 15,
     "test_cli_network.py": 15, "test_fault_bytes.py": 15,
+    "test_advise.py": 20, "test_tune.py": 15, "test_fit.py": 15,
 }
 
 

@@ -305,8 +305,11 @@ def test_cli_sweep_writes_points_table_and_plot(tmp_path, capsys):
                    "--out", str(out), "--no-progress"])
   assert code == 0
   text = capsys.readouterr().out
-  # traced values and seeds: one compiled shape
-  assert "8 points (2 seeds, 1 compiled shapes, 0 resumed)" in text
+  # traced values and seeds: one compiled shape; the latency's points are
+  # the inner_lr points' runs re-timed (docs/studies.md)
+  assert "8 points (2 seeds, 1 compiled shapes, 0 resumed, 4 re-timed)" in (
+      text)
+  assert text.count("(re-timed from ../") == 4
   assert "± " in text
   assert {"study.csv", "final.csv", "study.json", "loss_vs_inner_lr.png",
           "points"} <= set(os.listdir(out))
