@@ -25,7 +25,7 @@ from lowbw.studies._result import paired_interval
 from lowbw.studies._run import study
 from lowbw.simulation import retime
 
-PROBE = {"data": "digits", "model": "mlp", "hidden": "32", "steps": 200,
+PROBE = {"data": "digits", "model": "mlp", "hidden": "32", "steps": 400,
          "batch_size": 16, "eval_every": 20, "eval_examples": 256}
 CANDIDATES = ({"strategy": "ddp"}, {"strategy": "diloco", "H": 10},
               {"strategy": "diloco", "H": 50},
@@ -95,7 +95,8 @@ def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
   net = _fleet(fleet, params, tokens_per_step)
   candidates = [dict(c) for c in (candidates or CANDIDATES)]
   base = {**PROBE, **(probe or {}), "workers": workers}
-  grid = [{k: [v] for k, v in {**c, "shadow": _lane(c)}.items()}
+  grid = [{k: [v] for k, v in {**_evaluated(c, base["eval_every"]),
+                                "shadow": _lane(c)}.items()}
           for c in candidates]
   folder = out or tempfile.mkdtemp(prefix="lowbw-advise-")
   s = study(base, grid, seeds, out=folder, progress=progress, plots=False)
@@ -106,6 +107,15 @@ def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
   rows.sort(key=lambda r: (math.inf if r[key] is None or
                            math.isnan(r[key]) else r[key]))
   return Advice(rows, _notes(rows, key), s)
+
+
+def _evaluated(candidate: dict, every: int) -> dict:
+  """The candidate, evaluated every ``every`` steps or, when its rounds
+  are longer, at the least multiple of both (evaluations come at syncs)."""
+  H = candidate.get("H")
+  if "eval_every" in candidate or not isinstance(H, int) or H < 1:
+    return candidate
+  return {**candidate, "eval_every": math.lcm(int(every), H)}
 
 
 def _lane(candidate: dict):
