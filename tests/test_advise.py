@@ -107,3 +107,15 @@ def test_command_line(tmp_path, capsys):
   assert cli.main(["advise", "--params", "100M", "--tokens", "2B",
                    "--candidate", "strategy"]) == 2
   assert "--candidate='strategy' is invalid" in capsys.readouterr().err
+
+
+def test_the_default_probe_is_a_valid_study():
+  """Every default candidate makes a valid run at the default probe (an
+  evaluation spacing that fits each one's H), checked without running."""
+  base, grid = _advise.probe_study(list(_advise.CANDIDATES), None, 8)
+  points = lowbw.studies.expand(base, grid, [0, 1, 2])
+  assert len(points) == 3 * len(_advise.CANDIDATES)
+  for p in points:
+    H = p.values.get("H")
+    if H:
+      assert p.config.eval_every % H == 0 and p.config.shadow == "ddp"

@@ -94,10 +94,7 @@ def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
                          "per GPU-hour) or egress_price ($ per GB) in fleet")
   net = _fleet(fleet, params, tokens_per_step)
   candidates = [dict(c) for c in (candidates or CANDIDATES)]
-  base = {**PROBE, **(probe or {}), "workers": workers}
-  grid = [{k: [v] for k, v in {**_evaluated(c, base["eval_every"]),
-                                "shadow": _lane(c)}.items()}
-          for c in candidates]
+  base, grid = probe_study(candidates, probe, workers)
   folder = out or tempfile.mkdtemp(prefix="lowbw-advise-")
   s = study(base, grid, seeds, out=folder, progress=progress, plots=False)
   steps = tokens / (workers * tokens_per_step)
@@ -107,6 +104,17 @@ def advise(params, tokens, *, workers: int = 8, tokens_per_step=8192,
   rows.sort(key=lambda r: (math.inf if r[key] is None or
                            math.isnan(r[key]) else r[key]))
   return Advice(rows, _notes(rows, key), s)
+
+
+def probe_study(candidates: list[dict], probe: dict | None, workers: int
+                ) -> tuple[dict, list[dict]]:
+  """The probe study's base and grid: one point per candidate, with the
+  paired DDP lane where it measures eta."""
+  base = {**PROBE, **(probe or {}), "workers": workers}
+  grid = [{k: [v] for k, v in {**_evaluated(c, base["eval_every"]),
+                                "shadow": _lane(c)}.items()}
+          for c in candidates]
+  return base, grid
 
 
 def _evaluated(candidate: dict, every: int) -> dict:
