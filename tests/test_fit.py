@@ -121,31 +121,36 @@ def test_too_few_combinations_for_the_law_are_refused():
 
 @pytest.fixture(scope="module")
 def study_dir(tmp_path_factory):
+  # One compiled program: the learning rate is a traced value.
   out = str(tmp_path_factory.mktemp("fit") / "study")
-  lowbw.study(dict(data="digits", workers=2, steps=4, H=2, eval_examples=32,
-                   eval_every=4), {"hidden": ["4", "8", "16", "32"]},
-              seeds=[0, 1], out=out, progress=False, plots=False)
+  lowbw.study(dict(data="digits", hidden="8", workers=2, steps=4, H=2,
+                   eval_examples=32, eval_every=4),
+              {"inner_lr": [1e-3, 3e-3, 1e-2, 3e-2]}, seeds=[0, 1], out=out,
+              progress=False, plots=False)
   return out
 
 
 def test_command_line(study_dir, tmp_path, capsys):
-  assert cli.main(["fit", study_dir, "--x", "params", "--form", "joint",
-                   "--predict", "params=5000", "--out",
+  assert cli.main(["fit", study_dir, "--x", "inner_lr", "--form", "log",
+                   "--predict", "inner_lr=5e-3", "--out",
                    str(tmp_path / "f.json"), "--bootstrap", "20"]) == 0
   text = capsys.readouterr().out
-  assert "joint law of params" in text and "at params=5000" in text
+  assert "log law of inner_lr" in text and "at inner_lr=0.005" in text
   saved = json.loads((tmp_path / "f.json").read_text())
-  # The study's parameter counts, as its points' summaries have them.
+  # The study's grid values and its points' losses, mean over seeds.
   points = lowbw.studies.load(study_dir).points
-  assert sorted({r["params"] for r in saved["rows"]}) == sorted(
-      {float(p.summary["num_params"]) for p in points})
-  assert cli.main(["fit", study_dir, "--x", "params", "--form", "joint",
+  for row in saved["rows"]:
+    losses = [p.summary["final_eval_loss"] for p in points
+              if p.values["inner_lr"] == row["inner_lr"]]
+    assert row["final_eval_loss"] == pytest.approx(np.mean(losses))
+  assert len(saved["rows"]) == 4
+  assert cli.main(["fit", study_dir, "--x", "inner_lr", "--form", "log",
                    "--json", "--bootstrap", "0"]) == 0
-  assert json.loads(capsys.readouterr().out)["form"] == "joint"
-  assert cli.main(["fit", study_dir, "--x", "params", "--predict",
-                   "params"]) == 2
+  assert json.loads(capsys.readouterr().out)["form"] == "log"
+  assert cli.main(["fit", study_dir, "--x", "inner_lr", "--predict",
+                   "inner_lr"]) == 2
   err = capsys.readouterr().err.strip()
-  assert err.startswith("lowbw: error: --predict='params' is invalid") and (
+  assert err.startswith("lowbw: error: --predict='inner_lr' is invalid") and (
       "\n" not in err)
 
 

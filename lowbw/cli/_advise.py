@@ -76,6 +76,10 @@ def add_parser(subparsers) -> None:
                  help="the probe's seeds (default 0,1,2)")
   q.add_argument("--probe-steps", type=int, help="the probe's steps "
                  f"(default {_advise.PROBE['steps']})")
+  q.add_argument("--probe", type=candidate, metavar="NAME=VALUE,...",
+                 help="other settings of the probe's runs (default "
+                 + ",".join(f"{k}={v}" for k, v in _advise.PROBE.items()
+                            if k != "steps") + ")")
   q.add_argument("--rank-by", default="time", choices=("time", "cost"))
   q.add_argument("--out", help="the probe study's folder (default a "
                  "temporary one)")
@@ -91,7 +95,9 @@ def run(args) -> int:
            "egress_price": args.egress_price}
   if args.upload_bandwidth:
     fleet["upload_bandwidth"] = args.upload_bandwidth
-  probe = {} if args.probe_steps is None else {"steps": args.probe_steps}
+  probe = dict(args.probe or {})
+  if args.probe_steps is not None:
+    probe["steps"] = args.probe_steps
   advice = _advise.advise(args.params, args.tokens, workers=args.workers,
                           tokens_per_step=args.tokens_per_step, fleet=fleet,
                           candidates=args.candidate, probe=probe,
