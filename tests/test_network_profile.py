@@ -290,8 +290,6 @@ def test_a_run_from_before_a_profile_term_resumes(tmp_path):
 @pytest.mark.parametrize("changes, warned", [
     ({}, True),                                # 30M parameters at MFU 0.4
     ({"mfu": 0.2}, False),                     # an MFU given
-    ({"clock_params": 2_000_000_000}, False),  # a model that reaches it
-    ({"hardware": "0.05s"}, False),            # a measured time per step
     ({"bandwidth": "10Mbps"}, False),          # compute is < 10 % of time
 ])
 def test_the_default_mfu_on_a_small_model_is_warned_where_compute_counts(
@@ -306,6 +304,18 @@ def test_the_default_mfu_on_a_small_model_is_warned_where_compute_counts(
     compute = 1 - summary["comm_share"]
     assert f"compute is {100 * compute:.0f}% of the nominal time" in said[0]
     assert "30,000,000 parameters" in said[0]
+
+
+def test_the_default_mfu_is_assumed_only_for_a_small_model_priced_by_flops():
+  from lowbw.network import _clock
+  small = net_lib.network(hardware="1TFLOPS", clock_params=30_000_000)
+  assert _clock.assumed_mfu(small, 610) == 30_000_000
+  assert _clock.assumed_mfu(small._replace(clock_params=None), 610) == 610
+  assert _clock.assumed_mfu(net_lib.network(
+      hardware="1TFLOPS", clock_params=2_000_000_000), 610) is None
+  assert _clock.assumed_mfu(net_lib.network(hardware="0.05s"), 610) is None
+  assert _clock.assumed_mfu(net_lib.network(hardware="1TFLOPS", mfu=0.2),
+                            610) is None
 
 
 def test_the_planner_notes_the_default_mfu_on_a_small_model():
