@@ -173,6 +173,9 @@ def test_the_planner_reads_a_fitted_efficiency_at_its_h(tmp_path, capsys):
   heuristic = lowbw.network.plan()
   assert heuristic["efficiency_source"].startswith("heuristic")
   assert lowbw.network.plan(efficiency=0.5)["efficiency"] == 0.5
+  for bad in (-1, 0, "fast"):
+    with pytest.raises(lowbw.ConfigError, match="^efficiency="):
+      lowbw.network.plan(efficiency=bad)
   path = f.save(str(tmp_path / "eta.json"))
   assert cli.main(["plan", "--inner-steps", "32", "--efficiency", path,
                    "--json"]) == 0

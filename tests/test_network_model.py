@@ -916,6 +916,13 @@ def test_an_asymmetric_link_is_described_and_kept_by_a_sweeps_relink():
   assert (moved.bandwidth_bps, moved.upload_bps) == (500e6, 50e6)
   with pytest.raises(lowbw.ConfigError, match="^upload_bandwidth='fast'"):
     lowbw.network.network("1Gbps", upload_bandwidth="fast")
+  # The setting, from Python and from the command line.
+  with pytest.raises(lowbw.ConfigError, match="^upload_bandwidth='fast' is "
+                     "invalid"):
+    lowbw.Config(data="digits", upload_bandwidth="fast")
+  from lowbw import cli
+  assert cli.main(["train", "--data", "digits", "--upload-bandwidth",
+                   "0Mbps"]) == 2
   with pytest.raises(lowbw.ConfigError, match="^upload_bandwidth=.*one per "
                      "link"):
     lowbw.network.network("1Gbps,1Gbps,1Gbps", upload_bandwidth="1Mbps,2Mbps")

@@ -165,6 +165,19 @@ def test_a_study_reports_the_gap_paired_by_seed(tmp_path):
           ) == pytest.approx(paired_interval(gaps))
   header = (tmp_path / "s" / "final.csv").read_text().splitlines()[0]
   assert "final_shadow_gap_high" in header
+  # Each point's token efficiency is its own run's, from its evaluations,
+  # and the table's mean is theirs; the reloaded study reads the same.
+  for p in study.points:
+    steps, loss = _evaluated(p, "eval_loss")
+    _, lane = _evaluated(p, "shadow_eval_loss")
+    assert p.summary["token_efficiency"] == pytest.approx(
+        _efficiency_by_hand(steps, loss, lane))
+  etas = [p.summary["token_efficiency"] for p in study.points]
+  assert final["token_efficiency_mean"][0] == pytest.approx(np.mean(
+      [e for e in etas if e is not None]))
+  again = lowbw.studies.load(str(tmp_path / "s")).final(frame=False)
+  assert again["token_efficiency_mean"] == pytest.approx(
+      final["token_efficiency_mean"])
 
 
 def test_init_from_starts_every_worker_and_the_lane_from_a_run(tmp_path,

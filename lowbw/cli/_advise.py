@@ -1,30 +1,13 @@
 """``lowbw advise``: which method to use for a model and a fleet."""
 
+import inspect
 import json
 import math
 
 from lowbw import _validate
+from lowbw.cli._parser import settings
+from lowbw.config import _fields
 from lowbw.studies import _advise
-
-
-def candidate(text: str) -> dict:
-  """``--candidate strategy=diloco,H=50,codec=quant:4``: one candidate's
-  settings (numbers as numbers)."""
-  out = {}
-  for part in text.split(","):
-    name, sep, value = part.partition("=")
-    if not sep or not name.strip() or not value.strip():
-      raise _validate.fail("candidate", text, "expected name=value pairs, "
-                           "comma-separated (strategy=diloco,H=50)")
-    value = value.strip()
-    for kind in (int, float):
-      try:
-        value = kind(value)
-        break
-      except ValueError:
-        continue
-    out[name.strip()] = value
-  return out
 
 
 def seeds(text: str) -> list[int]:
@@ -49,38 +32,46 @@ def add_parser(subparsers) -> None:
                  "(1B, 350M, or a number)")
   p.add_argument("--tokens", required=True, help="the token budget DDP "
                  "would train on (20B, or a number)")
-  p.add_argument("--workers", type=int, default=8, help="workers of the "
-                 "fleet (default 8)")
-  p.add_argument("--tokens-per-step", default="8192", help="tokens one "
-                 "worker processes per step at full scale (default 8192)")
-  g = p.add_argument_group("the fleet")
-  g.add_argument("--bandwidth", default="1Gbps", help="each worker's link "
-                 "(default 1Gbps)")
-  g.add_argument("--upload-bandwidth", help="its upload rate, when slower")
-  g.add_argument("--latency", default="50ms", help="one-way latency "
-                 "(default 50ms)")
-  g.add_argument("--hardware", default="h100", help="per worker: a preset, "
-                 "a peak (312TFLOPS) or seconds per step (default h100)")
-  g.add_argument("--mfu", type=float, default=0.4, help="model-FLOP "
-                 "utilisation (default 0.4)")
-  g.add_argument("--network-profile", default="calibrated", help="what "
-                 "real links cost: calibrated, ideal or a YAML file")
+  p.add_argument("--workers", type=int, help="workers of the fleet "
+                 f"(default {_default(_advise.advise, 'workers')})")
+  p.add_argument("--tokens-per-step", help="tokens one worker processes per "
+                 "step at full scale (default "
+                 f"{_default(_advise.advise, 'tokens_per_step')})")
+  g = p.add_argument_group("the fleet (lowbw train's network flags)")
+  for flag, name, text in (
+      ("--bandwidth", "bandwidth", "each worker's link"),
+      ("--upload-bandwidth", "upload_bandwidth", "its upload rate, when "
+       "slower"),
+      ("--latency", "latency", "one-way latency"),
+      ("--hardware", "hardware", "per worker: a preset, a peak (312TFLOPS) "
+       "or seconds per step"),
+      ("--mfu", "mfu", "model-FLOP utilisation"),
+      ("--network-profile", "profile", "what real links cost: calibrated, "
+       "ideal or a YAML file")):
+    default = _NETWORK[name if name != "profile" else "network_profile"]
+    g.add_argument(flag, dest=name, type=float if name == "mfu" else str,
+                   help=text + ("" if default is None else
+                                f" (default {default})"))
   g.add_argument("--gpu-price", type=float, help="$ per GPU-hour")
   g.add_argument("--egress-price", type=float, help="$ per GB sent")
   q = p.add_argument_group("the probe")
-  q.add_argument("--candidate", type=candidate, action="append",
+  q.add_argument("--candidate", type=settings(
+      "candidate", "strategy=diloco,H=50"), action="append",
                  metavar="NAME=VALUE,...", help="a candidate's settings "
                  "(again for more; default DDP, DiLoCo H 10 and 50, DiLoCo H "
                  "50 with quant:4)")
-  q.add_argument("--seeds", type=seeds, default=[0, 1, 2],
-                 help="the probe's seeds (default 0,1,2)")
+  q.add_argument("--seeds", type=seeds, help="the probe's seeds (default "
+                 + ",".join(map(str, _default(_advise.advise, "seeds")))
+                 + ")")
   q.add_argument("--probe-steps", type=int, help="the probe's steps "
                  f"(default {_advise.PROBE['steps']})")
-  q.add_argument("--probe", type=candidate, metavar="NAME=VALUE,...",
+  q.add_argument("--probe", type=settings("probe", "hidden=64"),
+                 metavar="NAME=VALUE,...",
                  help="other settings of the probe's runs (default "
                  + ",".join(f"{k}={v}" for k, v in _advise.PROBE.items()
                             if k != "steps") + ")")
-  q.add_argument("--rank-by", default="time", choices=("time", "cost"))
+  q.add_argument("--rank-by", choices=("time", "cost"), help="(default "
+                 f"{_default(_advise.advise, 'rank_by')})")
   q.add_argument("--out", help="the probe study's folder (default a "
                  "temporary one)")
   p.add_argument("--json", action="store_true", help="print the rows and "
@@ -88,21 +79,28 @@ def add_parser(subparsers) -> None:
   p.set_defaults(run=run)
 
 
+def _default(function, name: str):
+  """``function``'s own default for ``name`` (one source for the help)."""
+  return inspect.signature(function).parameters[name].default
+
+
+# lowbw train's network settings, for their defaults.
+_NETWORK = {f.name: f.default for f in _fields.RUN_FIELDS}
+FLEET = ("bandwidth", "upload_bandwidth", "latency", "hardware", "mfu",
+         "profile", "gpu_price", "egress_price")
+
+
 def run(args) -> int:
-  fleet = {"bandwidth": args.bandwidth, "latency": args.latency,
-           "hardware": args.hardware, "mfu": args.mfu,
-           "profile": args.network_profile, "gpu_price": args.gpu_price,
-           "egress_price": args.egress_price}
-  if args.upload_bandwidth:
-    fleet["upload_bandwidth"] = args.upload_bandwidth
+  given = vars(args)
+  fleet = {k: given[k] for k in FLEET if given.get(k) is not None}
   probe = dict(args.probe or {})
   if args.probe_steps is not None:
     probe["steps"] = args.probe_steps
-  advice = _advise.advise(args.params, args.tokens, workers=args.workers,
-                          tokens_per_step=args.tokens_per_step, fleet=fleet,
+  options = {k: given[k] for k in ("workers", "tokens_per_step", "seeds",
+                                   "rank_by") if given.get(k) is not None}
+  advice = _advise.advise(args.params, args.tokens, fleet=fleet,
                           candidates=args.candidate, probe=probe,
-                          seeds=args.seeds, rank_by=args.rank_by,
-                          out=args.out)
+                          out=args.out, **options)
   if args.json:
     print(json.dumps({"rows": advice.rows, "notes": advice.notes},
                      indent=1, default=str))

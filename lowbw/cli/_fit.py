@@ -2,23 +2,8 @@
 
 import json
 
-from lowbw import _validate
+from lowbw.cli._parser import settings
 from lowbw.studies import _fit
-
-
-def point(text: str) -> dict:
-  """``--predict params=1e9,tokens=2e10``: the inputs of one point."""
-  out = {}
-  for part in text.split(","):
-    name, sep, value = part.partition("=")
-    try:
-      out[name.strip()] = float(value)
-    except ValueError:
-      sep = ""
-    if not sep or not name.strip():
-      raise _validate.fail("predict", text, "expected name=number pairs, "
-                           "comma-separated (params=1e9,tokens=2e10)")
-  return out
 
 
 def add_parser(subparsers) -> None:
@@ -40,7 +25,9 @@ def add_parser(subparsers) -> None:
                  "fitted (default final_eval_loss)")
   p.add_argument("--form", default="power", choices=sorted(_fit.FORMS),
                  help="the law (default power)")
-  p.add_argument("--predict", type=point, action="append", default=[],
+  p.add_argument("--predict", type=settings(
+      "predict", "params=1e9,tokens=2e10", numbers=True), action="append",
+      default=[],
                  metavar="NAME=VALUE,...", help="a point to predict (again "
                  "for more)")
   p.add_argument("--bootstrap", type=int, default=_fit.BOOTSTRAP,

@@ -126,3 +126,33 @@ def flag_error(error: argparse.ArgumentError) -> str:
     return (f"{flag} is invalid: {error.message}; a value that starts with "
             f"'-' is written {flag}=-VALUE")
   return str(error)
+
+
+def settings(field: str, example: str, numbers: bool = False):
+  """An argparse type: ``name=value`` pairs, comma-separated, as a dict
+  (``--predict params=1e9,tokens=2e10``, ``--candidate strategy=diloco,
+  H=50``); a value is an int or a float where it reads as one (with
+  ``numbers``, it must); an error names ``field`` and shows ``example``."""
+
+  def parse(text: str) -> dict:
+    out = {}
+    for part in text.split(","):
+      name, sep, value = (w.strip() for w in part.partition("="))
+      number = _number(value)
+      if not sep or not name or not value or (numbers and number is None):
+        kind = "number" if numbers else "value"
+        raise _validate.fail(field, text, f"expected name={kind} pairs, "
+                             f"comma-separated ({example})")
+      out[name] = value if number is None else number
+    return out
+
+  return parse
+
+
+def _number(text: str):
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      continue
+  return None

@@ -9,12 +9,11 @@ from lowbw.config._resolve import build_network
 from lowbw.network import _profile, _units
 
 # The network settings a re-timing takes: those that change only the clock
-# (stragglers, faults and traces would change the training; ``retime``
-# refuses them).
-SETTINGS = ("bandwidth", "upload_bandwidth", "latency", "topology",
-            "group_size",
-            "regional_bandwidth", "regional_latency", "hardware", "mfu",
-            "speeds", "overlap", "clock_params", "network_profile")
+# (the fields say which; stragglers, faults and traces would change the
+# training, and ``retime`` refuses them), and the topology, whose time it
+# prices (its bytes would differ: a re-timing reports none).
+SETTINGS = tuple(f.name for f in _fields.RUN_FIELDS
+                 if f.clock_only or f.name in ("topology", "group_size"))
 
 
 def _fields_of() -> dict:

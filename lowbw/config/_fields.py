@@ -52,6 +52,10 @@ class Field(NamedTuple):
       settings are these fields, checked in this table's order.
     python: the setting takes a Python object only (a ``Network``): no
       flag, no file key.
+    clock_only: the setting changes only the simulated clock, never the
+      training nor the bytes (on a network without stragglers or faults):
+      a study re-times a point that differs from another only in such
+      settings (``studies._run``), and ``lowbw retime`` takes them.
   """
 
   name: str
@@ -66,6 +70,7 @@ class Field(NamedTuple):
   many: bool = False
   check: Any = None
   python: bool = False
+  clock_only: bool = False
 
   @property
   def flag(self) -> str:
@@ -199,18 +204,18 @@ RUN_FIELDS = (
           "each worker's link, e.g. 100Mbps, 1Gbps; or one per worker, "
           "comma-separated (a ring step waits for its slowest hop)",
           quantity(_each(network_lib.bandwidth), "bandwidth"),
-          knob="bandwidth", unit="bit/s", many=True),
+          knob="bandwidth", unit="bit/s", many=True, clock_only=True),
     Field("upload_bandwidth", _net("upload_bandwidth"), SHAPE, _N,
           "each worker's upload rate where it differs from bandwidth, which "
           "is then its download rate (an asymmetric link, e.g. 1Gbps down "
           "and 50Mbps up); or one per worker, comma-separated",
           quantity(_each(network_lib.bandwidth), "upload_bandwidth"),
-          unit="bit/s", many=True),
+          unit="bit/s", many=True, clock_only=True),
     Field("latency", _net("latency"), TRACED, _N,
           "one-way latency per message hop, e.g. 50ms; or one per worker, "
           "comma-separated",
           quantity(_each(network_lib.duration), "latency"), knob="latency",
-          unit="s", many=True),
+          unit="s", many=True, clock_only=True),
     Field("topology", _net("topology"), SHAPE, _N,
           "the collectives' algorithm",
           choices=("hierarchical", "parameter_server", "ring")),
@@ -220,25 +225,28 @@ RUN_FIELDS = (
           "hierarchical: the links inside a region (or one per region, "
           "comma-separated)",
           quantity(_each(network_lib.bandwidth), "regional_bandwidth"),
-          unit="bit/s", many=True),
+          unit="bit/s", many=True, clock_only=True),
     Field("regional_latency", _net("regional_latency"), SHAPE, _N,
           "hierarchical: one-way latency inside a region",
-          quantity(_each(network_lib.duration), "regional_latency"), unit="s", many=True),
+          quantity(_each(network_lib.duration), "regional_latency"),
+          unit="s", many=True, clock_only=True),
     Field("hardware", _net("hardware"), SHAPE, _N,
           "per worker: a preset (" + ", ".join(sorted(network_lib.PRESETS))
           + "), a peak such as 312TFLOPS, or a time per step such as 0.5s",
-          quantity(_hardware, "hardware")),
-    Field("mfu", _net("mfu"), SHAPE, _N, "model-FLOP utilisation", float),
+          quantity(_hardware, "hardware"), clock_only=True),
+    Field("mfu", _net("mfu"), SHAPE, _N, "model-FLOP utilisation", float,
+          clock_only=True),
     Field("speeds", _net("speeds"), SHAPE, _N, "per-worker speed "
           "multipliers, comma-separated (one per worker; 0.5 = half as "
-          "fast), or a CSV file of them over simulated time (a trace)", many=True),
+          "fast), or a CSV file of them over simulated time (a trace)",
+          many=True, clock_only=True),
     Field("bandwidth_trace", None, SHAPE, _N, "a CSV file of each worker's "
           "bandwidth over simulated time (a trace; it replaces bandwidth)"),
     Field("clock_params", _net("clock_params"), SHAPE, _N,
           "time compute and messages as if the model had this many "
           "parameters, e.g. 1B or 350M (FLOPs and bytes scaled from the "
           "model's; the bytes logged stay the model's)",
-          _count("clock_params")),
+          _count("clock_params"), clock_only=True),
     Field("clock", True, SHAPE, _N, "simulate the clock (sim_time_s); "
           "--no-clock: bytes and losses only", bool),
     Field("network_profile", "calibrated", SHAPE, _N, "what real links and "
@@ -249,7 +257,7 @@ RUN_FIELDS = (
           "docs/calibration.md), 'ideal' (none of it), or a YAML file of a "
           "profile (lowbw calibrate writes one); in a config file also a "
           "table of its terms",
-          _profile_type()),
+          _profile_type(), clock_only=True),
     Field("network", None, SHAPE, _N, "a lowbw.network.Network object "
           "(links, topology, hardware, stragglers, faults) in place of the "
           "network settings (bandwidth, latency, ...); default: the network "
@@ -257,7 +265,7 @@ RUN_FIELDS = (
           check=_checks.network),
     Field("overlap", _net("overlap"), SHAPE, _N, "overlap sync "
           "communication with the next round's compute (Streaming DiLoCo's "
-          "schedule)", bool),
+          "schedule)", bool, clock_only=True),
     Field("jitter", None, TRACED, _N, "stragglers: lognormal sigma of every "
           "step's time (default none)", float, knob="jitter"),
     Field("mitigation", "none", SHAPE, _N, "stragglers",

@@ -530,7 +530,6 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
   """The arrays of ``net`` for a run priced by ``pricing`` (``price``:
   the clock's seconds per message and per step, and a trace's
   segments)."""
-  hw = net.hardware
   base = 0.0 if pricing.step_s is None else pricing.step_s
   costs = pricing.clock_costs
   speeds = _start_speeds(net, num_workers)

@@ -253,19 +253,20 @@ _CHECKS = {
     "efficiency": lambda f, v: _efficiency_input(f, v),
 }
 
-# What a fitted efficiency law may take: its input's name -> the plan's.
-_LAW_INPUTS = {"H": "h_eff", "inner_steps": "h_eff", "params": "params",
-               "num_params": "params", "N": "params", "workers": "replicas",
-               "M": "replicas", "W": "replicas"}
+# What a fitted efficiency law may take, by the name its runs have it
+# (``Fit.inputs``): -> the plan's figure.
+_LAW_INPUTS = {"H": "h_eff", "num_params": "params", "workers": "replicas"}
 
 
 def _efficiency_input(field: str, value):
-  """None, a number > 0, or a fitted law (an object with ``x``, ``y`` and
-  ``predict``, as ``lowbw.fit`` returns) of inputs the plan knows."""
+  """None, a number > 0, or a fitted law (an object with ``x``,
+  ``inputs``, ``y`` and ``predict``, as ``lowbw.fit`` returns) of inputs
+  the plan knows."""
   if value is None:
     return None
-  if all(hasattr(value, a) for a in ("x", "y", "predict")):
-    unknown = [n for n in value.x if n not in _LAW_INPUTS]
+  if all(hasattr(value, a) for a in ("x", "inputs", "y", "predict")):
+    unknown = [n for n, i in zip(value.x, value.inputs)
+               if i not in _LAW_INPUTS]
     if unknown:
       raise _validate.fail(field, f"a law of {', '.join(value.x)}",
                            f"{unknown[0]!r} is not an input the plan has; "
@@ -563,7 +564,8 @@ def _efficiency(s: dict, h_eff: float, replicas: float
     return float(given), a
   at = {"h_eff": h_eff, "params": s["parameters"] * 1e9,
         "replicas": replicas}
-  eta = given.predict({n: at[_LAW_INPUTS[n]] for n in given.x})[0][given.y]
+  eta = given.predict({n: at[_LAW_INPUTS[i]] for n, i in
+                       zip(given.x, given.inputs)})[0][given.y]
   if not eta > 0:
     raise _validate.fail("efficiency", f"a law of {', '.join(given.x)}",
                          f"it gives {eta:.3g} at H={h_eff:g}; expected a "

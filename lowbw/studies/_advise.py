@@ -14,7 +14,6 @@ an interval from eta's over seeds. The table ranks the candidates by time
 
 import dataclasses
 import math
-import os
 import tempfile
 
 import numpy as np
@@ -132,19 +131,20 @@ def _lane(candidate: dict):
 
 
 def _fleet(fleet: dict, params: int, tokens_per_step: int):
-  """The fleet's network, its compute per step fixed at the model's size:
+  """The fleet's network (``lowbw.network.network``'s defaults for what
+  ``fleet`` leaves out), its compute per step fixed at the model's size:
   6 x params x tokens per step at the hardware's peak x MFU (the clock's
   FLOP model), so that the probe's own batch does not enter."""
-  hw = net_lib.hardware(fleet.pop("hardware", "h100"),
-                        fleet.pop("mfu", 0.4))
-  step_s = (hw.step_time_s if hw.step_time_s is not None else
-            6.0 * params * tokens_per_step / (hw.flops * hw.mfu))
   try:
-    return net_lib.network(**fleet, hardware=f"{step_s!r}s",
-                           clock_params=params)
+    net = net_lib.network(**fleet)
   except TypeError as e:
     raise _validate.fail("fleet", sorted(fleet), f"{e}; expected "
                          "lowbw.network.network's keywords") from None
+  hw = net.hardware
+  step_s = (hw.step_time_s if hw.step_time_s is not None else
+            6.0 * params * tokens_per_step / (hw.flops * hw.mfu))
+  return net._replace(hardware=net_lib.hardware(f"{step_s!r}s"),
+                      clock_params=params)
 
 
 def _row(candidate: dict, s, net, params: int, steps: float, workers: int,

@@ -136,6 +136,12 @@ class Fit:
   samples: np.ndarray
   confidence: float
 
+  @property
+  def inputs(self) -> list[str]:
+    """``x`` by the names the runs have them (``params`` is
+    ``num_params``, ``M`` and ``W`` are ``workers``)."""
+    return [ALIASES.get(n, n) for n in self.x]
+
   def __repr__(self) -> str:
     return (f"Fit({self.form} law of {self.y} in {', '.join(self.x)}: "
             + ", ".join(f"{k}={v:.4g}" for k, v in self.params.items())

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from lowbw import _validate
 from lowbw.telemetry import _cost, _progress
-from lowbw.config import Config
+from lowbw.config import Config, _fields
 from lowbw.simulation import _ledger, _logdir, _sweep, retime
 from lowbw.simulation._api import (build_config, engine_config, run_config,
                                   yaml_or_none)
@@ -170,13 +170,10 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
   return builds
 
 
-# The settings that change only a run's clock and prices, never its
-# training (on a network without stragglers or faults, which retime
-# refuses): a point differing from another only in these is re-timed.
-CLOCK_ONLY = ("bandwidth", "upload_bandwidth", "latency",
-              "regional_bandwidth", "regional_latency", "hardware", "mfu",
-              "speeds", "overlap", "clock_params", "network_profile",
-              "gpu_price", "egress_price")
+# The settings that change only a run's clock, never its training nor its
+# bytes (the fields say which): a point differing from another only in
+# these is re-timed.
+CLOCK_ONLY = frozenset(f.name for f in _fields.RUN_FIELDS if f.clock_only)
 
 
 def _leaders(points: list, todo: list, out: str | None) -> tuple:
