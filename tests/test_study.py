@@ -387,3 +387,35 @@ def test_a_reloaded_study_pairs_each_point_with_its_own_settings(
       "(seed 0) there")):
     lowbw.study(base, {"inner_lr": [1e-3, 3e-3], "outer_lr": [0.5, 0.7]},
                 seeds=[0], out=out, progress=False, plots=False)
+
+
+# ------------------------------------------- comparing methods, said so
+def test_a_study_comparing_methods_at_one_shared_rate_says_so(small_study):
+  """The small study sweeps the outer rate but compares DiLoCo, DDP and
+  SPARTA at one inner rate: its summary and printed table say which."""
+  from lowbw.cli._sweep import format_table
+  note = small_study.summary["shared_rates"]
+  inner = {p.config.inner_lr for p in small_study.points} - {None}
+  shared = inner.pop() if inner else strategies.spec("ddp").inner.lr
+  assert f"inner_lr {shared:g}" in note and "outer_lr" not in note
+  assert "lowbw.studies.tune" in note
+  assert format_table(small_study).endswith(f"note: {note}")
+
+
+def test_shared_rates_names_each_methods_default_and_stays_quiet_when_swept(
+    base):
+  from lowbw.studies._result import PointResult, shared_rates
+
+  def points(*configs):
+    return [PointResult(i, {}, 0, {}, {}, None, c)
+            for i, c in enumerate(configs)]
+
+  ddp = lowbw.Config(**TINY, strategy="ddp")
+  muon = lowbw.Config(**TINY, strategy="muloco", H=2)
+  note = shared_rates(["strategy"], points(base, ddp, muon))
+  lrs = sorted({strategies.spec(n).inner.lr
+                for n in ("diloco", "ddp", "muloco")})
+  assert f"inner_lr {'/'.join(f'{x:g}' for x in lrs)}" in note
+  assert shared_rates(["strategy", "inner_lr", "outer_lr"],
+                      points(base, ddp)) is None
+  assert shared_rates(["H"], points(base, base.replace(H=4))) is None

@@ -183,6 +183,8 @@ def format_table(result) -> str:
                  f"{final['final_eval_loss_std'][i]:.4f} "
                  f"(n={final['seeds'][i]}{failed})  "
                  f"{final['wire_bytes_mean'][i]:,.0f}")
+  if s.get("shared_rates"):
+    lines.append(f"note: {s['shared_rates']}")
   return "\n".join(lines)
 
 

@@ -16,6 +16,10 @@ FINAL = ("final_eval_loss", "final_train_loss", "payload_bytes",
 # to it, which is paired by seed within each point; the gap also gets its
 # one-sided 95 % t-bounds over seeds (``paired_interval``).
 SHADOW = ("final_shadow_eval_loss", "final_shadow_gap", "token_efficiency")
+# Fields that make a point another method (a comparison across them is a
+# comparison of methods), and the rates such a comparison should tune.
+METHOD_FIELDS = ("strategy", "inner", "outer")
+RATES = ("inner_lr", "outer_lr")
 
 
 @dataclasses.dataclass
@@ -57,6 +61,38 @@ def paired_interval(diffs, confidence: float = 0.95) -> tuple[float, float]:
   return float(diffs.mean() - half), float(diffs.mean() + half)
 
 
+def shared_rates(names, points) -> str | None:
+  """A note when a study compares methods (sweeps ``METHOD_FIELDS``) and
+  leaves a learning rate (``RATES``) unswept: that rate, given once for
+  all or each method's default, is then not tuned per method, and the
+  comparison favours the method it suits. None otherwise."""
+  unswept = [rate for rate in RATES if rate not in names]
+  if not set(names) & set(METHOD_FIELDS) or not unswept:
+    return None
+  from lowbw import strategies as strategies_lib
+  from lowbw.config import _strategy_fields
+  rates: dict[str, set] = {}
+  for p in points:
+    name = getattr(p.config, "strategy", None)
+    if not isinstance(name, str):  # a strategy object holds its own rates
+      continue
+    default = _strategy_fields.defaults(strategies_lib.spec(name))
+    for rate in unswept:
+      value = getattr(p.config, rate, None)
+      value = default.get(rate) if value is None else value
+      if value is not None:
+        rates.setdefault(rate, set()).add(float(value))
+  if not rates:
+    return None
+  said = ", ".join(
+      f"{rate} {next(iter(v)):g}" if len(v) == 1 else
+      f"{rate} {'/'.join(f'{x:g}' for x in sorted(v))} (the methods' defaults)"
+      for rate, v in rates.items())
+  return (f"methods compared at one setting of their rates ({said}), not "
+          "tuned per method: the comparison favours the method these rates "
+          "suit; lowbw.studies.tune compares each at its best")
+
+
 def _frame(columns: dict):
   """A pandas DataFrame when pandas is installed, else the dict of numpy
   arrays."""
@@ -82,7 +118,9 @@ class Study:
     base: the settings every point starts from (the given fields of the
       base config).
     summary: points, groups (compiled shapes), builds, resumed points,
-      compile and wall seconds, the folder.
+      compile and wall seconds, the folder; ``shared_rates``: the note of
+      a study that compares methods at a learning rate it does not tune
+      per method (``shared_rates()``).
   """
 
   points: list[PointResult]

@@ -19,7 +19,7 @@ from lowbw.simulation._api import (build_config, engine_config, run_config,
                                   yaml_or_none)
 from lowbw.simulation import DivergenceError, NonFiniteLossError
 from lowbw.studies import _files, _grid
-from lowbw.studies._result import PointResult, Study
+from lowbw.studies._result import PointResult, Study, shared_rates
 
 
 def study(base, grid, seeds=(0,), out: str | None = None,
@@ -109,6 +109,9 @@ def study(base, grid, seeds=(0,), out: str | None = None,
                               for r in ordered
                               if r.index not in done),
              "out": out}
+  note = shared_rates(names, ordered)
+  if note:
+    summary["shared_rates"] = note
   result = Study(ordered, names, list(_grid.check_seeds(seeds)), base,
                  summary)
   if out:
