@@ -7,17 +7,21 @@ default GPT (478,976 parameters) on the Python standard library's bytes, a
 global batch of 16 windows of 128 tokens split over W workers (16 / W each),
 the same steps and tokens for every run, the same inner AdamW (warm-up then
 cosine), DiLoCo's outer SGD (lr 0.7, Nesterov 0.9), W in {1, 2, 4, 8, 16},
-H in {10, 50, 100, 500}, 3 seeds each through ``lowbw.sweep``. Bytes are per
-worker (float32); simulated time is the clock on H100s over a 1 Gbit/s,
-50 ms ring. Token efficiency is the share of DDP's tokens that DDP needed to
+H in {10, 50, 100, 500}, 3 seeds each, every label a ``lowbw.study`` under
+``experiments/studies/diloco_scaling/`` (resumable; the cached runs were made
+with ``lowbw.sweep``, and ``--verify`` reruns some through the study and
+compares). Bytes are per worker (float32); simulated time is the clock on
+H100s over a 1 Gbit/s, 50 ms ring, with the ideal network profile (the
+cached runs predate the calibrated one). Token efficiency is the share of DDP's tokens that DDP needed to
 reach DiLoCo's final loss (the planner's eta, row 6 reads it). The paper's
 outer step was tuned at H = 500 and 150M parameters; at W = 8 the outer lr
 and Nesterov momentum are also tuned per H (``TUNE_GRID`` at seed 0, then the
 best at every seed), and the verdict reads those runs.
 
 Usage:
-  python experiments/diloco_scaling.py              # ~75 min on 2 CPU cores
+  python experiments/diloco_scaling.py              # 140 min on 2 CPU cores
   python experiments/diloco_scaling.py --report-only
+  python experiments/diloco_scaling.py --verify 2   # 2 cached runs again
   python experiments/diloco_scaling.py --steps 100 --workers 1,2 --H 10,50 \
       --out /tmp/d                                  # a quick check
 """
@@ -25,12 +29,13 @@ Usage:
 import argparse
 import json
 import os
+import re
+import shutil
 
 import numpy as np
 
 import _report
-import lowbw
-from lowbw import data, models, network, strategies
+from lowbw import strategies
 
 CACHE = "diloco_scaling_results.json"
 COMMAND = "python experiments/diloco_scaling.py"
@@ -38,17 +43,37 @@ WORKERS, HS = (1, 2, 4, 8, 16), (10, 50, 100, 500)
 TOLERANCE = 0.01  # DiLoCo "matches" DDP within 1% of DDP's eval loss
 
 
-def build(kind: str, W: int, H: int, args):
-  inner = strategies.inner_optimizer(
-      "adamw", args.lr, weight_decay=0.1, schedule="cosine",
-      warmup_steps=args.warmup, steps=args.steps)
-  strategy = (strategies.ddp(inner) if kind == "ddp"
-              else strategies.diloco(inner, H=H))
-  return lowbw.build(
-      model=models.gpt(), data=data.text_bytes(), strategy=strategy,
-      workers=W, batch_size=args.global_batch // W, steps=args.steps,
-      eval_every=H * -(-args.eval_every // H), eval_examples=args.eval_examples,
-      network=network.network(args.bandwidth, args.latency, hardware="h100"))
+def point(kind: str, W: int, H: int, args) -> dict:
+  """One run's settings (``lowbw.Config`` fields): the default GPT on the
+  byte corpus, the global batch split over W, AdamW with warm-up and
+  cosine. The clock is the ideal profile (latency + bytes / bandwidth), the
+  one the cached runs were timed with before the calibrated profile became
+  the default."""
+  values = dict(
+      strategy=kind, data="text", model="gpt", workers=W,
+      batch_size=args.global_batch // W, steps=args.steps, inner="adamw",
+      inner_lr=args.lr, weight_decay=0.1, schedule="cosine",
+      warmup_steps=args.warmup, min_lr_ratio=0.0,
+      eval_every=_report.every(args.eval_every, H),
+      eval_examples=args.eval_examples, bandwidth=args.bandwidth,
+      latency=args.latency, hardware="h100", network_profile="ideal",
+      progress=False)
+  return {**values, "H": H} if kind == "diloco" else values
+
+
+def study_runs(name: str, kind: str, W: int, H: int, args, grid=None,
+               seeds=None) -> dict:
+  """One label's runs through ``lowbw.study`` (resumable, in
+  ``experiments/studies/NAME``) and the compute seconds they took."""
+  runs, seconds = _report.studied(name, point(kind, W, H, args), grid or {},
+                                  seeds or args.seeds)
+  return {"runs": runs, "seconds": seconds}
+
+
+def folder(label: str) -> str:
+  """A label's study folder under ``experiments/studies/``."""
+  return "diloco_scaling/" + re.sub(r"[^a-z0-9]+", "_", label.lower()).strip(
+      "_")
 
 
 def configurations(args):
@@ -78,27 +103,71 @@ def tuned_label(H: int) -> str:
   return f"DiLoCo W={TUNED_W} H={H} tuned outer"
 
 
-def run_all(args, cache_path):
-  def run(kind, W, H, grid=None, seeds=None):
-    if kind == "check":
-      return {"runs": _report.seeded(build("diloco", W, H, args), [0],
-                                     grid=OUTER_GRID)}
-    return {"runs": _report.seeded(build(kind, W, H, args),
-                                   seeds or args.seeds, grid=grid)}
-  configs = list(configurations(args)) + [(CHECK, "check", 1, 10)]
-  tuning = TUNED_W in args.workers
-  if tuning:
+def all_configs(args) -> list[tuple]:
+  """Every label before tuning: (label, kind, W, H[, grid, seeds])."""
+  configs = list(configurations(args)) + [(CHECK, "diloco", 1, 10,
+                                           OUTER_GRID, [0])]
+  if TUNED_W in args.workers:
     configs += [(tune_label(H), "diloco", TUNED_W, H, TUNE_GRID, [0])
                 for H in args.H]
-  results = _report.run_resumable(cache_path, configs, _report.timed(run),
-                                  "final_eval_loss")
-  if not tuning:
-    return results
-  best = [(tuned_label(H), "diloco", TUNED_W, H,
+  return configs
+
+
+def tuned_configs(results: dict, args) -> list[tuple]:
+  """The tuned labels: each H's best point of its grid, at every seed."""
+  return [(tuned_label(H), "diloco", TUNED_W, H,
            {k: [v] for k, v in _report.best_run(
-               results[tune_label(H)]["runs"])["values"].items()}) for H in args.H]
-  return _report.run_resumable(cache_path, best, _report.timed(run),
+               results[tune_label(H)]["runs"])["values"].items()})
+          for H in args.H]
+
+
+def run_all(args, cache_path):
+  """Every label not in the cache, each a ``lowbw.study`` (its points
+  resumable), the cache saved after each label."""
+  def run(label, kind, W, H, grid=None, seeds=None):
+    return study_runs(folder(label), kind, W, H, args, grid, seeds)
+  # (label, *args) -> run(label, *args): the label names the study folder.
+  labelled = lambda configs: [(c[0], *c) for c in configs]  # noqa: E731
+  results = _report.run_resumable(cache_path, labelled(all_configs(args)),
+                                  run, "final_eval_loss")
+  if TUNED_W not in args.workers:
+    return results
+  return _report.run_resumable(cache_path,
+                               labelled(tuned_configs(results, args)), run,
                                "final_eval_loss")
+
+
+def verify(args, n: int) -> float:
+  """Reruns one seed of each of the ``n`` cheapest cached labels (by the
+  seconds per run the cache recorded) through ``study_runs`` in
+  ``experiments/studies/diloco_scaling_verify/`` and compares them with
+  the cache: prints each point's final eval loss, simulated time and
+  payload bytes both ways and returns the largest relative difference of
+  the final eval losses."""
+  with open(os.path.join(args.out, CACHE)) as f:
+    results = json.load(f)
+  specs = {c[0]: c[1:] for c in all_configs(args)}
+  specs.update({c[0]: c[1:] for c in tuned_configs(results, args)})
+  cost = lambda label: (results[label]["seconds"]  # noqa: E731
+                        / len(results[label]["runs"]))
+  chosen = sorted((label for label in specs if label in results), key=cost)
+  worst = 0.0
+  for label in chosen[:n]:
+    cached = results[label]["runs"][0]
+    kind, W, H = specs[label][:3]
+    name = "diloco_scaling_verify/" + folder(label).split("/")[1]
+    shutil.rmtree(os.path.join(_report.STUDIES, name), ignore_errors=True)
+    grid = {k: [v] for k, v in cached["values"].items()}
+    new = study_runs(name, kind, W, H, args, grid, [cached["seed"]])["runs"][0]
+    rel = abs(new["final_eval_loss"] / cached["final_eval_loss"] - 1)
+    worst = max(worst, rel)
+    print(f"{label}, seed {cached['seed']} ({cost(label):.0f} s a run when "
+          "cached):")
+    for key in ("final_eval_loss", "sim_time_s", "payload_bytes"):
+      print(f"  {key}: cached {cached[key]!r}, now {new[key]!r}")
+  print(f"largest relative difference of the final eval loss over {n} "
+        f"points: {worst:.3g}")
+  return worst
 
 
 def ddp_tokens_to(ddp_runs, loss: float):
@@ -325,7 +394,13 @@ def main():
   parser.add_argument("--eval-examples", type=int, default=128)
   parser.add_argument("--bandwidth", default="1Gbps")
   parser.add_argument("--latency", default="50ms")
+  parser.add_argument("--verify", type=int, metavar="N", default=0,
+                      help="rerun one seed of the N cheapest cached runs "
+                      "through lowbw.study and compare them with the cache")
   args = parser.parse_args()
+  if args.verify:
+    verify(args, args.verify)
+    return
   results = _report.results_for(args, CACHE, run_all)
   table = summarize(results, args)
   report(results, table, args)
