@@ -9,11 +9,13 @@ removes the wait but costs 15% in token efficiency; 10% backup workers remove
 for good?
 
 Here, on an MLP on scikit-learn's digits, every figure through the simulated
-clock, mean ± std over 3 seeds (``lowbw.sweep``, jitter as a swept value):
+clock, mean ± std over 3 seeds, each setting a ``lowbw.study`` (jitter a swept
+value) under ``experiments/studies/stragglers_faults/``:
 
 * the factor: DDP, W in {2, ..., 64}, 0.1 s per step, lognormal
-  step-time jitter sigma in {0.1, 0.3}; factor = (simulated time - nominal communication) / nominal
-  compute, so the link does not enter;
+  step-time jitter sigma in {0.1, 0.3}; factor = (simulated time - nominal
+  communication) / nominal compute, on the ideal network profile, so the
+  link does not enter;
 * the mitigations and failures train AdamW at 1e-3 with a 5 % warm-up and
   a cosine to 0.1x;
 * the mitigations: DDP and DiLoCo (H = 10) on 10 workers (11 with a backup),
@@ -30,12 +32,11 @@ Usage:
 
 import math
 import os
+import re
 
 import numpy as np
 
 import _report
-import lowbw
-from lowbw import data, models, network, strategies
 
 CACHE = "stragglers_faults_results.json"
 COMMAND = "python experiments/stragglers_and_faults.py"
@@ -45,54 +46,67 @@ JITTER = 0.5
 FAILED = (0, 1, 2, 3)
 
 
-def build(strategy, W, args, net, steps=None, eval_every=None):
-  return lowbw.build(
-      model=models.mlp(hidden=(64,)), data=data.digits(), strategy=strategy,
-      workers=W, batch_size=args.batch_size, steps=steps or args.steps,
-      eval_every=eval_every or args.eval_every, network=net)
+def base(args, **values) -> dict:
+  """The settings every run shares (``lowbw.Config`` fields), then
+  ``values``: an MLP (64 hidden) on the digits, 0.1 s per step."""
+  return {"data": "digits", "model": "mlp", "hidden": "64",
+          "batch_size": args.batch_size, "steps": args.steps,
+          "eval_every": args.eval_every, "hardware": "0.1s",
+          "progress": False, **values}
 
 
-def factor_run(W, args):
-  """DDP on W workers; per point the straggler factor of the clock."""
-  net = network.network("100Gbps", "1us", hardware="0.1s",
-                        stragglers=network.Stragglers(jitter=SIGMAS[0]))
-  sim = build(strategies.ddp(), W, args, net, steps=100, eval_every=100)
-  runs = lowbw.sweep(sim, grid={"jitter": list(SIGMAS)}, seeds=args.seeds,
-                     progress=False)
+def trained(args) -> dict:
+  """AdamW at 1e-3 with a 5 % warm-up and a cosine to 0.1x (the suite's
+  schedule), no weight decay."""
+  return {"inner": "adamw", "inner_lr": 1e-3, "weight_decay": 0.0,
+          "schedule": "cosine", "warmup_steps": args.steps // 20,
+          "min_lr_ratio": 0.1}
+
+
+def folder(label: str) -> str:
+  """A label's study folder under ``experiments/studies/``."""
+  return "stragglers_faults/" + re.sub(r"[^a-z0-9]+", "_",
+                                       label.lower()).strip("_")
+
+
+def factor_run(label, W, args):
+  """DDP on W workers, jitter swept; per point the straggler factor of the
+  clock. The ideal network profile (latency + bytes / bandwidth): the
+  calibrated one's start-up and host time are not communication, and
+  would count as straggling."""
+  config = base(args, strategy="ddp", workers=W, steps=100, eval_every=100,
+                bandwidth="100Gbps", latency="1us", network_profile="ideal")
+  result, seconds = _report.timed_study(
+      folder(label), config, {"jitter": list(SIGMAS)}, args.seeds,
+      _report.STUDIES)
   return {"runs": [{"jitter": p.values["jitter"], "seed": p.seed,
                     "factor": (p.summary["sim_time_s"] - p.summary["comm_s"])
-                    / p.summary["compute_s"]} for p in runs.points]}
+                    / p.summary["compute_s"]} for p in result.points],
+          "seconds": seconds}
 
 
-def inner(args):
-  """AdamW at 1e-3 with a 5 % warm-up and a cosine to 0.1x (the suite's
-  schedule)."""
-  return strategies.inner_optimizer(
-      "adamw", 1e-3, schedule="cosine", warmup_steps=args.steps // 20,
-      steps=args.steps, min_lr_ratio=0.1)
-
-
-def mitigation_run(kind, mitigation, args):
+def mitigation_run(label, kind, mitigation, args):
   """DDP or DiLoCo on a jittered fleet, with and without jitter."""
-  W = 11 if mitigation == "backup" else 10
-  stragglers = network.Stragglers(jitter=JITTER, mitigation=mitigation,
-                                  fraction=0.9, backups=1)
-  net = network.network("1Gbps", "10ms", hardware="0.1s",
-                        stragglers=stragglers)
-  strategy = (strategies.ddp(inner(args)) if kind == "DDP" else
-              strategies.diloco(inner(args), H=10))
-  sim = build(strategy, W, args, net)
-  return {"runs": _report.seeded(sim, args.seeds,
-                                 grid={"jitter": [0.0, JITTER]})}
+  config = base(args, **trained(args), strategy=kind.lower(),
+                workers=11 if mitigation == "backup" else 10,
+                bandwidth="1Gbps", latency="10ms", mitigation=mitigation,
+                **({"H": 10} if kind == "DiLoCo" else {}),
+                **({"keep_fraction": 0.9} if mitigation == "threshold" else
+                   {"backups": 1} if mitigation == "backup" else {}))
+  runs, seconds = _report.studied(folder(label), config,
+                                  {"jitter": [0.0, JITTER]}, args.seeds)
+  return {"runs": runs, "seconds": seconds}
 
 
-def failure_run(k, args):
-  failures = tuple((w, args.steps // 4) for w in range(k))
-  net = network.network("1Gbps", "10ms", hardware="0.1s",
-                        faults=network.Faults(failures=failures))
-  strategy = strategies.diloco(inner(args), H=20)
-  return {"runs": _report.seeded(build(strategy, 8, args, net, eval_every=20),
-                                 args.seeds)}
+def failure_run(label, k, args):
+  """DiLoCo (H = 20) on 8 workers, workers 0 to k - 1 failed for good a
+  quarter of the way in."""
+  failed = ",".join(f"{w}@{args.steps // 4}" for w in range(k))
+  config = base(args, **trained(args), strategy="diloco", H=20, workers=8,
+                eval_every=20, bandwidth="1Gbps", latency="10ms",
+                **({"failures": failed} if k else {}))
+  runs, seconds = _report.studied(folder(label), config, {}, args.seeds)
+  return {"runs": runs, "seconds": seconds}
 
 
 def configurations(args):
@@ -106,14 +120,17 @@ def configurations(args):
 
 
 def run_all(args, cache_path):
-  def run(kind, arg):
+  """Every label not in the cache, each a ``lowbw.study`` in
+  ``experiments/studies/stragglers_faults/`` (its points resumable)."""
+  def run(label, kind, arg):
     if kind == "factor":
-      return factor_run(arg, args)
+      return factor_run(label, arg, args)
     if kind == "mitigation":
-      return mitigation_run(*arg, args)
-    return failure_run(arg, args)
-  return _report.run_resumable(cache_path, list(configurations(args)),
-                               _report.timed(run), "final_eval_loss")
+      return mitigation_run(label, *arg, args)
+    return failure_run(label, arg, args)
+  return _report.run_resumable(
+      cache_path, [(c[0], *c) for c in configurations(args)], run,
+      "final_eval_loss")
 
 
 # ----------------------------------------------------------------- analysis
