@@ -26,7 +26,7 @@ value) under ``experiments/studies/stragglers_faults/``:
   from step 100 of 400.
 
 Usage:
-  python experiments/stragglers_and_faults.py       # ~6 min on 2 CPU cores
+  python experiments/stragglers_and_faults.py       # ~1.5 min on 2 CPU cores
   python experiments/stragglers_and_faults.py --report-only
 """
 
