@@ -218,8 +218,8 @@ def test_snoo_by_hand():
   c = np.array([1.0, -2.0, 0.5])
   grad = lambda x: x - c  # noqa: E731  (of 0.5 |x - c|^2)
   K, inner_lr, lr, mu = 3, 0.1, 0.7, 0.9
-  tx = strategies.snoo(optax.sgd(inner_lr),
-                       optax.sgd(lr, momentum=mu, nesterov=True), K=K)
+  tx = strategies.snoo_optimizer(optax.sgd(inner_lr),
+                                 optax.sgd(lr, momentum=mu, nesterov=True), K=K)
   x = np.zeros(3, np.float32)
   state = tx.init(x)
   w, fast, b = np.zeros(3), np.zeros(3), np.zeros(3)
@@ -235,15 +235,22 @@ def test_snoo_by_hand():
     np.testing.assert_allclose(x, fast, rtol=1e-5, atol=1e-6)
 
 
-def test_the_snoo_lane_is_a_ddp_run_of_snoo():
+def test_the_snoo_lane_is_a_ddp_run_of_snoo_and_the_snoo_strategy():
   """shadow="snoo": the strategy's inner optimizer inside SNOO with K = H,
   on the union of the workers' batches: a separate DDP run whose optimizer
-  is that SNOO."""
+  is that SNOO, and the strategy ``snoo``."""
   run = lowbw.simulate(strategy=strategies.diloco(H=5), steps=20,
                        shadow="snoo", **RUN)
-  ddp = lowbw.simulate(strategy=strategies.ddp(strategies.snoo(
+  ddp = lowbw.simulate(strategy=strategies.ddp(strategies.snoo_optimizer(
       strategies.default_inner(), K=5)), steps=20, **RUN)
   _same_as_ddp(run, ddp)
+  # The strategy snoo is that lane as a run of its own, sending DDP's bytes.
+  own = lowbw.simulate(strategy="snoo", H=5, steps=20, **RUN)
+  _, lane = _evaluated(run, "shadow_eval_loss")
+  np.testing.assert_allclose(_evaluated(own, "eval_loss")[1], lane, rtol=1e-6)
+  _same_params(run.state.shadow.params, own.params)
+  for column in ("payload_bytes", "wire_bytes"):
+    np.testing.assert_array_equal(own.history[column], ddp.history[column])
   with pytest.raises(lowbw.ConfigError, match="^shadow='snoo' is invalid: "
                      "SNOO's outer step comes every H steps"):
     lowbw.Config(data="digits", strategy="ddp", shadow="snoo")

@@ -98,7 +98,7 @@ def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
   ``shadow``: None; ``"ddp"``: the strategy's own inner optimizer
   (``Strategy.inner``; DiLoCo's default AdamW for a strategy without one,
   such as DeMo); ``"snoo"``: that optimizer inside SNOO with K the
-  strategy's H (``strategies.snoo``); or an optax transformation, the
+  strategy's H (``strategies.snoo_optimizer``); or an optax transformation, the
   lane's optimizer.
   """
   if shadow is None:
@@ -114,8 +114,8 @@ def check_shadow(shadow, strategy) -> optax.GradientTransformation | None:
                            f"H steps of the strategy's round, and "
                            f"{strategy.name} has rounds of "
                            f"{strategy.period} step; give 'ddp', or "
-                           "lowbw.strategies.snoo(K=...) as the optimizer")
-    return strategies_lib.snoo(inner, K=strategy.period)
+                           "lowbw.strategies.snoo_optimizer(K=...) as the optimizer")
+    return strategies_lib.snoo_optimizer(inner, K=strategy.period)
   raise _validate.fail(
       "shadow", shadow, "expected None, 'ddp' (a DDP replica with the "
       "strategy's inner optimizer, trained on the union of the workers' "

@@ -18,7 +18,8 @@ from lowbw.strategies._optim import hidden_matrices, muon_inner
 from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
 from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
-from lowbw.strategies._snoo import snoo
+from lowbw.strategies import _snoo
+from lowbw.strategies._snoo import snoo, snoo_optimizer
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._spec import spec as make_spec
 from lowbw.strategies._noloco import noloco
@@ -45,6 +46,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _sparseloco.SPEC,
     _desloc.SPEC,
     _noloco.SPEC,
+    _snoo.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 _BUILT_IN = frozenset(SPECS)
@@ -109,5 +111,5 @@ __all__ = [
     "unit_schedule",
     "hidden_matrices", "muloco", "noloco", "muon_inner", "OuterScheduleState",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
-    "outer", "snoo",
+    "outer", "snoo", "snoo_optimizer",
 ]

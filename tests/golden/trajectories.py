@@ -126,6 +126,12 @@ CASES = {
         "plain": dict(H=4),
         "pull": dict(H=4, workers=4, pull=0.5),
         "fleet": dict(H=4, workers=4, drop_prob=0.3)}),
+    "snoo": (BASE, 4, {
+        # SNOO has no codec: (b) is one worker (nothing sent) with its outer
+        # step tuned, (c) the all-reduce with dropped workers.
+        "plain": dict(H=4),
+        "one_worker": dict(H=4, workers=1, outer_lr=0.5, outer_momentum=0.8),
+        "fleet": dict(H=4, workers=3, drop_prob=0.3)}),
 }
 
 # Real seconds: the one column that differs between runs.
