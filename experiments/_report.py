@@ -177,6 +177,14 @@ def labelled_study(name: str, base, points: dict,
           for label, values in points.items()}, seconds
 
 
+def point_entry(point) -> dict:
+  """One study point (a ``PointResult``) as ``seeded``'s entry, with
+  ``retimed``: whether the study re-timed it from another point's ledger
+  rather than training it."""
+  return {**_entry(point.values, point.seed, point.history, point.summary),
+          "retimed": bool(point.summary.get("retimed_from"))}
+
+
 def _entry(values, seed, history, summary) -> dict:
   """One run's values, seed, summary figures and eval-loss curve (rows with
   an evaluation), plain JSON."""

@@ -7,10 +7,15 @@ single-GPU run, the same two GPUs over the internet take 10x longer than one
 GPU, and DiLoCo (H = 500) over the internet is as fast as the data centre.
 Here the same question is asked of real runs: lowbw's default GPT (478,976
 parameters) on the byte corpus of the Python standard library, W workers, DDP
-and DiLoCo, each run on three flat ring networks. The network does not change
+and DiLoCo, each on three flat ring networks. The network does not change
 the training (same seed, same bits, as tests/test_clock_runs.py checks), only
 its simulated clock, so each strategy's loss curve is the same on every link
 and moves along the time axis.
+
+The six runs are one ``lowbw.study`` (under ``experiments/studies/``,
+resumable) whose points differ in the strategy and the link: the study trains
+each strategy once, on the first link, and re-times the other links from that
+run's ledger (``lowbw.retime``), as docs/studies.md describes.
 
 Compute: every worker is given the time one worker's step takes on this
 machine (measured at the start, or ``--step-time``), so compute and
@@ -18,7 +23,8 @@ communication have the proportions of a small model on a slow device, as in
 the paper's table, rather than the microseconds an H100 would take.
 
 Usage:
-  python experiments/network_whatif.py                # ~10 min on 2 CPU cores
+  python experiments/network_whatif.py                # ~6 min on 2 CPU cores
+  python experiments/network_whatif.py --report-only
   python experiments/network_whatif.py --steps 100 --out /tmp/net
 """
 
@@ -28,9 +34,8 @@ import os
 
 import _report
 import lowbw
-from lowbw import data, models, network, strategies
 
-OUT = os.path.join(os.path.dirname(__file__), "..", "docs", "experiments")
+CACHE = "network_results.json"
 LINKS = {  # name: (bandwidth, one-way latency per message hop)
     "10 Gbit/s, 0.1 ms (data centre)": ("10Gbps", "0.1ms"),
     "1 Gbit/s, 5 ms (metro)": ("1Gbps", "5ms"),
@@ -38,21 +43,36 @@ LINKS = {  # name: (bandwidth, one-way latency per message hop)
 }
 
 
-def common(args):
-  return dict(model=models.gpt(), data=data.text_bytes(),
-              batch_size=args.batch_size, eval_examples=args.eval_examples)
+def common(args) -> dict:
+  """What every run shares (``lowbw.Config`` fields)."""
+  return dict(data="text", model="gpt", batch_size=args.batch_size,
+              eval_examples=args.eval_examples, progress=False)
 
 
-def measure_step_time(args) -> float:
-  """Seconds per inner step of one worker on this machine (after compile)."""
-  result = lowbw.simulate(strategy=strategies.ddp(), workers=1,
-                          steps=args.measure_steps, seed=args.seed,
-                          progress=False, eval_every=args.measure_steps,
-                          **common(args))
-  return result.summary["wall_time_s"] / args.measure_steps
+def measure_step_time(args) -> tuple[float, float]:
+  """Seconds per inner step of one worker on this machine (after compile),
+  and the seconds the measurement took (compiling and running)."""
+  result = lowbw.simulate(lowbw.Config(
+      strategy="ddp", workers=1, steps=args.measure_steps, seed=args.seed,
+      eval_every=args.measure_steps, **common(args)))
+  s = result.summary
+  return (s["wall_time_s"] / args.measure_steps,
+          (s.get("compile_s") or 0.0) + s["wall_time_s"])
+
+
+def points(args) -> dict:
+  """Label -> the point's values: each strategy on each link."""
+  strategies = {"DDP": {"strategy": "ddp"},
+                f"DiLoCo H={args.H}": {"strategy": "diloco", "H": args.H}}
+  return {f"{label} | {link}": {**values, "bandwidth": bw, "latency": lat}
+          for label, values in strategies.items()
+          for link, (bw, lat) in LINKS.items()}
 
 
 def run_all(args, cache_path):
+  """The step time (measured once and cached first, so that a killed
+  script resumes its study at the same one), then the study: per label its
+  run (``_report.point_entry``: with ``retimed``)."""
   results = {}
   if os.path.exists(cache_path):
     with open(cache_path) as f:
@@ -61,41 +81,26 @@ def run_all(args, cache_path):
       results = {}
   results["args"] = _key(args)
   if "step_time_s" not in results:
-    results["step_time_s"] = args.step_time or measure_step_time(args)
+    if args.step_time:
+      results["step_time_s"], results["measure_seconds"] = args.step_time, 0.0
+    else:
+      results["step_time_s"], results["measure_seconds"] = (
+          measure_step_time(args))
+    _report.save_results(cache_path, results)
   step_time = results["step_time_s"]
-  runs = results.setdefault("runs", {})
-  for label, make in (("DDP", strategies.ddp),
-                      (f"DiLoCo H={args.H}",
-                       lambda: strategies.diloco(H=args.H))):
-    todo = [link for link in LINKS if f"{label} | {link}" not in runs]
-    if not todo:
-      continue
-    # One build per strategy: the links are traced values of its network, so
-    # the three runs share one compilation.
-    first = LINKS[todo[0]]
-    sim = lowbw.build(strategy=make(), workers=args.workers,
-                      steps=args.steps, eval_every=args.eval_every,
-                      network=network.network(*first,
-                                              hardware=f"{step_time}s"),
-                      **common(args))
-    for link in todo:
-      bw, lat = LINKS[link]
-      name = f"{label} | {link}"
-      r = sim.run(seed=args.seed, hparams={"bandwidth": bw, "latency": lat},
-                  progress=False)
-      h = r.history
-      evals = [(float(t), float(l)) for t, l in
-               zip(h["sim_time_s"], h["eval_loss"]) if l == l]
-      runs[name] = {"strategy": label, "link": link,
-                    "sim_time_s": r.summary["sim_time_s"],
-                    "eval_loss": r.summary["final_eval_loss"],
-                    "wire_bytes": r.summary["wire_bytes"],
-                    "curve": evals}
-      print(f"{name}: {r.summary['sim_time_s'] / 3600:.4f} h, eval loss "
-            f"{r.summary['final_eval_loss']:.4f}", flush=True)
-      with open(cache_path, "w") as f:
-        json.dump(results, f, indent=1)
-  return results
+  base = {**common(args), "workers": args.workers, "steps": args.steps,
+          "eval_every": args.eval_every, "hardware": f"{step_time}s"}
+  labelled = points(args)
+  grid = [{k: [v] for k, v in values.items()} for values in labelled.values()]
+  name = "network_whatif/" + "_".join(
+      f"{k}{v}" for k, v in {**_key(args), "step": step_time}.items())
+  study, seconds = _report.timed_study(name, base, grid, [args.seed],
+                                       _report.STUDIES)
+  results["runs"] = {label: _report.point_entry(next(
+      p for p in study.points if p.values == values))
+      for label, values in labelled.items()}
+  results["compute_seconds"] = seconds + results["measure_seconds"]
+  return _report.save_results(cache_path, results)
 
 
 def _key(args):
@@ -105,24 +110,38 @@ def _key(args):
 
 def check_same_training(runs):
   """The link must not change the training: same losses on every link."""
-  for label in {r["strategy"] for r in runs.values()}:
-    curves = [[l for _, l in r["curve"]] for r in runs.values()
-              if r["strategy"] == label]
+  for label in {name.split(" | ")[0] for name in runs}:
+    curves = [r["curve"]["eval_loss"] for name, r in runs.items()
+              if name.split(" | ")[0] == label]
     assert all(c == curves[0] for c in curves), f"{label}: losses differ"
+
+
+def rows(runs) -> list[dict]:
+  """Each run as a table row: strategy, link, time, loss, bytes, curve."""
+  out = []
+  for name, r in runs.items():
+    strategy, link = name.split(" | ")
+    out.append({"strategy": strategy, "link": link,
+                "sim_time_s": r["sim_time_s"],
+                "eval_loss": r["final_eval_loss"],
+                "wire_bytes": r["wire_bytes"], "retimed": r["retimed"],
+                "curve": list(zip(r["curve"]["sim_time_s"],
+                                  r["curve"]["eval_loss"]))})
+  return out
 
 
 def single_worker(runs, args, step_time):
   """One worker doing all W workers' examples: DDP with W workers of batch b
   equals one model with batch W*b (a tested equivalence), so its losses are
   DDP's; its compute is W times one worker's step, with no network."""
-  ddp = next(r for r in runs.values() if r["strategy"] == "DDP")
+  ddp = next(r for name, r in runs.items() if name.startswith("DDP |"))
   per_step = args.workers * step_time
-  steps = [args.eval_every * (i + 1) for i in range(len(ddp["curve"]))]
-  steps[-1] = args.steps
   return {"strategy": "1 worker, batch W*b", "link": "no network",
-          "sim_time_s": args.steps * per_step, "eval_loss": ddp["eval_loss"],
-          "wire_bytes": 0.0,
-          "curve": [(s * per_step, l) for s, (_, l) in zip(steps, ddp["curve"])]}
+          "sim_time_s": args.steps * per_step,
+          "eval_loss": ddp["final_eval_loss"], "wire_bytes": 0.0,
+          "retimed": False,
+          "curve": [(s * per_step, loss) for s, loss in zip(
+              ddp["curve"]["step"], ddp["curve"]["eval_loss"])]}
 
 
 def write_report(results, args, out):
@@ -130,7 +149,8 @@ def write_report(results, args, out):
   check_same_training(runs)
   step_time = results["step_time_s"]
   single = single_worker(runs, args, step_time)
-  rows = [single] + list(runs.values())
+  table = [single] + rows(runs)
+  retimed = sum(r["retimed"] for r in table)
   lines = [
       "# What the network costs: DDP and DiLoCo on three links", "",
       "Generated by `python experiments/network_whatif.py --workers "
@@ -138,25 +158,34 @@ def write_report(results, args, out):
       f"The default GPT (478,976 parameters), {args.workers} workers of batch "
       f"{args.batch_size} x 128 tokens, {args.steps} inner steps, flat ring "
       "all-reduce, fp32 messages. Every worker's step takes "
-      f"{step_time * 1e3:.1f} ms, the time one worker's step takes on this "
+      f"{step_time * 1e3:.1f} ms, the time one worker's step took on this "
       "machine (2-core CPU), so compute and communication have the "
       "proportions of a small model on a slow device. Simulated time is "
-      "compute plus communication; the network does not change the training, "
-      "so each strategy has the same losses on every link.", "",
+      "the clock's, with its default calibrated network profile "
+      "([calibration.md](../calibration.md): what real links and "
+      "collectives cost beyond latency + bytes / bandwidth). The network "
+      "does not change the training, so each strategy has the same losses "
+      f"on every link: the study trained each strategy once and re-timed "
+      f"the other {retimed} runs from its ledger "
+      f"({results['compute_seconds'] / 60:.1f} min of compute, the step "
+      "time's measurement included).", "",
       "| strategy | link | simulated time | vs 1 worker | final eval loss "
-      "| sent per worker |", "| --- | --- | --- | --- | --- | --- |"]
-  for r in rows:
+      "| sent per worker | trained or re-timed |",
+      "| --- | --- | --- | --- | --- | --- | --- |"]
+  for r in table:
+    how = ("derived" if r["link"] == "no network" else
+           "re-timed" if r["retimed"] else "trained")
     lines.append(
         f"| {r['strategy']} | {r['link']} | {_hms(r['sim_time_s'])} | "
         f"{r['sim_time_s'] / single['sim_time_s']:.2f}x | "
-        f"{r['eval_loss']:.4f} | {r['wire_bytes'] / 1e6:,.1f} MB |")
+        f"{r['eval_loss']:.4f} | {r['wire_bytes'] / 1e6:,.1f} MB | {how} |")
   lines += ["", "![eval loss vs simulated hours](network.png)", "",
             "The 1-worker row is derived, not run: DDP with W workers of "
             "batch b equals one model with batch W*b (tests/test_simulate.py), "
             "so it has DDP's losses at W times one worker's compute per step.",
             ""]
   _report.write_report(os.path.join(out, "network.md"), "\n".join(lines))
-  plot(rows, os.path.join(out, "network.png"))
+  plot(table, os.path.join(out, "network.png"))
 
 
 def _hms(seconds):
@@ -167,11 +196,11 @@ def _hms(seconds):
   return f"{seconds:.1f} s"
 
 
-def plot(rows, path):
+def plot(table, path):
   colors = {"no network": "black", **dict(zip(
       LINKS, ("tab:green", "tab:blue", "tab:red")))}
   fig, ax = _report.axes(figsize=(7.5, 4.5))
-  for r in rows:
+  for r in table:
     style = "--" if r["strategy"] == "DDP" else (
         ":" if r["link"] == "no network" else "-")
     t, loss = zip(*r["curve"])
@@ -194,10 +223,11 @@ def main():
                       help="seconds per worker step (default: measured)")
   parser.add_argument("--measure-steps", type=int, default=50)
   parser.add_argument("--seed", type=int, default=0)
-  parser.add_argument("--out", default=OUT)
+  parser.add_argument("--out", default=_report.DOCS)
+  parser.add_argument("--report-only", action="store_true",
+                      help="rebuild the report from the cached runs")
   args = parser.parse_args()
-  os.makedirs(args.out, exist_ok=True)
-  results = run_all(args, os.path.join(args.out, "network_results.json"))
+  results = _report.results_for(args, CACHE, run_all)
   write_report(results, args, args.out)
 
 
