@@ -1,8 +1,10 @@
 """Rebuilds every report and findings row from the cached runs, and checks
 that nothing changed.
 
-Runs each findings script with ``--report-only`` (no training: the reports,
-plots and rows come from ``docs/experiments/*_results.json``), then asks git
+Runs each script that caches its runs (the findings scripts, and the two
+without findings rows, ``strategies_on_digits.py`` and ``network_whatif.py``)
+with ``--report-only`` (no training: the reports, plots and rows come from
+``docs/experiments/*_results.json``), then asks git
 which generated text files differ from the committed ones. Plots are
 rewritten too but not compared (their bytes depend on the matplotlib
 version). Prints the compute the cached runs took, script by script, from
