@@ -89,6 +89,11 @@ def test_the_notes_say_when_the_first_two_overlap():
     (dict(rank_by="speed"), "^rank_by='speed' is invalid"),
     (dict(rank_by="cost"), "^rank_by='cost' is invalid: needs a price"),
     (dict(fleet={"bandwith": "1Gbps"}), "^fleet=.*bandwith"),
+    (dict(tokens=None), "^tokens=None is invalid: required: give a model's "
+                        "size"),
+    (dict(target_loss=1.0), "^target_loss=1.0 is invalid: is a loss on the "
+                            "probe's own task"),
+    (dict(params=None, tokens=None, target_loss=-1.0), "^target_loss=-1.0"),
 ])
 def test_bad_input_is_named(kw, match):
   args = dict(params=P, tokens=TOKENS, candidates=CANDIDATES, probe=PROBE,
@@ -128,3 +133,69 @@ def test_the_default_probe_is_a_valid_study():
     H = p.values.get("H")
     if H:
       assert p.config.eval_every % H == 0 and p.config.shadow == "ddp"
+
+
+# ------------------------------------------------- time to a target loss
+def test_reach_interpolates_between_the_evaluations_around_the_crossing():
+  history = {"step": np.arange(1, 9), "eval_loss": np.array(
+      [np.nan, 3.0, np.nan, 2.0, np.nan, 1.0, np.nan, 0.5])}
+  seconds = np.arange(1, 9) * 10.0
+  assert _advise.reach(history, seconds, 1.5) == (5.0, 50.0)
+  assert _advise.reach(history, seconds, 3.5) == (2.0, 20.0)  # at once
+  assert all(math.isnan(x) for x in _advise.reach(history, seconds, 0.1))
+
+
+TARGET_FLEET = dict(bandwidth="100Mbps", latency="20ms", hardware="0.05s")
+TARGET_PROBE = dict(steps=40, hidden="8", eval_every=10, eval_examples=64,
+                    inner_lr=3e-3)
+
+
+def test_time_to_a_target_is_what_running_the_candidates_on_the_fleet_gives(
+    tmp_path):
+  """With target_loss the advice is checked as a user would: each
+  candidate is run on the fleet (the network as a run's own settings) with
+  the probe's seeds, and its time to the target read off its history by
+  hand; the recommendation is the fastest of those runs."""
+  target = 2.12  # crossed between evaluations by every run
+  advice = lowbw.advise(target_loss=target, workers=2,
+                        fleet={**TARGET_FLEET, "gpu_price": 2.0},
+                        candidates=CANDIDATES, probe=TARGET_PROBE,
+                        seeds=[0, 1], progress=False, out=str(tmp_path))
+  measured = {}
+  for candidate in CANDIDATES:
+    times = []
+    for seed in (0, 1):
+      run = lowbw.simulate(lowbw.Config(
+          **{**_advise.PROBE, **TARGET_PROBE}, **candidate, workers=2,
+          seed=seed, progress=False, **TARGET_FLEET))
+      h = run.history
+      evals = [i for i in range(len(h["step"]))
+               if np.isfinite(h["eval_loss"][i])]
+      hit = next(n for n, i in enumerate(evals) if h["eval_loss"][i] <= target)
+      i, j = evals[hit], evals[hit - 1]
+      share = (h["eval_loss"][j] - target) / (h["eval_loss"][j]
+                                               - h["eval_loss"][i])
+      times.append(h["sim_time_s"][j]
+                   + share * (h["sim_time_s"][i] - h["sim_time_s"][j]))
+    measured[candidate.get("H", 1)] = np.mean(times)
+  rows = {r["candidate"].get("H", 1): r for r in advice.rows}
+  for H, seconds in measured.items():
+    assert rows[H]["time_s"] == pytest.approx(seconds, rel=1e-5)
+    assert rows[H]["reached"] == 2
+    assert rows[H]["cost_usd"] == pytest.approx(
+        2 * seconds / 3600 * 2.0, rel=1e-5)
+  best = min(measured, key=measured.get)
+  assert advice.best["candidate"].get("H", 1) == best
+  text = "\n".join(cli._advise.table(advice))
+  assert "steps" in text and "eta" not in text
+
+
+def test_a_candidate_that_does_not_reach_the_target_is_named_and_last(
+    tmp_path):
+  advice = lowbw.advise(target_loss=0.01, workers=2, fleet=TARGET_FLEET,
+                        candidates=CANDIDATES[:1], probe=TARGET_PROBE,
+                        seeds=[0], progress=False, out=str(tmp_path))
+  assert math.isnan(advice.best["time_s"]) and advice.best["reached"] == 0
+  assert advice.notes == ["{'strategy': 'ddp'}: reached eval loss 0.01 in 0 "
+                          "of 1 seeds within 40 steps; left last (give more "
+                          "probe steps)"]

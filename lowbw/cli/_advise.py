@@ -27,11 +27,17 @@ def add_parser(subparsers) -> None:
       "one's token efficiency against DDP (the paired DDP lane), and the "
       "clock times one of its steps on the fleet at the model's size; the "
       "table gives each one's time, bytes and dollars with intervals over "
-      "seeds (docs/advise.md).")
-  p.add_argument("--params", required=True, help="the model's parameters "
-                 "(1B, 350M, or a number)")
-  p.add_argument("--tokens", required=True, help="the token budget DDP "
-                 "would train on (20B, or a number)")
+      "seeds. With --target-loss instead, the task is the probe itself and "
+      "each candidate's time to that loss on the fleet is measured "
+      "(docs/advise.md).")
+  p.add_argument("--params", help="the model's parameters (1B, 350M, or a "
+                 "number)")
+  p.add_argument("--tokens", help="the token budget DDP would train on "
+                 "(20B, or a number)")
+  p.add_argument("--target-loss", type=float, help="instead of --params and "
+                 "--tokens: the evaluation loss to reach on the probe's own "
+                 "task (--probe, --probe-steps); ranks by the measured time "
+                 "to it")
   p.add_argument("--workers", type=int, help="workers of the fleet "
                  f"(default {_default(_advise.advise, 'workers')})")
   p.add_argument("--tokens-per-step", help="tokens one worker processes per "
@@ -46,6 +52,8 @@ def add_parser(subparsers) -> None:
       ("--hardware", "hardware", "per worker: a preset, a peak (312TFLOPS) "
        "or seconds per step"),
       ("--mfu", "mfu", "model-FLOP utilisation"),
+      ("--speeds", "speeds", "per-worker relative speeds (1,1,0.5) or a "
+       "trace file, as lowbw train's"),
       ("--network-profile", "profile", "what real links cost: calibrated, "
        "ideal or a YAML file")):
     default = _NETWORK[name if name != "profile" else "network_profile"]
@@ -87,7 +95,7 @@ def _default(function, name: str):
 # lowbw train's network settings, for their defaults.
 _NETWORK = {f.name: f.default for f in _fields.RUN_FIELDS}
 FLEET = ("bandwidth", "upload_bandwidth", "latency", "hardware", "mfu",
-         "profile", "gpu_price", "egress_price")
+         "speeds", "profile", "gpu_price", "egress_price")
 
 
 def run(args) -> int:
@@ -98,7 +106,8 @@ def run(args) -> int:
     probe["steps"] = args.probe_steps
   options = {k: given[k] for k in ("workers", "tokens_per_step", "seeds",
                                    "rank_by") if given.get(k) is not None}
-  advice = _advise.advise(args.params, args.tokens, fleet=fleet,
+  advice = _advise.advise(args.params, args.tokens,
+                          target_loss=args.target_loss, fleet=fleet,
                           candidates=args.candidate, probe=probe,
                           out=args.out, **options)
   if args.json:
@@ -111,19 +120,37 @@ def run(args) -> int:
 
 
 def table(advice) -> list[str]:
-  from lowbw.network import format_duration
-  lines = [f"{'#':>2}  {'candidate':<34} {'eta (90%)':<20} {'time':>10}  "
-           f"{'time (90%)':<23} {'sent':>10} {'cost':>10}"]
+  target = any("target_loss" in r for r in advice.rows)
+  lines = [f"{'#':>2}  {'candidate':<34} "
+           + (f"{'steps':>8}  " if target else f"{'eta (90%)':<20} ")
+           + f"{'time':>10}  {'time (90%)':<23} {'sent':>10} {'cost':>10}"]
   for i, r in enumerate(advice.rows, 1):
     what = ", ".join(f"{k}={v}" for k, v in r["candidate"].items())
     if math.isnan(r.get("time_s", math.nan)):
-      lines.append(f"{i:>2}  {what:<34} not measured")
+      lines.append(f"{i:>2}  {what:<34} " + (
+          "did not reach the target" if target else "not measured"))
       continue
-    eta = f"{r['eta']:.3f} [{r['eta_low']:.3f}, {r['eta_high']:.3f}]"
-    span = (f"[{format_duration(r['time_low'])}, "
-            f"{format_duration(r['time_high'])}]")
-    cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.0f}"
-    lines.append(f"{i:>2}  {what:<34} {eta:<20} "
-                 f"{format_duration(r['time_s']):>10}  {span:<23} "
-                 f"{r['sent_gb']:>8,.0f}GB {cost:>10}")
+    first = (f"{r['steps']:>8.0f}  " if target else
+             (f"{r['eta']:.3f} [{r['eta_low']:.3f}, {r['eta_high']:.3f}]"
+              if math.isfinite(r["eta_low"]) else f"{r['eta']:.3f}")
+             .ljust(20) + " ")
+    span = (f"[{_time(r['time_low'])}, {_time(r['time_high'])}]"
+            if math.isfinite(r["time_low"]) else "- (one seed)")
+    cost = "-" if r["cost_usd"] is None else f"${r['cost_usd']:,.2f}"
+    lines.append(f"{i:>2}  {what:<34} {first}"
+                 f"{_time(r['time_s']):>10}  {span:<23} "
+                 f"{_gb(r['sent_gb']):>10} {cost:>10}")
   return lines + [f"note: {n}" for n in advice.notes]
+
+
+def _time(seconds: float) -> str:
+  """Seconds in days, hours or minutes when they are that long."""
+  from lowbw.network import format_duration
+  for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+    if seconds >= scale:
+      return f"{seconds / scale:.3g}{unit}"
+  return format_duration(seconds)
+
+
+def _gb(gb: float) -> str:
+  return f"{gb:,.0f}GB" if gb >= 10 else f"{gb * 1e3:,.3g}MB"
