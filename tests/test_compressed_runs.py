@@ -38,13 +38,13 @@ def test_runs_on_the_default_gpt(name):
 
 
 @pytest.mark.parametrize("name", sorted(GPT_RUNS))
-def test_cli_runs_on_a_small_gpt(name, tmp_path, capsys):
+def test_cli_runs_on_a_small_model(name, tmp_path, capsys):
   run = GPT_RUNS[name]
   out = tmp_path / name
-  # One small block: the API test above trains the default GPT; this one
+  # A small MLP: the API test above trains the default GPT; this one
   # checks what the command line passes on.
   assert cli.main(["train", "--strategy", name, "--workers", "2",
-                   "--layers", "1", "--d-model", "32", "--seq-len", "32",
+                   "--data", "digits", "--hidden", "8",
                    "--batch-size", "2", "--steps", str(run["steps"]),
                    "--eval-every", str(run["eval_every"]),
                    "--eval-examples", "4", "--no-progress",

@@ -3,7 +3,6 @@ engine-owned participation mask, and the report contract's errors."""
 
 import csv
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,7 +139,9 @@ def _masked_step(strategy, state, grads_W, active):
 @pytest.mark.parametrize("name", sorted(strategies.REGISTRY))
 def test_masked_programs_leak_no_tracer(name):
   """Strategies read the mask of the trace they run in; JAX must not cache a
-  trace's mask into another (a leak fails here, or in the program's call)."""
+  trace's mask into another (a leak fails the trace here). That each
+  strategy trains under a fault or fleet mask is the golden fixtures' third
+  case (tests/golden/trajectories.py), run bit for bit."""
   kwargs = ({} if name in ("ddp", "sparta", "demo") else
             {"Kx": 2} if name == "desloc" else {"H": 2})
   model, data_ = MLP, source()
@@ -161,8 +162,6 @@ def test_masked_programs_leak_no_tracer(name):
   with jax.checking_leaks():
     jaxpr = jax.make_jaxpr(sim.programs.chunk)(state, sampler, 1, net_params)
   assert not [c for c in jaxpr.consts if isinstance(c, jax.core.Tracer)]
-  r = sim.run(seed=1, progress=False)
-  chex.assert_tree_all_finite(r.params)
 
 
 def test_the_engine_chooses_each_features_piece_from_the_config():
