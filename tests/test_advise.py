@@ -192,10 +192,17 @@ def test_time_to_a_target_is_what_running_the_candidates_on_the_fleet_gives(
 
 def test_a_candidate_that_does_not_reach_the_target_is_named_and_last(
     tmp_path):
-  advice = lowbw.advise(target_loss=0.01, workers=2, fleet=TARGET_FLEET,
-                        candidates=CANDIDATES[:1], probe=TARGET_PROBE,
+  # The task as a lowbw.Config: its given fields are the probe's (its
+  # workers the fleet's), its strategy's settings the candidates' to choose.
+  task = lowbw.Config(data="digits", strategy="diloco", H=10, workers=2,
+                      **TARGET_PROBE)
+  advice = lowbw.advise(target_loss=0.01, fleet=TARGET_FLEET,
+                        candidates=CANDIDATES[:1], probe=task,
                         seeds=[0], progress=False, out=str(tmp_path))
   assert math.isnan(advice.best["time_s"]) and advice.best["reached"] == 0
+  (point,) = advice.probe.points
+  assert (point.config.strategy, point.config.workers) == ("ddp", 2)
+  assert point.config.inner_lr == TARGET_PROBE["inner_lr"]
   assert advice.notes == ["{'strategy': 'ddp'}: reached eval loss 0.01 in 0 "
                           "of 1 seeds within 40 steps; left last (give more "
                           "probe steps)"]

@@ -39,7 +39,7 @@ def add_parser(subparsers) -> None:
                  "task (--probe, --probe-steps); ranks by the measured time "
                  "to it")
   p.add_argument("--workers", type=int, help="workers of the fleet "
-                 f"(default {_default(_advise.advise, 'workers')})")
+                 "(default: the probe's, else 8)")
   p.add_argument("--tokens-per-step", help="tokens one worker processes per "
                  "step at full scale (default "
                  f"{_default(_advise.advise, 'tokens_per_step')})")

@@ -27,6 +27,8 @@ import numpy as np
 
 from lowbw import _validate
 from lowbw import network as net_lib
+from lowbw.config import Config
+from lowbw.studies import _grid
 from lowbw.studies._result import paired_interval
 from lowbw.studies._run import study
 from lowbw.simulation import retime
@@ -64,9 +66,9 @@ class Advice:
 
 
 def advise(params=None, tokens=None, *, target_loss: float | None = None,
-           workers: int = 8, tokens_per_step=8192,
+           workers: int | None = None, tokens_per_step=8192,
            fleet: dict | None = None, candidates=None,
-           probe: dict | None = None, seeds=(0, 1, 2),
+           probe=None, seeds=(0, 1, 2),
            rank_by: str = "time", out: str | None = None,
            progress: bool | None = None) -> Advice:
   """Ranks ``candidates`` for a ``params``-parameter model trained on
@@ -80,7 +82,8 @@ def advise(params=None, tokens=None, *, target_loss: float | None = None,
       to reach on the probe's task (``probe``: its data, model and steps,
       the most any candidate may take); the time to reach it is measured,
       not extrapolated.
-    workers: the fleet's workers (the probe runs as many).
+    workers: the fleet's workers (the probe runs as many); default the
+      probe's ``workers`` when it gives them, else 8.
     tokens_per_step: tokens one worker processes per step at full scale.
     fleet: the fleet's network and hardware as ``lowbw.network.network``'s
       keywords (bandwidth, latency, topology, hardware, mfu, profile,
@@ -88,13 +91,19 @@ def advise(params=None, tokens=None, *, target_loss: float | None = None,
       GPU-hour) and ``egress_price`` ($ per GB sent).
     candidates: settings of each candidate (default: DDP, DiLoCo at H 10
       and 50, DiLoCo at H 50 with 4-bit pseudo-gradients).
-    probe: the probe's settings over ``PROBE`` (digits MLP, 400 steps).
+    probe: the probe's settings over ``PROBE`` (digits MLP, 400 steps): a
+      dict, or a ``lowbw.Config`` (its given fields; its strategy's
+      settings are the candidates' to choose, and a setting a candidate
+      does not use is left out of its runs).
     seeds: the probe's seeds (the intervals are over them).
     rank_by: "time" or "cost".
     out: the probe study's folder (default a temporary one).
     progress: the probe's progress bar (default: on a terminal).
   """
-  workers = _validate.positive_int("workers", workers)
+  probe = _grid.base_values(probe) if isinstance(probe, Config) else dict(
+      probe or {})
+  workers = _validate.positive_int(
+      "workers", workers if workers is not None else probe.get("workers", 8))
   rank_by = _validate.one_of("rank_by", rank_by, ("time", "cost"))
   fleet = dict(fleet or {})
   prices = {k: fleet.pop(k, None) for k in ("gpu_price", "egress_price")}
