@@ -44,15 +44,17 @@ def _field_leaves(tree, field: str) -> list:
   return [x for path, x in leaves if _under(path, field)]
 
 
-def _under(path, field: str) -> bool:
-  return any(getattr(k, "name", None) == field for k in path)
+def _under(path, *fields: str) -> bool:
+  return any(getattr(k, "name", None) in fields for k in path)
 
 
-def _average_field(tree_W, field: str, due):
-  """``tree_W`` with the leaves under ``field`` replaced by the workers'
-  mean where ``due`` (a traced bool)."""
+def _average_field(tree_W, fields, due):
+  """``tree_W`` with the leaves under ``fields`` (a field name, or a tuple
+  of names: every leaf under any of them) replaced by the workers' mean
+  where ``due`` (a traced bool); one all-reduce of all of them."""
+  fields = (fields,) if isinstance(fields, str) else tuple(fields)
   leaves, treedef = jax.tree_util.tree_flatten_with_path(tree_W)
-  picked = [i for i, (path, _) in enumerate(leaves) if _under(path, field)]
+  picked = [i for i, (path, _) in enumerate(leaves) if _under(path, *fields)]
   values = [x for _, x in leaves]
   means = replace_with_mean([values[i] for i in picked])
   for i, mean in zip(picked, means):
@@ -60,8 +62,13 @@ def _average_field(tree_W, field: str, due):
   return jax.tree.unflatten(treedef, values)
 
 
-def desloc_sync(periods: dict[str, int]):
-  """Averages every state whose period divides the step count."""
+def desloc_sync(periods: dict[str, int], moments: dict | None = None):
+  """Averages every state whose period divides the step count: the
+  parameters (``periods["params"]``) and, for each channel of ``moments``
+  (channel -> the inner state's field, or tuple of fields, it averages;
+  default ``MOMENTS``), the leaves under its fields. Reports one event per
+  channel averaged."""
+  moments = MOMENTS if moments is None else moments
 
   def sync(state):
     due = {name: state.step % k == 0 for name, k in periods.items()}
@@ -69,10 +76,11 @@ def desloc_sync(periods: dict[str, int]):
     params_W = jax.tree.map(lambda m, x: jnp.where(due["params"], m, x),
                             mean, state.params_W)
     inner_W = state.inner_W
-    for name, field in MOMENTS.items():
-      inner_W = _average_field(inner_W, field, due[name])
+    for name, fields in moments.items():
+      inner_W = _average_field(inner_W, fields, due[name])
     return (state._replace(params_W=params_W, inner_W=inner_W),
-            _base.events(**{name: due[name] for name in CHANNELS}))
+            _base.events(**{name: due[name]
+                            for name in ("params", *moments)}))
 
   return sync
 
