@@ -9,6 +9,8 @@ from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
 from lowbw.strategies._ddp import ddp
 from lowbw.strategies._demo import demo
 from lowbw.strategies._desloc import desloc
+from lowbw.strategies import _mtdao
+from lowbw.strategies._mtdao import mtdao, multi_timescale
 from lowbw.strategies._diloco import default_outer, diloco
 from lowbw.strategies._fedadam import fedadam
 from lowbw.strategies._fedavg import fedavg
@@ -45,6 +47,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _async_diloco.SPEC,
     _sparseloco.SPEC,
     _desloc.SPEC,
+    _mtdao.SPEC,
     _noloco.SPEC,
     _snoo.SPEC,
 )}
@@ -112,4 +115,5 @@ __all__ = [
     "hidden_matrices", "muloco", "noloco", "muon_inner", "OuterScheduleState",
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
     "outer", "snoo", "snoo_optimizer",
+    "mtdao", "multi_timescale",
 ]
