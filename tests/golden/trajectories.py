@@ -121,6 +121,12 @@ CASES = {
         "plain": dict(Kx=4),
         "periods": dict(Kx=4, Ku=8, Kv=8),
         "fleet": dict(Kx=4, workers=3, drop_prob=0.3)}),
+    "mtdao": (BASE, 4, {
+        # MT-DAO sends uncompressed states as DES-LOC does: (b) desyncs the
+        # moments' periods and weights the slow moment less (more gradient).
+        "plain": dict(Kx=4),
+        "periods": dict(Kx=4, Ku=8, Kv=8, omega=0.7),
+        "fleet": dict(Kx=4, workers=3, drop_prob=0.3)}),
     "noloco": (BASE, 4, {
         # NoLoCo has no codec: (b) pairs four workers with a partial pull.
         "plain": dict(H=4),
