@@ -234,9 +234,9 @@ def mtdao(
 SPEC = _spec.spec(
     mtdao, inner=INNER, outer=None,
     paper="Iacob et al. 2025, arXiv 2510.05361",
-    where="the quasi-hyperbolic MT-DAO of its experiments: ADOPT, beta2 "
-          "0.9999, one slow first moment beta1 0.999 weighted 0.9, "
-          "K = Kx = Ku = Kv = 32; see docs/strategies/mtdao.md",
+    where="its experiments' quasi-hyperbolic form: ADOPT, beta2 0.9999, "
+          "K = Kx = Ku = Kv = 32; the slow beta1 0.999, its weight 0.9 and "
+          "lr 1e-3 are the authors' QHADOPT defaults",
     help={"Kx": "steps between parameter averagings",
           "Ku": "steps between first-moment averagings (default Kx)",
           "Kv": "steps between second-moment averagings (default Kx)",
