@@ -301,6 +301,9 @@ _SCHEDULE_HELP = {
     "outer_momentum_decay_steps": "outer steps of that decay; 0: none "
                                   "[default 0]",
     "outer_momentum_final": "the decayed outer momentum [default 0]",
+    "outer_momentum_restart": "zero the outer momentum buffer every this "
+                              "many outer steps (outer-momentum restarts, "
+                              "arXiv 2605.28585); 0: never [default 0]",
 }
 
 

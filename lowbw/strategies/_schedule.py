@@ -4,6 +4,7 @@ can change it (``Simulator.run(hparams=...)``, ``lowbw.sweep``)."""
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import optax
 
@@ -55,12 +56,15 @@ def peak_schedule(tx: optax.GradientTransformation,
 
 # The outer schedule's traced parameters and their defaults (all off), in
 # outer steps: warm-up from (t + 1) / warmup of the peak, then from outer
-# step decay_start a linear move to the final value over decay_steps.
+# step decay_start a linear move to the final value over decay_steps;
+# momentum_restart R > 0 zeroes the momentum buffer before outer steps R,
+# 2R, ... (0: never).
 OUTER_SCHEDULE = {
     "lr_warmup": 0.0, "lr_decay_start": 0.0, "lr_decay_steps": 0.0,
     "lr_final_ratio": 0.0,
     "momentum_warmup": 0.0, "momentum_decay_start": 0.0,
     "momentum_decay_steps": 0.0, "momentum_final": 0.0,
+    "momentum_restart": 0.0,
 }
 
 
@@ -105,9 +109,35 @@ def check_outer_schedule(values: dict) -> dict:
       out[name] = _validate.fraction(field, value, low_open=False)
     elif name == "momentum_final":
       out[name] = _validate.momentum(field, value)
+    elif name == "momentum_restart":
+      out[name] = _validate.non_negative(field, value)
+      if out[name] != int(out[name]) or out[name] >= 2 ** 24:
+        raise _validate.fail(field, value, "expected a whole number of "
+                             "outer steps >= 0, below 2**24 (0: never "
+                             "restart)")
     else:
       out[name] = float(_validate.non_negative(field, value))
   return out
+
+
+def restarted(inner_state, now):
+  """``inner_state`` with its momentum buffers (optax's ``TraceState``,
+  SGD's momentum) zeroed where ``now`` (a traced bool) holds, else kept as
+  they are, bit for bit."""
+  is_trace = lambda x: isinstance(x, optax.TraceState)  # noqa: E731
+
+  def zero(node):
+    if not is_trace(node):
+      return node
+    return node._replace(trace=jax.tree.map(
+        lambda m: jnp.where(now, jnp.zeros_like(m), m), node.trace))
+
+  return jax.tree.map(zero, inner_state, is_leaf=is_trace)
+
+
+def _has_trace(inner_state) -> bool:
+  is_trace = lambda x: isinstance(x, optax.TraceState)  # noqa: E731
+  return any(map(is_trace, jax.tree.leaves(inner_state, is_leaf=is_trace)))
 
 
 def outer_schedule(tx: optax.GradientTransformation, **schedule
@@ -118,7 +148,11 @@ def outer_schedule(tx: optax.GradientTransformation, **schedule
   Pier (Fan and Zhang 2025, "Pier: Efficient Large Language Model
   pretraining with Relaxed Global Communication", arXiv 2511.17849) warms
   the outer momentum up and decays it; the same shapes serve the outer
-  learning rate. Every parameter is a state leaf, so a study sweeps the
+  learning rate. Outer-momentum restarts (Topollai, Ma, Dimlioglu, Tay and
+  Choromanska 2026, "Outer-Momentum Restarting in High-Dimensional
+  Two-Phase Optimization", arXiv 2605.28585) zero the momentum buffer every
+  R outer steps, discarding stale momentum while the model keeps what the
+  inner loops made. Every parameter is a state leaf, so a study sweeps the
   warm-up length or the final momentum without recompiling; with every
   parameter off (the default) the optimizer is unchanged, bit for bit.
 
@@ -129,7 +163,10 @@ def outer_schedule(tx: optax.GradientTransformation, **schedule
       ``lr_warmup``, ``lr_decay_start``, ``lr_decay_steps``,
       ``lr_final_ratio`` (the final rate as a fraction of the peak), and
       ``momentum_warmup``, ``momentum_decay_start``,
-      ``momentum_decay_steps``, ``momentum_final`` (the final momentum).
+      ``momentum_decay_steps``, ``momentum_final`` (the final momentum),
+      ``momentum_restart`` (R: the momentum buffer is zeroed before outer
+      steps R, 2R, ...; 0, the default: never; only a build with R > 0
+      has this state leaf, so a sweep of R starts from such a build).
 
   Example:
     >>> outer = outer_schedule(
@@ -146,9 +183,18 @@ def outer_schedule(tx: optax.GradientTransformation, **schedule
     # copies (jnp.array): a donated state holds each buffer once
     peaks = {k: jnp.array(hyper[k], jnp.float32)
              for k in ("learning_rate", "momentum") if k in hyper}
+    if shape["momentum_restart"] and not _has_trace(inner):
+      from lowbw import _validate
+      raise _validate.fail("outer_momentum_restart",
+                           shape["momentum_restart"], "restarts the outer "
+                           "momentum; this outer optimizer keeps none (give "
+                           "it a momentum > 0)")
+    # No restart leaf unless restarts are asked for: the state (and what a
+    # worker returning to the fleet downloads) stays as it was without.
     return OuterScheduleState(jnp.zeros((), jnp.int32), peaks,
                               {k: jnp.array(v, jnp.float32)
-                               for k, v in shape.items()}, inner)
+                               for k, v in shape.items()
+                               if v or k != "momentum_restart"}, inner)
 
   def update(updates, state, params=None, **extra):
     s, t = state.shape, state.count
@@ -162,6 +208,10 @@ def outer_schedule(tx: optax.GradientTransformation, **schedule
           s["momentum_decay_start"], s["momentum_decay_steps"],
           s["momentum_final"])
     inner = optax.tree_utils.tree_set(state.inner_state, **values)
+    if "momentum_restart" in s:
+      every = s["momentum_restart"]
+      inner = restarted(inner, (every > 0) & (jnp.mod(
+          t.astype(jnp.float32), jnp.maximum(every, 1.0)) == 0))
     updates, inner = optax.with_extra_args_support(tx).update(
         updates, inner, params, **extra)
     return updates, state._replace(count=state.count + 1, inner_state=inner)
