@@ -35,6 +35,7 @@ def _fields(name: str) -> dict:
   return out | {
       "hierarchical_diloco": dict(workers=4, groups=2),
       "desloc": dict(Kx=4, Ku=4, Kv=4),
+      "mtdao": dict(Kx=4),
       "spes": dict(model="moe_gpt", data="text", layers=1, d_model=8,
                    heads=2, experts=2, top_k=1, expert_hidden=8, seq_len=8,
                    merge_top_k=1, merge_warmup_steps=4,
