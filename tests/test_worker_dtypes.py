@@ -22,6 +22,7 @@ SETTINGS = {
     "spes": {"merge_warmup_steps": STEPS, "merge_every": H,
              "merge_top_k": 2},
     "desloc": {"Kx": 1, "Ku": H, "Kv": 2 * H},
+    "mtdao": {"Kx": 1, "Ku": H, "Kv": 2 * H},
 }
 # Code paths the defaults do not reach: Streaming DiLoCo merges in its sync
 # when delay is 0 and in its local step otherwise.
