@@ -143,7 +143,7 @@ def test_masked_programs_leak_no_tracer(name):
   strategy trains under a fault or fleet mask is the golden fixtures' third
   case (tests/golden/trajectories.py), run bit for bit."""
   kwargs = ({} if name in ("ddp", "sparta", "demo") else
-            {"Kx": 2} if name == "desloc" else {"H": 2})
+            {"Kx": 2} if name in ("desloc", "mtdao") else {"H": 2})
   model, data_ = MLP, source()
   if name == "spes":  # a mixture of W experts; merging in the first round
     kwargs.update(merge_warmup_steps=4, merge_every=2, merge_top_k=1)
