@@ -317,7 +317,7 @@ def test_every_strategy_runs_under_jit_and_scan(name):
     kwargs = {"H": 4, "fragments": 2, "delay": 1}
   if name == "hierarchical_diloco":  # regional every 3 steps, global every 6
     kwargs = {"H": 3, "global_every": 2}
-  if name == "desloc":  # parameters every 2 steps, moments every 3 and 6
+  if name in ("desloc", "mtdao"):  # parameters every 2, moments 3 and 6
     kwargs = {"Kx": 2, "Ku": 3, "Kv": 6}
   if name == "spes":  # an expert axis of W experts; a merge at step 3
     kwargs = {"H": 3, "merge_warmup_steps": 6, "merge_every": 3,
@@ -355,7 +355,7 @@ def test_every_strategy_runs_under_jit_and_scan(name):
     expected = (STEPS // period if channel in
                 ("parameters", "pseudo_gradients", "regional", "shared",
                  "experts", "pairs") else STEPS)
-    if name == "desloc":
+    if name in ("desloc", "mtdao"):
       expected = STEPS // {"params": 2, "first_moment": 3,
                            "second_moment": 6}[channel]
     if channel == "global":
