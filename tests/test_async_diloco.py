@@ -63,10 +63,32 @@ def _delayed_nesterov_arrival(g, m, pending, count, every):
   return step, m, pending, count
 
 
+def _cgad_gate(tau, alpha, cutoff):
+  """CGAD's sigma(tau) (arXiv 2605.09126): a cosine gate reaching 0 at the
+  cutoff, times exp(-alpha tau)."""
+  gamma = 0.5 * (1 + np.cos(np.pi * tau / cutoff)) if tau < cutoff else 0.0
+  return gamma * np.exp(-alpha * tau)
+
+
+def _adam_arrival(g, adam, tau, cgad):
+  """One outer Adam step (optax's form) on sigma(tau) x g."""
+  lr, b1, b2, eps = CGAD_ADAM
+  sigma = _cgad_gate(tau, *cgad)
+  m, v, t = adam
+  t += 1
+  m = jax.tree.map(lambda m, x: b1 * m + (1 - b1) * sigma * x, m, g)
+  v = jax.tree.map(lambda v, x: b2 * v + (1 - b2) * (sigma * x) ** 2, v, g)
+  step = jax.tree.map(lambda m, v: m / (1 - b1 ** t) / (
+      jnp.sqrt(v / (1 - b2 ** t)) + eps), m, v)
+  return jax.tree.map(lambda s: lr * s, step), (m, v, t)
+
+
 def _reference(params0, model, data, inner, dylu=False, every=0,
-               staleness_scale=False):
+               staleness_scale=False, cgad=None):
   """Events in continuous time; returns the server's model after TICKS
-  seconds and the staleness of every arrival."""
+  seconds and the staleness of every arrival. ``cgad=(alpha, cutoff)``:
+  the outer step is Adam on the gated mean, its age the arrivals' mean
+  staleness."""
   batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
   grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
                                                jax.random.PRNGKey(0))[0]))
@@ -81,6 +103,7 @@ def _reference(params0, model, data, inner, dylu=False, every=0,
   server, version, pulled = params0, 0, [0] * W
   m = jax.tree.map(jnp.zeros_like, params0)
   pending, count, stale_log = jax.tree.map(jnp.zeros_like, params0), 0, []
+  adam = (m, m, 0)
   while True:
     now = min(next_end)
     if now > TICKS + 1e-9:
@@ -102,7 +125,9 @@ def _reference(params0, model, data, inner, dylu=False, every=0,
     g = jax.tree.map(lambda *d: sum(d) / len(arriving), *[
         jax.tree.map(lambda a, t: c * (a - t), anchor[w], theta[w])
         for w, c in zip(arriving, scale)])
-    if every:  # Delayed Nesterov: the instant's arrivals one at a time
+    if cgad:
+      step, adam = _adam_arrival(g, adam, np.mean(stale), cgad)
+    elif every:  # Delayed Nesterov: the instant's arrivals one at a time
       step = jax.tree.map(jnp.zeros_like, g)
       for _ in arriving:
         (one, m, pending, count) = _delayed_nesterov_arrival(
@@ -111,7 +136,8 @@ def _reference(params0, model, data, inner, dylu=False, every=0,
     else:  # Nesterov SGD on the arrivals' mean
       m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
       step = jax.tree.map(lambda x, m: x + MOMENTUM * m, g, m)
-    server = jax.tree.map(lambda s, d: s - OUTER_LR * d, server, step)
+    lr = 1.0 if cgad else OUTER_LR   # Adam's step carries its own rate
+    server = jax.tree.map(lambda s, d: s - lr * d, server, step)
     version += 1
     for w in arriving:
       theta[w] = anchor[w] = server
@@ -166,6 +192,45 @@ def test_async_diloco_matches_an_event_driven_reference(options):
   h = result.history
   arrivals = h["strategy_arrivals"][~np.isnan(h["strategy_arrivals"])]
   assert arrivals.max() <= W
+
+
+CGAD_ADAM = (0.02, 0.9, 0.99, 1e-3)   # lr, b1, b2, eps
+
+
+def test_cgad_matches_the_event_driven_reference():
+  """CGAD's gated Adam as the server's outer step: each outer step's
+  pseudo-gradient scaled by sigma of its age before Adam (the ages here
+  reach 2, past the gate's middle)."""
+  inner = optax.adam(0.05)
+  lr, b1, b2, eps = CGAD_ADAM
+  outer = strategies.cgad(0.2, 3.0, lr, b1=b1, b2=b2, eps=eps)
+  result, params0, model, data = _run(strategies.async_diloco(
+      inner=inner, outer=outer, H=H))
+  server, stale_log = _reference(params0, model, data, inner,
+                                 cgad=(0.2, 3.0))
+  assert max(max(s) for s in stale_log) >= 2
+  for got, want in zip(jax.tree.leaves(result.params),
+                       jax.tree.leaves(server)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+
+
+def test_cgad_without_a_gate_is_async_diloco_with_plain_adam():
+  """sigma = 1 at every age (alpha 0, no cutoff): the plain Adam outer step
+  of async_diloco, bit for bit."""
+  lr, b1, b2, eps = CGAD_ADAM
+  runs = [_run(strategies.async_diloco(inner=optax.adam(0.05), outer=outer,
+                                       H=H))[0]
+          for outer in (strategies.cgad(0.0, 0.0, lr, b1=b1, b2=b2, eps=eps),
+                        strategies.outer_optimizer(lr, kind="adam", b1=b1,
+                                                   b2=b2, eps=eps))]
+  for a, b in zip(jax.tree.leaves(runs[0].params),
+                  jax.tree.leaves(runs[1].params)):
+    np.testing.assert_array_equal(a, b)
+  gated = _run(strategies.async_diloco(
+      inner=optax.adam(0.05), H=H,
+      outer=strategies.cgad(0.5, 2.0, lr, b1=b1, b2=b2, eps=eps)))[0]
+  assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(
+      jax.tree.leaves(gated.params), jax.tree.leaves(runs[1].params)))
 
 
 def _digits_run(strategy, speeds, steps=40):

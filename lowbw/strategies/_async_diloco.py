@@ -142,8 +142,10 @@ def _pseudo_gradient(comp: Compression, c: AsyncComm, params_W, key,
 def async_sync(outer, comp: Compression, staleness_scale: bool):
   """One outer step on the arriving workers' (``participants()``) mean
   pseudo-gradient, applied to the current server model; they restart from
-  the new model. Reports the arrivals, their staleness (outer steps
-  applied since each pulled: mean and max) and the pseudo-gradient norm."""
+  the new model. The outer optimizer's update gets ``arrivals`` (their
+  number) and ``age`` (their mean staleness). Reports the arrivals, their
+  staleness (outer steps applied since each pulled: mean and max) and the
+  pseudo-gradient norm."""
   outer = optax.with_extra_args_support(outer)
 
   def sync(state):
@@ -158,8 +160,11 @@ def async_sync(outer, comp: Compression, staleness_scale: bool):
       pseudo_grad, residual_W = _pseudo_gradient(
           comp, c, state.params_W, _base.comm_key(state), scale_W)
       mean_stale = worker_mean(stale_W)
+    # The outer step's age (``age=``, read by staleness-aware outers such
+    # as ``cgad``): its arrivals' mean staleness.
     updates, outer_state = outer.update(pseudo_grad, c.outer_state,
-                                        c.global_params, arrivals=n)
+                                        c.global_params, arrivals=n,
+                                        age=mean_stale)
     global_params = optax.apply_updates(c.global_params, updates)
     new_W = broadcast_to_workers(global_params, w)
     version = c.version + 1
