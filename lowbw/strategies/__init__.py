@@ -20,6 +20,7 @@ from lowbw.strategies._optim import hidden_matrices, muon_inner
 from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
 from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
+from lowbw.strategies._stale import cgad, cgad_scale, scale_by_age
 from lowbw.strategies import _snoo
 from lowbw.strategies._snoo import snoo, snoo_optimizer
 from lowbw.strategies._spec import Param, Spec
@@ -116,4 +117,5 @@ __all__ = [
     "peak_schedule", "sparseloco", "spes", "sparta", "sparta_diloco", "streaming_diloco",
     "outer", "snoo", "snoo_optimizer",
     "mtdao", "multi_timescale",
+    "cgad", "cgad_scale", "scale_by_age",
 ]
