@@ -84,6 +84,27 @@ def test_one_seed_bootstraps_the_residuals_and_failed_points_are_left_out():
   assert lo < hi and lo <= f.params["alpha_params"] <= hi
 
 
+def test_where_fits_a_subset_of_the_points():
+  """Two laws in one study (a method field tells them apart): ``where``
+  fits each one alone, as a dict of values or a function of a point."""
+  law = {"a": lambda n: 2.0 * n ** -0.1, "b": lambda n: 3.0 * n ** -0.2}
+  points = []
+  for method, f in law.items():
+    for n in NS:
+      points.append(PointResult(len(points), {"method": method, "n": n}, 0,
+                                {"final_eval_loss": f(n)}, {}, None, None))
+  study = Study(points, ["method", "n"], [0], {}, {})
+  for where in ({"method": "b"}, {"method": ["b"]},
+                lambda p: p.values["method"] == "b"):
+    f = lowbw.fit(study, "n", form="joint", bootstrap=0, where=where)
+    assert f.params == pytest.approx({"A": 3.0, "beta_n": -0.2})
+  with pytest.raises(lowbw.ConfigError, match="^where=.*keeps none of the "
+                     "study's 10 points"):
+    lowbw.fit(study, "n", form="joint", where={"method": "c"})
+  with pytest.raises(lowbw.ConfigError, match="^where=3 is invalid"):
+    lowbw.fit(study, "n", form="joint", where=3)
+
+
 def test_a_fit_saves_and_loads(tmp_path):
   f = lowbw.fit(synthetic(chinchilla, GRID), ["params", "d"], bootstrap=10)
   g = lowbw.studies.load_fit(f.save(str(tmp_path / "fit.json")))

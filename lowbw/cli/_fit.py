@@ -35,6 +35,9 @@ def add_parser(subparsers) -> None:
                  "intervals)")
   p.add_argument("--confidence", type=float, default=0.9,
                  help="the intervals' central share (default 0.9)")
+  p.add_argument("--where", type=settings("where", "strategy=diloco"),
+                 metavar="NAME=VALUE,...", help="fit only the points with "
+                 "these values (grid values or config fields)")
   p.add_argument("--out", metavar="FIT.json", help="write the fit as JSON")
   p.add_argument("--plot", metavar="FIT.png", help="draw measured against "
                  "fitted (needs matplotlib)")
@@ -45,7 +48,7 @@ def add_parser(subparsers) -> None:
 
 def run(args) -> int:
   f = _fit.fit(args.study, args.x, args.y, args.form, args.bootstrap,
-               args.confidence)
+               args.confidence, where=args.where or None)
   predictions = f.predict(args.predict) if args.predict else []
   if args.out:
     f.save(args.out)

@@ -58,9 +58,10 @@ def _power_value(theta, X):
   return e + np.sum(a * X ** (-alpha), axis=1)
 
 
-def _power_solve(X, y):
+def _power_solve(X, y, start=None):
   """Least squares from a few starts (the exponents' landscape is not
-  convex); A is fitted in logarithms so that it stays positive."""
+  convex), or from ``start`` alone (a bootstrap's refit starts at the fit
+  it resamples); A is fitted in logarithms so that it stays positive."""
   from scipy.optimize import least_squares
   k = X.shape[1]
 
@@ -69,14 +70,21 @@ def _power_solve(X, y):
 
   def residual(z):
     return _power_value(unpack(z), X) - y
-  best = None
-  for alpha in (0.1, 0.3, 0.7):
+  if start is not None:
+    z0 = np.concatenate([[start[0]], np.log(np.maximum(start[1:1 + k],
+                                                       1e-300)),
+                         start[1 + k:]])
+    starts, budget = [z0], 300
+  else:
     e = float(np.min(y)) - 0.1 * float(np.ptp(y) or abs(np.min(y)) or 1.0)
     scale = max(float(np.mean(y)) - e, 1e-12) / k
-    logs = [math.log(scale) + alpha * float(np.mean(np.log(X[:, i])))
-            for i in range(k)]
-    z0 = np.array([e] + logs + [alpha] * k)
-    r = least_squares(residual, z0, method="lm", max_nfev=20000)
+    starts = [np.array([e] + [math.log(scale) + alpha * float(
+        np.mean(np.log(X[:, i]))) for i in range(k)] + [alpha] * k)
+              for alpha in (0.1, 0.3, 0.7)]
+    budget = 20000
+  best = None
+  for z0 in starts:
+    r = least_squares(residual, z0, method="lm", max_nfev=budget)
     if best is None or r.cost < best.cost:
       best = r
   return unpack(best.x)
@@ -219,7 +227,7 @@ def load_fit(path: str) -> Fit:
 
 def fit(study, x, y: str = "final_eval_loss", form: str = "power",
         bootstrap: int = BOOTSTRAP, confidence: float = 0.9,
-        seed: int = 0) -> Fit:
+        seed: int = 0, where=None) -> Fit:
   """A ``form`` law of ``y`` in the inputs ``x``, fitted to ``study``.
 
   Args:
@@ -233,6 +241,10 @@ def fit(study, x, y: str = "final_eval_loss", form: str = "power",
     bootstrap: draws of the bootstrap (0: no intervals).
     confidence: the intervals' central share.
     seed: the bootstrap's seed (the same seed, the same intervals).
+    where: the points fitted: a dict of field -> value (or a list of
+      values) each point must have (its grid value or config field, as
+      ``x`` reads them), or a function of a ``PointResult`` returning
+      True for the points to keep; None: every finished point.
 
   Returns:
     A ``Fit``: ``params``, ``intervals``, ``predict(...)``, ``quality()``,
@@ -253,7 +265,7 @@ def fit(study, x, y: str = "final_eval_loss", form: str = "power",
     raise _validate.fail("confidence", confidence, "expected a share in "
                          "(0, 1)")
   study = _study_of(study)
-  combos, seeds = _measured(study, x, y)
+  combos, seeds = _measured(_kept(study.points, where), x, y)
   names = FORMS[form].names(x)
   if len(combos) <= len(names):
     raise _validate.fail("x", x, f"the {form} law has {len(names)} "
@@ -294,11 +306,32 @@ def _value(point, name: str):
   return getattr(point.config, key, None) if point.config is not None else None
 
 
-def _measured(study, x: list[str], y: str) -> tuple[list[dict], list]:
+def _kept(points: list, where) -> list:
+  """The points ``where`` keeps (``fit``'s argument); one error when it
+  names no field of theirs or keeps none."""
+  if where is None:
+    return list(points)
+  if callable(where):
+    kept = [p for p in points if where(p)]
+  elif isinstance(where, dict):
+    def wanted(p):
+      return all(_value(p, k) in (v if isinstance(v, (list, tuple, set))
+                                  else [v]) for k, v in where.items())
+    kept = [p for p in points if wanted(p)]
+  else:
+    raise _validate.fail("where", where, "expected a dict of field -> value "
+                         "or a function of a point")
+  if not kept:
+    raise _validate.fail("where", where, "keeps none of the study's "
+                         f"{len(points)} points")
+  return kept
+
+
+def _measured(points: list, x: list[str], y: str) -> tuple[list[dict], list]:
   """Per combination of the inputs: its inputs and ``y`` per seed (failed
-  points left out); and the study's seeds."""
+  points left out); and the seeds."""
   combos: dict[tuple, dict] = {}
-  for p in study.points:
+  for p in points:
     if p.summary.get("error"):
       continue
     xs = tuple(_number(p, n, "x") for n in x)
@@ -348,12 +381,14 @@ def _mean(combo: dict, seeds) -> float:
   return float(np.mean(values))
 
 
-def _solve(form: str, combos: list[dict], seeds) -> np.ndarray:
+def _solve(form: str, combos: list[dict], seeds, start=None) -> np.ndarray:
   X = np.array([c["x"] for c in combos])
   y = np.array([_mean(c, seeds) for c in combos])
   if form in ("power", "joint") and not np.all(y > 0):
     raise _validate.fail("y", "values <= 0", f"the {form} law needs a "
                          "figure > 0")
+  if start is not None and form == "power":
+    return _power_solve(X, y, start)
   return FORMS[form].solve(X, y)
 
 
@@ -387,7 +422,7 @@ def _bootstrap(form: str, combos: list[dict], seeds, draws: int,
              for c, f, e in zip(combos, fitted, noise)]
     try:
       out.append(_solve(form, use, range(max(len(c["by_seed"])
-                                             for c in use))))
+                                             for c in use)), start=theta))
     except (ValueError, np.linalg.LinAlgError, _validate.ConfigError):
       continue
   return np.array(out)
