@@ -253,10 +253,11 @@ def view(by_config: dict, y: str, value) -> types.SimpleNamespace:
   return types.SimpleNamespace(points=points)
 
 
-# The power law (five parameters, non-linear) for two methods only, with
-# fewer bootstrap draws: where the data cannot pin its floor E, each refit
-# runs its least squares to the evaluation limit, minutes per law.
-POWER, POWER_DRAWS = ("ddp", "diloco_h10"), 100
+# The power law (five parameters, non-linear) for every method and the
+# lane, with as many bootstrap draws as the joint law: its refits start
+# from the fit they resample, so a floor E the data cannot pin down costs
+# seconds, not minutes.
+POWER, POWER_DRAWS = (*METHODS, "lane"), 200
 
 
 def fits(results: dict) -> dict:
@@ -560,14 +561,14 @@ def _claim_lines(a: dict) -> list[str]:
 def _fit_notes() -> list[str]:
   return [
       "## What `lowbw.fit` could not do directly", "",
-      "`lowbw.fit(study, ...)` fits every finished point of a study, each "
-      "combination's mean over seeds; it cannot keep, per combination, only "
-      "the points at that combination's tuned learning rate (a study over "
-      "an `inner_lr` grid), and `y` must be a figure of the points' "
-      "summaries, so a figure computed from the curves (the simulated time "
-      "to a target loss) cannot be fitted. The script passes `lowbw.fit` an "
-      "object with the `points` it reads (`values`, `summary`, `seed`, "
-      "`index`), built from the chosen rows (`view`).", ""]
+      "`lowbw.fit(study, ..., where=...)` keeps the points a dict of values "
+      "or a function chooses (each combination at its own tuned learning "
+      "rate, say), but `y` must be a figure of the points' summaries, so a "
+      "figure computed from the curves (the simulated time to a target "
+      "loss) cannot be fitted from a study. This script's runs are cached "
+      "rows, not a study's folder: it passes `lowbw.fit` an object with the "
+      "`points` it reads (`values`, `summary`, `seed`, `index`), built from "
+      "the chosen rows (`view`).", ""]
 
 
 # ------------------------------------------------------------ plot, rows
