@@ -190,10 +190,19 @@ def check_state_knobs(sim_state, strategy, values: dict) -> None:
           "schedule, whose peak is a constant; build it with "
           "lowbw.strategies.peak_schedule(...) to sweep its peak")
     if not any(_settable(n, knob.key) for n in _nodes(part)):
-      raise _validate.fail(
-          name, values[name], f"strategy {strategy_name!r}'s {knob.where} "
-          f"optimizer exposes no {knob.key!r} (wrap it with "
-          "optax.inject_hyperparams; see docs/sweeps.md)")
+      raise _validate.fail(name, values[name], _not_settable(
+          strategy_name, knob))
+
+
+def _not_settable(strategy_name: str, knob) -> str:
+  """Why a knob has no place in the state, and what gives it one."""
+  if knob.key == "momentum_restart":  # kept only by a build that restarts
+    return (f"strategy {strategy_name!r} was built without outer momentum "
+            f"restarts, so its state keeps no restart period; build it with "
+            f"{knob.where}_momentum_restart > 0 to sweep the period")
+  return (f"strategy {strategy_name!r}'s {knob.where} optimizer exposes no "
+          f"{knob.key!r} (wrap it with optax.inject_hyperparams; see "
+          "docs/sweeps.md)")
 
 
 def _set(tree, key: str, value):
