@@ -138,6 +138,13 @@ CASES = {
         "plain": dict(H=4),
         "one_worker": dict(H=4, workers=1, outer_lr=0.5, outer_momentum=0.8),
         "fleet": dict(H=4, workers=3, drop_prob=0.3)}),
+    "partial": (BASE, 4, {
+        # Partial parameter updates: (a) one owner per tensor, (b) a codec
+        # with error feedback and two owners of three workers, (c) dropped
+        # workers, whose tensors keep the other owners' mean.
+        "plain": dict(H=4),
+        "compressed": dict(H=4, workers=3, owners=2, codec="quant:4", ef=0.9),
+        "fleet": dict(H=4, workers=3, owners=2, drop_prob=0.3)}),
 }
 
 # Real seconds: the one column that differs between runs.
