@@ -26,8 +26,8 @@ from lowbw.strategies._snoo import snoo, snoo_optimizer
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._spec import spec as make_spec
 from lowbw.strategies._noloco import noloco
-from lowbw.strategies import _partial
-from lowbw.strategies._partial import partial
+from lowbw.strategies import _partial_updates
+from lowbw.strategies._partial_updates import partial_updates
 from lowbw.strategies._sparseloco import sparseloco
 from lowbw.strategies._spes import spes
 from lowbw.strategies._sparta import sparta
@@ -53,7 +53,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _mtdao.SPEC,
     _noloco.SPEC,
     _snoo.SPEC,
-    _partial.SPEC,
+    _partial_updates.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 _BUILT_IN = frozenset(SPECS)
@@ -121,5 +121,5 @@ __all__ = [
     "outer", "snoo", "snoo_optimizer",
     "mtdao", "multi_timescale",
     "cgad", "cgad_scale", "scale_by_age",
-    "partial",
+    "partial_updates",
 ]

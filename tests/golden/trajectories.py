@@ -138,7 +138,7 @@ CASES = {
         "plain": dict(H=4),
         "one_worker": dict(H=4, workers=1, outer_lr=0.5, outer_momentum=0.8),
         "fleet": dict(H=4, workers=3, drop_prob=0.3)}),
-    "partial": (BASE, 4, {
+    "partial_updates": (BASE, 4, {
         # Partial parameter updates: (a) one owner per tensor, (b) a codec
         # with error feedback and two owners of three workers, (c) dropped
         # workers, whose tensors keep the other owners' mean.

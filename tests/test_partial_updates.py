@@ -11,7 +11,7 @@ import pytest
 
 import lowbw
 from lowbw import strategies
-from lowbw.strategies import _partial
+from lowbw.strategies import _partial_updates
 from lowbw.transforms import call_participating
 
 import toy_workers
@@ -81,7 +81,7 @@ def _close(a, b, **kw):
 def test_two_rounds_match_the_per_worker_reference(owners):
   params = _params()
   H, rounds = 3, 2
-  strategy = strategies.partial(_inner(), _outer(), H=H, owners=owners)
+  strategy = strategies.partial_updates(_inner(), _outer(), H=H, owners=owners)
   targets = toy_workers.targets(params, W)
   state, _ = toy_workers.run(strategy, params, targets, H * rounds)
   want = reference(params, targets, owners, H, rounds)
@@ -90,10 +90,10 @@ def test_two_rounds_match_the_per_worker_reference(owners):
 
 def test_frozen_tensors_are_bit_unchanged_within_a_round():
   params = _params()
-  strategy = strategies.partial(_inner(), H=10, owners=1)
+  strategy = strategies.partial_updates(_inner(), H=10, owners=1)
   state, _ = toy_workers.run(strategy, params, toy_workers.targets(params, W),
                              4)
-  table = _partial.owners_of(len(jax.tree.leaves(params)), W, 1)
+  table = _partial_updates.owners_of(len(jax.tree.leaves(params)), W, 1)
   for i, (x0, x_W) in enumerate(zip(jax.tree.leaves(params),
                                     jax.tree.leaves(state.params_W))):
     for w in range(W):
@@ -108,7 +108,7 @@ def test_every_worker_owning_everything_is_diloco(codec, ef):
   float32 rounding, not bit for bit."""
   params = _params()
   targets = toy_workers.targets(params, W)
-  part = strategies.partial(_inner(), _outer(), H=3, owners=W, codec=codec,
+  part = strategies.partial_updates(_inner(), _outer(), H=3, owners=W, codec=codec,
                             error_feedback=ef)
   dil = strategies.diloco(_inner(), _outer(), H=3, codec=codec,
                           error_feedback=ef)
@@ -120,28 +120,28 @@ def test_every_worker_owning_everything_is_diloco(codec, ef):
 
 
 def test_assignment_is_round_robin_with_owners_per_tensor():
-  table = _partial.owners_of(5, 3, 2)
+  table = _partial_updates.owners_of(5, 3, 2)
   assert table.astype(int).tolist() == [[1, 0, 1, 1, 0],
                                         [1, 1, 0, 1, 1],
                                         [0, 1, 1, 0, 1]]
   assert table.sum(0).tolist() == [2] * 5
-  assert _partial.owners_of(4, 2, 7).all()  # owners >= W: everything
+  assert _partial_updates.owners_of(4, 2, 7).all()  # owners >= W: everything
 
 
 @pytest.mark.parametrize("owners", [1, 2])
 def test_bytes_are_each_slice_exactly(owners):
   params = _params()
   leaves = jax.tree.leaves(params)
-  table = _partial.owners_of(len(leaves), W, owners)
+  table = _partial_updates.owners_of(len(leaves), W, owners)
   want = [sum(4 * x.size for i, x in enumerate(leaves) if table[w, i])
           for w in range(W)]
-  assert _partial.slice_bytes(params, W, owners) == want
-  ch = strategies.partial(H=2, owners=owners).channels(params, W)
+  assert _partial_updates.slice_bytes(params, W, owners) == want
+  ch = strategies.partial_updates(H=2, owners=owners).channels(params, W)
   c = ch["pseudo_gradients"]
   assert c.payload_bytes == max(want)
   assert c.collective == "all_gather" and c.wire_bytes == (W - 1) * max(want)
   # a codec's payload per tensor: 4-bit values plus its per-tensor scales
-  q = _partial.slice_bytes(params, W, owners, "quant:4")
+  q = _partial_updates.slice_bytes(params, W, owners, "quant:4")
   codec = lowbw.transforms.parse_codec("quant:4")
   per = [lowbw.transforms.payload_nbytes(codec, [x]) for x in leaves]
   assert q == [sum(p for i, p in enumerate(per) if table[w, i])
@@ -154,7 +154,7 @@ def test_a_dropped_owner_leaves_the_others_mean():
   params = _params()
   H = 2
   outer = optax.sgd(1.0)
-  strategy = strategies.partial(_inner(), outer, H=H, owners=2)
+  strategy = strategies.partial_updates(_inner(), outer, H=H, owners=2)
   targets = toy_workers.targets(params, W)
   state = strategy.init(params, W, jax.random.PRNGKey(0))
   t_W = jax.tree.map(lambda *t: jnp.stack(t), *targets)
@@ -167,7 +167,7 @@ def test_a_dropped_owner_leaves_the_others_mean():
   active = jnp.array([False, True, True])
   after, _ = call_participating(active, strategy.sync, state)
   leaves = jax.tree.leaves(params)
-  table = _partial.owners_of(len(leaves), W, 2)
+  table = _partial_updates.owners_of(len(leaves), W, 2)
   for i, (g, x_W) in enumerate(zip(jax.tree.leaves(after.comm.global_params),
                                    jax.tree.leaves(before.params_W))):
     live = [w for w in (1, 2) if table[w, i]]
@@ -177,13 +177,13 @@ def test_a_dropped_owner_leaves_the_others_mean():
 
 
 def test_config_runs_and_counts_the_largest_slice():
-  cfg = lowbw.Config(strategy="partial", data="digits", hidden="8",
+  cfg = lowbw.Config(strategy="partial_updates", data="digits", hidden="8",
                      workers=2, steps=8, H=4, batch_size=8, eval_examples=32,
                      progress=False, owners=1, devices=1)
   run = lowbw.simulate(cfg)
   assert np.isfinite(run.history["train_loss"]).all()
   assert "owners" in str(run.config)
-  sizes = _partial.slice_bytes(run.params, 2, 1)
+  sizes = _partial_updates.slice_bytes(run.params, 2, 1)
   assert sum(sizes) == 4 * sum(x.size for x in jax.tree.leaves(run.params))
   # two syncs, each the largest slice, (W - 1) = 1 times on the wire
   assert run.summary["payload_bytes"] == 2 * max(sizes)
@@ -195,4 +195,4 @@ def test_config_runs_and_counts_the_largest_slice():
     (dict(H=0), "H"), (dict(error_feedback=0.5), "error_feedback")])
 def test_bad_settings_name_their_field(kw, field):
   with pytest.raises(ValueError, match=field):
-    strategies.partial(**kw)
+    strategies.partial_updates(**kw)

@@ -156,7 +156,7 @@ def _sync(outer, comp: Compression):
   return sync
 
 
-def partial(
+def partial_updates(
     inner: optax.GradientTransformation | None = None,
     outer: optax.GradientTransformation | None = None,
     H: int = 100,
@@ -196,7 +196,7 @@ def partial(
     codec, error_feedback: compression of the pseudo-gradients, as DiLoCo.
 
   Example:
-    >>> strategy = lowbw.strategies.partial(H=20, owners=2)
+    >>> strategy = lowbw.strategies.partial_updates(H=20, owners=2)
   """
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, default_outer)
@@ -204,18 +204,18 @@ def partial(
   owners = _validate.positive_int("owners", owners)
   comp = compression(codec, error_feedback)
   return _base.make(
-      "partial", H, _base.Parts(
+      "partial_updates", H, _base.Parts(
           _init(inner, outer, comp, owners), _local(inner),
           _sync(outer, comp), lambda s: s.comm.global_params,
           _channels(comp, owners)),
-      {"name": "partial", "inner": _base.describe(inner),
+      {"name": "partial_updates", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "owners": owners,
        **comp.config},
       outer_places={"outer": "outer_state"}, inner=inner)
 
 
 SPEC = _spec.spec(
-    partial, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
+    partial_updates, inner=_optim.DILOCO_INNER, outer=_optim.DILOCO_OUTER,
     paper="Filippova et al. 2025, arXiv 2509.22418",
     where="the update rule of its method section (per-coordinate mean over the workers owning it, then the outer step); optimizers, H=100 and the round-robin tensor slices are lowbw's (DiLoCo's defaults), the paper's own slice assignment not reproduced",
     help={"owners": "workers that own (train) each parameter tensor; W or "
