@@ -286,7 +286,7 @@ def test_yaml_toml_and_json_configs_mean_the_same(tmp_path):
 @pytest.mark.parametrize("name, text, said", [
     ("a.yml", "strategy: [sparta\n", "not valid YAML"),
     ("a.ini", "strategy = sparta\n", "expected a file ending in .yaml"),
-    ("a.yaml", "wokers: 3\n", "did you mean 'workers'?"),
+    ("a.yaml", "wokers: 3\n", "did you mean 'workers'"),
 ])
 def test_bad_config_files_are_one_line(tmp_path, capsys, name, text, said):
   path = tmp_path / name
