@@ -69,6 +69,9 @@ INTERNAL = {
     # that one's ledger (_ledger: the file) and priced (_cost).
     ("lowbw/studies", "lowbw.simulation._ledger"),
     ("lowbw/studies", "lowbw.telemetry._cost"),
+    # advise reads a time to a target loss where the token efficiency reads
+    # its lane's crossing: one interpolation (_track.crossing).
+    ("lowbw/studies", "lowbw.simulation._track"),
     # A run's cost: the price settings' rule and the summary's figures, one
     # module that the settings, the run's summary, the planner and their
     # commands read.

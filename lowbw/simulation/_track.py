@@ -465,12 +465,36 @@ def token_efficiency(step, loss, shadow_loss) -> float | None:
   return None if at is None else t[-1] / at
 
 
+def crossing(curve, level: float) -> tuple[int, float] | None:
+  """Where the evaluations ``curve`` first come down to ``level``: (k,
+  share), the first evaluation k at or below it and the share of the way
+  from evaluation k - 1 to k at which a line between them crosses it (1.0
+  when k is the first evaluation); None when it never does. An axis read
+  at k - 1 + share (steps, simulated seconds) is the crossing's."""
+  curve = np.asarray(curve, float)
+  below = curve <= level
+  if not below.any():
+    return None
+  k = int(np.argmax(below))
+  if k == 0:
+    return 0, 1.0
+  above, at = curve[k - 1], curve[k]
+  return k, float((above - level) / (above - at)) if above > at else 1.0
+
+
+def at_crossing(axis, k: int, share: float) -> float:
+  """``axis`` (one value per evaluation) read at a ``crossing``."""
+  axis = np.asarray(axis, float)
+  if k == 0:
+    return float(axis[0])
+  return float(axis[k - 1] + share * (axis[k] - axis[k - 1]))
+
+
 def _first_reach(t: np.ndarray, curve: np.ndarray, level: float):
   """The first step at which ``curve`` (evaluated at steps ``t``) comes
-  down to ``level``, interpolated; None if at its first evaluation."""
-  k = int(np.argmax(curve <= level))
-  if k == 0:
+  down to ``level``, interpolated; None if never, or at its first
+  evaluation already."""
+  found = crossing(curve, level)
+  if found is None or found[0] == 0:
     return None
-  above, below = curve[k - 1], curve[k]
-  share = (above - level) / (above - below) if above > below else 1.0
-  return float(t[k - 1] + share * (t[k] - t[k - 1]))
+  return at_crossing(t, *found)

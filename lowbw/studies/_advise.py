@@ -31,7 +31,7 @@ from lowbw.config import Config
 from lowbw.studies import _grid
 from lowbw.studies._result import paired_interval
 from lowbw.studies._run import study
-from lowbw.simulation import retime
+from lowbw.simulation import _track, retime
 
 PROBE = {"data": "digits", "model": "mlp", "hidden": "32", "steps": 400,
          "batch_size": 16, "eval_every": 20, "eval_examples": 256}
@@ -254,22 +254,16 @@ def _to_target(target: float, candidates: list[dict], probe: dict | None,
 def reach(history: dict, sim_time_s, target: float) -> tuple[float, float]:
   """(step, seconds) at which the evaluation loss first reaches
   ``target``, linear between the evaluations around the crossing (the
-  first evaluation's own, when it is already there); (nan, nan) when it
-  never does."""
+  first evaluation's own, when it is already there; ``_track.crossing``,
+  as the token efficiency reads its lane); (nan, nan) when it never
+  does."""
   loss = np.asarray(history["eval_loss"], float)
-  step = np.asarray(history["step"], float)
-  seconds = np.asarray(sim_time_s, float)
   at = np.flatnonzero(np.isfinite(loss))
-  for n, i in enumerate(at):
-    if loss[i] > target:
-      continue
-    if n == 0:
-      return float(step[i]), float(seconds[i])
-    j = at[n - 1]
-    share = (loss[j] - target) / (loss[j] - loss[i])
-    return (float(step[j] + share * (step[i] - step[j])),
-            float(seconds[j] + share * (seconds[i] - seconds[j])))
-  return math.nan, math.nan
+  found = _track.crossing(loss[at], target)
+  if found is None:
+    return math.nan, math.nan
+  return (_track.at_crossing(np.asarray(history["step"], float)[at], *found),
+          _track.at_crossing(np.asarray(sim_time_s, float)[at], *found))
 
 
 def _target_row(candidate: dict, s, net, target: float, task: _Task
