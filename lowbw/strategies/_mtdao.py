@@ -121,6 +121,12 @@ def multi_timescale(inner: optax.GradientTransformation, omega: float = 0.9,
   """
   omega, betas, omegas = _weights(omega, betas, omegas)
   _check_inner(inner)
+  return _mixed(inner, omega, betas, omegas)
+
+
+def _mixed(inner, omega: float, betas: tuple, omegas: tuple
+           ) -> optax.GradientTransformation:
+  """``multi_timescale`` of weights already checked (``_weights``)."""
   rest = 1.0 - omega - sum(omegas)
 
   def init(params):
@@ -204,7 +210,8 @@ def mtdao(
   """
   inner = _base.optimizer("inner", inner, lambda: _optim.inner(INNER))
   omega, betas, omegas = _weights(omega, betas, omegas)
-  tx = multi_timescale(inner, omega, betas, omegas)
+  _check_inner(inner)
+  tx = _mixed(inner, omega, betas, omegas)
   Kx = _validate.positive_int("Kx", Kx)
   Ku = Kx if Ku is None else _validate.positive_int("Ku", Ku)
   Kv = Kx if Kv is None else _validate.positive_int("Kv", Kv)
