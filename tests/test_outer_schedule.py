@@ -208,7 +208,7 @@ def test_restarts_are_traced_a_sweep_equals_a_build():
                    hparams={"outer_momentum_restart": 1.5})
   # Without restarts the state has no such leaf (it stays as it was).
   with pytest.raises(ValueError, match="outer_momentum_restart=2 is invalid: "
-                     "strategy 'diloco' was built without outer momentum "
+                     "strategy 'diloco': it was built without outer momentum "
                      "restarts.*build it with outer_momentum_restart > 0"):
     plain.run(seed=0, progress=False, hparams={"outer_momentum_restart": 2})
 

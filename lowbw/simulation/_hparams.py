@@ -23,7 +23,8 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw import network as net_lib
 from lowbw.network import _topology
-from lowbw.strategies._schedule import (OUTER_SCHEDULE, OuterScheduleState,
+from lowbw.strategies._schedule import (OPTIONAL_LEAVES, OUTER_SCHEDULE,
+                                        OuterScheduleState,
                                         PeakScheduleState,
                                         check_outer_schedule)
 from lowbw.transforms import ErrorFeedbackState
@@ -33,6 +34,7 @@ class Knob(NamedTuple):
   where: str   # "inner" | "outer" | "global_outer" | "message" | "network"
   key: str     # the injected hyperparameter, or the network quantity
   help: str
+  absent: str = ""  # why a build may keep no place for it, and the remedy
 
 
 KNOBS = {
@@ -49,7 +51,8 @@ KNOBS = {
     "outer_b1": Knob("outer", "b1", "outer Adam's first-moment decay"),
     "outer_b2": Knob("outer", "b2", "outer Adam's second-moment decay"),
     "outer_eps": Knob("outer", "eps", "outer Adam's epsilon"),
-    **{"outer_" + name: Knob("outer", name, f"outer schedule: {name}")
+    **{"outer_" + name: Knob("outer", name, f"outer schedule: {name}",
+                             OPTIONAL_LEAVES.get(name, ""))
        for name in OUTER_SCHEDULE},
     "global_outer_lr": Knob("global_outer", "learning_rate",
                             "global outer learning rate (hierarchical "
@@ -196,10 +199,8 @@ def check_state_knobs(sim_state, strategy, values: dict) -> None:
 
 def _not_settable(strategy_name: str, knob) -> str:
   """Why a knob has no place in the state, and what gives it one."""
-  if knob.key == "momentum_restart":  # kept only by a build that restarts
-    return (f"strategy {strategy_name!r} was built without outer momentum "
-            f"restarts, so its state keeps no restart period; build it with "
-            f"{knob.where}_momentum_restart > 0 to sweep the period")
+  if knob.absent:  # a leaf kept only by builds that use it
+    return f"strategy {strategy_name!r}: {knob.absent}"
   return (f"strategy {strategy_name!r}'s {knob.where} optimizer exposes no "
           f"{knob.key!r} (wrap it with optax.inject_hyperparams; see "
           "docs/sweeps.md)")

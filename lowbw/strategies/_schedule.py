@@ -66,6 +66,13 @@ OUTER_SCHEDULE = {
     "momentum_decay_steps": 0.0, "momentum_final": 0.0,
     "momentum_restart": 0.0,
 }
+# The parameters a build keeps as state leaves only when they are on, and
+# what to build instead to sweep them (``Simulator.run(hparams=...)``).
+OPTIONAL_LEAVES = {
+    "momentum_restart": "it was built without outer momentum restarts, so "
+                        "its state keeps no restart period; build it with "
+                        "outer_momentum_restart > 0 to sweep the period",
+}
 
 
 class OuterScheduleState(NamedTuple):
