@@ -33,6 +33,11 @@ def cases():
       # The schedule's per-worker state and arrivals across devices.
       "async_diloco_uneven": (strategies.async_diloco(
           optax.adamw(1e-3), H=3, delayed_nesterov=4), uneven),
+      # A syncer's quorum and token weights over all devices' learners;
+      # a learner down for a window pulls the model back.
+      "decoupled_diloco_window": (strategies.decoupled_diloco(
+          optax.adamw(1e-3), H=3, quorum=3, grace=0.5, dylu=True),
+          uneven._replace(faults=network.Faults(windows=((1, 2, 6),)))),
       # A coordinate-wise median over all devices' workers, corrupted
       # messages keyed by the global worker index, a join's download.
       "diloco_median_byzantine": (strategies.diloco(

@@ -277,9 +277,12 @@ def test_async_diloco_refuses_what_it_does_not_model():
   with pytest.raises(ValueError, match="hardware"):
     lowbw.build(strategy=strategy, network=ideal.network(hardware=None),
                 **kw)
-  with pytest.raises(ValueError, match="faults"):
+  with pytest.raises(ValueError, match="drop_prob=0.1.*windows"):
     lowbw.build(strategy=strategy, network=ideal.network(
         hardware="1s", faults=net_lib.Faults(drop_prob=0.1)), **kw)
+  with pytest.raises(ValueError, match="byzantine"):
+    lowbw.build(strategy=strategy, network=ideal.network(
+        hardware="1s", faults=net_lib.Faults(byzantine=(1,))), **kw)
   with pytest.raises(ValueError, match="mitigation"):
     lowbw.build(strategy=strategy, network=ideal.network(
         hardware="1s", stragglers=net_lib.Stragglers(

@@ -152,11 +152,13 @@ def test_masked_programs_leak_no_tracer(name):
     data_ = data.text_bytes(seq_len=8)
   net = net_lib.network("1Gbps", "10ms", hardware="0.01s",
                         faults=net_lib.Faults(drop_prob=0.3))
-  if name == "async_diloco":  # its mask: the arrivals of an uneven fleet
+  strategy = strategies.get(name, **kwargs)
+  if strategy.asynchronous:  # its masks: an uneven fleet's arrivals, and
+    # a worker down for a window
     net = net_lib.network("1Gbps", "10ms", hardware="0.01s",
-                          speeds=[1.0] * (W - 1) + [0.5])
-  sim = lowbw.build(model=model, data=data_,
-                    strategy=strategies.get(name, **kwargs), workers=W,
+                          speeds=[1.0] * (W - 1) + [0.5],
+                          faults=net_lib.Faults(windows=((0, 1, 3),)))
+  sim = lowbw.build(model=model, data=data_, strategy=strategy, workers=W,
                     batch_size=B, steps=4, network=net, compile=False)
   state, sampler, net_params = sim.initial(0)[:3]
   with jax.checking_leaks():

@@ -222,18 +222,29 @@ def rounds_per_chunk(name, value, s, strategy) -> int:
 
 def _check_asynchronous(strategy, network) -> None:
   """An asynchronous strategy orders its events by the workers' compute
-  times; faults and straggler mitigations (which drop workers from a
-  barrier it does not have) are not part of its schedule."""
+  times. Of the fault model it takes the windows, failures and joins
+  (a worker down loses its round and restarts from the server's model when
+  back); drops per round, lost messages, Byzantine workers and straggler
+  mitigations (which act on a barrier it does not have) are not part of its
+  schedule."""
   if network.hardware is None:
     raise _validate.fail(
         "hardware", None, f"strategy {strategy.name!r} orders its arrivals "
         "by the workers' compute times: give the network a hardware "
         "(e.g. 'h100' or a time per step, '0.5s'), or run without a network")
-  if network.faults is not None:
-    raise _validate.fail(
-        "faults", "given", f"strategy {strategy.name!r} has no barrier to "
-        "drop workers from; faults are not modelled for it (speeds and "
-        "jitter are)")
+  f = network.faults
+  if f is not None:
+    for field, value, given in (
+        ("drop_prob", f.drop_prob, f.drop_prob > 0),
+        ("message_loss", f.message_loss, f.message_loss > 0),
+        ("byzantine", f.byzantine, bool(f.byzantine)),
+        ("leave_shards", f.leave_shards, f.leave_shards != "drop")):
+      if given:
+        raise _validate.fail(
+            field, value, f"strategy {strategy.name!r} has no rounds to "
+            "drop workers from or barrier to lose messages at; of the "
+            "fault model it takes windows, failures and joins (workers "
+            "that go down and come back)")
   if network.stragglers is not None and network.stragglers.mitigation != "none":
     raise _validate.fail(
         "mitigation", network.stragglers.mitigation,

@@ -110,11 +110,12 @@ def active_specs(masks: bool):
 
 
 def fleet_specs(asynchronous):
-  """An asynchronous schedule's state is per worker (when there is one)."""
+  """An asynchronous schedule's state is per worker (when there is one),
+  but for the syncer's clock, which every device keeps the same."""
   if not asynchronous:
     return None
   from lowbw.simulation._pace import Fleet
-  return Fleet(_WORKERS, _WORKERS, _WORKERS, _WORKERS)
+  return Fleet(*(_WORKERS,) * 5, _REPLICATED, _REPLICATED)
 
 
 def sampler_specs(sampler):

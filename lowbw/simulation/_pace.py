@@ -31,23 +31,32 @@ from lowbw.simulation._clock_parts import (WHOLE, Carry, RoundClock,
                                            StepClock, dylu_steps,
                                            speed_ratios, unless_nobody)
 from lowbw.transforms import all_workers, local_workers, where_workers
+from lowbw.transforms._robust import weighting
 
 
 class Fleet(NamedTuple):
   """Each worker's place in the asynchronous schedule (this device's
-  workers).
+  workers), and the syncer's grace window.
 
   Attributes:
     progress_W: float32, the fraction of its next inner step done.
     steps_W: int32, inner steps since it last pulled the global model.
-    waiting_W: bool, its pseudo-gradient is on its way (it computes nothing).
+    waiting_W: bool, its pseudo-gradient is on its way or at the syncer
+      (it computes nothing).
     remaining_W: float32, seconds until its exchange ends (while waiting).
+    held_W: bool, its pseudo-gradient has reached a syncer with a quorum
+      (``Strategy.syncer``) and waits there for the next merge.
+    since: float32, seconds since the syncer's last merge.
+    window: float32, seconds left in the open grace window; inf: closed.
   """
 
   progress_W: Array
   steps_W: Array
   waiting_W: Array
   remaining_W: Array
+  held_W: Array
+  since: Array
+  window: Array
 
 
 def start(num_workers: int) -> Fleet:
@@ -55,7 +64,9 @@ def start(num_workers: int) -> Fleet:
   return Fleet(jnp.zeros(num_workers, jnp.float32),
                jnp.zeros(num_workers, jnp.int32),
                jnp.zeros(num_workers, bool),
-               jnp.zeros(num_workers, jnp.float32))
+               jnp.zeros(num_workers, jnp.float32),
+               jnp.zeros(num_workers, bool), jnp.zeros((), jnp.float32),
+               jnp.full((), jnp.inf, jnp.float32))
 
 
 class Paced:
@@ -63,22 +74,38 @@ class Paced:
 
   A variant of its own rather than a ``_timing.Clocked``: it shares no step
   of the synchronous clock, and ``_timing.timing`` chooses it, so it cannot
-  depend on that module."""
+  depend on that module.
+
+  ``syncer``: the strategy's merge rule (``Strategy.syncer``: a quorum, a
+  grace window, token weights) or None (every tick's arrivals merge at
+  once). ``pull``: the strategy's restart of returning workers from the
+  server's model (``Strategy.pull``). ``masks``: the network has a fault
+  model, whose windows take workers down and bring them back.
+  """
 
   def __init__(self, net, num_workers: int, channels, H: int,
-               budgeted: bool):
+               budgeted: bool, syncer=None, pull=None, masks=False):
     self.net, self.num_workers, self.channels = net, num_workers, channels
     self.period = H
     self.budget = H if budgeted else 0  # DyLU's H, 0: none
+    self.syncer, self.pull = syncer, pull
+    self.faults = masks and net is not None
     # The strategy's exchange channel's per-worker seconds (with a net).
     self.exchange = None if net is None else next(
         (v for k, v in net.exchange_s_W.items() if k in channels), None)
 
+  def up(self, step) -> Array:
+    """(W,) who is up at tick ``step`` (all without a fault model)."""
+    if not self.faults:
+      return jnp.ones(self.num_workers, bool)
+    return _clock.up_mask(self.net, step)
+
   def begin(self, step, fleet=None):
-    del step
-    return Carry(jnp.ones(self.num_workers, bool),
-                 jnp.zeros(self.num_workers, jnp.float32), fleet,
-                 jnp.zeros(self.num_workers, bool))
+    """Who is up this tick, and who is back from a fault window."""
+    up = self.up(step)
+    before = jnp.where(step >= 1, self.up(step - 1), True)
+    return Carry(up, jnp.zeros(self.num_workers, jnp.float32), fleet,
+                 up & ~before)
 
   def pace(self, step) -> tuple[Array, Array, Array]:
     """(this tick's progress (W,), the speed ratios (W,) without jitter,
@@ -101,7 +128,7 @@ class Paced:
   def local(self, st, step_fn, carry, active):
     f, tau = carry.fleet, self.tick()
     rate_W, ratio_W, exchange_W = map(local_workers, self.pace(st.step))
-    computing = ~f.waiting_W
+    computing = ~f.waiting_W & local_workers(carry.up_W)
     progress = f.progress_W + jnp.where(computing, rate_W, 0.0)
     stepping = computing & (progress >= 1.0 - WHOLE)
     new, report = step_fn(st)
@@ -113,46 +140,113 @@ class Paced:
     finished = stepping & (steps >= self.rounds_W(ratio_W))
     # Exchanges in flight advance by this tick; new ones start at its end.
     remaining = jnp.where(f.waiting_W, f.remaining_W - tau, f.remaining_W)
-    fleet = Fleet(jnp.where(stepping, progress - 1.0, progress), steps,
-                  f.waiting_W | finished,
-                  jnp.where(finished, exchange_W, remaining))
+    fleet = f._replace(progress_W=jnp.where(stepping, progress - 1.0,
+                                            progress),
+                       steps_W=steps, waiting_W=f.waiting_W | finished,
+                       remaining_W=jnp.where(finished, exchange_W, remaining))
     nobody = jnp.zeros(self.num_workers, bool)
     clock = None if self.net is None else StepClock(
-        tau, jnp.int32(-1), nobody, nobody, jnp.int32(self.num_workers))
+        tau, jnp.int32(-1), nobody, nobody,
+        jnp.sum(carry.up_W.astype(jnp.int32)))
     return st, report, carry._replace(fleet=fleet), clock, active
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
-    """The arrivals of the tick (or, when nobody computes, of the next
-    exchange to end) as one outer step; they restart computing."""
+    """The merge of the tick's arrivals (or, when nobody computes, of the
+    next event: an exchange ending, the grace window closing) as one outer
+    step; its workers restart computing."""
     del steps_clock
-    f = carry.fleet
-    waiting_all, remaining_all = all_workers((f.waiting_W, f.remaining_W))
-    idle = ~jnp.any(~waiting_all)
-    jump = jnp.where(idle, jnp.maximum(jnp.min(jnp.where(
-        waiting_all, remaining_all, jnp.inf)), 0.0), 0.0)
+    f, tau = self.dropped(carry.fleet, carry.up_W), self.tick()
+    up_all = carry.up_W
+    waiting_all, remaining_all, held_all = all_workers(
+        (f.waiting_W, f.remaining_W, f.held_W))
+    in_flight = waiting_all & ~held_all
+    idle = ~jnp.any(up_all & ~waiting_all)
+    window = f.window if self.syncer is not None else jnp.inf
+    next_event = jnp.minimum(jnp.min(jnp.where(in_flight, remaining_all,
+                                               jnp.inf)), window)
+    jump = jnp.where(idle & jnp.isfinite(next_event),
+                     jnp.maximum(next_event, 0.0), 0.0)
     # Exchanges end at the nearest tick's end (exactly at a jump).
-    arrived_all = waiting_all & (remaining_all <= jump + 0.5 * self.tick())
-    arrived = local_workers(arrived_all)
-    st, report = unless_nobody(sync_fn, arrived_all, arrived, 0)(st)
+    arrived_all = in_flight & (remaining_all <= jump + 0.5 * tau)
+    merged_all, since, window = self.merging(f, carry, held_all | arrived_all,
+                                             tau + jump)
+    merged = local_workers(merged_all)
+    st, report = unless_nobody(self.weighed(sync_fn, f), merged_all, merged,
+                               0)(st)
     # An exchange that ended inside the tick leaves the rest of the tick to
     # compute in (at its speed without jitter): credited to the worker's next step.
     ratio_W = 1.0 if self.net is None else local_workers(
         speed_ratios(self.net))
-    credit = jnp.clip((jump - f.remaining_W) / self.tick(), 0.0, 1.0) * (
-        ratio_W)
-    fleet = Fleet(jnp.where(arrived, credit, f.progress_W),
-                  jnp.where(arrived, 0, f.steps_W), f.waiting_W & ~arrived,
-                  jnp.where(f.waiting_W & ~arrived, f.remaining_W - jump, 0.0))
-    n = jnp.sum(arrived_all.astype(jnp.int32))
+    credit = jnp.clip((jump - f.remaining_W) / tau, 0.0, 1.0) * ratio_W
+    arrived = local_workers(arrived_all)
+    fleet = Fleet(
+        jnp.where(merged, jnp.where(arrived, credit, 0.0), f.progress_W),
+        jnp.where(merged, 0, f.steps_W), f.waiting_W & ~merged,
+        jnp.where(f.waiting_W & ~merged, f.remaining_W - jump, 0.0),
+        local_workers(held_all | arrived_all) & ~merged, since, window)
+    n = jnp.sum(merged_all.astype(jnp.int32))
     clock = None if self.net is None else RoundClock(
-        self.tick(), jump, jnp.where(n > 0, n, -1), arrived_all)
+        tau, jump, jnp.where(n > 0, n, -1), merged_all)
     return st, report, clock, active, carry._replace(fleet=fleet)
+
+  def merging(self, f: Fleet, carry, held_all, elapsed):
+    """(who the syncer merges now (W,), seconds since the last merge, the
+    grace window left): without a syncer rule, whoever arrived."""
+    if self.syncer is None:
+      return held_all, f.since, f.window
+    up_all = carry.up_W
+    steps_all = all_workers(f.steps_W)
+    q = self.syncer
+    up = jnp.sum(up_all.astype(jnp.int32))
+    # A quorum counts the learners that are up: the syncer never waits for
+    # more than there are.
+    count = jnp.sum(held_all.astype(jnp.int32))
+    tokens = jnp.sum(jnp.where(held_all, steps_all, 0).astype(jnp.float32))
+    met = (count >= jnp.clip(q.count, 1, jnp.maximum(up, 1))) & (
+        tokens >= q.tokens * self.period * up.astype(jnp.float32) - WHOLE)
+    since = f.since + elapsed
+    opened = jnp.isfinite(f.window)
+    grace = q.grace * since if q.adaptive else q.grace
+    window = jnp.where(opened, f.window - elapsed,
+                       jnp.where(met, jnp.float32(grace), jnp.inf))
+    everyone = jnp.all(held_all | ~up_all)
+    merge = met & ((window <= 0.5 * self.tick()) | everyone)
+    return (held_all & merge, jnp.where(merge, 0.0, since),
+            jnp.where(merge, jnp.inf, window).astype(jnp.float32))
+
+  def weighed(self, sync_fn, f: Fleet):
+    """``sync_fn`` traced with each worker's tokens (its inner steps since
+    it pulled) as its weight, when the syncer weighs by tokens."""
+    if self.syncer is None or not self.syncer.token_weighted:
+      return sync_fn
+
+    def weighted(state):
+      with weighting(f.steps_W.astype(jnp.float32)):
+        return sync_fn(state)
+
+    return weighted
+
+  def dropped(self, f: Fleet, up_all) -> Fleet:
+    """A worker that is down loses its round: the steps it took and the
+    message on its way (a message already held by the syncer stays)."""
+    if not self.faults:
+      return f
+    down = ~local_workers(up_all)
+    lost = down & ~f.held_W
+    return f._replace(progress_W=jnp.where(lost, 0.0, f.progress_W),
+                      steps_W=jnp.where(lost, 0, f.steps_W),
+                      waiting_W=f.waiting_W & ~lost)
 
   def tick(self) -> Array:
     return jnp.float32(1.0) if self.net is None else jnp.min(
         self.net.step_s_W)
 
   def rejoin(self, st, carry, active, global_params):
-    del carry, global_params
-    return st, active
-
+    """Workers back from a fault window restart from the server's model
+    (``Strategy.pull``)."""
+    del global_params
+    if not self.faults:
+      return st, active
+    # One whose message the syncer holds restarts at its merge instead.
+    back = local_workers(carry.rejoined_W) & ~carry.fleet.waiting_W
+    return self.pull(st, back), active

@@ -249,7 +249,7 @@ def timing(net, masks: bool, num_workers: int, channels,
   an asynchronous ``strategy`` runs on its schedule (``_pace``)."""
   if strategy is not None and strategy.asynchronous:
     return Paced(net, num_workers, channels, strategy.asynchronous,
-                 strategy.time_budget)
+                 strategy.time_budget, strategy.syncer, strategy.pull, masks)
   if net is None:
     return Untimed()
   period = 1 if strategy is None else strategy.period

@@ -7,6 +7,8 @@ from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _dilo
 from lowbw.strategies._base import Strategy, StrategyState, default_inner
 from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
 from lowbw.strategies._ddp import ddp
+from lowbw.strategies import _decoupled_diloco
+from lowbw.strategies._decoupled_diloco import decoupled_diloco
 from lowbw.strategies._demo import demo
 from lowbw.strategies._desloc import desloc
 from lowbw.strategies import _mtdao
@@ -48,6 +50,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _hierarchical_diloco.SPEC,
     _spes.SPEC,
     _async_diloco.SPEC,
+    _decoupled_diloco.SPEC,
     _sparseloco.SPEC,
     _desloc.SPEC,
     _mtdao.SPEC,
@@ -121,5 +124,5 @@ __all__ = [
     "outer", "snoo", "snoo_optimizer",
     "mtdao", "multi_timescale",
     "cgad", "cgad_scale", "scale_by_age",
-    "partial_updates",
+    "partial_updates", "decoupled_diloco",
 ]

@@ -25,6 +25,7 @@ from lowbw.transforms import (Codec, Compression, all_workers,
                               where_workers, worker_mean, worker_sum)
 from lowbw.transforms._compression import (aggregate, init_residual,
                                            message_bytes)
+from lowbw.transforms._robust import current_weights, weighted_mean
 
 
 class AsyncComm(NamedTuple):
@@ -130,12 +131,16 @@ def _with_delayed_nesterov(outer: optax.GradientTransformation, every: int
 def _pseudo_gradient(comp: Compression, c: AsyncComm, params_W, key,
                      scale_W) -> tuple:
   """The arrivals' mean of what the server decodes of anchor_w - theta_w
-  (each scaled by ``scale_W``), and the message states."""
+  (each scaled by ``scale_W``; weighted by the engine's weights when it
+  gives some: a syncer's token weights), and the message states."""
   delta_W = optax.tree.sub(c.anchor_W, params_W)
   sent_W, residual_W = transmit(comp, delta_W, c.residual_W, key)
   if scale_W is not None:
     sent_W = jax.tree.map(lambda x: x * scale_W.reshape(
         (-1,) + (1,) * (x.ndim - 1)).astype(x.dtype), sent_W)
+  weights = current_weights()
+  if weights is not None:
+    return weighted_mean(sent_W, weights), residual_W
   return aggregate(comp, sent_W, key), residual_W
 
 
@@ -182,6 +187,17 @@ def async_sync(outer, comp: Compression, staleness_scale: bool):
                         pseudo_grad_norm=optax.tree.norm(pseudo_grad))}
 
   return sync
+
+
+def async_pull(state, mask_W):
+  """The workers in ``mask_W`` (this device's) restart from the server's
+  model: their parameters and anchor become it, pulled at its version."""
+  c, w = state.comm, num_workers(state.params_W)
+  new_W = broadcast_to_workers(c.global_params, w)
+  comm = c._replace(anchor_W=where_workers(mask_W, new_W, c.anchor_W),
+                    pulled_W=jnp.where(mask_W, c.version, c.pulled_W))
+  return state._replace(params_W=where_workers(mask_W, new_W,
+                                               state.params_W), comm=comm)
 
 
 def async_init(inner, outer, comp: Compression):
@@ -272,7 +288,7 @@ def async_diloco(
        "delayed_nesterov": delayed_nesterov,
        "staleness_scale": staleness_scale, "dylu": dylu},
       outer_places={"outer": "outer_state"}, asynchronous=H,
-      time_budget=dylu,
+      time_budget=dylu, pull=async_pull,
       inner=inner)
   # Driven step by step without the engine's schedule (a notebook), every
   # worker arrives after each H steps: synchronous DiLoCo.

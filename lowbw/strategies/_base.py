@@ -105,6 +105,13 @@ class Strategy(NamedTuple):
       weighted by the steps each worker took): each worker takes the inner steps
       its speed allows in the time the fastest takes for H, floor(H x its
       speed / the fastest's), at least 1.
+    syncer: an asynchronous strategy's merge rule (``Quorum`` of
+      ``decoupled_diloco``: a minimum quorum, a grace window, token
+      weights): the engine holds the arrivals at the syncer until it says
+      to merge them. None: every step's arrivals are merged at once.
+    pull: ``(state, mask_W) -> state``: an asynchronous strategy's restart
+      of the workers in ``mask_W`` (this device's) from the server's model,
+      for workers back from a fault window; None for the others.
     inner: the optimizer the workers apply in their inner steps (what a
       paired DDP lane, ``shadow="ddp"``, applies to the mean gradient), or
       None for a strategy whose update is not a plain optimizer step on a
@@ -125,6 +132,8 @@ class Strategy(NamedTuple):
   outer_places: dict[str, str] | None = None
   asynchronous: int | None = None
   time_budget: bool | str = False
+  syncer: Any = None
+  pull: Callable[[StrategyState, Array], StrategyState] | None = None
   inner: optax.GradientTransformation | None = None
 
   def __repr__(self):

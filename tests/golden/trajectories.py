@@ -110,6 +110,17 @@ CASES = {
         "compressed": dict(H=4, hardware="0.1s", codec="sign", ef=0.9),
         "fleet": dict(H=4, workers=3, hardware="0.1s", speeds="1,0.5,0.25",
                       delayed_nesterov=2)}),
+    "decoupled_diloco": (BASE, 4, {
+        # Decoupled DiLoCo's syncer on an uneven fleet: (a) its defaults
+        # (quorum 1, half a round's tokens, an adaptive grace window),
+        # (b) a codec and a fixed window, (c) a quorum of two with a
+        # learner down for a window and back.
+        "plain": dict(H=4, workers=3, hardware="0.1s", speeds="1,0.5,0.25"),
+        "compressed": dict(H=4, hardware="0.1s", speeds="1,0.5",
+                           codec="sign", ef=0.9, grace=0.2,
+                           adaptive_grace=False),
+        "fleet": dict(H=4, workers=3, hardware="0.1s", speeds="1,1,0.5",
+                      quorum=2, windows="0:3-9")}),
     "sparseloco": (BASE, 4, {
         "plain": dict(H=4, codec="float32"),
         # SparseLoCo's own compression: top-k of 64x64 blocks at 2 bits, EF.

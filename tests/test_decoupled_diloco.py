@@ -1,0 +1,230 @@
+"""Decoupled DiLoCo against an event-driven reference of its syncer written
+here from the paper (Douillard et al. 2026, "Decoupled DiLoCo for Resilient
+Distributed Pre-training", arXiv 2604.21428), against DiLoCo and
+asynchronous DiLoCo in its limits, with learners that fail and come back.
+
+The reference keeps one parameter tree per learner in Python lists and
+walks the events in continuous simulated time: a learner's inner steps end
+every ``step_s`` seconds; after its last step of the round its
+pseudo-gradient is held by the syncer; once the held ones reach the quorum
+(a count and a share of a full round's tokens) the syncer opens the grace
+window; when it closes (or every learner is held) it merges them, weighted
+by the tokens each processed, with an outer Nesterov step, and they restart
+from the new model. Every example is the same, so each learner's gradient
+depends on its parameters only and the reference needs no batches.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import lowbw
+from lowbw import network as net_lib
+from lowbw import strategies
+
+import ideal
+
+W, H, TICKS, BATCH = 3, 3, 30, 4
+SPEEDS = (1.0, 0.5, 0.25)       # steps of 1 s, 2 s and 4 s
+OUTER_LR, MOMENTUM = 0.7, 0.9
+
+
+def _problem():
+  model = lowbw.models.mlp(hidden=(6,), num_classes=3)
+  x = np.tile(np.linspace(-1, 1, 5, dtype=np.float32), (40, 1))
+  return model, lowbw.data.arrays(x, np.ones(40, np.int64))
+
+
+def _run(strategy, faults=None, speeds=SPEEDS, steps=TICKS):
+  model, data = _problem()
+  net = ideal.network("1000Tbps", "0ms", hardware="1s", speeds=speeds,
+                      faults=faults)
+  sim = lowbw.build(model=model, data=data, strategy=strategy, workers=W,
+                    batch_size=BATCH, steps=steps, network=net)
+  params0 = sim.programs.global_params(sim.initial(0)[0])
+  return sim.run(0), params0, model, data
+
+
+class _Syncer:
+  """The syncer's rule: quorum (count, token share), grace window (seconds
+  or a fraction of the time since the last merge), token weights."""
+
+  def __init__(self, count, tokens, grace, adaptive, weighted):
+    self.count, self.tokens, self.grace = count, tokens, grace
+    self.adaptive, self.weighted = adaptive, weighted
+    self.window_end, self.last_merge = None, 0.0
+
+  def due(self, now, held, done):
+    """Whether the held learners merge at ``now``."""
+    met = len(held) >= min(self.count, W) and (
+        sum(done[w] for w in held) >= self.tokens * H * W - 1e-9)
+    if met and self.window_end is None:
+      grace = self.grace * (now - self.last_merge) if self.adaptive else (
+          self.grace)
+      self.window_end = now + grace
+    if self.window_end is None:
+      return False
+    return now >= self.window_end - 1e-9 or len(held) == W
+
+  def merged(self, now):
+    self.window_end, self.last_merge = None, now
+
+
+def _reference(params0, model, data, inner, syncer, dylu=False):
+  """Events in continuous time; returns the syncer's model after TICKS
+  seconds and each merge's (time, learners)."""
+  batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
+  grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
+                                               jax.random.PRNGKey(0))[0]))
+  steps_s = [1.0 / v for v in SPEEDS]
+  rounds = [max(1, int(np.floor(H * v / max(SPEEDS)))) if dylu else H
+            for v in SPEEDS]
+  theta, anchor = [params0] * W, [params0] * W
+  opt = [inner.init(params0) for _ in range(W)]
+  done, next_end, held = [0] * W, list(steps_s), []
+  server, m, merges = params0, jax.tree.map(jnp.zeros_like, params0), []
+  while True:
+    ends = [next_end[w] for w in range(W) if w not in held]
+    now = min(ends + ([syncer.window_end] if syncer.window_end else []))
+    if now > TICKS + 1e-9:
+      return server, merges
+    for w in range(W):
+      if w not in held and abs(next_end[w] - now) < 1e-9:
+        upd, opt[w] = inner.update(grad(theta[w]), opt[w], theta[w])
+        theta[w] = optax.apply_updates(theta[w], upd)
+        done[w] += 1
+        next_end[w] += steps_s[w]
+        if done[w] == rounds[w]:
+          held.append(w)
+    if not held or not syncer.due(now, held, done):
+      continue
+    weight = [float(done[w]) if syncer.weighted else 1.0 for w in held]
+    g = jax.tree.map(lambda *d: sum(d) / sum(weight), *[
+        jax.tree.map(lambda a, t: c * (a - t), anchor[w], theta[w])
+        for w, c in zip(held, weight)])
+    m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
+    server = jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
+                          server, g, m)
+    merges.append((now, sorted(held)))
+    for w in held:
+      theta[w] = anchor[w] = server
+      done[w], next_end[w] = 0, now + steps_s[w]
+    held = []
+    syncer.merged(now)
+
+
+RULES = {
+    # quorum 2 of 3 with uneven rounds (DyLU: 3, 1 and 1 steps): token
+    # weights 3 : 1 : 1.
+    "quorum_2_token_weighted": (dict(quorum=2, token_quorum=0.0, grace=0.0,
+                                     adaptive_grace=False, dylu=True),
+                                (2, 0.0, 0.0, False, True)),
+    # one learner's tokens are not enough; a fixed 2 s grace window.
+    "token_quorum_and_fixed_grace": (
+        dict(quorum=1, token_quorum=0.5, grace=2.0, adaptive_grace=False),
+        (1, 0.5, 2.0, False, True)),
+    # the window is the time since the last merge (whole seconds, so
+    # that it ends at a tick's end); a plain mean.
+    "adaptive_grace_plain_mean": (
+        dict(quorum=1, token_quorum=0.0, grace=1.0, token_weighted=False),
+        (1, 0.0, 1.0, True, False)),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(RULES))
+def test_decoupled_diloco_matches_an_event_driven_syncer(rule):
+  options, syncer = RULES[rule]
+  inner = optax.adam(0.05)
+  result, params0, model, data = _run(strategies.decoupled_diloco(
+      inner=inner, H=H, **options))
+  server, merges = _reference(params0, model, data, inner,
+                              _Syncer(*syncer), options.get("dylu", False))
+  assert len(merges) >= 3
+  for got, want in zip(jax.tree.leaves(result.params),
+                       jax.tree.leaves(server)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  # Each merge's learners upload the model once each: the merges happen
+  # when and with whom the reference's do.
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(params0))
+  sent = np.diff(result.history["sent_bytes"], prepend=0.0) / model_bytes
+  np.testing.assert_array_equal(sent[sent > 0],
+                                [len(who) for _, who in merges])
+  np.testing.assert_allclose(result.history["sim_time_s"][sent > 0],
+                             [t for t, _ in merges], atol=1e-4)
+
+
+def _digits_run(strategy, speeds, steps=40, faults=None):
+  net = ideal.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds,
+                      faults=faults)
+  return lowbw.simulate(
+      model=lowbw.models.mlp(hidden=(16,), num_classes=10),
+      data=lowbw.data.digits(), strategy=strategy, workers=4,
+      batch_size=8, steps=steps, network=net, eval_every=20, seed=1)
+
+
+def test_decoupled_diloco_limits_are_diloco_and_async_diloco():
+  """Quorum = every learner, no token quorum, no grace window, equal
+  learners: DiLoCo's losses (to float32 rounding: the token-weighted mean
+  divides a weighted sum). Quorum 1, no grace, no token weights on an
+  uneven fleet: asynchronous DiLoCo's schedule and bytes exactly, its
+  losses to float32 rounding (the two programs are compiled apart)."""
+  equal = [1.0] * 4
+  sync = _digits_run(strategies.diloco(H=10), equal)
+  everyone = _digits_run(strategies.decoupled_diloco(
+      H=10, quorum=4, token_quorum=0.0, grace=0.0, adaptive_grace=False),
+      equal)
+  for key in ("eval_loss", "train_loss"):
+    np.testing.assert_allclose(everyone.history[key], sync.history[key],
+                               rtol=1e-5)
+  uneven = [1.0, 1.0, 0.5, 0.25]
+  async_ = _digits_run(strategies.async_diloco(H=10), uneven)
+  one = _digits_run(strategies.decoupled_diloco(
+      H=10, quorum=1, token_quorum=0.0, grace=0.0, adaptive_grace=False,
+      token_weighted=False), uneven)
+  for key in ("sim_time_s", "sent_bytes"):
+    np.testing.assert_array_equal(one.history[key], async_.history[key])
+  for key in ("eval_loss", "train_loss"):
+    np.testing.assert_allclose(one.history[key], async_.history[key],
+                               rtol=1e-6)
+  # Bytes: every arrival one upload and one download of the whole model,
+  # over the learner's own link (4 learners x 4 rounds on the equal fleet).
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(everyone.params))
+  assert everyone.history["sent_bytes"][-1] == 4 * 4 * model_bytes
+  assert everyone.history["received_bytes"][-1] == 4 * 4 * model_bytes
+
+
+def test_a_learner_down_for_a_window_loses_its_round_and_pulls_back():
+  """Learner 0 is down for ticks 5 to 14 of rounds of 10: the steps of its
+  round are lost (it arrives with the others only after it is back and
+  has taken a whole round), the syncer does not wait for it meanwhile, and
+  it restarts from the syncer's model."""
+  faults = net_lib.Faults(windows=((0, 5, 15),))
+  strategy = strategies.decoupled_diloco(H=10, quorum=4, token_quorum=0.0,
+                                         grace=0.0, adaptive_grace=False)
+  down = _digits_run(strategy, [1.0] * 4, steps=40, faults=faults)
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(down.params))
+  arrivals = np.diff(down.history["sent_bytes"], prepend=0.0) / model_bytes
+  ticks = np.flatnonzero(arrivals)
+  # Ticks 9 and 19: the three up learners (the quorum of 4 is capped at
+  # those up); learner 0 is back at tick 15 and takes its round by 24.
+  assert list(ticks[:3]) == [9, 19, 24]
+  np.testing.assert_array_equal(arrivals[ticks[:3]], [3, 3, 1])
+  sent = np.asarray(down.summary["sent_bytes_per_worker"])
+  assert sent[0] < sent[1] == sent[2] == sent[3]
+  assert np.isfinite(down.summary["final_eval_loss"])
+
+
+def test_decoupled_diloco_refuses_bad_settings():
+  for field, value in (("quorum", 0), ("token_quorum", 1.5),
+                       ("grace", -1.0), ("adaptive_grace", "yes"),
+                       ("token_weighted", 1)):
+    with pytest.raises(ValueError, match=field):
+      strategies.decoupled_diloco(**{field: value})
+  model, data = _problem()
+  with pytest.raises(ValueError, match="drop_prob"):
+    lowbw.build(model=model, data=data, workers=W, batch_size=BATCH,
+                steps=TICKS, strategy=strategies.decoupled_diloco(H=H),
+                network=ideal.network(hardware="1s", faults=net_lib.Faults(
+                    drop_prob=0.1)))
