@@ -197,9 +197,9 @@ def test_decoupled_diloco_limits_are_diloco_and_async_diloco():
 
 def test_a_learner_down_for_a_window_loses_its_round_and_pulls_back():
   """Learner 0 is down for ticks 5 to 14 of rounds of 10: the steps of its
-  round are lost (it arrives with the others only after it is back and
-  has taken a whole round), the syncer does not wait for it meanwhile, and
-  it restarts from the syncer's model."""
+  round are lost, the syncer (quorum 4) does not wait for it while it is
+  down, and it restarts from the syncer's model when back; once it is up
+  the quorum counts it again."""
   faults = net_lib.Faults(windows=((0, 5, 15),))
   strategy = strategies.decoupled_diloco(H=10, quorum=4, token_quorum=0.0,
                                          grace=0.0, adaptive_grace=False)
@@ -207,13 +207,37 @@ def test_a_learner_down_for_a_window_loses_its_round_and_pulls_back():
   model_bytes = 4 * sum(x.size for x in jax.tree.leaves(down.params))
   arrivals = np.diff(down.history["sent_bytes"], prepend=0.0) / model_bytes
   ticks = np.flatnonzero(arrivals)
-  # Ticks 9 and 19: the three up learners (the quorum of 4 is capped at
-  # those up); learner 0 is back at tick 15 and takes its round by 24.
-  assert list(ticks[:3]) == [9, 19, 24]
-  np.testing.assert_array_equal(arrivals[ticks[:3]], [3, 3, 1])
+  # Tick 9: the three up learners (the quorum of 4 is capped at those
+  # up). Learner 0 is back at tick 15 and ends its round at tick 24; the
+  # others', ended at 19, wait for it (it is up again), then all four.
+  assert list(ticks) == [9, 24, 34]
+  np.testing.assert_array_equal(arrivals[ticks], [3, 4, 4])
   sent = np.asarray(down.summary["sent_bytes_per_worker"])
-  assert sent[0] < sent[1] == sent[2] == sent[3]
+  assert 2 * model_bytes == sent[0] < sent[1] == sent[2] == sent[3]
   assert np.isfinite(down.summary["final_eval_loss"])
+  # Goodput: the merged learners' steps (H each) over the steps four
+  # learners of 0.5 s could have taken in the simulated time.
+  capacity = 4 * down.summary["sim_time_s"] / 0.5
+  assert down.summary["goodput"] == pytest.approx(
+      arrivals.sum() * 10 / capacity, rel=1e-9)
+  assert down.summary["goodput"] < 0.9
+
+
+def test_goodput_of_a_synchronous_fleet_waiting_for_its_slowest():
+  """DiLoCo on a fleet with one learner four times slower: every step is
+  merged, but the fast ones wait at each barrier; without a clock there
+  is no goodput."""
+  uneven = [1.0, 1.0, 1.0, 0.25]
+  run = _digits_run(strategies.diloco(H=10), uneven)
+  capacity = sum(uneven) * run.summary["sim_time_s"] / 0.5
+  assert run.summary["goodput"] == pytest.approx(4 * 40 / capacity,
+                                                 rel=1e-9)
+  assert run.summary["goodput"] < 0.35
+  untimed = lowbw.simulate(model=lowbw.models.mlp(hidden=(4,)),
+                           data=lowbw.data.digits(), workers=2, steps=2,
+                           batch_size=4, strategy=strategies.diloco(H=1),
+                           clock=False)
+  assert untimed.summary["goodput"] is None
 
 
 def test_decoupled_diloco_refuses_bad_settings():

@@ -337,6 +337,9 @@ def format_summary(summary: dict, s: dict) -> str:
         f"({summary['comm_share']:.1%} of the nominal time"
         + (f"; clock as if {s['clock_params']} parameters"
            if s.get("clock_params") else "") + ")")
+  if summary.get("goodput") is not None:
+    lines.append(f"  goodput           {summary['goodput']:.1%} (steps merged "
+                 "into the model / steps the fleet could have taken)")
   if summary.get("cost_usd") is not None:
     lines.append(f"  cost              {cost_line(summary, s)}")
   lines.append(f"  throughput        {rate} (compile {summary['compile_s']:.1f} s)")

@@ -458,6 +458,20 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
                        f"{MAX_RUN_S:g} s")
 
 
+def capacity_steps(net: Network, num_workers: int, step_s: float,
+                   elapsed: float) -> float:
+  """The inner steps every worker could take in ``elapsed`` simulated
+  seconds at its own speed (a speed trace's rows for the time each holds),
+  one step at speed 1 taking ``step_s`` seconds: a goodput's denominator."""
+  trace = net.speed_trace if net.hardware is not None else None
+  if trace is None:
+    return float(np.sum(_start_speeds(net, num_workers))) * elapsed / step_s
+  ends = list(trace.times[1:]) + [math.inf]
+  held = [max(0.0, min(end, elapsed) - start)
+          for start, end in zip(trace.times, ends)]
+  return sum(h * sum(row) for h, row in zip(held, trace.values)) / step_s
+
+
 def _all_speeds(net: Network) -> list[float]:
   hw, trace = net.hardware, net.speed_trace
   if trace is not None:

@@ -24,6 +24,8 @@ class StepClock(NamedTuple):
   active_W: Array          # bool (W,): who took part in its communication
   rejoined_W: Array = None  # bool (W,): who came back (the round's first step)
   members: Array = None    # int32: the workers up this round
+  useful: Array = None     # int32: worker-steps whose work this step's
+  #                          communication took in (a strategy without a sync)
 
 
 class RoundClock(NamedTuple):
@@ -31,6 +33,7 @@ class RoundClock(NamedTuple):
   sync_s: Array            # float32: seconds of the sync's communication
   participants: Array      # int32: workers averaged by the sync, or -1
   active_W: Array          # bool (W,): who took part in it
+  useful: Array = None     # int32: worker-steps whose work the sync took in
 
 
 class Carry(NamedTuple):

@@ -95,6 +95,8 @@ class Span(NamedTuple):
     taken_W: channel -> (n, W) int, the same per worker; None: every
       worker took part in every event.
     members: (n,) int, the workers up at each step (under faults).
+    useful: (n,) int worker-steps whose work a communication took in at
+      each step (with a clock; a sync's at its round's last step).
   """
 
   loss: Any
@@ -111,6 +113,7 @@ class Span(NamedTuple):
   taken: dict | None = None
   taken_W: dict | None = None
   members: Any = None
+  useful: Any = None
 
 
 class History:
@@ -155,6 +158,9 @@ class History:
     # Communications the clock saw, and those no worker took part in.
     self.syncs = 0
     self.empty_syncs = 0
+    # Worker-steps whose work a communication took in (goodput's numerator;
+    # None: a checkpoint from before they were counted).
+    self.useful = 0
     # The most wire bytes one step has put on the wire so far (per worker).
     self.peak = 0.0
     # The strategy's own metrics: the latest value reported.
@@ -173,7 +179,8 @@ class History:
             "sim_time": self.sim_time, "participants": self.participants,
             "members": self.members,
             "strategy": self.strategy, "peak": self.peak,
-            "syncs": self.syncs, "empty_syncs": self.empty_syncs}
+            "syncs": self.syncs, "empty_syncs": self.empty_syncs,
+            "useful": self.useful}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -198,6 +205,7 @@ class History:
     self.strategy.update({k: float(v) for k, v in
                           d.get("strategy", {}).items()})
     self.peak = float(d.get("peak", 0.0))
+    self.useful = d.get("useful")
     self.syncs = int(d.get("syncs", 0))
     self.empty_syncs = int(d.get("empty_syncs", 0))
 
@@ -308,6 +316,8 @@ class History:
     bad = np.flatnonzero(np.asarray(span.bad_worker) >= 0)
     stop = int(bad[0]) if bad.size else n
     cursor = _Cursor(self, span, stop)
+    if span.useful is not None and self.useful is not None:
+      self.useful += int(np.sum(np.asarray(span.useful)[:stop]))
     new_rows, prev = [], -1
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])

@@ -147,7 +147,7 @@ class Paced:
     nobody = jnp.zeros(self.num_workers, bool)
     clock = None if self.net is None else StepClock(
         tau, jnp.int32(-1), nobody, nobody,
-        jnp.sum(carry.up_W.astype(jnp.int32)))
+        jnp.sum(carry.up_W.astype(jnp.int32)), jnp.int32(0))
     return st, report, carry._replace(fleet=fleet), clock, active
 
   def sync(self, st, sync_fn, carry, steps_clock, active):
@@ -185,8 +185,10 @@ class Paced:
         jnp.where(f.waiting_W & ~merged, f.remaining_W - jump, 0.0),
         local_workers(held_all | arrived_all) & ~merged, since, window)
     n = jnp.sum(merged_all.astype(jnp.int32))
+    useful = jnp.sum(jnp.where(merged_all, all_workers(f.steps_W), 0))
     clock = None if self.net is None else RoundClock(
-        tau, jump, jnp.where(n > 0, n, -1), merged_all)
+        tau, jump, jnp.where(n > 0, n, -1), merged_all,
+        useful.astype(jnp.int32))
     return st, report, clock, active, carry._replace(fleet=fleet)
 
   def merging(self, f: Fleet, carry, held_all, elapsed):

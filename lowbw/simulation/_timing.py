@@ -72,12 +72,15 @@ class Clocked(Untimed):
   """The clock without masks: every worker is up and takes part."""
 
   def __init__(self, net, num_workers: int, channels, period: int = 1,
-               budgeted: bool | str = False):
+               budgeted: bool | str = False, synced: bool = True):
     self.net, self.num_workers, self.channels = net, num_workers, channels
     self.period = period
     self.budget = period if budgeted else 0  # DyLU's H, 0: none
     # DyLU's mean weighted by the steps each worker took in the round.
     self.weighted = budgeted == "weighted"
+    # Whose work counts (goodput): a strategy with a sync takes in a
+    # round's steps there, one without at each step's communication.
+    self.synced = synced
 
   def begin(self, step, fleet=None):
     del fleet
@@ -119,11 +122,16 @@ class Clocked(Untimed):
           ready_W, start + _clock.comm_seconds(net, counts)), ready_W)
       took_W = took_W & sent
       n = jnp.where(sent, jnp.sum(took_W.astype(jnp.int32)), -1)
+      counted_W = computes_W & jnp.where(sent, took_W, True)
     else:
       st, report = self.freeze_down(step_fn, st, computes_W)
       n, took_W = jnp.int32(-1), jnp.zeros(self.num_workers, bool)
+      counted_W = computes_W
+    useful = jnp.int32(0) if self.synced else jnp.sum(
+        counted_W.astype(jnp.int32))
     clock = StepClock(_clock.waited_for(net, ready_W, up_W), n, took_W,
-                      carry.rejoined_W, jnp.sum(up_W.astype(jnp.int32)))
+                      carry.rejoined_W, jnp.sum(up_W.astype(jnp.int32)),
+                      useful)
     return st, report, carry._replace(
         ready_W=ready_W, rejoined_W=jnp.zeros_like(carry.rejoined_W),
         steps_W=carry.steps_W + computes_W.astype(jnp.int32)
@@ -170,7 +178,10 @@ class Clocked(Untimed):
       st, report = fn(st)
       sync_s = _clock.comm_seconds(net, split_report(report,
                                                      self.channels)[0])
-    return st, report, RoundClock(start, sync_s, n, took_W), active, carry
+    useful = jnp.sum(jnp.where(took_W, carry.steps_W, 0)) if (
+        sync_fn is not None) else jnp.int32(0)
+    return st, report, RoundClock(start, sync_s, n, took_W,
+                                  useful.astype(jnp.int32)), active, carry
 
 
 class Masked(Clocked):
@@ -254,5 +265,6 @@ def timing(net, masks: bool, num_workers: int, channels,
     return Untimed()
   period = 1 if strategy is None else strategy.period
   budgeted = strategy is not None and strategy.time_budget
-  return (Masked if masks else Clocked)(net, num_workers, channels, period,
-                                        budgeted)
+  return (Masked if masks else Clocked)(
+      net, num_workers, channels, period, budgeted,
+      strategy is None or strategy.sync is not None)

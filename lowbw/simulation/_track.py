@@ -135,10 +135,12 @@ class Track:
         out.clock.active_W[:n], period)
     participants = per_step.clock.participants.copy()
     participants[period - 1::period] = out.clock.participants[:n]
+    useful = np.asarray(per_step.clock.useful, np.int64).copy()
+    useful[period - 1::period] += np.asarray(out.clock.useful[:n])
     self._catch_ups(per_step.clock, counts, taken, taken_W)
     return span._replace(sim_time=sim_time, participants=participants,
                          taken=taken, taken_W=taken_W,
-                         members=per_step.clock.members)
+                         members=per_step.clock.members, useful=useful)
 
   def _tail_span(self, n: int, per_step) -> Span:
     """The ``Span`` of the tail's ``n`` steps (a ``StepOut``, numpy)."""
@@ -157,7 +159,8 @@ class Track:
                              per_step.clock.time_s,
                              None if comm_steps is None else comm_steps[0]),
                          participants=participants, taken=taken,
-                         taken_W=taken_W, members=per_step.clock.members)
+                         taken_W=taken_W, members=per_step.clock.members,
+                         useful=per_step.clock.useful)
 
   def _catch_ups(self, step_clock, counts, taken, taken_W) -> None:
     """Adds the workers' returns to the fleet (their downloads of the
@@ -253,6 +256,7 @@ class Track:
                         self.sim.channels.items()},
         "sim_time_s": (self.clock.elapsed if self.network is not None
                        else None),
+        names.GOODPUT: self.goodput(),
         "compile_s": compile_s, "wall_time_s": elapsed,
         "steps_per_s": rate(c.steps), "examples_per_s": rate(examples),
         "log_dir": self.log_dir,
@@ -280,6 +284,24 @@ class Track:
     diverged = self.divergence()
     summary["diverged_at_step"] = None if diverged is None else diverged.step
     return summary
+
+  def goodput(self) -> float | None:
+    """Useful tokens over the tokens the fleet could have processed: the
+    worker-steps whose work a communication took in (a sync's round, or a
+    step's all-reduce for a strategy without a sync), over the steps every
+    worker could have taken at its own speed in the simulated time (None
+    without a clock or a hardware). Waiting at barriers, rounds lost to
+    faults or dropped by a mitigation, and steps past the last sync lower
+    it; every worker's batch holds the same tokens, so steps stand for
+    tokens."""
+    net = self.config.get("network") or {}
+    step_s = net.get("compute_s_per_step")
+    if (self.network is None or not step_s or self.history.useful is None
+        or not self.clock.elapsed > 0):
+      return None
+    capacity = _clock.capacity_steps(self.network, self.sim.config.workers,
+                                     step_s, self.clock.elapsed)
+    return self.history.useful / capacity if capacity > 0 else None
 
   def startup_figures(self) -> dict:
     """The start-up breakdown, and when the first row was logged: seconds

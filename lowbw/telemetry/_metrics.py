@@ -39,6 +39,9 @@ EVAL_LOCAL_LOSS_STD = "eval_local_loss_std"
 # the workers' batches, evaluated on the same windows; the gap is
 # eval_loss / shadow_eval_loss - 1.
 SHADOW_EVAL_LOSS = "shadow_eval_loss"
+# Every run's summary (with a clock and a hardware): useful tokens over the
+# tokens the fleet could have processed in the simulated time.
+GOODPUT = "goodput"
 SHADOW_GAP = "shadow_gap"
 # A summary figure of a run with the lane: its token efficiency against
 # DDP (the lane's steps to the run's final loss over the run's steps; over
