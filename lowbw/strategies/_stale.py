@@ -137,17 +137,18 @@ def heloco_block(delta: Array, m: Array, *, keep: float, shrink: float,
   a zero pseudo-gradient) is kept.
   """
   d, v = delta.astype(jnp.float32), m.astype(jnp.float32)
-  nd, nm = jnp.linalg.norm(d), jnp.linalg.norm(v)
+  norm = lambda x: jnp.sqrt(jnp.sum(x * x))  # noqa: E731  (any rank, 0 too)
+  nd, nm = norm(d), norm(v)
   live = (nd > 0) & (nm > 0)
   u_hat = d / jnp.where(live, nd, 1.0)
   v_hat = v / jnp.where(live, nm, 1.0)
-  c = jnp.clip(jnp.vdot(u_hat, v_hat), -1.0, 1.0)
+  c = jnp.clip(jnp.sum(u_hat * v_hat), -1.0, 1.0)
   conf = nd / (nd + kappa * nm + eps)
   beta = jnp.minimum(shrink * -c * conf, shrink_cap)
   shrunk = d - beta * c * nd * v_hat
   lam = jnp.minimum(reorient * (1.0 - c) * conf, 1.0)
   u_tilde = (1.0 - lam) * u_hat + lam * v_hat
-  turned = nd * u_tilde / jnp.maximum(jnp.linalg.norm(u_tilde), eps)
+  turned = nd * u_tilde / jnp.maximum(norm(u_tilde), eps)
   fixed = jnp.where(c < 0, shrunk, turned).astype(delta.dtype)
   return jnp.where(live & (c < keep), fixed, delta)
 
