@@ -171,9 +171,9 @@ def heloco(keep: float = 0.2, shrink: float = 1.0, shrink_cap: float = 1.0,
   pseudo-gradient), the paper's momentum form. With lowbw's outer SGD of the
   same Nesterov momentum (whose trace is m' <- mu m' + g) it is (1 - mu)
   times the outer momentum: the same direction. One block per tensor; every
-  outer step is corrected whatever its age. Defaults: lowbw's choice (the
-  paper's values could not be read); ``momentum`` 0.9 is DiLoCo's outer
-  momentum.
+  outer step is corrected whatever its age. The rule is read from a summary
+  of the paper's equations; the defaults are lowbw's choice (the paper's
+  values could not be read); ``momentum`` 0.9 is DiLoCo's outer momentum.
 
   Args:
     keep: the keep threshold c_ok: blocks whose cosine is at least this
