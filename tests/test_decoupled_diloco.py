@@ -240,10 +240,30 @@ def test_goodput_of_a_synchronous_fleet_waiting_for_its_slowest():
   assert untimed.summary["goodput"] is None
 
 
+def test_a_staleness_rule_scales_the_merges_by_their_age():
+  """``stale_outer`` gets each merge's age: CGAD with a gate that reaches 0
+  at age 1 keeps only the fresh merges (those whose learners all pulled
+  the latest model), so the run differs from plain Adam; with no gate and
+  no decay it is plain Adam bit for bit."""
+  adam = strategies.outer_optimizer(0.02, kind="adam")
+  kw = dict(inner=optax.adam(0.05), H=H, quorum=1, token_quorum=0.0,
+            grace=0.0, adaptive_grace=False, outer=adam)
+  plain = _run(strategies.decoupled_diloco(**kw))[0]
+  off = _run(strategies.decoupled_diloco(
+      stale_outer="cgad:alpha=0,cutoff=0", **kw))[0]
+  gated = _run(strategies.decoupled_diloco(
+      stale_outer="cgad:alpha=0,cutoff=1", **kw))[0]
+  for a, b in zip(jax.tree.leaves(off.params), jax.tree.leaves(plain.params)):
+    np.testing.assert_array_equal(a, b)
+  assert np.nanmax(plain.history["strategy_staleness"]) >= 1
+  assert any(np.abs(a - b).max() > 1e-4 for a, b in zip(
+      jax.tree.leaves(gated.params), jax.tree.leaves(plain.params)))
+
+
 def test_decoupled_diloco_refuses_bad_settings():
   for field, value in (("quorum", 0), ("token_quorum", 1.5),
                        ("grace", -1.0), ("adaptive_grace", "yes"),
-                       ("token_weighted", 1)):
+                       ("token_weighted", 1), ("stale_outer", "cgad")):
     with pytest.raises(ValueError, match=field):
       strategies.decoupled_diloco(**{field: value})
   model, data = _problem()

@@ -23,6 +23,8 @@ from lowbw.strategies._optim import (Optimizer, inner_optimizer, outer,
                                      outer_optimizer, unit_schedule)
 from lowbw.strategies._schedule import OuterScheduleState, peak_schedule
 from lowbw.strategies._stale import cgad, cgad_scale, scale_by_age
+from lowbw.strategies._stale import (HeLoCoState, heloco, heloco_block,
+                                     stale_outer)
 from lowbw.strategies import _snoo
 from lowbw.strategies._snoo import snoo, snoo_optimizer
 from lowbw.strategies._spec import Param, Spec
@@ -124,5 +126,6 @@ __all__ = [
     "outer", "snoo", "snoo_optimizer",
     "mtdao", "multi_timescale",
     "cgad", "cgad_scale", "scale_by_age",
+    "stale_outer", "heloco", "heloco_block", "HeLoCoState",
     "partial_updates", "decoupled_diloco",
 ]

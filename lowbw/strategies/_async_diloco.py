@@ -18,7 +18,7 @@ import optax
 from lowbw import _validate
 from lowbw._types import Array, Params, PyTree
 from lowbw.network import exchange
-from lowbw.strategies import _base, _optim, _spec
+from lowbw.strategies import _base, _optim, _spec, _stale
 from lowbw.transforms import (Codec, Compression, all_workers,
                               broadcast_to_workers, compression, num_workers,
                               participants, participating, transmit,
@@ -227,6 +227,7 @@ def async_diloco(
     delayed_nesterov: int = 0,
     staleness_scale: bool = False,
     dylu: bool = False,
+    stale_outer: str | None = None,
 ) -> _base.Strategy:
   """Asynchronous DiLoCo: each worker's pseudo-gradient updates the server's
   model when it arrives, and that worker alone restarts from the result.
@@ -262,6 +263,10 @@ def async_diloco(
     dylu: dynamic local updates (the paper's DyLU): worker w takes
       floor(H x v_w / v_max) inner steps per round (at least 1), v its
       speed, so all workers' rounds take about as long as the fastest's.
+    stale_outer: a staleness rule chained before the outer optimizer
+      (``stale_outer``): ``"cgad:alpha=A,cutoff=C"`` (CGAD, arXiv
+      2605.09126; with ``outer`` Adam it is CGAD exactly),
+      ``"heloco[:field=value,...]"`` (HeLoCo, arXiv 2606.00271), or None.
 
   Example:
     >>> strategy = lowbw.strategies.async_diloco(H=50, delayed_nesterov=4,
@@ -276,6 +281,7 @@ def async_diloco(
     _validate.boolean(field, value)
   if delayed_nesterov:
     outer = _with_delayed_nesterov(outer, delayed_nesterov)
+  outer = _stale.stale_outer(stale_outer, outer)
   comp = compression(codec, error_feedback)
   local = lambda s, g: (_base.inner_update(inner, s, g), {})  # noqa: E731
   sync = async_sync(outer, comp, staleness_scale)
@@ -286,7 +292,8 @@ def async_diloco(
       {"name": "async_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, **comp.config,
        "delayed_nesterov": delayed_nesterov,
-       "staleness_scale": staleness_scale, "dylu": dylu},
+       "staleness_scale": staleness_scale, "dylu": dylu,
+       "stale_outer": stale_outer},
       outer_places={"outer": "outer_state"}, asynchronous=H,
       time_budget=dylu, pull=async_pull,
       inner=inner)

@@ -13,7 +13,7 @@ the learners merged restart from the new model.
 from typing import NamedTuple
 
 from lowbw import _validate
-from lowbw.strategies import _base, _optim, _spec
+from lowbw.strategies import _base, _optim, _spec, _stale
 from lowbw.strategies._async_diloco import (async_channels, async_init,
                                             async_pull, async_sync)
 from lowbw.transforms import Codec, compression
@@ -54,6 +54,7 @@ def decoupled_diloco(
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
     dylu: bool = False,
+    stale_outer: str | None = None,
 ) -> _base.Strategy:
   """Decoupled DiLoCo: a syncer that merges whichever learners' updates have
   arrived once a minimum quorum is met and a grace window has passed.
@@ -104,6 +105,12 @@ def decoupled_diloco(
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
     dylu: dynamic local updates: learner w takes floor(H x v_w / v_max)
       inner steps per round (at least 1).
+    stale_outer: a staleness rule chained before the outer optimizer,
+      given each merge's age (its learners' mean staleness):
+      ``"cgad:alpha=A,cutoff=C"`` (CGAD, arXiv 2605.09126, which its paper
+      proposes for Decoupled DiLoCo; with an Adam ``outer`` it is CGAD
+      exactly), ``"heloco[:field=value,...]"`` (HeLoCo, arXiv
+      2606.00271), or None.
 
   Example:
     >>> strategy = lowbw.strategies.decoupled_diloco(H=50, quorum=2,
@@ -114,6 +121,7 @@ def decoupled_diloco(
   H = _validate.positive_int("H", H)
   rule = _quorum(quorum, token_quorum, grace, adaptive_grace, token_weighted)
   _validate.boolean("dylu", dylu)
+  outer = _stale.stale_outer(stale_outer, outer)
   comp = compression(codec, error_feedback)
   local = lambda s, g: (_base.inner_update(inner, s, g), {})  # noqa: E731
   sync = async_sync(outer, comp, False)
@@ -125,7 +133,7 @@ def decoupled_diloco(
        "outer": _base.describe(outer), "H": H, "quorum": rule.count,
        "token_quorum": rule.tokens, "grace": rule.grace,
        "adaptive_grace": rule.adaptive, "token_weighted": rule.token_weighted,
-       **comp.config, "dylu": dylu},
+       **comp.config, "dylu": dylu, "stale_outer": stale_outer},
       outer_places={"outer": "outer_state"}, asynchronous=H,
       time_budget=dylu, syncer=rule, pull=async_pull, inner=inner)
   # Driven step by step without the engine's schedule (a notebook), every

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import optax
 
 from lowbw.strategies._optim import Optimizer
+from lowbw.strategies._stale import stale_forms
 from lowbw.transforms import Codec
 from lowbw.transforms._compression import AGGREGATIONS
 from lowbw.transforms._sparse import SELECTORS
@@ -41,6 +42,9 @@ HELP = {
     "dylu": "time-budgeted rounds (DyLU, arXiv 2401.09135): each worker "
             "takes floor(H x its speed / the fastest's) inner steps per "
             "round, at least 1",
+    "stale_outer": "a staleness rule before the outer optimizer: "
+                   + ", ".join(stale_forms()) + " (CGAD, arXiv 2605.09126; "
+                   "HeLoCo, arXiv 2606.00271)",
     "aggregation": "how payloads that cannot be summed are combined: "
                    "all_gather, or reduce_scatter (a quantized all-reduce: "
                    "the mean encoded again, 2(W-1)/W x payload)",
