@@ -354,7 +354,7 @@ def test_every_strategy_runs_under_jit_and_scan(name):
   for channel, counts in reports.items():
     expected = (STEPS // period if channel in
                 ("parameters", "pseudo_gradients", "regional", "shared",
-                 "experts", "pairs") else STEPS)
+                 "experts", "pairs", "gossip") else STEPS)
     if name in ("desloc", "mtdao"):
       expected = STEPS // {"params": 2, "first_moment": 3,
                            "second_moment": 6}[channel]

@@ -30,6 +30,8 @@ from lowbw.strategies._snoo import snoo, snoo_optimizer
 from lowbw.strategies._spec import Param, Spec
 from lowbw.strategies._spec import spec as make_spec
 from lowbw.strategies._noloco import noloco
+from lowbw.strategies import _gasloc
+from lowbw.strategies._gasloc import gasloc
 from lowbw.strategies import _partial_updates
 from lowbw.strategies._partial_updates import partial_updates
 from lowbw.strategies._sparseloco import sparseloco
@@ -59,6 +61,7 @@ SPECS: dict[str, Spec] = {spec.name: spec for spec in (
     _noloco.SPEC,
     _snoo.SPEC,
     _partial_updates.SPEC,
+    _gasloc.SPEC,
 )}
 REGISTRY = {name: spec.factory for name, spec in SPECS.items()}
 _BUILT_IN = frozenset(SPECS)
@@ -127,5 +130,5 @@ __all__ = [
     "mtdao", "multi_timescale",
     "cgad", "cgad_scale", "scale_by_age",
     "stale_outer", "heloco", "heloco_block", "HeLoCoState",
-    "partial_updates", "decoupled_diloco",
+    "partial_updates", "decoupled_diloco", "gasloc",
 ]

@@ -26,9 +26,10 @@ import optax
 from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.network import channel
-from lowbw.strategies import _base, _optim, _spec
+from lowbw.strategies import _base, _gossip, _optim, _spec
+from lowbw.strategies._gossip import pairs
 from lowbw.transforms import (broadcast_to_workers, group_mean, participants,
-                              per_worker, where_workers, worker_mean)
+                              per_worker, worker_mean)
 from lowbw.transforms._reductions import total_workers
 
 
@@ -37,13 +38,6 @@ class NoLoCoComm(NamedTuple):
 
   outer_params_W: Params
   outer_state_W: PyTree
-
-
-def pairs(key, step, H: int, num_workers_: int):
-  """The round's random matching: a permutation whose consecutive entries
-  (2g, 2g + 1) are pair g, fresh every round, the same on every worker."""
-  round_key = jax.random.fold_in(jax.random.fold_in(key, 0x9A1F), step // H)
-  return jax.random.permutation(round_key, num_workers_)
 
 
 def noloco_sync(outer: optax.GradientTransformation, H: int, pull: float):
@@ -63,13 +57,11 @@ def noloco_sync(outer: optax.GradientTransformation, H: int, pull: float):
     updates_W, outer_state_W = per_worker(outer).update(
         optax.tree.scale(-1.0, step_W), c.outer_state_W, c.outer_params_W)
     active = participants()
-    outer_params_W = optax.apply_updates(c.outer_params_W, updates_W)
-    if active is not None:  # a worker that sat out keeps its state
-      outer_params_W = where_workers(active, outer_params_W, c.outer_params_W)
-      outer_state_W = where_workers(active, outer_state_W, c.outer_state_W)
-    # The workers that sat out go on from where they were.
-    params_W = (outer_params_W if active is None else
-                where_workers(active, outer_params_W, state.params_W))
+    # A worker that sat out keeps its state and goes on from where it was.
+    outer_params_W = _gossip.kept(active, optax.apply_updates(
+        c.outer_params_W, updates_W), c.outer_params_W)
+    outer_state_W = _gossip.kept(active, outer_state_W, c.outer_state_W)
+    params_W = _gossip.kept(active, outer_params_W, state.params_W)
     return state._replace(
         params_W=params_W, comm=NoLoCoComm(outer_params_W, outer_state_W)
     ), _base.events(pairs=1)

@@ -156,6 +156,12 @@ CASES = {
         "plain": dict(H=4),
         "compressed": dict(H=4, workers=3, owners=2, codec="quant:4", ef=0.9),
         "fleet": dict(H=4, workers=3, owners=2, drop_prob=0.3)}),
+    "gasloc": (BASE, 4, {
+        # GASLoC has no codec: (a) a random matching, (b) a fixed ring with
+        # momentum on the proposals, (c) random cycles with dropped workers.
+        "plain": dict(H=4),
+        "ring": dict(H=4, workers=4, graph="ring", accel=0.3),
+        "fleet": dict(H=4, workers=4, graph="two_peer", drop_prob=0.3)}),
 }
 
 # Real seconds: the one column that differs between runs.
