@@ -196,7 +196,7 @@ def _entry(values, seed, history, summary) -> dict:
           "final_eval_cross_entropy", "payload_bytes",
           "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
           "num_params", "error", "wire_bytes_regional", "wire_bytes_global",
-          "final_shadow_eval_loss", "final_shadow_gap")
+          "final_shadow_eval_loss", "final_shadow_gap", "goodput")
   return {"values": dict(values), "seed": seed, "curve": curve,
           **{k: summary.get(k) for k in keep}}
 
