@@ -25,6 +25,7 @@ import functools
 import math
 
 from lowbw import _validate
+from lowbw.simulation._engine import Programs
 from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._track import Track
 from lowbw.telemetry import _metrics as names
@@ -38,7 +39,6 @@ COLUMNS = (names.TRAIN_LOSS, names.EVAL_LOSS, names.SIM_TIME_S)
 def combine(programs: list):
   """The run's ``Programs`` and its lanes' as one ``Programs`` over tuples
   (states, samplers, network numbers; the run first)."""
-  from lowbw.simulation._engine import Programs
   tails = tuple(p.tail for p in programs)
   return Programs(
       chunk=functools.partial(_chunk, tuple(p.chunk for p in programs)),

@@ -319,6 +319,11 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
     One ``SweepPoint`` per point (a point whose loss became non-finite has
     its error in ``summary["error"]``).
   """
+  if sim.lanes:
+    raise _validate.fail("lanes", [name for name, _, _ in sim.lanes],
+                         "a sweep's points share one program of one run; "
+                         "run each point with lanes on its own "
+                         "(Simulator.run, or lowbw.study)")
   if len(points) == 1:  # the single-run program, shared with Simulator.run
     (values, seed), = points
     state, sampler, net, network = sim.initial(seed, values)
