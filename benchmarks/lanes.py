@@ -9,7 +9,7 @@ once; then ``--repeats`` runs of each, interleaved (0, 1, 2 lanes, 0, 1,
 seconds of the runs (compiling excluded) is reported with the memory
 estimate's state and lane bytes.
 
-    python benchmarks/lanes.py                 # 5 repeats, 400 steps
+    python benchmarks/lanes.py                 # 7 repeats, 3000 steps
     python benchmarks/lanes.py --repeats 3 --steps 200 --json out.json
 """
 
@@ -28,8 +28,8 @@ LANES = ([], ["no_faults"], ["no_faults", "no_stragglers"])
 
 def main() -> None:
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument("--repeats", type=int, default=5)
-  p.add_argument("--steps", type=int, default=400)
+  p.add_argument("--repeats", type=int, default=7)
+  p.add_argument("--steps", type=int, default=3000)
   p.add_argument("--json", help="write the figures here too")
   args = p.parse_args()
   sims = []
