@@ -83,18 +83,32 @@ def test_the_run_is_unchanged_by_its_lanes(laned):
   assert sim.compilations == 1
 
 
-def test_the_lanes_columns_in_metrics_csv(tmp_path):
+def test_traced_values_reach_the_lanes_that_keep_their_setting(laned):
+  """A traced drop_prob changes the run and the lanes that keep faults,
+  not the no_faults lane (it has no drop_prob); nothing compiles."""
+  sim, result = laned
+  other = sim.run(seed=3, hparams={"drop_prob": 0.5})
+  same = _lanes.metric("no_faults", "train_loss")
+  np.testing.assert_array_equal(other.history[same], result.history[same])
+  for col in ("train_loss", _lanes.metric("no_stragglers", "train_loss")):
+    assert not np.array_equal(other.history[col], result.history[col]), col
+  assert sim.compilations == 1
+
+
+def test_the_lanes_columns_in_metrics_csv(laned, tmp_path):
+  sim, result = laned
   out = tmp_path / "run"
-  lowbw.simulate(_config(lanes=["no_faults", "codec=topk:0.5"], steps=10,
-                         out=str(out)))
+  sim.run(seed=3, out=str(out))
   header = (out / "metrics.csv").read_text().splitlines()[0]
-  for lane in ("no_faults", "codec=topk:0.5"):
+  for lane in LANES:
     for col in LOGGED:
       assert _lanes.metric(lane, col) in header
   summary = json.loads((out / "summary.json").read_text())
-  assert "lane/no_faults/time_cost_s" in summary
+  assert summary["lane/no_faults/time_cost_s"] == (
+      result.summary["lane/no_faults/time_cost_s"])
   config = json.loads((out / "config.json").read_text())
   assert config["memory"]["lane_bytes"] > 0
+  assert sim.compilations == 1
 
 
 def test_memory_counts_each_lane():
@@ -152,8 +166,9 @@ def test_the_flag_is_repeatable(tmp_path):
 def test_a_study_gives_each_cause_a_paired_interval():
   """Over seeds, the final table holds each lane's loss and time cost
   with the paired t-interval of their means."""
-  study = lowbw.study(_config(lanes=["no_faults"], steps=10), grid={},
-                      seeds=[0, 1, 2])
+  # The fixture's configuration: its program comes from the test session's
+  # compilation cache.
+  study = lowbw.study(_config(lanes=list(LANES)), grid={}, seeds=[0, 1, 2])
   row = study.final(frame=False)
   costs = [p.summary["lane/no_faults/loss_cost"] for p in study.points]
   low, high = _result.paired_interval(costs)
