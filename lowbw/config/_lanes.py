@@ -23,6 +23,10 @@ CODEC_PREFIX = "codec="
 FAULTS = ("drop_prob", "message_loss", "failures", "windows", "joins")
 BYZANTINE = ("byzantine", "byzantine_kind", "byzantine_scale")
 STRAGGLERS = ("speeds", "jitter")
+# What a lane leaves out whatever its kind: outputs of the run that only
+# the run logs (the paired DDP replica, per-worker evaluations, the
+# correlation probe) would cost each lane their compute for nothing.
+RUN_ONLY = (FIELD, "shadow", "eval_local", "correlation_every")
 
 
 class Lane(NamedTuple):
@@ -142,7 +146,7 @@ def configs(cls, given: dict, s: dict, network, takes_codec: bool) -> tuple:
   for name in names(given.get(FIELD)):
     drop, set_ = changes(name, s, network, takes_codec)
     values = {k: v for k, v in given.items()
-              if k not in drop and k != FIELD}
+              if k not in drop and k not in RUN_ONLY}
     try:
       out.append((name, cls(**{**values, **set_})))
     except _validate.ConfigError as e:

@@ -188,5 +188,6 @@ def costs(name: str, run: dict, lane: dict) -> dict:
          metric(name, "time_cost_s"): diff("sim_time_s")}
   if lane.get("error"):
     out[metric(name, "error")] = lane["error"]
+  # Without a clock a lane has no time; a lane that failed, no loss.
   return {k: v for k, v in out.items()
-          if not (isinstance(v, float) and math.isnan(v))}
+          if v is not None and not (isinstance(v, float) and math.isnan(v))}
