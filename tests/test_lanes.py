@@ -150,6 +150,17 @@ def test_lanes_need_one_device_and_no_checkpoints(tmp_path):
                            out=str(tmp_path / "r")))
 
 
+def test_a_sweep_refuses_lanes_and_lanes_leave_run_only_outputs(laned):
+  sim, _ = laned
+  with pytest.raises(ValueError, match="lanes="):
+    lowbw.sweep(sim, grid={"inner_lr": [1e-3, 3e-3]})
+  config = _config(lanes=["no_faults"], shadow="ddp", eval_local=True)
+  (name, lane), = config.built().lanes
+  assert name == "no_faults" and lane.drop_prob is None
+  assert lane.shadow is None and not lane.eval_local
+  assert lane.jitter == config.jitter and lane.codec == config.codec
+
+
 def test_the_flag_is_repeatable(tmp_path):
   out = tmp_path / "run"
   args = ["train", "--data", "digits", "--strategy", "diloco", "--H", "5",
