@@ -125,6 +125,12 @@ def test_memory_counts_each_lane():
   assert plain.estimate_bytes < one.estimate_bytes < two.estimate_bytes
   assert one.estimate_bytes - plain.estimate_bytes == pytest.approx(
       one.lane_bytes)
+  # A budget the run fits and its lane does not: refused, naming it.
+  budget = int(plain.estimate_bytes + one.lane_bytes / 2)
+  lowbw.build(_config(memory_budget=budget), compile=False)
+  with pytest.raises(ValueError, match="memory_budget=.*give fewer lanes"):
+    lowbw.build(_config(lanes=["no_faults"], memory_budget=budget),
+                compile=False)
 
 
 @pytest.mark.parametrize("changes, lane, says", [
