@@ -111,6 +111,25 @@ def test_the_lanes_columns_in_metrics_csv(laned, tmp_path):
   assert sim.compilations == 1
 
 
+def test_the_ddp_lane_equals_a_ddp_run_on_the_same_fleet():
+  """lanes=["ddp"]: DDP (one-step rounds, H of them per round of the run,
+  and the run's two-step tail as rounds) with the run's inner optimizer,
+  on the same faulty, jittery fleet, equals a separate DDP run, bit for
+  bit (the separate run chunks its steps its own way)."""
+  common = {k: v for k, v in BASE.items()
+            if k not in ("byzantine", "codec", "speeds")}
+  run = lowbw.simulate(lowbw.Config(**common, lanes=["ddp"], seed=3))
+  ddp = {**common, "strategy": "ddp",
+         "inner_lr": lowbw.Config(**common).inner_lr}
+  del ddp["H"]
+  alone = lowbw.simulate(lowbw.Config(**ddp, seed=3))
+  for col in LOGGED:
+    np.testing.assert_array_equal(run.history[_lanes.metric("ddp", col)],
+                                  alone.history[col], err_msg=col)
+  assert run.summary["lane/ddp/time_cost_s"] == (
+      run.summary["sim_time_s"] - alone.summary["sim_time_s"])
+
+
 def test_memory_counts_each_lane():
   """Each lane adds about one run's state (its own parameters and
   optimizer states); zero lanes add nothing."""
@@ -143,6 +162,7 @@ def test_memory_counts_each_lane():
     (dict(strategy="snoo", codec=None, byzantine=None), "codec=none",
      "takes no codec"),
     (dict(), ["no_faults", "no_faults"], "given twice"),
+    (dict(strategy="ddp", H=None, byzantine=None), "ddp", "is DDP already"),
 ])
 def test_a_bad_lane_is_refused_naming_lanes(changes, lane, says):
   with pytest.raises(ValueError, match="lanes=") as e:

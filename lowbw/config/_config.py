@@ -233,9 +233,8 @@ class _ConfigBase:
       given[key] = _check_type(FIELDS[key], value)
     resolved, built = resolve(given)
     # The lanes (``_lanes``): configs of their own, resolved the same way.
-    built = built._replace(lanes=_lanes.configs(
-        type(self), given, resolved, built.checked["network"],
-        "codec" in _resolve.owned_by_strategy(resolved)))
+    built = built._replace(lanes=_lanes.configs(type(self), given,
+                                                resolved, built))
     for name in FIELDS:
       object.__setattr__(self, name, resolved[name])
     object.__setattr__(self, "given", frozenset(given))

@@ -339,7 +339,7 @@ RUN_FIELDS = (
           "run in the same program, on the same batches, initialisation and "
           "keys, each with one cause removed or changed: no_faults, "
           "no_stragglers, no_byzantine, codec=SPEC (codec=none: "
-          "uncompressed); each logs lane/NAME/eval_loss and "
+          "uncompressed), ddp (the method replaced by DDP); each logs lane/NAME/eval_loss and "
           "lane/NAME/sim_time_s, the summary each cause's cost; each costs "
           "about one more run's state and compute (docs/lanes.md)",
           repeat="lane"),

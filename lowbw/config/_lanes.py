@@ -7,15 +7,18 @@ resolved the normal way. The simulation steps every lane beside the run
 on the same batches, initialisation and keys (``simulation._lanes``), so
 the difference between the run and a lane is that one cause's cost.
 
-Each kind of lane is one ``Lane`` in ``LANES``: the settings it resets
+Each cause's lane is one ``Lane`` in ``LANES``: the settings it resets
 and how to tell whether the run has the cause at all (a lane that removes
-nothing is refused when the config is made).
+nothing is refused when the config is made). Two lanes change a setting
+instead: ``codec=SPEC`` (another codec) and ``ddp`` (the method replaced
+by DDP, with the run's inner optimizer, on the same fleet).
 """
 
 from typing import Any, Callable, NamedTuple
 
 from lowbw import _validate
 from lowbw import transforms
+from lowbw.config import _resolve, _strategy_fields
 
 FIELD = "lanes"
 CODEC_PREFIX = "codec="
@@ -70,7 +73,20 @@ LANES = {
     "no_byzantine": Lane("Byzantine workers (byzantine)", BYZANTINE,
                          _byzantine),
 }
-KINDS = (*LANES, CODEC_PREFIX + "SPEC")
+DDP = "ddp"
+KINDS = (*LANES, CODEC_PREFIX + "SPEC", DDP)
+
+
+class Run(NamedTuple):
+  """What a lane is made from: the run's resolved settings ``s``, the
+  network it built, the settings its strategy owns, and its period and
+  rounds per compiled chunk."""
+
+  s: dict
+  network: Any
+  owned: set
+  period: int
+  rounds_per_chunk: int
 
 
 def names(value) -> tuple[str, ...]:
@@ -89,12 +105,15 @@ def names(value) -> tuple[str, ...]:
   return out
 
 
-def changes(name: str, s: dict, network, takes_codec: bool) -> tuple:
+def changes(name: str, run: Run) -> tuple:
   """``(settings to drop, settings to set)`` that make the run's lane
   ``name``; a ConfigError naming ``lanes`` when the run has no such cause,
   the name is unknown, or a codec lane meets a strategy without a codec."""
+  s, network = run.s, run.network
   if name.startswith(CODEC_PREFIX):
-    return _codec_changes(name, s, takes_codec)
+    return _codec_changes(name, s, "codec" in run.owned)
+  if name == DDP:
+    return _ddp_changes(run)
   if name not in LANES:
     raise _validate.fail(FIELD, name, "not a lane; expected one of " +
                          ", ".join(KINDS) + _validate.suggest(name, LANES))
@@ -127,6 +146,28 @@ def _codec_changes(name: str, s: dict, takes_codec: bool) -> tuple:
   return (), {"codec": spec}
 
 
+def _ddp_changes(run: Run) -> tuple:
+  """The run's method replaced by DDP (every worker's gradient averaged at
+  every step, uncompressed), on the same fleet and network, with the run's
+  inner optimizer; evaluated and chunked as the run is, so that its rounds
+  of one step run beside the run's rounds of H."""
+  s = run.s
+  if not isinstance(s["strategy"], str) or s["strategy"] == DDP:
+    raise _validate.fail(FIELD, DDP, "the run's strategy is DDP already, "
+                         "or an object (a lane equal to the run measures "
+                         "nothing)")
+  used = _resolve.used(s)
+  # The inner optimizer's settings, at the run's values (the others of the
+  # optimizers' group are outer ones, which DDP has not).
+  optimizers = [f.name for f in _strategy_fields.fields()
+                if f.group == "optimizers"]
+  keep = {k: s[k] for k in optimizers if "outer" not in k and k in used}
+  outer = [k for k in optimizers if "outer" in k]
+  return (*run.owned, "strategy", *outer), {
+      "strategy": DDP, **keep, "eval_every": s["eval_every"],
+      "rounds_per_chunk": run.rounds_per_chunk * run.period}
+
+
 def _uncompressed(codec) -> bool:
   return codec is None or (isinstance(codec, str) and
                            codec.strip().lower() in transforms.UNCOMPRESSED)
@@ -139,12 +180,14 @@ def _same_codec(spec: str, codec) -> bool:
       " ", "")
 
 
-def configs(cls, given: dict, s: dict, network, takes_codec: bool) -> tuple:
+def configs(cls, given: dict, s: dict, built) -> tuple:
   """``((name, Config), ...)``: each lane of a config whose given settings
-  are ``given`` and resolved ones ``s`` (``network``: the one it built)."""
+  are ``given``, resolved ones ``s`` and whose build ``built`` made."""
+  run = Run(s, built.checked["network"], _resolve.owned_by_strategy(s),
+            built.strategy.period, built.checked["rounds_per_chunk"])
   out = []
   for name in names(given.get(FIELD)):
-    drop, set_ = changes(name, s, network, takes_codec)
+    drop, set_ = changes(name, run)
     values = {k: v for k, v in given.items()
               if k not in drop and k not in RUN_ONLY}
     try:

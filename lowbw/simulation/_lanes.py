@@ -36,17 +36,36 @@ COLUMNS = (names.TRAIN_LOSS, names.EVAL_LOSS, names.SIM_TIME_S)
 
 
 # -------------------------------------------------------------- programs
-def combine(programs: list):
+def ratio(config, lane) -> int:
+  """The lane's rounds per round of the run: 1, or H for a lane of
+  one-step rounds (DDP beside a run of H steps per round)."""
+  return config.period // lane.period
+
+
+def combine(programs: list, ratios: list, tail_steps: int):
   """The run's ``Programs`` and its lanes' as one ``Programs`` over tuples
-  (states, samplers, network numbers; the run first)."""
-  tails = tuple(p.tail for p in programs)
+  (states, samplers, network numbers; the run first). A lane of one-step
+  rounds runs ``ratio`` rounds per round of the run, and the run's tail
+  as rounds."""
+  steps = tuple(functools.partial(_rounds, p.chunk, r) for p, r in
+                zip(programs, ratios))
+  tails = tuple(p.tail if r == 1 else functools.partial(
+      _as_tail, p.chunk, tail_steps) for p, r in zip(programs, ratios))
   return Programs(
-      chunk=functools.partial(_chunk, tuple(p.chunk for p in programs)),
-      tail=None if tails[0] is None else functools.partial(_tail, tails),
+      chunk=functools.partial(_chunk, steps),
+      tail=None if not tail_steps else functools.partial(_tail, tails),
       evaluate=functools.partial(_evaluate,
                                  tuple(p.evaluate for p in programs)),
       global_params=functools.partial(_global_params,
                                       programs[0].global_params))
+
+
+def _rounds(chunk, ratio, sim, sampler, n_rounds, net):
+  return chunk(sim, sampler, n_rounds * ratio, net)
+
+
+def _as_tail(chunk, tail_steps, sim, sampler, net):
+  return chunk(sim, sampler, tail_steps, net)
 
 
 def _chunk(chunks, sims, samplers, n_rounds, nets):
@@ -72,7 +91,8 @@ def _global_params(global_params, sims):
 # ---------------------------------------------------------------- inputs
 def check(config, lanes) -> None:
   """Lanes run on one device of one process, each with the run's period
-  and tail (one chunk program steps them all)."""
+  (or rounds of one step: DDP) and chunks of as many steps (one chunk
+  program steps them all)."""
   if not lanes:
     return
   lane_names = [name for name, _, _ in lanes]
@@ -81,9 +101,13 @@ def check(config, lanes) -> None:
                          f"run asks for devices={config.devices} (give "
                          "devices=1)")
   for name, lane, _ in lanes:
-    if lane.period != config.period:  # a lane changes no schedule
-      raise _validate.fail(FIELD, name, f"its period {lane.period} is not "
-                           f"the run's {config.period}")
+    r = ratio(config, lane)
+    if lane.period not in (1, config.period) or (
+        lane.rounds_per_chunk != config.rounds_per_chunk * r):
+      raise _validate.fail(FIELD, name, f"its rounds of {lane.period} steps "
+                           f"({lane.rounds_per_chunk} per chunk) do not "
+                           f"run beside the run's of {config.period} "
+                           f"({config.rounds_per_chunk} per chunk)")
 
 
 def lane_hparams(hparams: dict | None, changed: tuple) -> dict:
@@ -119,10 +143,11 @@ def track(run_track: Track, lanes, hparams) -> "Laned | Track":
   if not lanes:
     return run_track
   log_every = run_track.history.log_every
+  config = run_track.sim.config
   return Laned(run_track, tuple(
       (name, Track(sim, log_every,
                    sim.check_hparams(lane_hparams(hparams, changed))[1],
-                   None))
+                   None), ratio(config, sim.config))
       for name, sim, changed in lanes))
 
 
@@ -144,9 +169,13 @@ class Laned:
     setattr(self.run, name, value)
 
   def consume(self, kind, n, out, ev, end_step, wall, last_step):
-    for k, (_, lane) in enumerate(self.lanes, 1):
+    for k, (_, lane, r) in enumerate(self.lanes, 1):
+      # A lane of one-step rounds ran r rounds per round, and the tail's
+      # steps as rounds.
+      mine = (kind, n) if r == 1 else (
+          "rounds", n * r if kind == "rounds" else n)
       try:
-        lane.consume(kind, n, out[k], None if ev is None else ev[k],
+        lane.consume(*mine, out[k], None if ev is None else ev[k],
                      end_step, wall, last_step)
       except NonFiniteLossError:
         pass  # kept in the lane's ``error``; its columns stop there
@@ -154,13 +183,13 @@ class Laned:
                             end_step, wall, last_step)
 
   def finalize(self, steps, wall, final_eval) -> None:
-    for k, (_, lane) in enumerate(self.lanes, 1):
+    for k, (_, lane, _) in enumerate(self.lanes, 1):
       lane.finalize(steps, wall, lambda k=k: final_eval()[k])
     self.run.finalize(steps, wall, lambda: final_eval()[0])
 
   def _add_columns(self, row: dict) -> None:
     step = row[names.STEP]
-    for name, lane in self.lanes:
+    for name, lane, _ in self.lanes:
       mine = next((r for r in reversed(lane.history.rows)
                    if r[names.STEP] == step), None)
       for col in COLUMNS:
@@ -169,7 +198,7 @@ class Laned:
 
   def summary(self, compile_s: float, elapsed: float) -> dict:
     out = self.run.summary(compile_s, elapsed)
-    for name, lane in self.lanes:
+    for name, lane, _ in self.lanes:
       out.update(costs(name, out, lane.summary(compile_s, elapsed)))
     return out
 

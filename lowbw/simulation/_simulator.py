@@ -97,7 +97,9 @@ class Simulator:
         tuple(self.strategy_channels), self.mesh, self.specs))
     if self.lanes:
       self.programs = _lanes.combine(
-          [self.programs] + [sim.programs for _, sim, _ in self.lanes])
+          [self.programs] + [sim.programs for _, sim, _ in self.lanes],
+          [1] + [_lanes.ratio(c, sim.config) for _, sim, _ in self.lanes],
+          c.tail_steps)
     self.compiled = _startup.Compiled(self.programs, self.eval_batches,
                                       time.perf_counter() - started)
     self.inputs = _inputs.Inputs(c, facts, self.mesh, self.specs,
