@@ -301,6 +301,23 @@ def _duration(seconds: float) -> str:
   return network_lib.format_duration(seconds)
 
 
+def _lane_lines(summary: dict) -> list[str]:
+  """A line per counterfactual lane: what its cause cost the run."""
+  lines = []
+  for key in summary:
+    if not (key.startswith("lane/") and key.endswith("/loss_cost")):
+      continue
+    name = key[len("lane/"):-len("/loss_cost")]
+    time_cost = summary.get(f"lane/{name}/time_cost_s")
+    lines.append(f"  lane {name:<12} eval loss "
+                 f"{summary[f'lane/{name}/final_eval_loss']:.4f} (the cause "
+                 f"costs {summary[key]:+.4f}" + (
+                     "" if time_cost is None else
+                     f", {_duration(abs(time_cost))} "
+                     f"{'slower' if time_cost >= 0 else 'faster'}") + ")")
+  return lines
+
+
 def format_summary(summary: dict, s: dict) -> str:
   lines = [f"{s['strategy']}: {summary['num_workers']} workers x "
            f"{summary['steps']} steps, {summary['num_params']:,} parameters"]
@@ -315,6 +332,7 @@ def format_summary(summary: dict, s: dict) -> str:
     lines.append(f"  DDP lane          eval loss "
                  f"{summary['final_shadow_eval_loss']:.4f} (gap "
                  f"{summary['final_shadow_gap']:+.2%})")
+  lines += _lane_lines(summary)
   collectives = ", ".join(sorted(set(summary.get("collectives", {}).values())))
   lines.append(f"  sent per worker   {_bytes(summary['payload_bytes'])} payload, "
                f"{_bytes(summary['wire_bytes'])} on the wire ({collectives})")

@@ -21,7 +21,7 @@ from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
-from lowbw.config import _fields, _files, _paths, _resolve, _settings
+from lowbw.config import _fields, _files, _lanes, _paths, _resolve, _settings
 from lowbw.config import _strategy_fields as strategy_fields
 from lowbw.telemetry import _cost
 
@@ -128,6 +128,8 @@ def _check_type(field: _fields.Field, value):
                          "optimizer's name (adamw, sgd, ...); for an optax "
                          "optimizer give it to the strategy: strategy="
                          f"lowbw.strategies.diloco({field.name}=...)")
+  if field.repeat and value is not None:
+    return list(_lanes.names(value))  # a list: a file writes it as one
   if field.name in ("data", "model") and value is not None and not (
       isinstance(value, (str, dict, list)) or (
           type(value) is tuple and not _is_pair(field, value))):
@@ -230,6 +232,9 @@ class _ConfigBase:
         raise _validate.fail(name, value, f"{key} is given twice")
       given[key] = _check_type(FIELDS[key], value)
     resolved, built = resolve(given)
+    # The lanes (``_lanes``): configs of their own, resolved the same way.
+    built = built._replace(lanes=_lanes.configs(type(self), given,
+                                                resolved, built))
     for name in FIELDS:
       object.__setattr__(self, name, resolved[name])
     object.__setattr__(self, "given", frozenset(given))
@@ -378,12 +383,13 @@ def resolve(given: dict) -> dict:
 
 
 class Built(NamedTuple):
-  """What validating a config builds, kept for its run: the strategy, and
-  the build settings as ``check_settings`` returned them (the
-  network among them)."""
+  """What validating a config builds, kept for its run: the strategy, the
+  build settings as ``check_settings`` returned them (the network among
+  them), and the counterfactual lanes as ``(name, Config)`` pairs."""
 
   strategy: Any
   checked: dict
+  lanes: tuple = ()
 
 
 def _check_build(s: dict, strategy) -> dict:

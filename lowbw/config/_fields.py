@@ -56,6 +56,8 @@ class Field(NamedTuple):
       training nor the bytes (on a network without stragglers or faults):
       a study re-times a point that differs from another only in such
       settings (``studies._run``), and ``lowbw retime`` takes them.
+    repeat: the setting is a list of names, its flag this word given once
+      per item (``--lane no_faults --lane codec=none``).
   """
 
   name: str
@@ -71,10 +73,11 @@ class Field(NamedTuple):
   check: Any = None
   python: bool = False
   clock_only: bool = False
+  repeat: str = ""
 
   @property
   def flag(self) -> str:
-    return "--" + self.name.replace("_", "-")
+    return "--" + (self.repeat or self.name).replace("_", "-")
 
 
 def quantity(parse, field: str):
@@ -332,6 +335,14 @@ RUN_FIELDS = (
           "2510.15830: how much of a gain is the outer step's); costs one "
           "more replica's compute", choices=_checks.SHADOWS,
           check=_checks.shadow),
+    Field("lanes", None, SHAPE, _R, "counterfactual lanes: copies of the "
+          "run in the same program, on the same batches, initialisation and "
+          "keys, each with one cause removed or changed: no_faults, "
+          "no_stragglers, no_byzantine, codec=SPEC (codec=none: "
+          "uncompressed), ddp (the method replaced by DDP); each logs lane/NAME/eval_loss and "
+          "lane/NAME/sim_time_s, the summary each cause's cost; each costs "
+          "about one more run's state and compute (docs/lanes.md)",
+          repeat="lane"),
     Field("wandb_project", None, RUN, _R, "also log to this Weights & Biases "
           "project (pip install 'lowbw[wandb]'; WANDB_MODE=offline needs no "
           "network)"),
@@ -423,6 +434,9 @@ def flag_kwargs(field: Field) -> dict:
   help = (field.help + default).replace("%", "%%")
   if field.type is bool:
     return dict(action=argparse.BooleanOptionalAction, help=help)
+  if field.repeat:
+    return dict(action="append", dest=field.name, metavar="NAME",
+                help=help + " (repeat the flag for several)")
   kwargs = dict(help=help)
   if field.choices:
     kwargs["choices"] = field.choices

@@ -36,7 +36,7 @@ NETWORK_SETTINGS = {f.name for f in _fields.RUN_FIELDS
                     and f.name != "network"}
 
 
-def _owned_by_strategy(s: dict) -> set[str]:
+def owned_by_strategy(s: dict) -> set[str]:
   """The settings the chosen strategy reads."""
   return used_by()["strategy"].get(choices(s)["strategy"], set())
 
@@ -127,7 +127,7 @@ def _uncompressed(codec) -> bool:
 def check_used(s: dict, explicit) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
   if "compress" in explicit and _uncompressed(s["codec"]) and (
-      "compress" in _owned_by_strategy(s)):
+      "compress" in owned_by_strategy(s)):
     raise _validate.fail("compress", s["compress"],
                          "says what codec encodes; give a codec")
   if s["sharding"] in ("dirichlet", "source") and data_kind(s) in (

@@ -20,24 +20,43 @@ BUILD_OPTIONS = {"compile": True, "compile_cache": True}
 POSITIONAL = ("model", "data", "strategy")
 
 
-def engine_config(config: Config) -> _settings.RunConfig:
+def engine_config(config: Config, parts=None) -> _settings.RunConfig:
   """The engine's record of ``config``: the data and the model made, the
   strategy, the network and the settings as the config checked them when
-  it was made (nothing is checked or built twice)."""
+  it was made (nothing is checked or built twice). ``parts``: the
+  ``(model, data)`` of the run a lane belongs to, shared with it."""
   s = {name: getattr(config, name) for name in FIELDS}
-  source = build_data(s)
   built = config.built()
-  return _settings.engine_config(build_model(s, source), source,
-                                 built.strategy, built.checked)
+  checked = dict(built.checked)
+  if config.lanes or parts is not None:
+    # Lanes share one device (``_lanes.check``): lowbw's own choice of
+    # devices gives way; a given one is refused there.
+    if checked["auto_devices"]:
+      checked.update(devices=1, auto_devices=False)
+  if parts is None:
+    source = build_data(s)
+    parts = (build_model(s, source), source)
+  return _settings.engine_config(*parts, built.strategy, checked)
+
+
+def lane_configs(config: Config, record: _settings.RunConfig) -> tuple:
+  """``(name, RunConfig, changed settings)`` of each of ``config``'s
+  counterfactual lanes, on the run's model and data."""
+  return tuple(
+      (name, engine_config(lane, (record.model, record.data)),
+       tuple(k for k in FIELDS if k != "lanes" and
+             getattr(lane, k) != getattr(config, k)))
+      for name, lane in config.built().lanes)
 
 
 def build_config(config: Config, compile: bool = True,
                  compile_cache=True) -> Simulator:
-  """The simulator of ``config`` (``engine_config``)."""
+  """The simulator of ``config`` (``engine_config``), with its lanes."""
   started = time.perf_counter()
   record = engine_config(config)
   _compile_cache.enable(_compile_cache.check(compile_cache))
-  return Simulator(record, compile=compile, started=started)
+  return Simulator(record, compile=compile, started=started,
+                   lanes=lane_configs(config, record))
 
 
 def yaml_or_none(config: Config) -> str | None:

@@ -57,9 +57,11 @@ class Plan(NamedTuple):
   estimate_bytes: float
   budget: Budget | None
   buffer_bytes: float = 0.0   # the per-step outputs (``step_buffer_bytes``)
+  lane_bytes: float = 0.0     # the counterfactual lanes' (``with_lanes``)
 
   def describe(self) -> dict:
     return {"estimate_bytes": self.estimate_bytes,
+            "lane_bytes": self.lane_bytes,
             "state_bytes": self.state_bytes, "data_bytes": self.data_bytes,
             "step_buffer_bytes": self.buffer_bytes,
             "in_flight_bytes_per_worker": {"all_at_once": self.in_flight_all,
@@ -219,6 +221,31 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
   return Plan(None if size == local_w else size, here * state,
               here * data_bytes, flight_all, flight_group, chosen,
               c.memory_budget, here * buffers)
+
+
+def with_lanes(run: Plan, lanes: list[Plan]) -> Plan:
+  """The run's plan with its counterfactual lanes' (``_lanes``): each lane
+  keeps its own state and per-step outputs for the whole run; its steps run
+  after the run's in the same program, so only one of them has its
+  activations in flight at a time, and the data is the run's. A lane costs
+  about one more run's state; refused, like the run, past the budget."""
+  if not lanes:
+    return run
+  extra = sum(p.state_bytes + p.buffer_bytes for p in lanes)
+  flight = max(p.estimate_bytes - p.state_bytes - p.buffer_bytes
+               - p.data_bytes for p in [run, *lanes])
+  estimate = (run.state_bytes + run.buffer_bytes + run.data_bytes + extra
+              + flight)
+  plan = run._replace(lane_bytes=extra, estimate_bytes=estimate)
+  if run.budget is not None and estimate > run.budget.bytes:
+    fmt = net_lib.format_bytes
+    text = (f"the run and its {len(lanes)} lane(s) need about "
+            f"{fmt(estimate)} ({fmt(extra)} for the lanes' state), more "
+            f"than the budget ({run.budget.source}); give fewer lanes")
+    if run.budget.given:
+      raise _validate.fail("memory_budget", fmt(run.budget.bytes), text)
+    raise ValueError("too big for memory: " + text)
+  return plan
 
 
 def _group_size(c, local_w: int, can_group: bool, estimate) -> int:

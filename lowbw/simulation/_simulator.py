@@ -29,8 +29,9 @@ from lowbw import _validate
 from lowbw.telemetry import _cost, _params, _progress, _writers
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_engine, _facts,
-                              _hparams, _inputs, _logdir, _mesh,
-                              _plan, _prices, _resume, _schema, _startup)
+                              _hparams, _inputs, _lanes, _logdir, _memory,
+                              _mesh, _plan, _prices, _resume, _schema,
+                              _startup)
 from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation._divergence import DivergenceError
 from lowbw.simulation._result import Result
@@ -54,13 +55,18 @@ class Simulator:
     strategy_metric_names: the strategy's own metrics (logged as
       ``strategy_<name>``).
     facts, memory, prices, compiled, inputs, schema: its named parts.
+    lanes: the counterfactual lanes, ``(name, Simulator, changed
+      settings)`` each (``_lanes``): stepped in this simulator's programs.
   """
 
   hparam_names = tuple(_hparams.KNOBS)
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
-               started: float | None = None):
+               started: float | None = None, lanes: tuple = ()):
     started = time.perf_counter() if started is None else started
+    _lanes.check(config, lanes)
+    self.lanes = tuple((name, Simulator(lane, compile=False), changed)
+                       for name, lane, changed in lanes)
     self.processes = jax.process_count()
     self.main_process = jax.process_index() == 0
     facts = self.facts = _facts.learn(config)
@@ -71,7 +77,9 @@ class Simulator:
     self.strategy_metric_names = facts.strategy_metric_names
     self.eval_batches = jax.tree.map(
         jnp.asarray, config.data.eval_batches(config.eval_examples))
-    self.memory = _plan.memory_plan(config, facts, self.eval_batches)
+    self.memory = _memory.with_lanes(
+        _plan.memory_plan(config, facts, self.eval_batches),
+        [sim.memory for _, sim, _ in self.lanes])
     c = self.config = dataclasses.replace(
         config, worker_batch=self.memory.worker_batch)
     self.prices = _prices.Prices(c, facts)
@@ -87,6 +95,11 @@ class Simulator:
           self.eval_batches, _mesh.replicated(self.eval_batches), self.mesh)
     self.programs = _engine.build(c, _engine.Parts(
         tuple(self.strategy_channels), self.mesh, self.specs))
+    if self.lanes:
+      self.programs = _lanes.combine(
+          [self.programs] + [sim.programs for _, sim, _ in self.lanes],
+          [1] + [_lanes.ratio(c, sim.config) for _, sim, _ in self.lanes],
+          c.tail_steps)
     self.compiled = _startup.Compiled(self.programs, self.eval_batches,
                                       time.perf_counter() - started)
     self.inputs = _inputs.Inputs(c, facts, self.mesh, self.specs,
@@ -125,6 +138,9 @@ class Simulator:
     of the run folder ``init_from`` when given); ``net`` the traced network
     numbers (None without a network).
     """
+    if self.lanes:
+      return _lanes.initial(self.inputs, self.lanes, seed, hparams,
+                            init_from)
     return self.inputs.initial(seed, hparams, init_from)
 
   def check_hparams(self, hparams, field: str = "hparams"):
@@ -148,7 +164,8 @@ class Simulator:
     return self.schema.describe(seed, network, hparams, metadata)
 
   def columns(self) -> list[str]:
-    return self.schema.columns()
+    cols = self.schema.columns()
+    return cols + _lanes.columns(self.lanes, cols)
 
   # ------------------------------------------------------------------ runs
   def run(self, seed: int = 0, hparams: dict | None = None,
@@ -204,8 +221,9 @@ class Simulator:
     config = self.describe(seed, network, hparams, metadata)
     if init_from is not None:
       config["init_from"] = os.path.abspath(init_from)
-    track = Track(self, self.config.default_log_every, network, out,
-                  callback, config)
+    track = _lanes.track(Track(self, self.config.default_log_every,
+                               network, out, callback, config),
+                         self.lanes, hparams)
     track.prices = prices
     wall_offset = 0.0
     if resume_from is not None:
@@ -237,6 +255,11 @@ class Simulator:
     checkpoint_every = _config.multiple_of_period(
         "checkpoint_every", checkpoint_every, self.config.period)
     _resume.check_paths(out, checkpoint_every, resume_from)
+    if self.lanes and (checkpoint_every or resume_from):
+      raise _validate.fail(
+          "checkpoint_every" if checkpoint_every else "resume_from",
+          checkpoint_every or resume_from, "a run with lanes is not "
+          "checkpointed yet; run it without checkpoints")
     _config.check_processes(checkpoint_every, resume_from)
     _logdir.prepare(out, resuming=_resume.continues(out, resume_from),
                     overwrite=overwrite, create=self.main_process)

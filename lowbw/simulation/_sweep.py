@@ -212,6 +212,7 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
                   create=jax.process_index() == 0)
   sim = build_args if isinstance(build_args, Simulator) else (
       _build(build_args))
+  _no_lanes(sim)
   sim = _on_one_device(sim)
   c = sim.config
   if c.devices > 1 or sim.processes > 1:
@@ -299,6 +300,15 @@ def _build(args) -> Simulator:
   return build(**{"compile": False, **args})
 
 
+def _no_lanes(sim) -> None:
+  """Counterfactual lanes are a single run's (``Simulator.run``)."""
+  if sim.lanes:
+    raise _validate.fail("lanes", [name for name, _, _ in sim.lanes],
+                         "a sweep's points share one program of one run; "
+                         "run each point with lanes on its own "
+                         "(Simulator.run, or lowbw.study)")
+
+
 def run_batch(sim, points: list, dirs: list, texts: list | None = None,
               bar=None, prices: list | None = None) -> list[SweepPoint]:
   """``points`` (``(hparams, seed)`` pairs) run as one program: vmapped over
@@ -319,6 +329,7 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
     One ``SweepPoint`` per point (a point whose loss became non-finite has
     its error in ``summary["error"]``).
   """
+  _no_lanes(sim)
   if len(points) == 1:  # the single-run program, shared with Simulator.run
     (values, seed), = points
     state, sampler, net, network = sim.initial(seed, values)

@@ -63,12 +63,17 @@ class Track:
     self.startup: dict | None = None
     self.training_started: float | None = None
     self.first_row: tuple[float, float | None] | None = None
+    # Functions that add columns to each row before it is written (the
+    # counterfactual lanes' values, ``_lanes.Laned``).
+    self.adders: list = []
 
   # ----------------------------------------------------------------- rows
   def emit(self, rows: list[dict]) -> None:
     if rows and self.first_row is None and self.training_started is not None:
       self.first_row = (time.perf_counter(), process_age_s())
     for row in rows:
+      for add in self.adders:
+        add(row)
       for i, w in enumerate(self.writers):
         w.write(row)
         if i == 0:  # in metrics.csv, not yet in TensorBoard

@@ -16,6 +16,10 @@ FINAL = ("final_eval_loss", "final_train_loss", "payload_bytes",
 # to it, which is paired by seed within each point; the gap also gets its
 # one-sided 95 % t-bounds over seeds (``paired_interval``).
 SHADOW = ("final_shadow_eval_loss", "final_shadow_gap", "token_efficiency")
+# With counterfactual lanes (``lanes``): each cause's cost, the run's final
+# loss and simulated time minus its lane's, paired by seed like the gap
+# (its ``paired_interval`` too).
+LANE_COSTS = ("/loss_cost", "/time_cost_s")
 # Fields that make a point another method (a comparison across them is a
 # comparison of methods), and the rates such a comparison should tune.
 METHOD_FIELDS = ("strategy", "inner", "outer")
@@ -160,8 +164,10 @@ class Study:
 
   def final(self, frame: bool = True):
     """One row per combination of swept values: for each final figure
-    (``FINAL``) its mean and std over seeds (ddof 0; failed points are
-    left out and counted in ``failed``)."""
+    (``final_keys``) its mean and std over seeds (ddof 0; failed points are
+    left out and counted in ``failed``); the figures paired by seed (the
+    DDP lane's gap, the lanes' costs) also their ``paired_interval``
+    (``_low``, ``_high``)."""
     rows = []
     for values, points in self.combinations():
       row = {n: values.get(n) for n in self.names}
@@ -173,17 +179,22 @@ class Study:
         vals = vals[np.isfinite(vals)]
         row[f"{key}_mean"] = float(vals.mean()) if vals.size else math.nan
         row[f"{key}_std"] = float(vals.std()) if vals.size else math.nan
-        if key == "final_shadow_gap":
+        if key == "final_shadow_gap" or key.endswith(LANE_COSTS):
           row[f"{key}_low"], row[f"{key}_high"] = paired_interval(vals)
       rows.append(row)
     columns = {k: [r[k] for r in rows] for k in (rows[0] if rows else {})}
     return _frame(columns) if frame else columns
 
   def final_keys(self) -> tuple[str, ...]:
-    """The summary figures of the final tables: ``FINAL``, and ``SHADOW``
-    when a point ran the paired DDP lane."""
+    """The summary figures of the final tables: ``FINAL``, ``SHADOW``
+    when a point ran the paired DDP lane, and each counterfactual lane's
+    costs (``lane/<name>/loss_cost``, ``lane/<name>/time_cost_s``)."""
     lane = any("final_shadow_gap" in p.summary for p in self.points)
-    return FINAL + (SHADOW if lane else ())
+    costs = []
+    for p in self.points:
+      costs += [k for k in p.summary if k.startswith("lane/")
+                and k.endswith(LANE_COSTS) and k not in costs]
+    return FINAL + (SHADOW if lane else ()) + tuple(costs)
 
   def plot(self, folder: str | None = None) -> list[str]:
     """Draws the study's plots (final loss against bytes with the Pareto

@@ -166,6 +166,8 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
     todo = [p for p in todo if p not in now]
     size = points_per_batch or _sweep.default_points_per_batch(
         len(now), sim.memory)
+    if sim.lanes:  # the lanes' tracks are a single run's (``Simulator.run``)
+      size = 1
     for first in range(0, len(now), size):
       for r in _run_batch(sim, now[first:first + size], rep, out, size):
         finished[r.index] = r
