@@ -197,8 +197,9 @@ def _entry(values, seed, history, summary) -> dict:
           "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
           "num_params", "error", "wire_bytes_regional", "wire_bytes_global",
           "final_shadow_eval_loss", "final_shadow_gap", "goodput")
+  lanes = {k: v for k, v in summary.items() if k.startswith("lane/")}
   return {"values": dict(values), "seed": seed, "curve": curve,
-          **{k: summary.get(k) for k in keep}}
+          **{k: summary.get(k) for k in keep}, **lanes}
 
 
 def save_results(cache_path: str, results: dict) -> dict:

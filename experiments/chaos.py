@@ -16,11 +16,13 @@ Every method gets the same simulated-time budget (60 s): the synchronous
 ones (DDP, DiLoCo) step at the slow region's pace (600 steps); the
 asynchronous ones count ticks of the fastest learner (1,200).
 
-What each cause costs: every run of a method also runs without the
-failures, and without the slow region (every learner at full speed, on
-1 Gbit/s), with the same seed, data, initialisation and keys, for the same
-steps; the difference in final loss and simulated time is that cause's
-cost, with a paired interval over seeds.
+What each cause costs: every run carries two counterfactual lanes
+(``lanes=["no_faults", "no_stragglers"]``), copies of itself in the same
+compiled program with the same seed, data, initialisation and keys, one
+without the failures and one with every learner at full speed (the slow
+region's links stay as they are); the run's final loss, simulated time and
+goodput minus each lane's is that cause's cost, with a paired interval
+over seeds.
 
 The claim, Douillard et al. 2026, "Decoupled DiLoCo for Resilient
 Distributed Pre-training" (arXiv 2604.21428): under failures, Decoupled
@@ -60,9 +62,8 @@ METHODS = {
         {"strategy": "decoupled_diloco", "H": H, "quorum": 4,
          "token_quorum": 0.0, "grace": 0.0, "adaptive_grace": False}, True),
 }
-# The world, and each cause removed: the settings that remove it.
-WORLDS = {"chaos": {}, "no failures": {"windows": None},
-          "no slow region": {"speeds": None, "bandwidth": "1Gbps"}}
+# Each cause, and the lane that removes it.
+CAUSES = {"failures": "no_faults", "the slow region's speed": "no_stragglers"}
 
 
 def engine_step_s(asynchronous: bool) -> float:
@@ -98,11 +99,12 @@ def steps(asynchronous: bool) -> int:
 
 def base(settings: dict, asynchronous: bool, inner_lr: float,
          **world) -> lowbw.Config:
-  """A method's run (its strategy ``settings``) in the chaos world, with
-  the ``world`` settings changed (None: left out)."""
+  """A method's run (its strategy ``settings``) in the chaos world with
+  its lanes, with the ``world`` settings changed (None: left out)."""
   n = steps(asynchronous)
   fleet = dict(speeds=SPEEDS, bandwidth=LINKS, latency="20ms",
-               hardware=f"{STEP_S}s", windows=windows(asynchronous))
+               hardware=f"{STEP_S}s", windows=windows(asynchronous),
+               lanes=list(CAUSES.values()))
   fleet.update(world)
   return lowbw.Config(
       model="mlp", hidden=32, data="digits", workers=W, inner="adamw",
@@ -114,31 +116,29 @@ def base(settings: dict, asynchronous: bool, inner_lr: float,
 
 def run_all(args, cache_path):
   """The inner rate tuned on synchronous DiLoCo without failures, then one
-  study per method and world (``experiments/studies/chaos_*``,
+  study per method, each run with its lanes (``experiments/studies/chaos_*``,
   resumable)."""
-  tune_base = base(METHODS["DiLoCo"][0], False, LRS[0], windows=None)
+  tune_base = base(METHODS["DiLoCo"][0], False, LRS[0], windows=None,
+                   lanes=None)
   tuning, seconds = _report.grid_search(
       "chaos_tune", tune_base, "inner_lr", LRS, "final_eval_loss",
       _report.STUDIES)
   print("inner lr:", _report.grid_text(tuning), flush=True)
   runs = {}
   for label, (settings, asynchronous) in METHODS.items():
-    for world, removed in WORLDS.items():
-      config = base(settings, asynchronous, tuning["best"], **removed)
-      name = "chaos_" + "_".join(
-          (label + " " + world).lower().replace(",", "").split())
-      found, t = _report.studied(name, config,
-                                 {"inner_lr": [tuning["best"]]}, args.seeds)
-      seconds += t
-      runs[f"{label} | {world}"] = found
+    config = base(settings, asynchronous, tuning["best"])
+    name = "chaos_" + "_".join(label.lower().replace(",", "").split())
+    found, t = _report.studied(name, config, {"inner_lr": [tuning["best"]]},
+                               args.seeds)
+    seconds += t
+    runs[label] = found
   return _report.save_results(cache_path, {
       "tuning": tuning, "seeds": args.seeds, "runs": runs,
       "failures": failures(), "compute_seconds": seconds})
 
 
-def _runs(results, label, world="chaos"):
-  return sorted(results["runs"][f"{label} | {world}"],
-                key=lambda r: r["seed"])
+def _runs(results, label):
+  return sorted(results["runs"][label], key=lambda r: r["seed"])
 
 
 def loss_at_time(run, t):
@@ -154,12 +154,11 @@ def common_time(results) -> float:
                    for r in _runs(results, label)))
 
 
-def _diff(results, label, world, key) -> dict:
-  """The chaos run minus the run without the cause, per seed (absolute
-  differences of ``key``), their mean and one-sided 95 % t-bounds."""
+def _cost(results, label, lane, key) -> dict:
+  """A cause's cost (``lane/LANE/KEY``: the run's figure minus its lane's)
+  per seed: their mean and one-sided 95 % t-bounds."""
   from lowbw.studies import paired_interval
-  a, b = _runs(results, label), _runs(results, label, world)
-  d = [x[key] - y[key] for x, y in zip(a, b) if x["seed"] == y["seed"]]
+  d = [r[f"lane/{lane}/{key}"] for r in _runs(results, label)]
   low, high = paired_interval(d)
   return {"mean": float(np.mean(d)), "low": low, "high": high}
 
@@ -195,18 +194,20 @@ def report(results) -> str:
         f"{_report.pm([r['final_eval_loss'] for r in rows], 3)} | "
         f"{_report.pm([loss_at_time(r, t) for r in rows], 3)} | "
         f"{np.mean([r['sim_time_s'] for r in rows]):.1f} |")
-  lines += ["", "What each cause costs (the chaos run minus the same run "
-            "without it, same seed and steps; mean and one-sided 95 % "
-            "bounds over seeds):", "",
+  lines += ["", "What each cause costs: the run minus its lane without the "
+            "cause (`lanes=[\"no_faults\", \"no_stragglers\"]`: the same "
+            "seed, data, initialisation and steps, in the same program); "
+            "mean and one-sided 95 % bounds over seeds. Without the slow "
+            "region's speed its links stay at 100 Mbit/s.", "",
             "| method | cause | final eval loss | goodput | simulated s |",
             "| --- | --- | --- | --- | --- |"]
   for label in METHODS:
-    for world in list(WORLDS)[1:]:
+    for cause, lane in CAUSES.items():
       lines.append(
-          f"| {label} | {world.replace('no ', '')} | "
-          f"{_interval(_diff(results, label, world, 'final_eval_loss'))} | "
-          f"{_interval(_diff(results, label, world, 'goodput'))} | "
-          f"{_interval(_diff(results, label, world, 'sim_time_s'), 1)} |")
+          f"| {label} | {cause} | "
+          f"{_interval(_cost(results, label, lane, 'loss_cost'))} | "
+          f"{_interval(_cost(results, label, lane, 'goodput_cost'))} | "
+          f"{_interval(_cost(results, label, lane, 'time_cost_s'), 1)} |")
   lines += ["", "![eval loss and goodput against simulated time]"
             "(chaos.png)", ""]
   return "\n".join(lines)

@@ -63,6 +63,9 @@ def test_a_lane_equals_the_run_without_its_cause(laned, lane):
                                          alone.summary["final_eval_loss"])
   assert s[f"lane/{lane}/time_cost_s"] == (s["sim_time_s"] -
                                            alone.summary["sim_time_s"])
+  assert s[f"lane/{lane}/goodput"] == alone.summary["goodput"]
+  assert s[f"lane/{lane}/goodput_cost"] == (s["goodput"] -
+                                            alone.summary["goodput"])
 
 
 def test_the_run_is_unchanged_by_its_lanes(laned):

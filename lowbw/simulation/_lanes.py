@@ -204,17 +204,20 @@ class Laned:
 
 
 def costs(name: str, run: dict, lane: dict) -> dict:
-  """A lane's summary figures: its final eval loss and simulated time, and
-  the cause's cost: the run's minus the lane's (positive: the cause made
-  the run worse or slower)."""
+  """A lane's summary figures: its final eval loss, simulated time and
+  goodput, and the cause's cost: the run's minus the lane's (positive: the
+  cause made the run worse or slower; a goodput cost is negative when the
+  cause wasted the fleet's time)."""
   def diff(key):
     a, b = run.get(key), lane.get(key)
     return None if a is None or b is None else a - b
 
   out = {metric(name, "final_eval_loss"): lane.get("final_eval_loss"),
          metric(name, "sim_time_s"): lane.get("sim_time_s"),
+         metric(name, "goodput"): lane.get("goodput"),
          metric(name, "loss_cost"): diff("final_eval_loss"),
-         metric(name, "time_cost_s"): diff("sim_time_s")}
+         metric(name, "time_cost_s"): diff("sim_time_s"),
+         metric(name, "goodput_cost"): diff("goodput")}
   if lane.get("error"):
     out[metric(name, "error")] = lane["error"]
   # Without a clock a lane has no time; a lane that failed, no loss.

@@ -299,10 +299,11 @@ class Track:
     faults or dropped by a mitigation, and steps past the last sync lower
     it; every worker's batch holds the same tokens, so steps stand for
     tokens."""
-    net = self.config.get("network") or {}
-    step_s = net.get("compute_s_per_step")
-    if (self.network is None or not step_s or self.history.useful is None
+    if (self.network is None or self.history.useful is None
         or not self.clock.elapsed > 0):
+      return None
+    step_s = self.sim.prices.pricing(self.network).step_s
+    if not step_s:
       return None
     capacity = _clock.capacity_steps(self.network, self.sim.config.workers,
                                      step_s, self.clock.elapsed)

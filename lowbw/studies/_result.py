@@ -19,7 +19,7 @@ SHADOW = ("final_shadow_eval_loss", "final_shadow_gap", "token_efficiency")
 # With counterfactual lanes (``lanes``): each cause's cost, the run's final
 # loss and simulated time minus its lane's, paired by seed like the gap
 # (its ``paired_interval`` too).
-LANE_COSTS = ("/loss_cost", "/time_cost_s")
+LANE_COSTS = ("/loss_cost", "/time_cost_s", "/goodput_cost")
 # Fields that make a point another method (a comparison across them is a
 # comparison of methods), and the rates such a comparison should tune.
 METHOD_FIELDS = ("strategy", "inner", "outer")
