@@ -56,10 +56,10 @@ class _Syncer:
     self.adaptive, self.weighted = adaptive, weighted
     self.window_end, self.last_merge = None, 0.0
 
-  def due(self, now, held, done):
+  def due(self, now, held, tokens):
     """Whether the held learners merge at ``now``."""
     met = len(held) >= min(self.count, W) and (
-        sum(done[w] for w in held) >= self.tokens * H * W - 1e-9)
+        sum(tokens[w] for w in held) >= self.tokens * H * W - 1e-9)
     if met and self.window_end is None:
       grace = self.grace * (now - self.last_merge) if self.adaptive else (
           self.grace)
@@ -72,47 +72,91 @@ class _Syncer:
     self.window_end, self.last_merge = None, now
 
 
-def _reference(params0, model, data, inner, syncer, dylu=False):
+class _Learner:
+  """One learner: its parameters, anchor and optimizer state, its round,
+  and the message it has out (what it sent, its tokens, when it reaches
+  the syncer)."""
+
+  def __init__(self, params0, inner, step_s, rounds):
+    self.theta = self.anchor = params0
+    self.opt, self.step_s, self.rounds = inner.init(params0), step_s, rounds
+    self.done, self.next_end, self.blocked = 0, step_s, False
+    self.sent = self.tokens = self.arrives = None
+
+
+def _merge(learners, held, server, m, weighted):
+  """The token-weighted mean of the held learners' anchor - sent, then
+  the outer Nesterov step; returns the new model and momentum."""
+  weight = [float(learners[w].tokens) if weighted else 1.0 for w in held]
+  g = jax.tree.map(lambda *d: sum(d) / sum(weight), *[
+      jax.tree.map(lambda a, t: c * (a - t), learners[w].anchor,
+                   learners[w].sent) for w, c in zip(held, weight)])
+  m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
+  return jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
+                      server, g, m), m
+
+
+def _reference(params0, model, data, inner, syncer, dylu=False,
+               wait=False):
   """Events in continuous time; returns the syncer's model after TICKS
-  seconds and each merge's (time, learners)."""
+  seconds and each merge's (time, learners). A learner sends its round
+  and goes on (``wait``: it waits for its merge); one that finishes a
+  round while its message is out waits, and sends again at the merge
+  (that message reaches the syncer a step of the fastest learner later:
+  the engine's resolution)."""
   batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
   grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
                                                jax.random.PRNGKey(0))[0]))
-  steps_s = [1.0 / v for v in SPEEDS]
   rounds = [max(1, int(np.floor(H * v / max(SPEEDS)))) if dylu else H
             for v in SPEEDS]
-  theta, anchor = [params0] * W, [params0] * W
-  opt = [inner.init(params0) for _ in range(W)]
-  done, next_end, held = [0] * W, list(steps_s), []
+  ls = [_Learner(params0, inner, 1.0 / v, r) for v, r in zip(SPEEDS, rounds)]
   server, m, merges = params0, jax.tree.map(jnp.zeros_like, params0), []
   while True:
-    ends = [next_end[w] for w in range(W) if w not in held]
-    now = min(ends + ([syncer.window_end] if syncer.window_end else []))
+    events = [x.next_end for x in ls if not x.blocked] + [
+        x.arrives for x in ls if x.arrives is not None] + (
+        [syncer.window_end] if syncer.window_end else [])
+    now = min(events)
     if now > TICKS + 1e-9:
       return server, merges
-    for w in range(W):
-      if w not in held and abs(next_end[w] - now) < 1e-9:
-        upd, opt[w] = inner.update(grad(theta[w]), opt[w], theta[w])
-        theta[w] = optax.apply_updates(theta[w], upd)
-        done[w] += 1
-        next_end[w] += steps_s[w]
-        if done[w] == rounds[w]:
-          held.append(w)
-    if not held or not syncer.due(now, held, done):
+    for x in ls:
+      if not x.blocked and abs(x.next_end - now) < 1e-9:
+        _step(x, grad, inner, now, wait)
+      if x.arrives is not None and x.arrives <= now + 1e-9:
+        x.arrives = None     # held by the syncer
+    held = [w for w, x in enumerate(ls) if x.sent is not None and
+            x.arrives is None]
+    if not held or not syncer.due(now, held, [x.tokens for x in ls]):
       continue
-    weight = [float(done[w]) if syncer.weighted else 1.0 for w in held]
-    g = jax.tree.map(lambda *d: sum(d) / sum(weight), *[
-        jax.tree.map(lambda a, t: c * (a - t), anchor[w], theta[w])
-        for w, c in zip(held, weight)])
-    m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
-    server = jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
-                          server, g, m)
-    merges.append((now, sorted(held)))
+    server, m = _merge(ls, held, server, m, syncer.weighted)
+    merges.append((now, held))
     for w in held:
-      theta[w] = anchor[w] = server
-      done[w], next_end[w] = 0, now + steps_s[w]
-    held = []
+      _restart(ls[w], server, now)
     syncer.merged(now)
+
+
+def _step(x, grad, inner, now, wait):
+  upd, x.opt = inner.update(grad(x.theta), x.opt, x.theta)
+  x.theta = optax.apply_updates(x.theta, upd)
+  x.done += 1
+  x.next_end += x.step_s
+  if x.done < x.rounds:
+    return
+  if x.sent is not None or wait:    # a message is out, or it waits
+    x.blocked = True
+  if x.sent is None:
+    x.sent, x.tokens, x.done = x.theta, x.done, 0
+
+
+def _restart(x, server, now):
+  """After its merge: the new model plus what it computed since it sent;
+  a learner waiting with a finished round sends it."""
+  x.theta = jax.tree.map(lambda g, t, s: g + (t - s), server, x.theta,
+                         x.sent)
+  x.anchor, x.sent = server, None
+  if x.blocked:
+    x.blocked, x.next_end = False, now + x.step_s
+    if x.done:  # a round finished while the last message was out
+      x.sent, x.tokens, x.done, x.arrives = x.theta, x.done, 0, now + 1.0
 
 
 RULES = {
@@ -130,6 +174,15 @@ RULES = {
     "adaptive_grace_plain_mean": (
         dict(quorum=1, token_quorum=0.0, grace=1.0, token_weighted=False),
         (1, 0.0, 1.0, True, False)),
+    # two learners: the fast one finishes another round before a second
+    # message arrives, waits, and sends it at the merge.
+    "quorum_2_waits_and_resends": (
+        dict(quorum=2, token_quorum=0.0, grace=0.0, adaptive_grace=False),
+        (2, 0.0, 0.0, False, True)),
+    # the learners wait for their merges (wait_for_merge).
+    "waiting_learners_quorum_2": (
+        dict(quorum=2, token_quorum=0.5, grace=1.0, adaptive_grace=False,
+             wait_for_merge=True), (2, 0.5, 1.0, False, True)),
 }
 
 
@@ -140,7 +193,8 @@ def test_decoupled_diloco_matches_an_event_driven_syncer(rule):
   result, params0, model, data = _run(strategies.decoupled_diloco(
       inner=inner, H=H, **options))
   server, merges = _reference(params0, model, data, inner,
-                              _Syncer(*syncer), options.get("dylu", False))
+                              _Syncer(*syncer), options.get("dylu", False),
+                              options.get("wait_for_merge", False))
   assert len(merges) >= 3
   for got, want in zip(jax.tree.leaves(result.params),
                        jax.tree.leaves(server)):
@@ -167,9 +221,11 @@ def _digits_run(strategy, speeds, steps=40, faults=None):
 def test_decoupled_diloco_limits_are_diloco_and_async_diloco():
   """Quorum = every learner, no token quorum, no grace window, equal
   learners: DiLoCo's losses (to float32 rounding: the token-weighted mean
-  divides a weighted sum). Quorum 1, no grace, no token weights on an
-  uneven fleet: asynchronous DiLoCo's schedule and bytes exactly, its
-  losses to float32 rounding (the two programs are compiled apart)."""
+  divides a weighted sum; the learners' exchanges end within the step
+  they send, so their overlap never starts). Learners that wait for their
+  merges, quorum 1, no grace, no token weights on an uneven fleet:
+  asynchronous DiLoCo's schedule and bytes exactly, its losses to float32
+  rounding (the two programs are compiled apart)."""
   equal = [1.0] * 4
   sync = _digits_run(strategies.diloco(H=10), equal)
   everyone = _digits_run(strategies.decoupled_diloco(
@@ -182,7 +238,7 @@ def test_decoupled_diloco_limits_are_diloco_and_async_diloco():
   async_ = _digits_run(strategies.async_diloco(H=10), uneven)
   one = _digits_run(strategies.decoupled_diloco(
       H=10, quorum=1, token_quorum=0.0, grace=0.0, adaptive_grace=False,
-      token_weighted=False), uneven)
+      token_weighted=False, wait_for_merge=True), uneven)
   for key in ("sim_time_s", "sent_bytes"):
     np.testing.assert_array_equal(one.history[key], async_.history[key])
   for key in ("eval_loss", "train_loss"):
@@ -263,7 +319,8 @@ def test_a_staleness_rule_scales_the_merges_by_their_age():
 def test_decoupled_diloco_refuses_bad_settings():
   for field, value in (("quorum", 0), ("token_quorum", 1.5),
                        ("grace", -1.0), ("adaptive_grace", "yes"),
-                       ("token_weighted", 1), ("stale_outer", "cgad")):
+                       ("token_weighted", 1), ("stale_outer", "cgad"),
+                       ("wait_for_merge", "no")):
     with pytest.raises(ValueError, match=field):
       strategies.decoupled_diloco(**{field: value})
   model, data = _problem()

@@ -115,7 +115,7 @@ def fleet_specs(asynchronous):
   if not asynchronous:
     return None
   from lowbw.simulation._pace import Fleet
-  return Fleet(*(_WORKERS,) * 5, _REPLICATED, _REPLICATED)
+  return Fleet(*(_WORKERS,) * 7, _REPLICATED, _REPLICATED)
 
 
 def sampler_specs(sampler):

@@ -17,6 +17,13 @@ worker is computing, the clock jumps to the next arrival instead of
 counting idle ticks, so a fleet of equal workers has exactly one tick per
 inner step and its arrivals all land together: synchronous DiLoCo.
 
+A strategy with a syncer rule (``Strategy.syncer``, Decoupled DiLoCo's
+quorum and grace window) holds the arrivals at the syncer until the rule
+says to merge them; with ``overlap`` its workers do not wait for the merge:
+they send (``Strategy.send`` keeps what they sent) and go on computing, and
+only a worker that finishes another round before its last message was
+merged waits, and sends again at that merge.
+
 Without a network every worker is equally fast and exchanges take no time.
 The state of the schedule (``Fleet``) is the engine's, in ``SimState``.
 """
@@ -40,12 +47,15 @@ class Fleet(NamedTuple):
 
   Attributes:
     progress_W: float32, the fraction of its next inner step done.
-    steps_W: int32, inner steps since it last pulled the global model.
-    waiting_W: bool, its pseudo-gradient is on its way or at the syncer
-      (it computes nothing).
-    remaining_W: float32, seconds until its exchange ends (while waiting).
-    held_W: bool, its pseudo-gradient has reached a syncer with a quorum
+    steps_W: int32, inner steps of its current round.
+    waiting_W: bool, it computes nothing: its round is done and its
+      message is on its way or at the syncer (with ``overlap``: a message
+      sent before is not merged yet).
+    remaining_W: float32, seconds until its exchange ends (while sent).
+    held_W: bool, its message has reached a syncer with a rule
       (``Strategy.syncer``) and waits there for the next merge.
+    sent_W: bool, it has a message on its way or at the syncer.
+    tokens_W: int32, the inner steps behind that message (its weight).
     since: float32, seconds since the syncer's last merge.
     window: float32, seconds left in the open grace window; inf: closed.
   """
@@ -55,17 +65,18 @@ class Fleet(NamedTuple):
   waiting_W: Array
   remaining_W: Array
   held_W: Array
+  sent_W: Array
+  tokens_W: Array
   since: Array
   window: Array
 
 
 def start(num_workers: int) -> Fleet:
   """Every worker computing, at the start of its first round."""
-  return Fleet(jnp.zeros(num_workers, jnp.float32),
-               jnp.zeros(num_workers, jnp.int32),
-               jnp.zeros(num_workers, bool),
-               jnp.zeros(num_workers, jnp.float32),
-               jnp.zeros(num_workers, bool), jnp.zeros((), jnp.float32),
+  zeros = lambda dtype: jnp.zeros(num_workers, dtype)  # noqa: E731
+  return Fleet(zeros(jnp.float32), zeros(jnp.int32), zeros(bool),
+               zeros(jnp.float32), zeros(bool), zeros(bool),
+               zeros(jnp.int32), jnp.zeros((), jnp.float32),
                jnp.full((), jnp.inf, jnp.float32))
 
 
@@ -76,19 +87,23 @@ class Paced:
   of the synchronous clock, and ``_timing.timing`` chooses it, so it cannot
   depend on that module.
 
-  ``syncer``: the strategy's merge rule (``Strategy.syncer``: a quorum, a
-  grace window, token weights) or None (every tick's arrivals merge at
-  once). ``pull``: the strategy's restart of returning workers from the
-  server's model (``Strategy.pull``). ``masks``: the network has a fault
-  model, whose windows take workers down and bring them back.
+  ``strategy``: its ``syncer`` (the merge rule: a quorum, a grace window,
+  token weights, overlap; None: every tick's arrivals merge at once),
+  ``pull`` (its restart of returning workers from the server's model) and
+  ``send`` (what it keeps of a worker's message when it is sent).
+  ``masks``: the network has a fault model, whose windows take workers down
+  and bring them back.
   """
 
-  def __init__(self, net, num_workers: int, channels, H: int,
-               budgeted: bool, syncer=None, pull=None, masks=False):
+  def __init__(self, net, num_workers: int, channels, strategy,
+               masks=False):
     self.net, self.num_workers, self.channels = net, num_workers, channels
-    self.period = H
-    self.budget = H if budgeted else 0  # DyLU's H, 0: none
-    self.syncer, self.pull = syncer, pull
+    self.period = strategy.asynchronous
+    budgeted = strategy.time_budget
+    self.budget = self.period if budgeted else 0  # DyLU's H, 0: none
+    self.syncer, self.pull = strategy.syncer, strategy.pull
+    self.send = strategy.send
+    self.overlap = bool(getattr(self.syncer, "overlap", False))
     self.faults = masks and net is not None
     # The strategy's exchange channel's per-worker seconds (with a net).
     self.exchange = None if net is None else next(
@@ -139,11 +154,20 @@ class Paced:
     steps = f.steps_W + stepping.astype(jnp.int32)
     finished = stepping & (steps >= self.rounds_W(ratio_W))
     # Exchanges in flight advance by this tick; new ones start at its end.
-    remaining = jnp.where(f.waiting_W, f.remaining_W - tau, f.remaining_W)
-    fleet = f._replace(progress_W=jnp.where(stepping, progress - 1.0,
-                                            progress),
-                       steps_W=steps, waiting_W=f.waiting_W | finished,
-                       remaining_W=jnp.where(finished, exchange_W, remaining))
+    remaining = jnp.where(f.sent_W, f.remaining_W - tau, f.remaining_W)
+    # A finished round is sent unless a message is still out (with
+    # overlap the worker then goes on with a new round).
+    sends = finished & ~f.sent_W
+    # Without overlap a worker that sends waits for its merge.
+    waits = finished & f.sent_W if self.overlap else finished
+    fleet = f._replace(
+        progress_W=jnp.where(stepping, progress - 1.0, progress),
+        steps_W=jnp.where(sends, 0, steps) if self.overlap else steps,
+        waiting_W=f.waiting_W | waits,
+        remaining_W=jnp.where(sends, exchange_W, remaining),
+        sent_W=f.sent_W | sends, tokens_W=jnp.where(sends, steps, f.tokens_W))
+    if self.send is not None:
+      st = self.send(st, sends)
     nobody = jnp.zeros(self.num_workers, bool)
     clock = None if self.net is None else StepClock(
         tau, jnp.int32(-1), nobody, nobody,
@@ -153,14 +177,14 @@ class Paced:
   def sync(self, st, sync_fn, carry, steps_clock, active):
     """The merge of the tick's arrivals (or, when nobody computes, of the
     next event: an exchange ending, the grace window closing) as one outer
-    step; its workers restart computing."""
+    step; its workers restart computing (with overlap, those that had
+    finished another round send it)."""
     del steps_clock
     f, tau = self.dropped(carry.fleet, carry.up_W), self.tick()
-    up_all = carry.up_W
-    waiting_all, remaining_all, held_all = all_workers(
-        (f.waiting_W, f.remaining_W, f.held_W))
-    in_flight = waiting_all & ~held_all
-    idle = ~jnp.any(up_all & ~waiting_all)
+    sent_all, remaining_all, held_all = all_workers(
+        (f.sent_W, f.remaining_W, f.held_W))
+    in_flight = sent_all & ~held_all
+    idle = ~jnp.any(carry.up_W & ~all_workers(f.waiting_W))
     window = f.window if self.syncer is not None else jnp.inf
     next_event = jnp.minimum(jnp.min(jnp.where(in_flight, remaining_all,
                                                jnp.inf)), window)
@@ -173,23 +197,45 @@ class Paced:
     merged = local_workers(merged_all)
     st, report = unless_nobody(self.weighed(sync_fn, f), merged_all, merged,
                                0)(st)
-    # An exchange that ended inside the tick leaves the rest of the tick to
-    # compute in (at its speed without jitter): credited to the worker's next step.
-    ratio_W = 1.0 if self.net is None else local_workers(
-        speed_ratios(self.net))
-    credit = jnp.clip((jump - f.remaining_W) / tau, 0.0, 1.0) * ratio_W
-    arrived = local_workers(arrived_all)
-    fleet = Fleet(
-        jnp.where(merged, jnp.where(arrived, credit, 0.0), f.progress_W),
-        jnp.where(merged, 0, f.steps_W), f.waiting_W & ~merged,
-        jnp.where(f.waiting_W & ~merged, f.remaining_W - jump, 0.0),
-        local_workers(held_all | arrived_all) & ~merged, since, window)
+    fleet = self.restarted(f, merged, local_workers(arrived_all), jump)
+    fleet = fleet._replace(held_W=local_workers(held_all | arrived_all)
+                           & ~merged, since=since, window=window)
+    if self.overlap and self.send is not None:
+      st = self.send(st, merged & f.waiting_W)
     n = jnp.sum(merged_all.astype(jnp.int32))
-    useful = jnp.sum(jnp.where(merged_all, all_workers(f.steps_W), 0))
+    useful = jnp.sum(jnp.where(merged_all, all_workers(f.tokens_W), 0))
     clock = None if self.net is None else RoundClock(
         tau, jump, jnp.where(n > 0, n, -1), merged_all,
         useful.astype(jnp.int32))
     return st, report, clock, active, carry._replace(fleet=fleet)
+
+  def restarted(self, f: Fleet, merged, arrived, jump) -> Fleet:
+    """The fleet after a merge of ``merged``: they restart computing; with
+    overlap only those waiting with a finished round, which they send."""
+    out = jnp.where(f.sent_W & ~merged, f.remaining_W - jump, 0.0)
+    if self.overlap:
+      resend = merged & f.waiting_W
+      exchange_W = 0.0 if self.net is None else local_workers(
+          self.pace(0)[2])
+      return f._replace(
+          steps_W=jnp.where(resend, 0, f.steps_W),
+          waiting_W=f.waiting_W & ~merged,
+          remaining_W=jnp.where(resend, exchange_W, out),
+          sent_W=(f.sent_W & ~merged) | resend,
+          tokens_W=jnp.where(resend, f.steps_W, f.tokens_W))
+    # An exchange that ended inside the tick leaves the rest of the tick to
+    # compute in (at its speed without jitter): credited to the worker's
+    # next step.
+    ratio_W = 1.0 if self.net is None else local_workers(
+        speed_ratios(self.net))
+    credit = jnp.clip((jump - f.remaining_W) / self.tick(), 0.0, 1.0) * (
+        ratio_W)
+    return f._replace(
+        progress_W=jnp.where(merged, jnp.where(arrived, credit, 0.0),
+                             f.progress_W),
+        steps_W=jnp.where(merged, 0, f.steps_W),
+        waiting_W=f.waiting_W & ~merged, remaining_W=out,
+        sent_W=f.sent_W & ~merged)
 
   def merging(self, f: Fleet, carry, held_all, elapsed):
     """(who the syncer merges now (W,), seconds since the last merge, the
@@ -197,13 +243,13 @@ class Paced:
     if self.syncer is None:
       return held_all, f.since, f.window
     up_all = carry.up_W
-    steps_all = all_workers(f.steps_W)
+    tokens_all = all_workers(f.tokens_W)
     q = self.syncer
     up = jnp.sum(up_all.astype(jnp.int32))
     # A quorum counts the learners that are up: the syncer never waits for
     # more than there are.
     count = jnp.sum(held_all.astype(jnp.int32))
-    tokens = jnp.sum(jnp.where(held_all, steps_all, 0).astype(jnp.float32))
+    tokens = jnp.sum(jnp.where(held_all, tokens_all, 0).astype(jnp.float32))
     met = (count >= jnp.clip(q.count, 1, jnp.maximum(up, 1))) & (
         tokens >= q.tokens * self.period * up.astype(jnp.float32) - WHOLE)
     since = f.since + elapsed
@@ -223,21 +269,22 @@ class Paced:
       return sync_fn
 
     def weighted(state):
-      with weighting(f.steps_W.astype(jnp.float32)):
+      with weighting(f.tokens_W.astype(jnp.float32)):
         return sync_fn(state)
 
     return weighted
 
   def dropped(self, f: Fleet, up_all) -> Fleet:
-    """A worker that is down loses its round: the steps it took and the
-    message on its way (a message already held by the syncer stays)."""
+    """A worker that is down loses what it has not had merged: the steps
+    of its round and its message, on its way or held by the syncer (which
+    merges only the learners that are up); back, it pulls the model."""
     if not self.faults:
       return f
-    down = ~local_workers(up_all)
-    lost = down & ~f.held_W
-    return f._replace(progress_W=jnp.where(lost, 0.0, f.progress_W),
-                      steps_W=jnp.where(lost, 0, f.steps_W),
-                      waiting_W=f.waiting_W & ~lost)
+    up = local_workers(up_all)
+    return f._replace(progress_W=jnp.where(up, f.progress_W, 0.0),
+                      steps_W=jnp.where(up, f.steps_W, 0),
+                      waiting_W=f.waiting_W & up, sent_W=f.sent_W & up,
+                      held_W=f.held_W & up)
 
   def tick(self) -> Array:
     return jnp.float32(1.0) if self.net is None else jnp.min(
@@ -249,6 +296,4 @@ class Paced:
     del global_params
     if not self.faults:
       return st, active
-    # One whose message the syncer holds restarts at its merge instead.
-    back = local_workers(carry.rejoined_W) & ~carry.fleet.waiting_W
-    return self.pull(st, back), active
+    return self.pull(st, local_workers(carry.rejoined_W)), active

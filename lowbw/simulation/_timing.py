@@ -259,8 +259,7 @@ def timing(net, masks: bool, num_workers: int, channels,
   programs are traced), ``masks`` (a fault or straggler model, static);
   an asynchronous ``strategy`` runs on its schedule (``_pace``)."""
   if strategy is not None and strategy.asynchronous:
-    return Paced(net, num_workers, channels, strategy.asynchronous,
-                 strategy.time_budget, strategy.syncer, strategy.pull, masks)
+    return Paced(net, num_workers, channels, strategy, masks)
   if net is None:
     return Untimed()
   period = 1 if strategy is None else strategy.period

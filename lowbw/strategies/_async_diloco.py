@@ -39,6 +39,9 @@ class AsyncComm(NamedTuple):
     pulled_W: int32, the outer steps applied when each worker pulled.
     version: int32, outer steps applied so far.
     residual_W: per-worker error-feedback residuals, ``()`` without.
+    sent_W: the parameters each worker had when it last sent (a strategy
+      whose workers go on computing after they send: Decoupled DiLoCo);
+      ``()`` for the others, whose parameters stay what they sent.
   """
 
   global_params: Params
@@ -47,6 +50,7 @@ class AsyncComm(NamedTuple):
   pulled_W: Array
   version: Array
   residual_W: PyTree
+  sent_W: PyTree = ()
 
 
 class DelayedNesterovState(NamedTuple):
@@ -130,6 +134,8 @@ def _with_delayed_nesterov(outer: optax.GradientTransformation, every: int
 
 def _pseudo_gradient(comp: Compression, c: AsyncComm, params_W, key,
                      scale_W) -> tuple:
+  # What each worker sent: its parameters now, or when it sent them.
+  params_W = c.sent_W if _keeps_sent(c) else params_W
   """The arrivals' mean of what the server decodes of anchor_w - theta_w
   (each scaled by ``scale_W``; weighted by the engine's weights when it
   gives some: a syncer's token weights), and the message states."""
@@ -172,11 +178,16 @@ def async_sync(outer, comp: Compression, staleness_scale: bool):
                                         age=mean_stale)
     global_params = optax.apply_updates(c.global_params, updates)
     new_W = broadcast_to_workers(global_params, w)
+    if _keeps_sent(c):  # what it computed since it sent, on the new model
+      new_W = jax.tree.map(lambda g, p, s: g + (p - s), new_W,
+                           state.params_W, c.sent_W)
     version = c.version + 1
-    comm = AsyncComm(global_params, outer_state,
-                     where_workers(arrived, new_W, c.anchor_W),
-                     jnp.where(arrived, version, c.pulled_W), version,
-                     residual_W)
+    comm = c._replace(
+        global_params=global_params, outer_state=outer_state,
+        anchor_W=where_workers(arrived, broadcast_to_workers(
+            global_params, w), c.anchor_W),
+        pulled_W=jnp.where(arrived, version, c.pulled_W), version=version,
+        residual_W=residual_W)
     max_stale = jnp.max(jnp.where(all_workers(arrived),
                                   all_workers(stale_W), 0.0))
     return state._replace(
@@ -200,13 +211,28 @@ def async_pull(state, mask_W):
                                                state.params_W), comm=comm)
 
 
-def async_init(inner, outer, comp: Compression):
+def _keeps_sent(c: AsyncComm) -> bool:
+  return not (isinstance(c.sent_W, tuple) and not c.sent_W)
+
+
+def async_send(state, mask_W):
+  """Keeps the parameters of the workers in ``mask_W`` (this device's) as
+  what they sent (``AsyncComm.sent_W``)."""
+  c = state.comm
+  return state._replace(comm=c._replace(sent_W=where_workers(
+      mask_W, state.params_W, c.sent_W)))
+
+
+def async_init(inner, outer, comp: Compression, sends: bool = False):
+  """The server's and workers' state; ``sends``: keep what each worker
+  sent (``AsyncComm.sent_W``, for workers that go on computing)."""
   def init(params, num_workers_, key):
     state = _base.inner_init(inner, params, num_workers_, key, ())
+    copy = lambda: jax.tree.map(jnp.copy, state.params_W)  # noqa: E731
     return state._replace(comm=AsyncComm(
-        params, outer.init(params), jax.tree.map(jnp.copy, state.params_W),
+        params, outer.init(params), copy(),
         jnp.zeros(num_workers_, jnp.int32), jnp.zeros((), jnp.int32),
-        init_residual(comp, state.params_W)))
+        init_residual(comp, state.params_W), copy() if sends else ()))
   return init
 
 

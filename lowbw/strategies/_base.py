@@ -112,6 +112,9 @@ class Strategy(NamedTuple):
     pull: ``(state, mask_W) -> state``: an asynchronous strategy's restart
       of the workers in ``mask_W`` (this device's) from the server's model,
       for workers back from a fault window; None for the others.
+    send: ``(state, mask_W) -> state``: what an asynchronous strategy keeps
+      of the workers in ``mask_W`` when they send their round (Decoupled
+      DiLoCo, whose workers go on computing); None: nothing.
     inner: the optimizer the workers apply in their inner steps (what a
       paired DDP lane, ``shadow="ddp"``, applies to the mean gradient), or
       None for a strategy whose update is not a plain optimizer step on a
@@ -134,6 +137,7 @@ class Strategy(NamedTuple):
   time_budget: bool | str = False
   syncer: Any = None
   pull: Callable[[StrategyState, Array], StrategyState] | None = None
+  send: Callable[[StrategyState, Array], StrategyState] | None = None
   inner: optax.GradientTransformation | None = None
 
   def __repr__(self):

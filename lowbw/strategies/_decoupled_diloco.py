@@ -15,7 +15,8 @@ from typing import NamedTuple
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec, _stale
 from lowbw.strategies._async_diloco import (async_channels, async_init,
-                                            async_pull, async_sync)
+                                            async_pull, async_send,
+                                            async_sync)
 from lowbw.transforms import Codec, compression
 
 
@@ -31,8 +32,11 @@ class Quorum(NamedTuple):
       with ``adaptive`` that fraction of the time since its last merge.
     adaptive: the grace window scales with the time since the last merge.
     token_weighted: each learner's pseudo-gradient weighs as the tokens it
-      processed since it pulled (its inner steps; every learner's batch is
+      processed in its round (its inner steps; every learner's batch is
       the same size); False: a plain mean.
+    overlap: learners go on computing after they send (the factory's
+      ``wait_for_merge`` False); False: each waits for the merge its
+      message joins.
   """
 
   count: int
@@ -40,6 +44,7 @@ class Quorum(NamedTuple):
   grace: float
   adaptive: bool
   token_weighted: bool
+  overlap: bool = True
 
 
 def decoupled_diloco(
@@ -51,6 +56,7 @@ def decoupled_diloco(
     grace: float = 0.25,
     adaptive_grace: bool = True,
     token_weighted: bool = True,
+    wait_for_merge: bool = False,
     codec: Codec | str | None = None,
     error_feedback: float | None = None,
     dylu: bool = False,
@@ -62,22 +68,26 @@ def decoupled_diloco(
   Douillard et al. 2026, "Decoupled DiLoCo for Resilient Distributed
   Pre-training" (arXiv 2604.21428). Each learner takes H inner steps on its
   own clock, sends anchor - theta (anchor: the model it last pulled) to the
-  syncer over its own link, and waits for the merge its message joins. The
-  syncer holds the arrivals until at least ``quorum`` learners and a
+  syncer over its own link, and goes on with its next round (it waits only
+  if it finishes that round before its message was merged; with
+  ``wait_for_merge`` it waits for the merge its message joins).
+  The syncer holds the arrivals until at least ``quorum`` learners and a
   ``token_quorum`` share of a full round's tokens are in, then waits the
   grace window for more (or until every learner that is up has arrived),
   and merges them: the mean of their pseudo-gradients weighted by the
   tokens each processed (the paper's w = tokens x tokens per step, which
   with equal batches is proportional to the inner steps taken), then the
-  outer step (SGD with Nesterov momentum), after which they restart from
-  the new model. Learners that fail (a fault window) lose their round and,
+  outer step (SGD with Nesterov momentum); each merged learner then takes
+  the new model plus what it computed since it sent, as its anchor the new
+  model. Learners that fail (a fault window) lose their round and,
   when back, restart from the syncer's model; the syncer never waits for
   more learners than are up.
 
   With ``quorum`` = every learner, no token quorum and no grace window,
-  and equal learners, every merge takes every learner's round: DiLoCo.
-  With ``quorum=1``, no grace and no token weights it is asynchronous
-  DiLoCo (each step's arrivals applied at once).
+  and equal learners whose exchanges end within a step, every merge takes
+  every learner's round: DiLoCo. With ``wait_for_merge``, ``quorum=1``, no
+  grace and no token weights it is asynchronous DiLoCo (each step's
+  arrivals applied at once, the learners waiting for them).
 
   The paper's text beyond its abstract and merge rule could not be read
   here: the defaults of ``quorum``, ``token_quorum`` and ``grace``, and the
@@ -101,6 +111,10 @@ def decoupled_diloco(
     adaptive_grace: whether ``grace`` is a fraction of the time since the
       last merge (True) or seconds (False).
     token_weighted: weigh each learner by the tokens it processed.
+    wait_for_merge: each learner waits for the merge its message joins;
+      False (default): it goes on computing while its message travels and
+      waits at the syncer (the paper's learners never wait for the
+      syncer).
     codec: a codec spec for the pseudo-gradients, or None.
     error_feedback: residual decay beta in [0, 1] (needs a codec), or None.
     dylu: dynamic local updates: learner w takes floor(H x v_w / v_max)
@@ -119,7 +133,8 @@ def decoupled_diloco(
   inner = _base.optimizer("inner", inner, _base.default_inner)
   outer = _base.optimizer("outer", outer, _diloco_outer)
   H = _validate.positive_int("H", H)
-  rule = _quorum(quorum, token_quorum, grace, adaptive_grace, token_weighted)
+  rule = _quorum(quorum, token_quorum, grace, adaptive_grace, token_weighted,
+                 wait_for_merge)
   _validate.boolean("dylu", dylu)
   outer = _stale.stale_outer(stale_outer, outer)
   comp = compression(codec, error_feedback)
@@ -127,28 +142,33 @@ def decoupled_diloco(
   sync = async_sync(outer, comp, False)
   strategy = _base.make(
       "decoupled_diloco", 1, _base.Parts(
-          async_init(inner, outer, comp), local, sync,
+          async_init(inner, outer, comp, sends=True), local, sync,
           lambda s: s.comm.global_params, async_channels(comp)),
       {"name": "decoupled_diloco", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "quorum": rule.count,
        "token_quorum": rule.tokens, "grace": rule.grace,
        "adaptive_grace": rule.adaptive, "token_weighted": rule.token_weighted,
+       "wait_for_merge": not rule.overlap,
        **comp.config, "dylu": dylu, "stale_outer": stale_outer},
       outer_places={"outer": "outer_state"}, asynchronous=H,
-      time_budget=dylu, syncer=rule, pull=async_pull, inner=inner)
+      time_budget=dylu, syncer=rule, pull=async_pull, send=async_send,
+      inner=inner)
   # Driven step by step without the engine's schedule (a notebook), every
   # learner arrives after each H steps: synchronous DiLoCo.
   return strategy._replace(step=_base.compose_step(local, sync, H))
 
 
-def _quorum(count, tokens, grace, adaptive, token_weighted) -> Quorum:
+def _quorum(count, tokens, grace, adaptive, token_weighted,
+            wait_for_merge) -> Quorum:
   count = _validate.positive_int("quorum", count)
   tokens = _validate.fraction("token_quorum", tokens, low_open=False)
   grace = _validate.non_negative("grace", grace)
   for field, value in (("adaptive_grace", adaptive),
-                       ("token_weighted", token_weighted)):
+                       ("token_weighted", token_weighted),
+                       ("wait_for_merge", wait_for_merge)):
     _validate.boolean(field, value)
-  return Quorum(count, float(tokens), float(grace), adaptive, token_weighted)
+  return Quorum(count, float(tokens), float(grace), adaptive, token_weighted,
+                not wait_for_merge)
 
 
 def _diloco_outer():
@@ -167,5 +187,7 @@ SPEC = _spec.spec(
           "adaptive_grace": "grace is a fraction of the time since the last "
           "merge (else seconds)",
           "token_weighted": "weigh each learner's pseudo-gradient by the "
-          "tokens it processed since it pulled",
+          "tokens it processed in its round",
+          "wait_for_merge": "each learner waits for the merge its message "
+          "joins (else it goes on computing after it sends)",
           "codec": "codec of the pseudo-gradients"})
