@@ -14,9 +14,9 @@ from typing import NamedTuple
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec, _stale
-from lowbw.strategies._async_diloco import (async_channels, async_init,
-                                            async_pull, async_send,
-                                            async_sync)
+from lowbw.strategies._async_diloco import (_diloco_outer, async_channels,
+                                            async_init, async_pull,
+                                            async_send, async_sync)
 from lowbw.transforms import Codec, compression
 
 
@@ -169,10 +169,6 @@ def _quorum(count, tokens, grace, adaptive, token_weighted,
     _validate.boolean(field, value)
   return Quorum(count, float(tokens), float(grace), adaptive, token_weighted,
                 not wait_for_merge)
-
-
-def _diloco_outer():
-  return _optim.outer(_optim.DILOCO_OUTER)
 
 
 SPEC = _spec.spec(
