@@ -215,8 +215,8 @@ class Paced:
     out = jnp.where(f.sent_W & ~merged, f.remaining_W - jump, 0.0)
     if self.overlap:
       resend = merged & f.waiting_W
-      exchange_W = 0.0 if self.net is None else local_workers(
-          self.pace(0)[2])
+      exchange_W = 0.0 if self.exchange is None else local_workers(
+          self.exchange)
       return f._replace(
           steps_W=jnp.where(resend, 0, f.steps_W),
           waiting_W=f.waiting_W & ~merged,
