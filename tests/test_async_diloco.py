@@ -233,8 +233,9 @@ def test_cgad_without_a_gate_is_async_diloco_with_plain_adam():
       jax.tree.leaves(gated.params), jax.tree.leaves(runs[1].params)))
 
 
-def _digits_run(strategy, speeds, steps=40):
-  net = ideal.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds)
+def _digits_run(strategy, speeds, steps=40, faults=None):
+  net = ideal.network("100Mbps", "20ms", hardware="0.5s", speeds=speeds,
+                      faults=faults)
   return lowbw.simulate(
       model=lowbw.models.mlp(hidden=(16,), num_classes=10),
       data=lowbw.data.digits(), strategy=strategy, workers=4,
@@ -341,3 +342,17 @@ def test_diloco_with_time_budgets_matches_a_per_worker_loop(weighted):
   # takes one 4 s step) and the two steps left over, plus the syncs.
   sim = result.history["sim_time_s"][-1]
   assert 26.0 <= sim < 26.01
+
+
+def test_a_worker_down_for_a_window_loses_its_round_and_pulls_the_model():
+  """Worker 0 is down for ticks 5 to 14 of rounds of 10: the steps of its
+  round are lost, the server applies the others' arrivals without it, and
+  back at tick 15 it restarts from the server's model, arriving at 24."""
+  run = _digits_run(strategies.async_diloco(H=10), [1.0] * 4,
+                    faults=net_lib.Faults(windows=((0, 5, 15),)))
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(run.params))
+  arrivals = np.diff(run.history["sent_bytes"], prepend=0.0) / model_bytes
+  ticks = np.flatnonzero(arrivals)
+  assert list(ticks) == [9, 19, 24, 29, 34, 39]
+  np.testing.assert_array_equal(arrivals[ticks], [3, 3, 1, 3, 1, 3])
+  assert np.isfinite(run.summary["final_eval_loss"])
