@@ -9,6 +9,7 @@ import numpy as np
 import optax
 import pytest
 
+import lowbw
 from lowbw import ConfigError, models, transforms
 from lowbw.transforms import _compression
 
@@ -357,3 +358,59 @@ def test_boundary_bytes_of_a_split_gpts_activation(gpt_and_params):
       2 * 2 * 8 * 16, 4 * 2 * 8 * 16)
   with pytest.raises(ConfigError, match="shape"):
     transforms.boundary_bytes(None, None, (2, 0))
+
+
+# -- stages as a run's settings --------------------------------------------------
+
+def _config(tmp_path, **kw):
+  (tmp_path / "a.txt").write_text("hello world, the quick brown fox. " * 300)
+  return lowbw.Config(model="gpt", layers=2, d_model=16, heads=2, seq_len=8,
+                      data="text", data_root=str(tmp_path), strategy="ddp",
+                      workers=2, batch_size=2, steps=3, progress=False, **kw)
+
+
+def test_a_runs_model_is_the_staged_model_with_its_codecs(tmp_path):
+  from lowbw.simulation._api import engine_config
+  model = engine_config(_config(tmp_path)).model
+  batch = {"tokens": np.random.default_rng(0).integers(0, 256, (2, 9))}
+  params = model.init(jax.random.key(0), batch)
+  staged = models.split(model, 2)
+  for settings, forward, backward in [
+      ({"stages": 2}, None, None),
+      ({"stages": 2, "boundary_codec": "quant:8"}, "quant:8", "quant:8"),
+      ({"stages": 2, "boundary_codec": "subspace:4",
+        "boundary_grad_codec": "int8"}, "subspace:4", "int8")]:
+    built = engine_config(_config(tmp_path, **settings)).model
+    assert built.config == model.config and built.init is not None
+    assert built.pooled is (forward is None)
+    f = [transforms.parse_boundary_codec(forward or "none", "f", 0)]
+    b = [transforms.parse_boundary_codec(backward or "none", "b", 0)]
+    ref = models.staged_loss(staged, transforms.stage_boundary(f, b))
+    out_g = jax.grad(lambda p: built.loss(p, batch, KEY)[0])(params)
+    ref_g = jax.grad(lambda p: ref(p, batch, KEY)[0])(params)
+    assert _max_diff(out_g, ref_g) == 0
+
+
+def test_a_staged_run_trains_through_its_boundary_codecs(tmp_path):
+  plain = lowbw.simulate(_config(tmp_path)).history["train_loss"]
+  staged = lowbw.simulate(_config(
+      tmp_path, stages=2, boundary_codec="quant:8")).history["train_loss"]
+  assert np.all(np.isfinite(staged)) and not np.array_equal(staged, plain)
+  np.testing.assert_allclose(staged, plain, atol=0.01)  # 8 bits: close
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"stages": 3}, "stages=3 is invalid.*at most layers=2"),
+    ({"boundary_codec": "quant:8"}, "boundary_codec.*needs stages >= 2"),
+    ({"stages": 2, "boundary_codec": "subspace:0"}, "boundary_codec.*R >= 1"),
+    ({"stages": 2, "boundary_grad_codec": "quant:x"}, "boundary_grad_codec"),
+    ({"stages": 2, "boundary_codec": "subspace:32"}, "subspace rank"),
+])
+def test_bad_stage_settings_name_the_field(tmp_path, settings, match):
+  with pytest.raises(ConfigError, match=match):
+    lowbw.build(_config(tmp_path, **settings))
+
+
+def test_stages_belong_to_the_gpt():
+  with pytest.raises(ConfigError, match="stages.*not used by model 'mlp'"):
+    lowbw.Config(model="mlp", data="digits", stages=2)
