@@ -164,7 +164,14 @@ def boundary_bytes(forward_codec: Codec | None,
 def stage_boundary(forward: list, backward: list,
                    worker: Callable[[], Array] | None = None) -> Callable:
   """``boundary_fn(x, i, key)`` for :func:`lowbw.models.staged_loss`:
-  boundary ``i`` through ``forward[i]`` and ``backward[i]``."""
+  boundary ``i`` through ``forward[i]`` and ``backward[i]`` (``None``: as
+  it is). ``worker()``: the index stochastic codecs fold into their noise
+  (default 0; the key, a worker's own loss key in a run, differs anyway).
+
+  Example:
+    >>> q8 = parse_codec("quant:8")
+    >>> loss = staged_loss(split(model, 3), stage_boundary([q8] * 2, [q8] * 2))  # doctest: +SKIP
+  """
 
   def fn(x, i, key):
     return boundary(x, forward[i], backward[i], key,
