@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 
 from lowbw import models as models_lib
 from lowbw import network as network_lib
+from lowbw import transforms as transforms_lib
 from lowbw.network._units import link_values
 from lowbw.config import _checks, _defaults, _resources
 from lowbw.telemetry import _cost
@@ -110,6 +111,10 @@ def _count(field):
   return check
 
 
+def _boundary_codec(text, field):
+  return transforms_lib.parse_boundary_codec(text, field)
+
+
 def _hardware(text, field):
   return network_lib.hardware(text)
 
@@ -186,6 +191,18 @@ RUN_FIELDS = (
          "transposed"),
     _gpt("norm_position", "gpt: normalise each sub-layer's input (pre) or "
          "the residual sum after it (post)"),
+    Field("stages", 1, SHAPE, _M, "gpt: pipeline stages of each worker's "
+          "model, its blocks split evenly; each worker's loss runs through "
+          "the stages and their boundary codecs (the clock does not price "
+          "a pipeline yet: docs/pipelines.md)", int, unit="stages"),
+    Field("boundary_codec", "none", SHAPE, _M, "gpt with stages > 1: codec "
+          "of the activations sent forward at each stage boundary: a codec "
+          "spec, or subspace:R first (a fixed rank-R basis per boundary)",
+          quantity(_boundary_codec, "boundary_codec")),
+    Field("boundary_grad_codec", None, SHAPE, _M, "gpt with stages > 1: "
+          "codec of the activation gradients sent back at each boundary "
+          "(default: the boundary codec)",
+          quantity(_boundary_codec, "boundary_grad_codec")),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -407,7 +424,8 @@ RUN_FIELDS = (
 # Giving one that the run ignores is an error rather than a silent no-op.
 USED_BY = {
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len",
-                      *models_lib.GPT_OPTIONS},
+                      *models_lib.GPT_OPTIONS, "stages", "boundary_codec",
+                      "boundary_grad_codec"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
                           "top_k", "expert_hidden"},
               "mlp": {"hidden"},

@@ -230,7 +230,8 @@ def build_model(s: dict, source):
     shape = dict(layers=s["layers"], d_model=s["d_model"], heads=s["heads"],
                  seq_len=s["seq_len"], vocab=max(256, source.vocab_size or 0))
     if name == "gpt":
-      return models_lib.gpt(**shape, **{k: s[k] for k in GPT_BLOCK})
+      return staged(models_lib.gpt(**shape, **{k: s[k] for k in GPT_BLOCK}),
+                    s)
     return models_lib.moe_gpt(**shape, num_experts=s["experts"],
                               top_k=s["top_k"],
                               expert_hidden=s["expert_hidden"])
@@ -242,6 +243,33 @@ def build_model(s: dict, source):
     return models_lib.cnn(channels=ints("channels", s["channels"]),
                           num_classes=num_classes)
   return models_lib.get(name)  # raises the registry's error
+
+
+def staged(model, s: dict):
+  """``model`` as a pipeline of ``stages`` stages with codecs at their
+  boundaries (``models.split``), or as it is for one stage."""
+  stages = _validate.positive_int("stages", s.get("stages", 1))
+  forward = s.get("boundary_codec") or "none"
+  backward = s.get("boundary_grad_codec") or forward
+  if stages == 1:
+    for field, spec in (("boundary_codec", forward),
+                        ("boundary_grad_codec", backward)):
+      if not _uncompressed(spec):
+        raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
+                             "between two pipeline stages)")
+    return model
+  split = models_lib.split(model, stages)
+  codecs = [[transforms.parse_boundary_codec(spec, field, i)
+             for i in range(stages - 1)]
+            for field, spec in (("boundary_codec", forward),
+                                ("boundary_grad_codec", backward))]
+  out = models_lib.staged_model(
+      split, transforms.stage_boundary(*codecs))
+  # A codec compresses each worker's activations as that worker's stages
+  # send them, so W workers' batches must not be scored as one.
+  if any(c is not None for c in codecs[0] + codecs[1]):
+    out = out._replace(pooled=False)
+  return out
 
 
 def build_strategy(s: dict):

@@ -25,6 +25,9 @@ from lowbw.models._gpt import gpt
 from lowbw.models._mlp import mlp
 from lowbw.models._moe_gpt import moe_gpt
 from lowbw.models._registry import get, register
+from lowbw.models._stages import (Stages, activation_shapes, block_ranges,
+                                  from_stages, split, staged_loss,
+                                  staged_model)
 from lowbw.models._registry import names as model_names
 
 __all__ = (
@@ -44,4 +47,6 @@ __all__ = (
     "mlp",
     "moe_gpt",
     "param_count",
+    "Stages", "activation_shapes", "block_ranges", "from_stages", "split",
+    "staged_loss", "staged_model",
 )

@@ -65,36 +65,56 @@ class GPT(nn.Module):
   qk_norm: bool = False
   tie_embeddings: bool = False
   norm_position: str = "pre"
+  # A pipeline stage's slice of the model (``lowbw.models.split``): blocks
+  # ``part[0]`` to ``part[1] - 1``, with the embeddings when it starts at 0
+  # and the final norm and head when it ends at ``layers``. Its parameters
+  # keep the whole model's names, so the stages read one parameter tree.
+  part: tuple[int, int] | None = None
 
   @nn.compact
-  def __call__(self, tokens_BxT: Array) -> Array:
+  def __call__(self, x: Array) -> Array:
+    """Tokens (b, T) -> logits (b, T, V); a ``part`` not starting at block 0
+    takes the residual stream (b, T, d) instead, and one not ending at the
+    last block returns it."""
+    lo, hi = (0, self.layers) if self.part is None else self.part
+    init = nn.initializers.normal(_STD)
+    embed = None
+    if lo == 0 or (hi == self.layers and self.tie_embeddings):
+      embed = nn.Embed(self.vocab, self.d_model, embedding_init=init,
+                       name="tok_embed")
+    if lo == 0:
+      x = self._embedded(embed, x)
+    out_std = _STD / math.sqrt(2 * self.layers)
+    hidden = _mlp_hidden(self.mlp, self.d_model, self.mlp_ratio)
+    for i in range(lo, hi):
+      x = _Block(self.heads, hidden, out_std, norm=self.norm,
+                 mlp=self.mlp, rotary=self.position == "rotary",
+                 qk_norm=self.qk_norm, norm_position=self.norm_position,
+                 name=f"block_{i}")(x)
+    if hi < self.layers:
+      return x
+    # Post-LN blocks already end in a norm: no final one (the original
+    # Transformer's decoder stack).
+    if self.norm_position == "pre":
+      x = _blocks.norm(self.norm, "ln_final")(x)
+    if self.tie_embeddings:
+      return embed.attend(x)
+    return nn.Dense(self.vocab, kernel_init=init, name="head")(x)
+
+  def _embedded(self, embed: nn.Module, tokens_BxT: Array) -> Array:
+    """Token (and learned position) embeddings: (b, T) -> (b, T, d)."""
     t = tokens_BxT.shape[1]
     if t > self.seq_len:
       raise _validate.fail(
           "seq_len", self.seq_len,
           f"batch sequences have {t} input tokens (tokens.shape[1] - 1); "
           f"expected seq_len >= {t}")
-    init = nn.initializers.normal(_STD)
-    embed = nn.Embed(self.vocab, self.d_model, embedding_init=init,
-                     name="tok_embed")
     x_BxTxD = embed(tokens_BxT.astype(jnp.int32))
     if self.position == "learned":
-      pos_LxD = self.param("pos_embed", init, (self.seq_len, self.d_model))
+      pos_LxD = self.param("pos_embed", nn.initializers.normal(_STD),
+                           (self.seq_len, self.d_model))
       x_BxTxD = x_BxTxD + jnp.expand_dims(pos_LxD[:t], 0)
-    out_std = _STD / math.sqrt(2 * self.layers)
-    hidden = _mlp_hidden(self.mlp, self.d_model, self.mlp_ratio)
-    for i in range(self.layers):
-      x_BxTxD = _Block(self.heads, hidden, out_std, norm=self.norm,
-                       mlp=self.mlp, rotary=self.position == "rotary",
-                       qk_norm=self.qk_norm, norm_position=self.norm_position,
-                       name=f"block_{i}")(x_BxTxD)
-    # Post-LN blocks already end in a norm: no final one (the original
-    # Transformer's decoder stack).
-    if self.norm_position == "pre":
-      x_BxTxD = _blocks.norm(self.norm, "ln_final")(x_BxTxD)
-    if self.tie_embeddings:
-      return embed.attend(x_BxTxD)
-    return nn.Dense(self.vocab, kernel_init=init, name="head")(x_BxTxD)
+    return x_BxTxD
 
 
 def _mlp_hidden(kind: str, d_model: int, mlp_ratio: int) -> int:

@@ -1,6 +1,9 @@
 """Communication transforms: codecs, error feedback, per-worker lifting,
 worker reductions, sparse averaging."""
 
+from lowbw.transforms._boundary import (boundary, boundary_bytes,
+                                        parse_boundary_codec, stage_boundary,
+                                        subspace)
 from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import (Codec, Payload, chain, collective,
                                      compress, decode_tree, encode_tree,
@@ -46,4 +49,6 @@ __all__ = [
     "local_workers", "call_participating", "participants",
     "participating", "sharded_workers", "worker_ids", "where_workers",
     "worker_sum",
+    "boundary", "boundary_bytes", "parse_boundary_codec", "stage_boundary",
+    "subspace",
 ]

@@ -1,0 +1,199 @@
+"""A model split into pipeline stages: S functions that, composed, compute
+the model's loss, with a hook between consecutive stages where a pipeline
+sends the activations forward and their gradients back.
+
+The stages read ONE parameter tree, the unsplit model's: each uses the
+parameters it owns and ignores the rest, so a staged model trains under any
+strategy exactly as the unsplit one (same ``init``, same parameter names).
+The built-in :func:`~lowbw.models.gpt` splits by blocks (:func:`split`);
+any model splits from a list of stage functions (:func:`from_stages`).
+"""
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+
+from lowbw import _validate
+from lowbw._types import Array, Batch, Params, PRNGKey
+from lowbw.models import _contract, _gpt
+
+
+class Stages(NamedTuple):
+  """A model split into ``len(stages)`` pipeline stages.
+
+  Attributes:
+    model: the unsplit :class:`~lowbw.models.Model` (its ``init``, task,
+      name and config are the staged model's).
+    stages: the stage functions, each ``stage(params, x, batch)`` on the
+      whole parameter tree: stage 0 gets ``x=None`` and reads its inputs
+      from ``batch``; every stage but the last returns the activation it
+      sends to the next (an array); the last returns ``(loss, metrics)``
+      as ``Model.loss`` does (it reads its labels from ``batch``).
+    owners: for each stage, the top-level parameter names it reads (the
+      built-in gpt's; ``None`` when a generic split does not say). A name
+      read by two stages (gpt's tied ``tok_embed``) is listed in both.
+  """
+  model: _contract.Model
+  stages: tuple[Callable[..., Any], ...]
+  owners: tuple[tuple[str, ...], ...] | None = None
+
+
+def from_stages(model: _contract.Model,
+                stages: Sequence[Callable[..., Any]]) -> Stages:
+  """Any model split by the user: ``stages`` as :class:`Stages` describes
+  them, composing to ``model.loss`` (which lowbw cannot check for you:
+  compare ``staged_loss(...)`` with ``model.loss`` on a batch).
+
+  Example:
+    >>> def first(params, x, batch):
+    ...   return jnp.tanh(batch["x"] @ params["w1"])
+    >>> def last(params, x, batch):
+    ...   return my_loss(x @ params["w2"], batch["y"])  # doctest: +SKIP
+    >>> staged = from_stages(model, [first, last])  # doctest: +SKIP
+  """
+  if not isinstance(model, _contract.Model):
+    raise _validate.fail("model", type(model).__name__,
+                         "expected a lowbw Model (lowbw.models.as_model)")
+  if (isinstance(stages, (str, bytes)) or not isinstance(stages, Sequence)
+      or not stages or not all(callable(f) for f in stages)):
+    raise _validate.fail("stages", stages, "expected a non-empty list of "
+                         "functions stage(params, x, batch)")
+  return Stages(model, tuple(stages))
+
+
+def block_ranges(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+  """The blocks of each stage, ``(first, end)``: contiguous and as even as
+  possible, the first ``layers % stages`` stages one block more.
+
+  Example:
+    >>> block_ranges(5, 2)
+    ((0, 3), (3, 5))
+  """
+  layers = _validate.positive_int("layers", layers)
+  stages = _validate.positive_int("stages", stages)
+  if stages > layers:
+    raise _validate.fail("stages", stages, f"expected at most layers="
+                         f"{layers}: each stage holds at least one block")
+  base, extra = divmod(layers, stages)
+  ends, end = [], 0
+  for s in range(stages):
+    end += base + (s < extra)
+    ends.append(end)
+  return tuple(zip([0] + ends[:-1], ends))
+
+
+def split(model: _contract.Model, stages: int) -> Stages:
+  """A built-in model split into ``stages`` pipeline stages by blocks.
+
+  The gpt's blocks are shared out by :func:`block_ranges`: stage 0 holds
+  the embeddings and the first blocks, the last stage the last blocks, the
+  final norm and the head; each boundary carries the residual stream
+  ``(b, T, d_model)``. With tied embeddings the last stage reads
+  ``tok_embed`` too (a real pipeline keeps a copy there and sums the two
+  stages' gradients for it). Other models: :func:`from_stages`.
+
+  Raises:
+    ValueError: naming ``stages`` for a model lowbw cannot split or more
+      stages than blocks.
+
+  Example:
+    >>> staged = split(gpt(layers=4, d_model=16, heads=2), 2)
+    >>> loss, metrics = staged_loss(staged)(params, batch, key)  # doctest: +SKIP
+  """
+  if not isinstance(model, _contract.Model) or model.name != "gpt":
+    name = getattr(model, "name", type(model).__name__)
+    raise _validate.fail(
+        "stages", stages, f"lowbw splits the built-in gpt by blocks; model "
+        f"{name!r} has no built-in split (lowbw.models.from_stages takes "
+        "a list of stage functions)")
+  config = {k: v for k, v in model.config.items() if k != "name"}
+  ranges = block_ranges(config["layers"], stages)
+  parts = tuple(_gpt_stage(_gpt.GPT(**config, part=r), s == 0,
+                           s == len(ranges) - 1)
+                for s, r in enumerate(ranges))
+  return Stages(model, parts, _gpt_owners(config, ranges))
+
+
+def _gpt_stage(module: _gpt.GPT, first: bool, last: bool) -> Callable:
+  """One gpt stage: its blocks (and embeddings, head) on the residual
+  stream."""
+
+  def stage(params: Params, x: Array | None, batch: Batch) -> Any:
+    if first:
+      x, _ = _contract._lm_split(batch)
+    out = module.apply({"params": params}, x)
+    if not last:
+      return out
+    return _contract._cross_entropy(out, _contract._lm_split(batch)[1])
+
+  return stage
+
+
+def _gpt_owners(config: dict[str, Any],
+                ranges: tuple[tuple[int, int], ...]) -> tuple:
+  first = ["tok_embed"] + (
+      ["pos_embed"] if config.get("position", "learned") == "learned" else [])
+  last = (["ln_final"] if config.get("norm_position", "pre") == "pre"
+          else []) + (["tok_embed"] if config.get("tie_embeddings") else
+                      ["head"])
+  owners = []
+  for s, (lo, hi) in enumerate(ranges):
+    names = [f"block_{i}" for i in range(lo, hi)]
+    names = (first if s == 0 else []) + names + (
+        last if s == len(ranges) - 1 else [])
+    owners.append(tuple(names))
+  return tuple(owners)
+
+
+# ``boundary(x, i, key) -> x``: what stage i + 1 receives of stage i's
+# activation (and, through its gradient, what stage i receives back).
+Boundary = Callable[[Array, int, PRNGKey], Array]
+
+
+def staged_loss(staged: Stages, boundary: Boundary | None = None
+                ) -> Callable[[Params, Batch, PRNGKey], tuple]:
+  """``loss(params, batch, key)`` through the stages, ``boundary(x, i,
+  key_i)`` between stage ``i`` and ``i + 1`` (default: the activation as
+  it is, so the loss and its gradients are the unsplit model's).
+  ``key_i`` is ``fold_in(key, i)`` (``key`` None: ``jax.random.key(0)``).
+  """
+  if not isinstance(staged, Stages):
+    raise _validate.fail("staged", type(staged).__name__,
+                         "expected lowbw.models.split(...) or from_stages")
+  if boundary is None:
+    boundary = lambda x, i, key: x  # noqa: E731
+
+  def loss(params: Params, batch: Batch, key: PRNGKey | None = None):
+    x = None
+    for i, stage in enumerate(staged.stages):
+      if i:
+        base = jax.random.key(0) if key is None else key
+        x = boundary(x, i - 1, jax.random.fold_in(base, i - 1))
+      x = stage(params, x, batch)
+    return x
+
+  return loss
+
+
+def staged_model(staged: Stages, boundary: Boundary | None = None
+                 ) -> _contract.Model:
+  """The unsplit model with its loss computed through the stages
+  (:func:`staged_loss`): same ``init``, parameters, ``apply`` and config,
+  so any strategy trains it unchanged."""
+  return staged.model._replace(loss=staged_loss(staged, boundary))
+
+
+def activation_shapes(staged: Stages, params: Params,
+                      batch: Batch) -> tuple[jax.ShapeDtypeStruct, ...]:
+  """The activation each boundary carries for ``batch`` (one micro-batch),
+  by an abstract evaluation of the stages (nothing runs)."""
+
+  def sent(params, batch):
+    outs, x = [], None
+    for stage in staged.stages[:-1]:
+      x = stage(params, x, batch)
+      outs.append(x)
+    return tuple(outs)
+
+  return jax.eval_shape(sent, params, batch)
