@@ -346,13 +346,18 @@ def test_diloco_with_time_budgets_matches_a_per_worker_loop(weighted):
 
 def test_a_worker_down_for_a_window_loses_its_round_and_pulls_the_model():
   """Worker 0 is down for ticks 5 to 14 of rounds of 10: the steps of its
-  round are lost, the server applies the others' arrivals without it, and
-  back at tick 15 it restarts from the server's model, arriving at 24."""
+  round are lost and the server applies the others' arrivals without it.
+  Back at tick 15 it downloads the model (on its own link, counted in
+  received_bytes), which takes that tick and a little of the next, then
+  takes a round of 10 steps: ticks 17 to 26."""
   run = _digits_run(strategies.async_diloco(H=10), [1.0] * 4,
                     faults=net_lib.Faults(windows=((0, 5, 15),)))
   model_bytes = 4 * sum(x.size for x in jax.tree.leaves(run.params))
   arrivals = np.diff(run.history["sent_bytes"], prepend=0.0) / model_bytes
   ticks = np.flatnonzero(arrivals)
-  assert list(ticks) == [9, 19, 24, 29, 34, 39]
+  assert list(ticks) == [9, 19, 26, 29, 36, 39]
   np.testing.assert_array_equal(arrivals[ticks], [3, 3, 1, 3, 1, 3])
+  # Two arrivals' downloads and the one of its return.
+  received = run.summary["received_bytes_per_worker"]
+  assert received[0] == 3 * model_bytes < received[1]
   assert np.isfinite(run.summary["final_eval_loss"])

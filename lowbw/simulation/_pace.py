@@ -141,9 +141,10 @@ class Paced:
     return dylu_steps(self.budget, ratio_W)
 
   def local(self, st, step_fn, carry, active):
-    f, tau = carry.fleet, self.tick()
+    f, tau = self.returning(carry), self.tick()
     rate_W, ratio_W, exchange_W = map(local_workers, self.pace(st.step))
-    computing = ~f.waiting_W & local_workers(carry.up_W)
+    back = local_workers(carry.rejoined_W)
+    computing = ~f.waiting_W & local_workers(carry.up_W) & ~back
     progress = f.progress_W + jnp.where(computing, rate_W, 0.0)
     stepping = computing & (progress >= 1.0 - WHOLE)
     new, report = step_fn(st)
@@ -170,7 +171,7 @@ class Paced:
       st = self.send(st, sends)
     nobody = jnp.zeros(self.num_workers, bool)
     clock = None if self.net is None else StepClock(
-        tau, jnp.int32(-1), nobody, nobody,
+        tau, jnp.int32(-1), nobody, carry.rejoined_W,
         jnp.sum(carry.up_W.astype(jnp.int32)), jnp.int32(0))
     return st, report, carry._replace(fleet=fleet), clock, active
 
@@ -273,6 +274,21 @@ class Paced:
         return sync_fn(state)
 
     return weighted
+
+  def returning(self, carry) -> Fleet:
+    """The fleet with the workers back this tick owing their download of
+    the model (``network._clock.CATCH_UP``, on their own links): it takes
+    the rest of the tick (they pull at its end) and, as a deficit of
+    progress, the seconds of the download."""
+    f = carry.fleet
+    if not self.faults:
+      return f
+    download_W = self.net.exchange_s_W.get(_clock.CATCH_UP)
+    if download_W is None:
+      return f
+    owed = local_workers(download_W / self.net.step_s_W)
+    return f._replace(progress_W=jnp.where(local_workers(carry.rejoined_W),
+                                           -owed, f.progress_W))
 
   def dropped(self, f: Fleet, up_all) -> Fleet:
     """A worker that is down loses what it has not had merged: the steps

@@ -68,12 +68,14 @@ class Prices:
 def catch_up(c, facts) -> dict:
   """With faults, the channel of a worker's return to the fleet: it
   downloads the global model and the outer optimizer's state (one worker's
-  share of per-worker outer states)."""
+  share of per-worker outer states; none under an asynchronous strategy,
+  whose server keeps its optimizer)."""
   if not c.masks or c.network.faults is None:
     return {}
   comm = facts.abstract_state.strategy.comm
   outer = 0
-  for field in (c.strategy.outer_places or {}).values():
+  places = {} if c.strategy.asynchronous else c.strategy.outer_places
+  for field in (places or {}).values():
     size = _strategy_bytes(getattr(comm, field, ()))
     outer += size // c.workers if field.endswith("_W") else size
   state = 4 * facts.num_params + outer  # the global model in float32
