@@ -55,6 +55,12 @@ def cases():
           optax.adamw(1e-3), H=3,
           codec=transforms.parse_codec("quant:4:stochastic"),
           error_feedback=0.9), faults),
+      # Gossip across devices: each gathers its peers' rows (a random
+      # cycle, a momentum on the proposals; the matching NoLoCo shares),
+      # with workers down.
+      "gasloc_two_peer_faults": (strategies.gasloc(
+          optax.adamw(1e-3), H=3, graph="two_peer", accel=0.2), faults),
+      "noloco_faults": (strategies.noloco(optax.adamw(1e-3), H=3), faults),
       # The paired DDP lane: each device's gradient over its own workers,
       # averaged over devices; evaluated from the replicated replica.
       "diloco_shadow": (strategies.diloco(optax.adamw(1e-3), H=3), None,
