@@ -329,3 +329,14 @@ def test_decoupled_diloco_refuses_bad_settings():
                 steps=TICKS, strategy=strategies.decoupled_diloco(H=H),
                 network=ideal.network(hardware="1s", faults=net_lib.Faults(
                     drop_prob=0.1)))
+
+
+def test_the_printed_clock_names_an_exchange_with_the_server():
+  """An asynchronous run's messages go to a server and back: the summary
+  line says so rather than naming the (unused) all-reduce topology."""
+  from lowbw.cli import _train
+  s = {"topology": "ring", "group_size": None}
+  exchange = {"collectives": {"pseudo_gradients": "exchange"}}
+  assert _train._topology_text(exchange, s) == "each worker with the server"
+  ring = {"collectives": {"pseudo_gradients": "all_reduce"}}
+  assert _train._topology_text(ring, s) == "ring"

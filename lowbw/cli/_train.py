@@ -318,6 +318,17 @@ def _lane_lines(summary: dict) -> list[str]:
   return lines
 
 
+def _topology_text(summary: dict, s: dict) -> str:
+  """How the run's messages travel: the topology of its collectives, or,
+  when every one is an exchange with a server (asynchronous strategies),
+  that."""
+  kinds = set(summary.get("collectives", {}).values())
+  if kinds and kinds <= {"exchange"}:
+    return "each worker with the server"
+  return s["topology"] + (f" of {s['group_size']}" if s["group_size"]
+                          else "")
+
+
 def format_summary(summary: dict, s: dict) -> str:
   lines = [f"{s['strategy']}: {summary['num_workers']} workers x "
            f"{summary['steps']} steps, {summary['num_params']:,} parameters"]
@@ -340,8 +351,7 @@ def format_summary(summary: dict, s: dict) -> str:
   if summary.get("tokens_per_s"):
     rate += f", {summary['tokens_per_s']:,.0f} tokens/s"
   if summary.get("sim_time_s") is not None:
-    topology = s["topology"] + (f" of {s['group_size']}" if s["group_size"]
-                                else "")
+    topology = _topology_text(summary, s)
     lines.append(f"  simulated time    {_duration(summary['sim_time_s'])} on "
                  f"{s['bandwidth']}, {s['latency']} ({topology}), "
                  f"{s['hardware']} at MFU {s['mfu']}")
