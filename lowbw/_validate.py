@@ -56,12 +56,17 @@ def renamed(error: ConfigError, names: dict[str, str]) -> ConfigError:
 
 
 def suggest(word: str, options: Iterable[str]) -> str:
-  """" (did you mean 'x'?)" for the options closest to ``word``, or ""."""
+  """" (did you mean 'x'?)" for the options closest to ``word`` (letter
+  case aside: ``DiLoCo`` finds ``diloco``), or ""."""
   options = [str(o) for o in options]
-  close = difflib.get_close_matches(str(word), options, n=3, cutoff=0.6)
+  lowered = {}
+  for o in options:
+    lowered.setdefault(o.lower(), o)
+  close = difflib.get_close_matches(str(word).lower(), list(lowered), n=3,
+                                    cutoff=0.6)
   if not close:
     return ""
-  return " (did you mean " + " or ".join(map(repr, close)) + "?)"
+  return " (did you mean " + " or ".join(repr(lowered[c]) for c in close) + "?)"
 
 
 INT_LIMIT = 2 ** 31  # counts and sizes are int32 on device

@@ -77,6 +77,8 @@ def test_the_cli_reads_no_private_argparse_state_nor_error_text():
      "expected one of 'contiguous', 'dirichlet', 'iid', 'source' (did you mean "
      "'iid'?)"),
     (["--strategy", "dilocco"], "(did you mean 'diloco'"),
+    # letter case aside, as a paper spells the name
+    (["--strategy", "DiLoCo"], "(did you mean 'diloco'"),
     (["--workers", "two"], "lowbw: error: --workers='two' is invalid: "
      "expected an integer"),
     (["--lr", "0.01"], "lowbw train: error: unrecognized arguments --lr 0.01 "
