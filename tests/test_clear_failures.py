@@ -83,6 +83,9 @@ def test_the_cli_reads_no_private_argparse_state_nor_error_text():
      "expected an integer"),
     (["--lr", "0.01"], "lowbw train: error: unrecognized arguments --lr 0.01 "
      "(did you mean --inner-lr or --outer-lr"),
+    # no prefix matching: another tool's flag is not taken for a setting
+    (["--device", "mps"], "lowbw train: error: unrecognized arguments "
+     "--device mps (did you mean --devices?)"),
     (["--minibatch-size", "3"], "--minibatch-size=3 is invalid: must divide "
      "--batch-size=4"),
     # named as the user gave it, not by its kind ('classification')

@@ -76,6 +76,9 @@ class Parser(argparse.ArgumentParser):
 
   def __init__(self, *args, **kwargs):
     kwargs.setdefault("exit_on_error", False)
+    # No prefix matching: another tool's --device must not become
+    # --devices (its value then judged as a device count).
+    kwargs.setdefault("allow_abbrev", False)
     super().__init__(*args, **kwargs)
     self.flags: dict[str, str] = {}
     self.types: dict[str, Any] = {}
