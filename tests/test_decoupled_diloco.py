@@ -324,6 +324,13 @@ def test_decoupled_diloco_refuses_bad_settings():
     with pytest.raises(ValueError, match=field):
       strategies.decoupled_diloco(**{field: value})
   model, data = _problem()
+  kw = dict(model=model, data=data, workers=W, batch_size=BATCH, steps=TICKS)
+  with pytest.raises(ValueError, match=r"quorum=4 .*at most the 3 workers"):
+    lowbw.build(strategy=strategies.decoupled_diloco(H=H, quorum=4), **kw)
+  without_pull = strategies.decoupled_diloco(H=H)._replace(pull=None)
+  with pytest.raises(ValueError, match=r"faults.*Strategy\.pull"):
+    lowbw.build(strategy=without_pull, network=ideal.network(
+        hardware="1s", faults=net_lib.Faults(windows=((0, 2, 5),))), **kw)
   with pytest.raises(ValueError, match="drop_prob"):
     lowbw.build(model=model, data=data, workers=W, batch_size=BATCH,
                 steps=TICKS, strategy=strategies.decoupled_diloco(H=H),

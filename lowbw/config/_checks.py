@@ -233,6 +233,11 @@ def _check_asynchronous(strategy, network) -> None:
         "by the workers' compute times: give the network a hardware "
         "(e.g. 'h100' or a time per step, '0.5s'), or run without a network")
   f = network.faults
+  if f is not None and strategy.pull is None:
+    raise _validate.fail(
+        "faults", "given", f"strategy {strategy.name!r} does not say how a "
+        "worker back from a fault window restarts (Strategy.pull); run it "
+        "without faults")
   if f is not None:
     for field, value, given in (
         ("drop_prob", f.drop_prob, f.drop_prob > 0),

@@ -264,8 +264,8 @@ class Paced:
             jnp.where(merge, jnp.inf, window).astype(jnp.float32))
 
   def weighed(self, sync_fn, f: Fleet):
-    """``sync_fn`` traced with each worker's tokens (its inner steps since
-    it pulled) as its weight, when the syncer weighs by tokens."""
+    """``sync_fn`` traced with each worker's tokens (the inner steps behind
+    its message) as its weight, when the syncer weighs by tokens."""
     if self.syncer is None or not self.syncer.token_weighted:
       return sync_fn
 

@@ -134,11 +134,12 @@ def _with_delayed_nesterov(outer: optax.GradientTransformation, every: int
 
 def _pseudo_gradient(comp: Compression, c: AsyncComm, params_W, key,
                      scale_W) -> tuple:
-  # What each worker sent: its parameters now, or when it sent them.
-  params_W = c.sent_W if _keeps_sent(c) else params_W
   """The arrivals' mean of what the server decodes of anchor_w - theta_w
   (each scaled by ``scale_W``; weighted by the engine's weights when it
-  gives some: a syncer's token weights), and the message states."""
+  gives some: a syncer's token weights), and the message states. theta_w
+  is what the worker sent: its parameters now, or, for workers that went
+  on computing, those it kept when it sent (``AsyncComm.sent_W``)."""
+  params_W = c.sent_W if _keeps_sent(c) else params_W
   delta_W = optax.tree.sub(c.anchor_W, params_W)
   sent_W, residual_W = transmit(comp, delta_W, c.residual_W, key)
   if scale_W is not None:
@@ -223,10 +224,15 @@ def async_send(state, mask_W):
       mask_W, state.params_W, c.sent_W)))
 
 
-def async_init(inner, outer, comp: Compression, sends: bool = False):
+def async_init(inner, outer, comp: Compression, sends: bool = False,
+               syncer=None):
   """The server's and workers' state; ``sends``: keep what each worker
-  sent (``AsyncComm.sent_W``, for workers that go on computing)."""
+  sent (``AsyncComm.sent_W``, for workers that go on computing); a
+  ``syncer``'s quorum is checked against the fleet."""
   def init(params, num_workers_, key):
+    if syncer is not None and syncer.count > num_workers_:
+      raise _validate.fail("quorum", syncer.count, f"at most the "
+                           f"{num_workers_} workers of the fleet")
     state = _base.inner_init(inner, params, num_workers_, key, ())
     copy = lambda: jax.tree.map(jnp.copy, state.params_W)  # noqa: E731
     return state._replace(comm=AsyncComm(
@@ -309,20 +315,33 @@ def async_diloco(
     outer = _with_delayed_nesterov(outer, delayed_nesterov)
   outer = _stale.stale_outer(stale_outer, outer)
   comp = compression(codec, error_feedback)
+  return asynchronous("async_diloco", inner, outer, comp, H, {
+      "delayed_nesterov": delayed_nesterov,
+      "staleness_scale": staleness_scale, "dylu": dylu,
+      "stale_outer": stale_outer}, staleness_scale=staleness_scale,
+      time_budget=dylu)
+
+
+def asynchronous(name: str, inner, outer, comp: Compression, H: int,
+                 settings: dict, staleness_scale: bool = False,
+                 sends: bool = False, **options) -> _base.Strategy:
+  """An asynchronous DiLoCo-family strategy: workers that take H inner
+  steps on their own clocks and a server that applies ``async_sync`` to
+  their arrivals, on the engine's schedule (``simulation._pace``).
+  ``settings``: its config entries past the optimizers, H and the codec;
+  ``sends``: keep what each worker sent (workers that go on computing);
+  ``options``: ``Strategy`` attributes (``time_budget``, ``syncer``,
+  ``send``)."""
   local = lambda s, g: (_base.inner_update(inner, s, g), {})  # noqa: E731
   sync = async_sync(outer, comp, staleness_scale)
   strategy = _base.make(
-      "async_diloco", 1, _base.Parts(
-          async_init(inner, outer, comp), local, sync,
-          lambda s: s.comm.global_params, async_channels(comp)),
-      {"name": "async_diloco", "inner": _base.describe(inner),
-       "outer": _base.describe(outer), "H": H, **comp.config,
-       "delayed_nesterov": delayed_nesterov,
-       "staleness_scale": staleness_scale, "dylu": dylu,
-       "stale_outer": stale_outer},
-      outer_places={"outer": "outer_state"}, asynchronous=H,
-      time_budget=dylu, pull=async_pull,
-      inner=inner)
+      name, 1, _base.Parts(
+          async_init(inner, outer, comp, sends, options.get("syncer")),
+          local, sync, lambda s: s.comm.global_params, async_channels(comp)),
+      {"name": name, "inner": _base.describe(inner),
+       "outer": _base.describe(outer), "H": H, **comp.config, **settings},
+      outer_places={"outer": "outer_state"}, asynchronous=H, pull=async_pull,
+      inner=inner, **options)
   # Driven step by step without the engine's schedule (a notebook), every
   # worker arrives after each H steps: synchronous DiLoCo.
   return strategy._replace(step=_base.compose_step(local, sync, H))

@@ -14,9 +14,8 @@ from typing import NamedTuple
 
 from lowbw import _validate
 from lowbw.strategies import _base, _optim, _spec, _stale
-from lowbw.strategies._async_diloco import (_diloco_outer, async_channels,
-                                            async_init, async_pull,
-                                            async_send, async_sync)
+from lowbw.strategies._async_diloco import (_diloco_outer, async_send,
+                                            asynchronous)
 from lowbw.transforms import Codec, compression
 
 
@@ -138,24 +137,12 @@ def decoupled_diloco(
   _validate.boolean("dylu", dylu)
   outer = _stale.stale_outer(stale_outer, outer)
   comp = compression(codec, error_feedback)
-  local = lambda s, g: (_base.inner_update(inner, s, g), {})  # noqa: E731
-  sync = async_sync(outer, comp, False)
-  strategy = _base.make(
-      "decoupled_diloco", 1, _base.Parts(
-          async_init(inner, outer, comp, sends=True), local, sync,
-          lambda s: s.comm.global_params, async_channels(comp)),
-      {"name": "decoupled_diloco", "inner": _base.describe(inner),
-       "outer": _base.describe(outer), "H": H, "quorum": rule.count,
-       "token_quorum": rule.tokens, "grace": rule.grace,
-       "adaptive_grace": rule.adaptive, "token_weighted": rule.token_weighted,
-       "wait_for_merge": not rule.overlap,
-       **comp.config, "dylu": dylu, "stale_outer": stale_outer},
-      outer_places={"outer": "outer_state"}, asynchronous=H,
-      time_budget=dylu, syncer=rule, pull=async_pull, send=async_send,
-      inner=inner)
-  # Driven step by step without the engine's schedule (a notebook), every
-  # learner arrives after each H steps: synchronous DiLoCo.
-  return strategy._replace(step=_base.compose_step(local, sync, H))
+  return asynchronous("decoupled_diloco", inner, outer, comp, H, {
+      "quorum": rule.count, "token_quorum": rule.tokens, "grace": rule.grace,
+      "adaptive_grace": rule.adaptive, "token_weighted": rule.token_weighted,
+      "wait_for_merge": not rule.overlap, "dylu": dylu,
+      "stale_outer": stale_outer}, sends=True, time_budget=dylu,
+      syncer=rule, send=async_send)
 
 
 def _quorum(count, tokens, grace, adaptive, token_weighted,
