@@ -248,9 +248,9 @@ def build_model(s: dict, source):
 def staged(model, s: dict):
   """``model`` as a pipeline of ``stages`` stages with codecs at their
   boundaries (``models.split``), or as it is for one stage."""
-  stages = _validate.positive_int("stages", s.get("stages", 1))
-  forward = s.get("boundary_codec") or "none"
-  backward = s.get("boundary_grad_codec") or forward
+  stages = _validate.positive_int("stages", s["stages"])
+  forward = s["boundary_codec"] or "none"
+  backward = s["boundary_grad_codec"] or forward
   if stages == 1:
     for field, spec in (("boundary_codec", forward),
                         ("boundary_grad_codec", backward)):
@@ -263,13 +263,9 @@ def staged(model, s: dict):
              for i in range(stages - 1)]
             for field, spec in (("boundary_codec", forward),
                                 ("boundary_grad_codec", backward))]
-  out = models_lib.staged_model(
-      split, transforms.stage_boundary(*codecs))
-  # A codec compresses each worker's activations as that worker's stages
-  # send them, so W workers' batches must not be scored as one.
-  if any(c is not None for c in codecs[0] + codecs[1]):
-    out = out._replace(pooled=False)
-  return out
+  compressed = any(c is not None for c in codecs[0] + codecs[1])
+  return models_lib.staged_model(
+      split, transforms.stage_boundary(*codecs) if compressed else None)
 
 
 def build_strategy(s: dict):

@@ -180,8 +180,12 @@ def staged_model(staged: Stages, boundary: Boundary | None = None
                  ) -> _contract.Model:
   """The unsplit model with its loss computed through the stages
   (:func:`staged_loss`): same ``init``, parameters, ``apply`` and config,
-  so any strategy trains it unchanged."""
-  return staged.model._replace(loss=staged_loss(staged, boundary))
+  so any strategy trains it unchanged. With a ``boundary`` (codecs) it is
+  not pooled: each worker's activations are compressed as its own stages
+  send them, so W workers' batches must not be scored as one."""
+  return staged.model._replace(
+      loss=staged_loss(staged, boundary),
+      pooled=staged.model.pooled and boundary is None)
 
 
 def activation_shapes(staged: Stages, params: Params,

@@ -69,9 +69,10 @@ def peers(graph: str, key, step, H: int, num_workers_: int) -> Array:
     at = jnp.argsort(perm)
     return jnp.stack([perm[(at - 1) % W], perm[(at + 1) % W]],
                      axis=1).astype(jnp.int32)
-  shifts = (W - 1, 1) if graph == "ring" else range(1, W)
+  shifts = (jnp.array([W - 1, 1], jnp.int32) if graph == "ring"
+            else jnp.arange(1, W, dtype=jnp.int32))
   i = jnp.arange(W, dtype=jnp.int32)
-  return jnp.stack([(i + s) % W for s in shifts], axis=1)
+  return (i[:, None] + shifts[None, :]) % W
 
 
 def mix(tree_W: PyTree, peers_WK: Array, rate: float,

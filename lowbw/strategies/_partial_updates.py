@@ -26,11 +26,13 @@ from lowbw import _validate
 from lowbw._types import Params, PyTree
 from lowbw.network import channel
 from lowbw.strategies import _base, _optim, _spec
-from lowbw.strategies._diloco import DiLoCoComm, default_outer
+from lowbw.strategies._diloco import (DiLoCoComm, default_outer,
+                                      diloco_channels, diloco_init,
+                                      global_of)
 from lowbw.transforms import (Codec, Compression, broadcast_to_workers,
-                              comm_channel, compression, num_workers,
+                              compression, num_workers,
                               per_worker, transmit, worker_sum)
-from lowbw.transforms._compression import init_residual, message_bytes
+from lowbw.transforms._compression import message_bytes
 
 
 class PartialInner(NamedTuple):
@@ -93,7 +95,7 @@ def _channels(comp: Compression, owners: int):
   largest worker's slice (the others' are at most that)."""
   def channels(params, num_workers_):
     if owners >= num_workers_:
-      return {"pseudo_gradients": comm_channel(comp, params, num_workers_)}
+      return diloco_channels(comp)(params, num_workers_)
     largest = max(message_bytes(comp, s)
                   for s in slices(params, num_workers_, owners))
     return {"pseudo_gradients": channel("all_gather", largest, num_workers_)}
@@ -101,15 +103,13 @@ def _channels(comp: Compression, owners: int):
 
 
 def _init(inner, outer, comp: Compression, owners: int):
+  """DiLoCo's state, each worker's inner state with its ownership."""
+  diloco = diloco_init(inner, outer, comp)
+
   def init(params, num_workers_, key):
-    params_W = broadcast_to_workers(params, num_workers_)
-    return _base.StrategyState(
-        step=jnp.zeros((), jnp.int32), params_W=params_W,
-        inner_W=PartialInner(per_worker(inner).init(params_W),
-                             own_mask(params, num_workers_, owners)),
-        comm=DiLoCoComm(params, outer.init(params),
-                        init_residual(comp, params_W)),
-        key=key)
+    state = diloco(params, num_workers_, key)
+    return state._replace(inner_W=PartialInner(
+        state.inner_W, own_mask(params, num_workers_, owners)))
   return init
 
 
@@ -206,7 +206,7 @@ def partial_updates(
   return _base.make(
       "partial_updates", H, _base.Parts(
           _init(inner, outer, comp, owners), _local(inner),
-          _sync(outer, comp), lambda s: s.comm.global_params,
+          _sync(outer, comp), global_of,
           _channels(comp, owners)),
       {"name": "partial_updates", "inner": _base.describe(inner),
        "outer": _base.describe(outer), "H": H, "owners": owners,

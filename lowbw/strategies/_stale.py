@@ -9,6 +9,7 @@ an extra argument of ``update`` (``age=``), as ``delayed_nesterov`` takes
 """
 
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import NamedTuple
@@ -102,10 +103,10 @@ def cgad(alpha: float, cutoff: float,
     >>> outer = lowbw.strategies.cgad(alpha=0.1, cutoff=8.0)
     >>> strategy = lowbw.strategies.async_diloco(H=20, outer=outer)
   """
-  alpha, cutoff = _check(alpha, cutoff)
+  gate = scale_by_age(alpha, cutoff)  # checks them first
   adam = _optim.outer_optimizer(learning_rate, kind="adam", b1=b1, b2=b2,
                                 eps=eps)
-  return optax.chain(scale_by_age(alpha, cutoff), adam)
+  return optax.chain(gate, adam)
 
 
 
@@ -153,10 +154,6 @@ def heloco_block(delta: Array, m: Array, *, keep: float, shrink: float,
   return jnp.where(live & (c < keep), fixed, delta)
 
 
-HELOCO_DEFAULTS = {"keep": 0.2, "shrink": 1.0, "shrink_cap": 1.0,
-                   "reorient": 0.5, "kappa": 1.0, "momentum": 0.9}
-
-
 def heloco(keep: float = 0.2, shrink: float = 1.0, shrink_cap: float = 1.0,
            reorient: float = 0.5, kappa: float = 1.0, momentum: float = 0.9
            ) -> optax.GradientTransformationExtraArgs:
@@ -190,9 +187,7 @@ def heloco(keep: float = 0.2, shrink: float = 1.0, shrink_cap: float = 1.0,
       _validate.non_negative(f, v) for f, v in (
           ("shrink", shrink), ("shrink_cap", shrink_cap),
           ("reorient", reorient), ("kappa", kappa)))
-  momentum = _validate.non_negative("momentum", momentum)
-  if momentum >= 1.0:
-    raise _validate.fail("momentum", momentum, "expected a number in [0, 1)")
+  momentum = _validate.momentum("momentum", momentum)
   correct = functools.partial(heloco_block, keep=keep, shrink=shrink,
                               shrink_cap=shrink_cap, reorient=reorient,
                               kappa=kappa)
@@ -209,20 +204,32 @@ def heloco(keep: float = 0.2, shrink: float = 1.0, shrink_cap: float = 1.0,
 
 
 # --------------------------------------------- a rule as a spec string
+def _defaults(build: Callable) -> dict:
+  """A rule's fields, read from its factory's signature: field -> default
+  (None: required)."""
+  return {name: (None if p.default is inspect.Parameter.empty
+                 else p.default)
+          for name, p in inspect.signature(build).parameters.items()}
+
+
 class _Rule(NamedTuple):
   build: Callable        # its fields as keywords -> a transformation
-  fields: dict           # field -> default (None: required)
   what: str              # one line for help and errors
+
+  @property
+  def fields(self) -> dict:
+    """field -> default (None: required), from ``build``'s signature."""
+    return _defaults(self.build)
 
 
 RULES = {
-    "cgad": _Rule(scale_by_age, {"alpha": None, "cutoff": None},
-                  "CGAD's age gate sigma(age) before the outer optimizer "
-                  "(arXiv 2605.09126)"),
-    "heloco": _Rule(heloco, HELOCO_DEFAULTS,
-                    "HeLoCo's per-tensor keep / shrink / reorient by the "
-                    "cosine with the outer momentum (arXiv 2606.00271)"),
+    "cgad": _Rule(scale_by_age, "CGAD's age gate sigma(age) before the "
+                  "outer optimizer (arXiv 2605.09126)"),
+    "heloco": _Rule(heloco, "HeLoCo's per-tensor keep / shrink / reorient "
+                    "by the cosine with the outer momentum (arXiv "
+                    "2606.00271)"),
 }
+HELOCO_DEFAULTS = _defaults(heloco)
 NO_RULE = "none"
 
 

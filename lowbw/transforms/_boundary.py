@@ -120,8 +120,10 @@ def parse_boundary_codec(spec: str | None, field: str,
                          "'quant:8' or 'subspace:16'")
   head, _, rest = spec.strip().partition(",")
   name, _, arg = head.partition(":")
-  if name.lower() != "subspace":
-    if "subspace" in spec.lower():
+  if name.strip().lower() != "subspace":
+    later = [stage.partition(":")[0].strip().lower()
+             for stage in rest.split(",")] if rest else []
+    if "subspace" in later:
       raise _validate.fail(field, spec, "subspace:R must be the chain's "
                            "first stage")
     return parse_codec(spec, field)
