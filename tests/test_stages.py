@@ -414,3 +414,17 @@ def test_bad_stage_settings_name_the_field(tmp_path, settings, match):
 def test_stages_belong_to_the_gpt():
   with pytest.raises(ConfigError, match="stages.*not used by model 'mlp'"):
     lowbw.Config(model="mlp", data="digits", stages=2)
+
+
+def test_a_staged_model_with_codecs_is_never_pooled():
+  """Each worker's activations are compressed as its own stages send them:
+  a staged model with boundary codecs, however it is made (here in
+  Python, not through the config), must not score W workers' batches as
+  one; without codecs it pools as the unsplit model does."""
+  model = models.gpt(**SIZES)
+  q = transforms.parse_boundary_codec("quant:8", "f", 0)
+  coded = models.staged_model(models.split(model, 2),
+                              transforms.stage_boundary([q], [q]))
+  assert not coded.pooled
+  plain = models.staged_model(models.split(model, 2))
+  assert plain.pooled == model.pooled
