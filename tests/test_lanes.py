@@ -217,3 +217,23 @@ def test_a_study_gives_each_cause_a_paired_interval():
   assert row["lane/no_faults/loss_cost_low"][0] == pytest.approx(low)
   assert row["lane/no_faults/loss_cost_high"][0] == pytest.approx(high)
   assert "lane/no_faults/time_cost_s_low" in row
+
+
+def test_a_study_over_networks_trains_each_point_with_lanes(tmp_path):
+  """A study re-times a point from another's run when only the network
+  differs, but not a point with lanes (their clocks and costs would be the
+  other network's): each trains, and its time cost is its own run's time
+  minus its lane's."""
+  # No faults or stragglers: the run's training does not follow its
+  # clock, so without lanes the second point would be re-timed.
+  config = _config(drop_prob=None, speeds=None, jitter=None, byzantine=None,
+                   lanes=["codec=none"])
+  study = lowbw.study(config, grid={"bandwidth": ["1Mbps", "100Mbps"]},
+                      seeds=[0], out=str(tmp_path / "study"), progress=False)
+  for p in study.points:
+    s = p.summary
+    assert not s.get("retimed_from")
+    assert s["lane/codec=none/time_cost_s"] == pytest.approx(
+        s["sim_time_s"] - s["lane/codec=none/sim_time_s"])
+  times = [p.summary["lane/codec=none/sim_time_s"] for p in study.points]
+  assert times[0] > times[1]

@@ -206,8 +206,10 @@ def _retimed(point: _grid.Point, source: PointResult | None,
   folder: the run's metrics with the re-timed ``sim_time_s``, its summary
   with the clock's and prices' figures replaced and ``retimed_from``); None
   when ``source`` failed or its run cannot be re-timed (its training
-  followed its clock)."""
-  if source is None or source.summary.get("error") or not source.log_dir:
+  followed its clock), or when the point has counterfactual lanes (their
+  clocks, costs and goodput are not re-timed: the point trains)."""
+  if (source is None or source.summary.get("error") or not source.log_dir
+      or point.config.lanes):
     return None
   c, start = point.config, time.perf_counter()
   try:
