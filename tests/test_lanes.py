@@ -237,3 +237,16 @@ def test_a_study_over_networks_trains_each_point_with_lanes(tmp_path):
         s["sim_time_s"] - s["lane/codec=none/sim_time_s"])
   times = [p.summary["lane/codec=none/sim_time_s"] for p in study.points]
   assert times[0] > times[1]
+
+
+def test_a_lane_that_failed_reports_its_error_and_no_costs():
+  """A lane whose loss turned non-finite stops where it failed: its last
+  figures are a partial run's, so no cost is reported against it."""
+  from lowbw.simulation import _lanes
+  run = {"final_eval_loss": 1.0, "sim_time_s": 10.0, "goodput": 0.9}
+  failed = {"final_eval_loss": 0.5, "sim_time_s": 3.0, "goodput": 0.8,
+            "error": "loss is nan at step 7"}
+  assert _lanes.costs("no_faults", run, failed) == {
+      "lane/no_faults/error": "loss is nan at step 7"}
+  ok = _lanes.costs("no_faults", run, {**failed, "error": None})
+  assert ok["lane/no_faults/loss_cost"] == 0.5

@@ -208,6 +208,9 @@ def costs(name: str, run: dict, lane: dict) -> dict:
   goodput, and the cause's cost: the run's minus the lane's (positive: the
   cause made the run worse or slower; a goodput cost is negative when the
   cause wasted the fleet's time)."""
+  if lane.get("error"):  # its figures stop where it failed: no costs
+    return {metric(name, "error"): lane["error"]}
+
   def diff(key):
     a, b = run.get(key), lane.get(key)
     return None if a is None or b is None else a - b
@@ -218,8 +221,6 @@ def costs(name: str, run: dict, lane: dict) -> dict:
          metric(name, "loss_cost"): diff("final_eval_loss"),
          metric(name, "time_cost_s"): diff("sim_time_s"),
          metric(name, "goodput_cost"): diff("goodput")}
-  if lane.get("error"):
-    out[metric(name, "error")] = lane["error"]
-  # Without a clock a lane has no time; a lane that failed, no loss.
+  # Without a clock a lane has no time.
   return {k: v for k, v in out.items()
           if v is not None and not (isinstance(v, float) and math.isnan(v))}
