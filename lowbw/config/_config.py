@@ -128,7 +128,7 @@ def _check_type(field: _fields.Field, value):
                          "optimizer's name (adamw, sgd, ...); for an optax "
                          "optimizer give it to the strategy: strategy="
                          f"lowbw.strategies.diloco({field.name}=...)")
-  if field.repeat and value is not None:
+  if field.name == _lanes.FIELD and value is not None:
     return list(_lanes.names(value))  # a list: a file writes it as one
   if field.name in ("data", "model") and value is not None and not (
       isinstance(value, (str, dict, list)) or (

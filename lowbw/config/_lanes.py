@@ -17,7 +17,6 @@ by DDP, with the run's inner optimizer, on the same fleet).
 from typing import Any, Callable, NamedTuple
 
 from lowbw import _validate
-from lowbw import transforms
 from lowbw.config import _resolve, _strategy_fields
 
 FIELD = "lanes"
@@ -140,7 +139,7 @@ def _codec_changes(name: str, s: dict, takes_codec: bool) -> tuple:
   if _same_codec(spec, s.get("codec")):
     raise _validate.fail(FIELD, name, f"the run's codec is {spec!r} already "
                          "(a lane equal to the run measures nothing)")
-  if _uncompressed(spec):
+  if _resolve.uncompressed(spec):
     # Without a codec, what it encodes and its error feedback mean nothing.
     return ("codec", "compress", "ef"), {}
   return (), {"codec": spec}
@@ -168,14 +167,9 @@ def _ddp_changes(run: Run) -> tuple:
       "rounds_per_chunk": run.rounds_per_chunk * run.period}
 
 
-def _uncompressed(codec) -> bool:
-  return codec is None or (isinstance(codec, str) and
-                           codec.strip().lower() in transforms.UNCOMPRESSED)
-
-
 def _same_codec(spec: str, codec) -> bool:
-  if _uncompressed(spec) or _uncompressed(codec):
-    return _uncompressed(spec) and _uncompressed(codec)
+  if _resolve.uncompressed(spec) or _resolve.uncompressed(codec):
+    return _resolve.uncompressed(spec) and _resolve.uncompressed(codec)
   return isinstance(codec, str) and codec.replace(" ", "") == spec.replace(
       " ", "")
 

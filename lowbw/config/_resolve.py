@@ -112,21 +112,23 @@ def used(s: dict) -> set[str]:
   chosen, table = choices(s), used_by()
   out = (set(s) - _owned(table)) | set().union(*(
       options.get(chosen[kind], set()) for kind, options in table.items()))
-  if _uncompressed(s.get("codec")):  # compress says what a codec encodes
+  if uncompressed(s.get("codec")):  # compress says what a codec encodes
     out.discard("compress")
   if s.get("network") is not None:  # the object, not the settings
     out -= NETWORK_SETTINGS
   return out
 
 
-def _uncompressed(codec) -> bool:
+def uncompressed(codec) -> bool:
+  """No codec: None or a spec such as 'none' (one for every setting that
+  takes a codec spec: codec, lanes' codec=..., boundary codecs)."""
   return codec is None or (isinstance(codec, str) and
                            codec.strip().lower() in transforms.UNCOMPRESSED)
 
 
 def check_used(s: dict, explicit) -> None:
   """Raises for an explicitly given setting that the chosen run ignores."""
-  if "compress" in explicit and _uncompressed(s["codec"]) and (
+  if "compress" in explicit and uncompressed(s["codec"]) and (
       "compress" in owned_by_strategy(s)):
     raise _validate.fail("compress", s["compress"],
                          "says what codec encodes; give a codec")
@@ -254,7 +256,7 @@ def staged(model, s: dict):
   if stages == 1:
     for field, spec in (("boundary_codec", forward),
                         ("boundary_grad_codec", backward)):
-      if not _uncompressed(spec):
+      if not uncompressed(spec):
         raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
                              "between two pipeline stages)")
     return model
