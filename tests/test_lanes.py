@@ -184,8 +184,9 @@ def test_a_sweep_refuses_lanes_and_lanes_leave_run_only_outputs(laned):
   with pytest.raises(ValueError, match="lanes="):
     lowbw.sweep(sim, grid={"inner_lr": [1e-3, 3e-3]})
   config = _config(lanes=["no_faults"], shadow="ddp", eval_local=True)
-  (name, lane), = config.built().lanes
+  (name, lane, reset), = config.built().lanes
   assert name == "no_faults" and lane.drop_prob is None
+  assert "drop_prob" in reset
   assert lane.shadow is None and not lane.eval_local
   assert lane.jitter == config.jitter and lane.codec == config.codec
 
@@ -250,3 +251,17 @@ def test_a_lane_that_failed_reports_its_error_and_no_costs():
       "lane/no_faults/error": "loss is nan at step 7"}
   ok = _lanes.costs("no_faults", run, {**failed, "error": None})
   assert ok["lane/no_faults/loss_cost"] == 0.5
+
+
+def test_a_traced_value_never_reaches_the_lane_that_removed_its_setting():
+  """A lane without stragglers takes no jitter given at run time, even
+  when the run left jitter at its default: its clock is the equal fleet's
+  whatever the run's traced values say."""
+  config = _config(drop_prob=None, jitter=None, byzantine=None,
+                   lanes=["no_stragglers"])
+  sim = lowbw.build(config)
+  plain = sim.run(seed=0)
+  jittered = sim.run(seed=0, hparams={"jitter": 0.5})
+  key = "lane/no_stragglers/sim_time_s"
+  assert jittered.summary[key] == plain.summary[key]
+  assert jittered.summary["sim_time_s"] != plain.summary["sim_time_s"]

@@ -385,7 +385,8 @@ def resolve(given: dict) -> dict:
 class Built(NamedTuple):
   """What validating a config builds, kept for its run: the strategy, the
   build settings as ``check_settings`` returned them (the network among
-  them), and the counterfactual lanes as ``(name, Config)`` pairs."""
+  them), and the counterfactual lanes as ``(name, Config, reset
+  settings)`` (``_lanes.configs``)."""
 
   strategy: Any
   checked: dict

@@ -175,8 +175,10 @@ def _same_codec(spec: str, codec) -> bool:
 
 
 def configs(cls, given: dict, s: dict, built) -> tuple:
-  """``((name, Config), ...)``: each lane of a config whose given settings
-  are ``given``, resolved ones ``s`` and whose build ``built`` made."""
+  """``((name, Config, reset), ...)``: each lane of a config whose given
+  settings are ``given``, resolved ones ``s`` and whose build ``built``
+  made; ``reset``: the settings the lane drops or sets (the run's traced
+  values of those never reach it)."""
   run = Run(s, built.checked["network"], _resolve.owned_by_strategy(s),
             built.strategy.period, built.checked["rounds_per_chunk"])
   out = []
@@ -185,7 +187,8 @@ def configs(cls, given: dict, s: dict, built) -> tuple:
     values = {k: v for k, v in given.items()
               if k not in drop and k not in RUN_ONLY}
     try:
-      out.append((name, cls(**{**values, **set_})))
+      out.append((name, cls(**{**values, **set_}),
+                  tuple(sorted({*drop, *set_}))))
     except _validate.ConfigError as e:
       raise _validate.fail(FIELD, name, f"its run is not valid: {e}") from None
   return tuple(out)

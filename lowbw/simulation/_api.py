@@ -40,13 +40,16 @@ def engine_config(config: Config, parts=None) -> _settings.RunConfig:
 
 
 def lane_configs(config: Config, record: _settings.RunConfig) -> tuple:
-  """``(name, RunConfig, changed settings)`` of each of ``config``'s
-  counterfactual lanes, on the run's model and data."""
+  """``(name, RunConfig, reset)`` of each of ``config``'s counterfactual
+  lanes, on the run's model and data; ``reset``: the settings the lane
+  drops or sets, and their traced values' names (``Field.knob``), which
+  the run's traced values never reach."""
+  def knobs(reset):
+    return tuple(sorted({*reset, *(FIELDS[k].knob for k in reset
+                                   if k in FIELDS and FIELDS[k].knob)}))
   return tuple(
-      (name, engine_config(lane, (record.model, record.data)),
-       tuple(k for k in FIELDS if k != "lanes" and
-             getattr(lane, k) != getattr(config, k)))
-      for name, lane in config.built().lanes)
+      (name, engine_config(lane, (record.model, record.data)), knobs(reset))
+      for name, lane, reset in config.built().lanes)
 
 
 def build_config(config: Config, compile: bool = True,
