@@ -161,13 +161,16 @@ class Inputs:
     return self._samplers[seed]
 
   def initial(self, seed: int = 0, hparams: dict | None = None,
-              init_from: str | None = None):
+              init_from: str | None = None, sampler=None):
     """``(state, sampler, net, network)`` of a run from ``seed`` with
-    ``hparams``, placed on the run's devices (see ``Simulator.initial``)."""
+    ``hparams``, placed on the run's devices (see ``Simulator.initial``).
+    ``sampler``: the shards to use instead of building them (a lane's:
+    its run's, which are the same arrays, ``_lanes.shares_data``)."""
     seed = _config.check_seed(seed)
     state_values, network = self.check_hparams(hparams)
     state = self.state(seed, state_values, self.start_params(init_from))
-    sampler = self.sampler(seed)
+    if sampler is None:
+      sampler = self.sampler(seed)
     net = self.prices.net_params(network, seed)
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs

@@ -116,11 +116,28 @@ def lane_hparams(hparams: dict | None, changed: tuple) -> dict:
   return {k: v for k, v in (hparams or {}).items() if k not in changed}
 
 
+def shares_data(config, lane) -> bool:
+  """The lane's training shards and evaluation batches are the run's own
+  arrays: the same dataset object, sharded over as many workers with the
+  same batch size (``DataSource.build`` is a function of the dataset, W,
+  b and the seed), evaluated on as many examples. Every lane of a config
+  is (``config._lanes`` changes none of these); a lane that were not would
+  keep copies of its own, counted by the memory plan."""
+  return (lane.data is config.data and lane.workers == config.workers
+          and lane.batch_size == config.batch_size
+          and lane.eval_examples == config.eval_examples)
+
+
 def initial(run_inputs, lanes, seed, hparams, init_from):
   """``(states, samplers, nets, network)``: the run's inputs and every
-  lane's, from the same seed (``network``: the run's)."""
-  parts = [run_inputs.initial(seed, hparams, init_from)] + [
-      sim.inputs.initial(seed, lane_hparams(hparams, changed), init_from)
+  lane's, from the same seed (``network``: the run's). A lane whose data
+  are the run's (``shares_data``) takes the run's sampler, not a device
+  copy of the same arrays."""
+  run = run_inputs.initial(seed, hparams, init_from)
+  parts = [run] + [
+      sim.inputs.initial(seed, lane_hparams(hparams, changed), init_from,
+                         run[1] if shares_data(run_inputs.config, sim.config)
+                         else None)
       for _, sim, changed in lanes]
   states, samplers, nets, networks = zip(*parts)
   return states, samplers, nets, networks[0]

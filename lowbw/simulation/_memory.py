@@ -223,15 +223,20 @@ def plan(c, abstract_state, abstract_params, example, can_group: bool,
               c.memory_budget, here * buffers)
 
 
-def with_lanes(run: Plan, lanes: list[Plan]) -> Plan:
+def with_lanes(run: Plan, lanes: list[Plan], shared=None) -> Plan:
   """The run's plan with its counterfactual lanes' (``_lanes``): each lane
   keeps its own state and per-step outputs for the whole run; its steps run
   after the run's in the same program, so only one of them has its
-  activations in flight at a time, and the data is the run's. A lane costs
+  activations in flight at a time. A lane whose data are the run's
+  (``shared``, one flag per lane; all by default: ``_lanes.shares_data``)
+  holds no copy of them; one that is not counts its own. A lane costs
   about one more run's state; refused, like the run, past the budget."""
   if not lanes:
     return run
-  extra = sum(p.state_bytes + p.buffer_bytes for p in lanes)
+  shared = [True] * len(lanes) if shared is None else shared
+  extra = sum(p.state_bytes + p.buffer_bytes + (0.0 if share else
+                                                p.data_bytes)
+              for p, share in zip(lanes, shared))
   flight = max(p.estimate_bytes - p.state_bytes - p.buffer_bytes
                - p.data_bytes for p in [run, *lanes])
   estimate = (run.state_bytes + run.buffer_bytes + run.data_bytes + extra

@@ -56,17 +56,27 @@ class Simulator:
       ``strategy_<name>``).
     facts, memory, prices, compiled, inputs, schema: its named parts.
     lanes: the counterfactual lanes, ``(name, Simulator, changed
-      settings)`` each (``_lanes``): stepped in this simulator's programs.
+      settings)`` each (``_lanes``): stepped in this simulator's programs;
+      a lane whose data are the run's (``_lanes.shares_data``) holds the
+      run's evaluation batches and, in a run, takes its sampler.
   """
 
   hparam_names = tuple(_hparams.KNOBS)
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
-               started: float | None = None, lanes: tuple = ()):
+               started: float | None = None, lanes: tuple = (),
+               eval_batches=None):
     started = time.perf_counter() if started is None else started
     _lanes.check(config, lanes)
-    self.lanes = tuple((name, Simulator(lane, compile=False), changed)
-                       for name, lane, changed in lanes)
+    # ``eval_batches``: a lane's, its run's own arrays (``_lanes``).
+    self.eval_batches = eval_batches if eval_batches is not None else (
+        jax.tree.map(jnp.asarray,
+                     config.data.eval_batches(config.eval_examples)))
+    shared = [_lanes.shares_data(config, lane) for _, lane, _ in lanes]
+    self.lanes = tuple(
+        (name, Simulator(lane, compile=False, eval_batches=(
+            self.eval_batches if share else None)), changed)
+        for (name, lane, changed), share in zip(lanes, shared))
     self.processes = jax.process_count()
     self.main_process = jax.process_index() == 0
     facts = self.facts = _facts.learn(config)
@@ -75,11 +85,9 @@ class Simulator:
     self.abstract_state = facts.abstract_state
     self.strategy_channels = facts.strategy_channels
     self.strategy_metric_names = facts.strategy_metric_names
-    self.eval_batches = jax.tree.map(
-        jnp.asarray, config.data.eval_batches(config.eval_examples))
     self.memory = _memory.with_lanes(
         _plan.memory_plan(config, facts, self.eval_batches),
-        [sim.memory for _, sim, _ in self.lanes])
+        [sim.memory for _, sim, _ in self.lanes], shared)
     c = self.config = dataclasses.replace(
         config, worker_batch=self.memory.worker_batch)
     self.prices = _prices.Prices(c, facts)
