@@ -10,6 +10,7 @@ worker count, each in a fresh process so that peak memory is that
 configuration's own.
 """
 
+import os
 import resource
 import statistics
 import time
@@ -405,3 +406,104 @@ def _bytes(sim, out) -> dict:
     per_round[name] = events * channel.wire_bytes
   return {"wire_bytes_per_round": sum(per_round.values()),
           "wire_bytes_per_round_by_channel": per_round}
+
+
+# ------------------------------------------------------------------ lanes
+def measure_lanes(config, timing: Timing = Timing()) -> dict:
+  """What a run's counterfactual lanes cost: ``config`` (a
+  ``lowbw.Config`` with ``lanes``) built with 0, 1, ... of its lanes (the
+  first k, in order), each one device (lanes run on one), and their
+  compiled chunk programs timed interleaved in this process: one call of
+  each per repeat, the order reversed every other repeat, so that load on
+  a shared machine falls on all of them alike.
+
+  Args:
+    config: the run, lanes included; its ``steps`` and
+      ``rounds_per_chunk`` are set from ``timing`` (``rounds`` rounds of
+      H steps per timed call).
+    timing: as for ``measure`` (``sync_cost`` is not used).
+
+  Returns:
+    A JSON-able dict: the run's shape and ``lanes``, one row per lane count
+    (``lane_rows``: its wall seconds per call, its ratios to the run
+    without lanes, pair by pair, and their median, the bytes of its state,
+    which with lanes is the tuple of the run's state and each lane's, and
+    the state each lane adds), and the machine's load average before and
+    after.
+  """
+  from lowbw.config import Config
+  if not isinstance(config, Config) or not config.lanes:
+    raise _validate.fail("lanes", getattr(config, "lanes", config),
+                         "expected a lowbw.Config with at least one lane")
+  _check_timing(timing, {})
+  rounds, repeats, warmup, _, seed = timing
+  period = config.built().strategy.period
+  config = config.replace(steps=rounds * period, rounds_per_chunk=rounds,
+                          devices=config.devices or 1, progress=False)
+  names = list(config.lanes)
+  load = [os.getloadavg()[0] if hasattr(os, "getloadavg") else None]
+  runs = [_LaneRun(config.replace(lanes=names[:k] or None), seed, rounds)
+          for k in range(len(names) + 1)]
+  for _ in range(max(warmup, 1)):
+    for run in runs:
+      run.call()
+  seconds = [[] for _ in runs]
+  for r in range(repeats):
+    order = range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))
+    for k in order:
+      seconds[k].append(runs[k].call())
+  load.append(os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+  return {**_settings(runs[0].sim, rounds), "lanes": names,
+          "repeats": repeats, "load_average": load,
+          "lane_rows": _lane_rows(runs, seconds, names)}
+
+
+class _LaneRun:
+  """One lane count's simulator, compiled, with its inputs: ``call`` runs
+  one chunk of ``rounds`` rounds and returns its seconds."""
+
+  def __init__(self, config, seed: int, rounds: int):
+    self.sim = build(config, compile=False)
+    self.rounds = rounds
+    self.state, self.sampler, self.net, _ = self.sim.initial(seed)
+    start = time.perf_counter()
+    self.exe, self.state = self.sim.executables(self.state, self.sampler,
+                                                self.net)
+    self.compile_s = time.perf_counter() - start
+
+  def call(self) -> float:
+    start = time.perf_counter()
+    self.state, out = self.exe.chunk(self.state, self.sampler, self.rounds,
+                                     self.net)
+    jax.block_until_ready((self.state, out))
+    return time.perf_counter() - start
+
+
+def _distinct_bytes(*trees) -> int:
+  """Bytes of the distinct arrays of ``trees`` (an array that several
+  hold, as lanes hold the run's data, counted once)."""
+  seen = {id(x): x for t in trees for x in jax.tree.leaves(t)}
+  return sum(x.size * x.dtype.itemsize for x in seen.values())
+
+
+def _lane_rows(runs, seconds, names) -> list[dict]:
+  """A row per lane count: wall time against the run without lanes (the
+  median of the interleaved pairs' ratios, and each ratio), the state's
+  bytes (every state of the tuple) and the data arrays held."""
+  state0 = _nbytes(runs[0].state)
+  rows = []
+  for k, (run, secs) in enumerate(zip(runs, seconds)):
+    ratios = [s / b for s, b in zip(secs, seconds[0])]
+    state = _nbytes(run.state)
+    sim = run.sim
+    rows.append({
+        "lanes": names[:k], "compile_s": run.compile_s,
+        "median_s": statistics.median(secs), "seconds": secs,
+        "wall_ratio": statistics.median(ratios), "wall_ratios": ratios,
+        "state_bytes": state,
+        "extra_state_per_lane": (state - state0) / k if k else None,
+        "data_bytes": _distinct_bytes(run.sampler, sim.eval_batches, *(
+            lane.eval_batches for _, lane, _ in sim.lanes)),
+        "plan_lane_bytes": sim.memory.lane_bytes,
+        "plan_estimate_bytes": sim.memory.estimate_bytes})
+  return rows

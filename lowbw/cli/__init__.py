@@ -13,8 +13,9 @@ from lowbw.cli import (_advise, _bench, _calibrate, _data, _fit, _parser,
 
 
 # Errors whose "what is allowed" speaks its own grammar (a codec chain, a
-# grid item, a config file's keys): its names are not the run's settings.
-_OWN_GRAMMAR = ("codec", "grid", "config", "seeds")
+# grid item, a config file's keys, lane names such as codec=SPEC): its
+# names are not the run's settings.
+_OWN_GRAMMAR = ("codec", "grid", "config", "seeds", "lanes")
 
 
 def _rename_fields(text: str, flags: dict[str, str]) -> str:

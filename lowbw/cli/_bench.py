@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 from lowbw import _validate
-from lowbw.config import _config, _fields, _resolve, _strategy_fields
+from lowbw.config import (_config, _fields, _lanes, _resolve,
+                          _strategy_fields)
 from lowbw.config._settings import check_settings
 from lowbw.cli import _plot, _train
 
@@ -19,6 +20,7 @@ _MODEL_FIELDS = ("model", "layers", "d_model", "heads", "seq_len",
                  "hidden", "channels", "batch_size", "seed")
 # Bench settings besides the train settings it shares (model, strategy, ...).
 BENCH_DEFAULTS = {"workers": "1,8,32", "rounds": 1, "repeats": 3, "warmup": 1}
+NETWORK_GROUP = "network (with --lane)"
 
 
 def add_parser(subparsers) -> None:
@@ -52,6 +54,7 @@ def add_parser(subparsers) -> None:
         field.name != "workers":
       g.add_argument(field.flag, **_fields.flag_kwargs(field))
   _train.add_scale_flags(p)
+  _add_lane_flags(p)
   # The other settings the bench passes to the build (``_compute``), such
   # as the paired DDP lane, whose cost it then measures.
   for name in _resolve.COMPUTE_SETTINGS:
@@ -59,6 +62,28 @@ def add_parser(subparsers) -> None:
     if field.group not in _train.SCALE_GROUPS:
       p.add_argument(field.flag, **_fields.flag_kwargs(field))
   p.set_defaults(run=run)
+
+
+def _add_lane_flags(p) -> None:
+  """``--lane`` (``lowbw train``'s flag, from the same field) and the
+  network settings whose causes the lanes remove."""
+  g = p.add_argument_group(
+      "lanes", "with --lane: the run with 0, 1, ... of its lanes (the "
+      "first k), one device, their compiled chunk programs timed "
+      "interleaved; wall time against the run without lanes, and the "
+      "state's bytes with every lane's state (docs/lanes.md)")
+  lanes = _config.FIELDS[_lanes.FIELD]
+  g.add_argument(lanes.flag, **_fields.flag_kwargs(lanes))
+  g = p.add_argument_group(NETWORK_GROUP, "with --lane only: the faults, "
+                           "stragglers and clock of the run whose lanes "
+                           "are measured (as in lowbw train)")
+  for field in _network_fields():
+    g.add_argument(field.flag, **_fields.flag_kwargs(field))
+
+
+def _network_fields() -> list:
+  return [f for f in _config.FIELDS.values()
+          if f.group.startswith("network") and not f.python]
 
 
 def _settings(args) -> dict:
@@ -73,11 +98,33 @@ def _settings(args) -> dict:
     s["data"] = "digits"
   for name in ("rounds", "repeats", "warmup"):
     _validate.positive_int(name, s[name])
+  s["given"] = sorted(given)
+  if not s[_lanes.FIELD]:
+    for field in _network_fields():
+      if field.name in given:
+        raise _validate.fail(field.name, given[field.name], "a network "
+                             "setting is measured with --lane only (the "
+                             "bench times the round program without the "
+                             "clock otherwise)")
   return s
+
+
+def _lane_config(s: dict, workers: int):
+  """The run whose lanes ``lowbw bench --lane`` measures, as ``lowbw
+  train`` would make it of the same flags (the lanes are checked here)."""
+  from lowbw.config import Config
+  given = {k: s[k] for k in s["given"] if k in _config.FIELDS}
+  return Config(**{**given, "model": s["model"], "data": s["data"],
+                   "strategy": s["strategy"],
+                   "workers": workers, "seed": s["seed"]})
 
 
 def _measure(s: dict, workers: int) -> dict:
   from lowbw import bench
+  if s[_lanes.FIELD]:
+    return bench.measure_lanes(_lane_config(s, workers), bench.Timing(
+        rounds=s["rounds"], repeats=s["repeats"], warmup=s["warmup"],
+        seed=s["seed"]))
   source = _resolve.build_data(s)
   model = _resolve.build_model(s, source)
   strategy = _strategy_fields.build(s)
@@ -103,6 +150,8 @@ def run(args: argparse.Namespace) -> int:
   s = _settings(args)
   _check_outputs(args)
   counts = _resolve.ints("workers", s["workers"])
+  if s[_lanes.FIELD]:
+    return _run_lanes(args, s, counts)
   # Validate everything once, here, before any child process starts.
   _resolve.build_model(s, _resolve.build_data(s))
   import jax
@@ -140,6 +189,63 @@ def run(args: argparse.Namespace) -> int:
       except OSError as e:
         raise _unwritable("plot", args.plot, e) from None
   return 0
+
+
+def _run_lanes(args, s: dict, counts: list[int]) -> int:
+  """``lowbw bench --lane``: each worker count's lanes measured in a
+  process of its own (``bench.measure_lanes``), a table per count."""
+  if args.plot:
+    raise _validate.fail("plot", args.plot, "draws worker counts without "
+                         "lanes; with --lane the table and --json hold the "
+                         "figures")
+  for w in counts:  # every lane checked before any child starts
+    try:
+      _lane_config(s, w)
+    except _validate.ConfigError as e:
+      if len(counts) == 1:
+        raise
+      raise _validate.fail(e.field, e.value, f"{e.allowed} (at --workers "
+                           f"{w})") from None
+  rows = []
+  for i, w in enumerate(counts):
+    print(f"[{i + 1}/{len(counts)}] W={w}, lanes {', '.join(s['lanes'])} "
+          "...", file=sys.stderr, flush=True)
+    rows.append(_child(s, w))
+  print("\n\n".join(format_lanes(s, r) for r in rows))
+  if args.json:
+    try:
+      with open(args.json, "w") as f:
+        json.dump({"settings": s, "configurations": rows}, f, indent=2)
+    except OSError as e:
+      raise _unwritable("json", args.json, e) from None
+  return 0
+
+
+def format_lanes(s: dict, r: dict) -> str:
+  """A worker count's lane figures as a table (``bench.measure_lanes``)."""
+  load = " to ".join("-" if x is None else f"{x:.2f}"
+                     for x in r["load_average"])
+  lines = [
+      f"{s['strategy']} on {s['model']}, W={r['workers']}, "
+      f"b={r['batch_size']}, H={r['H']}, {r['device']}, one device; "
+      f"{r['rounds']} round(s) per timed call; the chunk programs of 0 to "
+      f"{len(r['lanes'])} lane(s) timed interleaved, {r['repeats']} "
+      f"repeat(s); load average {load}",
+      " | ".join(["lanes", "s per call", "x no lanes (median)",
+                  "x no lanes (range)", "state bytes",
+                  "state per added lane", "data bytes",
+                  "lanes' bytes (plan)"])]
+  for row in r["lane_rows"]:
+    ratios = row["wall_ratios"]
+    extra = row["extra_state_per_lane"]
+    lines.append(" | ".join([
+        f"{len(row['lanes'])}" + (f" ({', '.join(row['lanes'])})"
+                                  if row["lanes"] else ""),
+        f"{row['median_s']:.4f}", f"{row['wall_ratio']:.2f}",
+        f"{min(ratios):.2f}-{max(ratios):.2f}", f"{row['state_bytes']:,}",
+        "-" if extra is None else f"{extra:,.0f}",
+        f"{row['data_bytes']:,}", f"{row['plan_lane_bytes']:,.0f}"]))
+  return "\n".join(lines)
 
 
 def _unwritable(field: str, path: str, error: OSError):
