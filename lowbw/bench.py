@@ -427,9 +427,10 @@ def measure_lanes(config, timing: Timing = Timing()) -> dict:
     A JSON-able dict: the run's shape and ``lanes``, one row per lane count
     (``lane_rows``: its wall seconds per call, its ratios to the run
     without lanes, pair by pair, and their median, the bytes of its state,
-    which with lanes is the tuple of the run's state and each lane's, and
-    the state each lane adds), and the machine's load average before and
-    after.
+    which with lanes is the tuple of the run's state and each lane's, the
+    state its last lane adds, the distinct data arrays held and the memory
+    plan's bytes for the lanes), and the machine's load average (one
+    minute) before and after.
   """
   from lowbw.config import Config
   if not isinstance(config, Config) or not config.lanes:
@@ -490,8 +491,7 @@ def _lane_rows(runs, seconds, names) -> list[dict]:
   """A row per lane count: wall time against the run without lanes (the
   median of the interleaved pairs' ratios, and each ratio), the state's
   bytes (every state of the tuple) and the data arrays held."""
-  state0 = _nbytes(runs[0].state)
-  rows = []
+  rows, before = [], None
   for k, (run, secs) in enumerate(zip(runs, seconds)):
     ratios = [s / b for s, b in zip(secs, seconds[0])]
     state = _nbytes(run.state)
@@ -501,9 +501,11 @@ def _lane_rows(runs, seconds, names) -> list[dict]:
         "median_s": statistics.median(secs), "seconds": secs,
         "wall_ratio": statistics.median(ratios), "wall_ratios": ratios,
         "state_bytes": state,
-        "extra_state_per_lane": (state - state0) / k if k else None,
+        # The state the row's last lane adds: its own, all of it.
+        "lane_state_bytes": None if before is None else state - before,
         "data_bytes": _distinct_bytes(run.sampler, sim.eval_batches, *(
             lane.eval_batches for _, lane, _ in sim.lanes)),
         "plan_lane_bytes": sim.memory.lane_bytes,
         "plan_estimate_bytes": sim.memory.estimate_bytes})
+    before = state
   return rows

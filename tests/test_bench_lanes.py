@@ -54,10 +54,9 @@ def test_the_state_counts_every_lanes_state(figures):
     parts = states if k else (states,)
     assert isinstance(parts, tuple) and len(parts) == k + 1
     assert row["state_bytes"] == sum(_bytes(p) for p in parts)
-    if k:
-      assert row["extra_state_per_lane"] == pytest.approx(
-          sum(_bytes(p) for p in parts[1:]) / k)
-  assert rows[0]["extra_state_per_lane"] is None
+    if k:  # the state the row's lane adds: that lane's own
+      assert row["lane_state_bytes"] == _bytes(parts[k])
+  assert rows[0]["lane_state_bytes"] is None
   # The lanes hold the run's data, not copies: the same bytes of data
   # with and without lanes.
   assert len({r["data_bytes"] for r in rows}) == 1

@@ -227,23 +227,23 @@ def format_lanes(s: dict, r: dict) -> str:
                      for x in r["load_average"])
   lines = [
       f"{s['strategy']} on {s['model']}, W={r['workers']}, "
-      f"b={r['batch_size']}, H={r['H']}, {r['device']}, one device; "
+      f"b={r['batch_size']}, H={r['H']}, {r['device']} ({r['devices']} used); "
       f"{r['rounds']} round(s) per timed call; the chunk programs of 0 to "
       f"{len(r['lanes'])} lane(s) timed interleaved, {r['repeats']} "
       f"repeat(s); load average {load}",
       " | ".join(["lanes", "s per call", "x no lanes (median)",
                   "x no lanes (range)", "state bytes",
-                  "state per added lane", "data bytes",
+                  "state of the added lane", "data bytes",
                   "lanes' bytes (plan)"])]
   for row in r["lane_rows"]:
     ratios = row["wall_ratios"]
-    extra = row["extra_state_per_lane"]
+    extra = row["lane_state_bytes"]
     lines.append(" | ".join([
         f"{len(row['lanes'])}" + (f" ({', '.join(row['lanes'])})"
                                   if row["lanes"] else ""),
         f"{row['median_s']:.4f}", f"{row['wall_ratio']:.2f}",
         f"{min(ratios):.2f}-{max(ratios):.2f}", f"{row['state_bytes']:,}",
-        "-" if extra is None else f"{extra:,.0f}",
+        "-" if extra is None else f"{extra:,}",
         f"{row['data_bytes']:,}", f"{row['plan_lane_bytes']:,.0f}"]))
   return "\n".join(lines)
 
