@@ -7,7 +7,9 @@ jitted optax loop training ONE model on batch W·b: the machine's best case for
 the same FLOPs. The figures are medians over repeats, after warm-up calls;
 compilation is timed separately. ``lowbw bench`` runs one ``measure`` per
 worker count, each in a fresh process so that peak memory is that
-configuration's own.
+configuration's own. ``measure_lanes`` times a run with 0, 1, ... of its
+counterfactual lanes against each other, interleaved, and reads the
+state's bytes from the tuple of states (``lowbw bench --lane``).
 """
 
 import os

@@ -227,7 +227,8 @@ def format_lanes(s: dict, r: dict) -> str:
                      for x in r["load_average"])
   lines = [
       f"{s['strategy']} on {s['model']}, W={r['workers']}, "
-      f"b={r['batch_size']}, H={r['H']}, {r['device']} ({r['devices']} used); "
+      f"b={r['batch_size']}, H={r['H']}, {r['device']} "
+      f"({r['devices']} used); "
       f"{r['rounds']} round(s) per timed call; the chunk programs of 0 to "
       f"{len(r['lanes'])} lane(s) timed interleaved, {r['repeats']} "
       f"repeat(s); load average {load}",
