@@ -38,6 +38,11 @@ def cases():
       "decoupled_diloco_window": (strategies.decoupled_diloco(
           optax.adamw(1e-3), H=3, quorum=3, grace=0.5, dylu=True),
           uneven._replace(faults=network.Faults(windows=((1, 2, 6),)))),
+      # Two fragments, each with its own quorum and window: the (W, P)
+      # messages over all devices' learners.
+      "decoupled_diloco_fragments": (strategies.decoupled_diloco(
+          optax.adamw(1e-3), H=3, quorum=3, grace=0.5, fragments=2),
+          uneven._replace(faults=network.Faults(windows=((1, 2, 6),)))),
       # A coordinate-wise median over all devices' workers, corrupted
       # messages keyed by the global worker index, a join's download.
       "diloco_median_byzantine": (strategies.diloco(

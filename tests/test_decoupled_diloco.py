@@ -251,6 +251,34 @@ def test_decoupled_diloco_limits_are_diloco_and_async_diloco():
   assert everyone.history["received_bytes"][-1] == 4 * 4 * model_bytes
 
 
+def test_fragments_limit_is_streaming_diloco_without_delay_or_mixing():
+  """Fragments, quorum = every learner, no token quorum, no grace window,
+  equal learners: each fragment merges at its step (p+1) x H / P of every
+  round with every learner, and the learners take the merged fragment:
+  Streaming DiLoCo with no delay and no mixing (alpha 0), to float32
+  rounding (the token-weighted mean). Bytes: each merge uploads and
+  downloads its fragment once per learner."""
+  equal = [1.0] * 4
+  streaming = _digits_run(strategies.streaming_diloco(
+      H=10, fragments=2, delay=0, alpha=0.0, codec=None), equal)
+  parts = _digits_run(strategies.decoupled_diloco(
+      H=10, quorum=4, token_quorum=0.0, grace=0.0, adaptive_grace=False,
+      fragments=2), equal)
+  for key in ("eval_loss", "train_loss"):
+    np.testing.assert_allclose(parts.history[key], streaming.history[key],
+                               rtol=1e-5)
+  model_bytes = 4 * sum(x.size for x in jax.tree.leaves(parts.params))
+  # 4 rounds of 10 steps: both fragments merged 4 times by 4 learners.
+  assert parts.history["sent_bytes"][-1] == 4 * 4 * model_bytes
+  assert parts.history["received_bytes"][-1] == 4 * 4 * model_bytes
+  # Goodput: a fragment's merge takes in half of its learners' steps
+  # since they last sent it: fragment 0 merges 5 + 10 + 10 + 10 steps of
+  # each learner (its last 5 are not merged yet), fragment 1 4 x 10.
+  capacity = 4 * parts.summary["sim_time_s"] / 0.5
+  assert parts.summary["goodput"] == pytest.approx(
+      4 * (35 + 40) / 2 / capacity, rel=1e-6)
+
+
 def test_a_learner_down_for_a_window_loses_its_round_and_pulls_back():
   """Learner 0 is down for ticks 5 to 14 of rounds of 10: the steps of its
   round are lost, the syncer (quorum 4) does not wait for it while it is
@@ -320,13 +348,19 @@ def test_decoupled_diloco_refuses_bad_settings():
   for field, value in (("quorum", 0), ("token_quorum", 1.5),
                        ("grace", -1.0), ("adaptive_grace", "yes"),
                        ("token_weighted", 1), ("stale_outer", "cgad"),
-                       ("wait_for_merge", "no")):
+                       ("wait_for_merge", "no"), ("fragments", 0)):
     with pytest.raises(ValueError, match=field):
       strategies.decoupled_diloco(**{field: value})
+  with pytest.raises(ValueError, match=r"fragments=4 .*at most H=3"):
+    strategies.decoupled_diloco(H=3, fragments=4)
+  with pytest.raises(ValueError, match=r"wait_for_merge.*fragments=2"):
+    strategies.decoupled_diloco(H=3, fragments=2, wait_for_merge=True)
   model, data = _problem()
   kw = dict(model=model, data=data, workers=W, batch_size=BATCH, steps=TICKS)
   with pytest.raises(ValueError, match=r"quorum=4 .*at most the 3 workers"):
     lowbw.build(strategy=strategies.decoupled_diloco(H=H, quorum=4), **kw)
+  with pytest.raises(ValueError, match=r"fragments=3 .*2 blocks"):
+    lowbw.build(strategy=strategies.decoupled_diloco(H=H, fragments=3), **kw)
   without_pull = strategies.decoupled_diloco(H=H)._replace(pull=None)
   with pytest.raises(ValueError, match=r"faults.*Strategy\.pull"):
     lowbw.build(strategy=without_pull, network=ideal.network(
@@ -347,3 +381,168 @@ def test_the_printed_clock_names_an_exchange_with_the_server():
   assert _train._topology_text(exchange, s) == "each worker with the server"
   ring = {"collectives": {"pseudo_gradients": "all_reduce"}}
   assert _train._topology_text(ring, s) == "ring"
+
+
+# Fragments: each learner sends its model in P parts (here P = 2, the
+# MLP's two blocks), part p after (p+1) x H_w / P steps of its round
+# (at least 1), and the syncer merges each part on its own: its own
+# quorum, grace window, token weights, outer momentum and age. The
+# syncer merges one part per engine tick (the fastest learner's step):
+# parts ready at the same time merge in part order, a tick apart.
+
+PARTS = ({"Dense_0"}, {"head"})
+
+
+def _part(tree, p):
+  """The leaves of ``tree`` in part ``p`` (by block name)."""
+  return {k: v for k, v in tree.items() if k in PARTS[p]}
+
+
+def _with_part(tree, p, part):
+  return {**tree, **part}
+
+
+class _PartLearner:
+  """A learner with one message slot per part: what it sent, its tokens,
+  when it reaches the syncer, and whether its round is blocked on it."""
+
+  def __init__(self, params0, inner, step_s, rounds):
+    self.theta, self.anchor = params0, [params0] * len(PARTS)
+    self.opt, self.step_s, self.rounds = inner.init(params0), step_s, rounds
+    self.position, self.next_end = 0, step_s
+    self.since = [0] * len(PARTS)      # steps since it last sent part p
+    self.sent = [None] * len(PARTS)
+    self.tokens = [0] * len(PARTS)
+    self.arrives = [None] * len(PARTS)
+    self.blocked = [False] * len(PARTS)
+
+  def offsets(self):
+    P = len(PARTS)
+    return [max(1, (p + 1) * self.rounds // P) for p in range(P)]
+
+
+def _part_step(x, grad, inner):
+  upd, x.opt = inner.update(grad(x.theta), x.opt, x.theta)
+  x.theta = optax.apply_updates(x.theta, upd)
+  x.position += 1
+  x.since = [s + 1 for s in x.since]
+  x.next_end += x.step_s
+  for p, at in enumerate(x.offsets()):
+    if x.position != at:
+      continue
+    if x.sent[p] is not None:   # its last message of part p is still out
+      x.blocked[p] = True
+    else:
+      x.sent[p], x.tokens[p], x.since[p] = x.theta, x.since[p], 0
+  if x.position >= x.rounds and not x.blocked[-1]:
+    x.position = 0
+
+
+def _part_merge(ls, held, p, server, m, weighted):
+  weight = [float(ls[w].tokens[p]) if weighted else 1.0 for w in held]
+  g = jax.tree.map(lambda *d: sum(d) / sum(weight), *[
+      jax.tree.map(lambda a, t: c * (a - t), _part(ls[w].anchor[p], p),
+                   _part(ls[w].sent[p], p)) for w, c in zip(held, weight)])
+  m = jax.tree.map(lambda m, x: MOMENTUM * m + x, m, g)
+  new = jax.tree.map(lambda s, x, m: s - OUTER_LR * (x + MOMENTUM * m),
+                     _part(server, p), g, m)
+  return _with_part(server, p, new), m
+
+
+def _part_restart(x, p, server, now):
+  """After part p's merge: that part of the new model plus what it
+  computed since it sent; blocked on p, it sends p again."""
+  moved = jax.tree.map(lambda g, t, s: g + (t - s), _part(server, p),
+                       _part(x.theta, p), _part(x.sent[p], p))
+  x.theta, x.anchor[p], x.sent[p] = _with_part(x.theta, p, moved), server, None
+  if x.blocked[p]:
+    x.blocked[p] = False
+    x.sent[p], x.tokens[p], x.since[p] = x.theta, x.since[p], 0
+    x.arrives[p] = now + 1.0
+    if p == len(PARTS) - 1:
+      x.position = 0
+    if not any(x.blocked):
+      x.next_end = now + x.step_s
+
+
+def _parts_reference(params0, model, data, inner, rule, dylu):
+  """The syncer's model after TICKS seconds and each merge's (time, part,
+  learners)."""
+  batch = {k: jnp.asarray(v[:BATCH]) for k, v in data.train.items()}
+  grad = jax.jit(jax.grad(lambda p: model.loss(p, batch,
+                                               jax.random.PRNGKey(0))[0]))
+  rounds = [max(1, int(np.floor(H * v / max(SPEEDS)))) if dylu else H
+            for v in SPEEDS]
+  ls = [_PartLearner(params0, inner, 1.0 / v, r)
+        for v, r in zip(SPEEDS, rounds)]
+  syncers = [_Syncer(*rule) for _ in PARTS]
+  momenta = [jax.tree.map(jnp.zeros_like, _part(params0, p))
+             for p in range(len(PARTS))]
+  server, merges, last = params0, [], -1.0
+  while True:
+    # A window that closed while another part merged waits for the next
+    # tick, the syncer's next merge.
+    events = [x.next_end for x in ls if not any(x.blocked)] + [
+        a for x in ls for a in x.arrives if a is not None] + [
+        max(s.window_end, last + 1.0) for s in syncers if s.window_end]
+    now = min(events)
+    if now > TICKS + 1e-9:
+      return server, merges
+    for x in ls:
+      if not any(x.blocked) and abs(x.next_end - now) < 1e-9:
+        _part_step(x, grad, inner)
+      x.arrives = [None if a is not None and a <= now + 1e-9 else a
+                   for a in x.arrives]
+    ready = []
+    for p, syncer in enumerate(syncers):
+      held = [w for w, x in enumerate(ls) if x.sent[p] is not None and
+              x.arrives[p] is None]
+      if held and syncer.due(now, held, [x.tokens[p] for x in ls]):
+        ready.append((p, held))
+    if not ready or now < last + 1.0 - 1e-9:
+      continue
+    (p, held), last = ready[0], now
+    server, momenta[p] = _part_merge(ls, held, p, server, momenta[p],
+                                     syncers[p].weighted)
+    merges.append((now, p, held))
+    for w in held:
+      _part_restart(ls[w], p, server, now)
+    syncers[p].merged(now)
+
+
+PART_RULES = {
+    # quorum 2, token weights, DyLU rounds of 3, 1 and 1 steps: the slow
+    # learners send both parts at their one step, so both parts are ready
+    # together and merge a tick apart.
+    "quorum_2_token_weighted": (dict(quorum=2, token_quorum=0.0, grace=0.0,
+                                     adaptive_grace=False, dylu=True),
+                                (2, 0.0, 0.0, False, True)),
+    # an adaptive window per part, a plain mean; learners blocked on a
+    # part whose last message is held.
+    "adaptive_grace_plain_mean": (
+        dict(quorum=2, token_quorum=0.0, grace=1.0, token_weighted=False),
+        (2, 0.0, 1.0, True, False)),
+}
+
+
+@pytest.mark.parametrize("rule", sorted(PART_RULES))
+def test_fragments_match_an_event_driven_syncer_per_part(rule):
+  options, syncer = PART_RULES[rule]
+  inner = optax.adam(0.05)
+  result, params0, model, data = _run(strategies.decoupled_diloco(
+      inner=inner, H=H, fragments=2, **options))
+  server, merges = _parts_reference(params0, model, data, inner, syncer,
+                                    options.get("dylu", False))
+  assert len(merges) >= 6 and {p for _, p, _ in merges} == {0, 1}
+  for got, want in zip(jax.tree.leaves(result.params),
+                       jax.tree.leaves(server)):
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-6)
+  # Each merge uploads its part once per learner merged (4 bytes a
+  # parameter): the bytes say which part merged, when, with how many.
+  size = [4 * sum(x.size for x in jax.tree.leaves(_part(params0, p)))
+          for p in range(len(PARTS))]
+  sent = np.diff(result.history["sent_bytes"], prepend=0.0)
+  want = np.zeros_like(sent)
+  for t, p, who in merges:
+    want[int(round(t)) - 1] += len(who) * size[p]
+  np.testing.assert_array_equal(sent, want)

@@ -15,6 +15,7 @@ Kinds say what changing a value costs:
 """
 
 import argparse
+import collections.abc
 import inspect
 from typing import Any, NamedTuple
 
@@ -167,6 +168,21 @@ def _gpt(name: str, text: str) -> "Field":
                choices=tuple(sorted(models_lib.GPT_CHOICES[name])))
 
 
+class _Registered(collections.abc.Sequence):
+  """Choices read from a registry when they are checked, so that a name
+  registered after import (``lowbw.models.register`` in a notebook) is
+  one a config file may use."""
+
+  def __init__(self, names):
+    self.names = names
+
+  def __getitem__(self, i):
+    return self.names()[i]
+
+  def __len__(self):
+    return len(self.names())
+
+
 NETWORK_GROUP = "network (the simulated clock, sim_time_s)"
 _M, _D, _N, _R, _C, _H = ("model and data", "devices and hosts",
                           NETWORK_GROUP, "run", "compute", "strategy")
@@ -178,7 +194,7 @@ RUN_FIELDS = (
     # -- model and data
     Field("model", None, SHAPE, _M, "default: gpt for text, moe_gpt for "
           "strategy spes, mlp for classification",
-          choices=models_lib.model_names()),
+          choices=_Registered(models_lib.model_names)),
     Field("layers", 2, SHAPE, _M, "gpt, moe_gpt: transformer blocks", int),
     Field("d_model", 128, SHAPE, _M, "gpt, moe_gpt: width", int),
     Field("heads", 4, SHAPE, _M, "gpt, moe_gpt: attention heads", int),

@@ -6,7 +6,9 @@ model and given by every built-in. The built-ins are flax linen modules
 wrapped into that contract: :func:`mlp` and :func:`cnn` classify ``{"x",
 "y"}`` batches, :func:`gpt` and :func:`moe_gpt` model ``{"tokens"}`` batches
 (:func:`gpt_flops_per_token` counts a gpt's matmul FLOPs per token).
-:func:`from_flax` wraps a user's module, :func:`as_model` accepts whatever a
+:func:`from_flax` wraps a user's linen module, :func:`from_nnx` a Flax NNX
+module, :func:`from_equinox` an Equinox model and :func:`from_apply` an
+``(init, apply)`` pair; :func:`as_model` accepts whatever a
 user passes as ``model=``, and :func:`get` builds a built-in by name.
 """
 
@@ -17,6 +19,7 @@ from lowbw.models._contract import from_flax
 from lowbw.models._contract import Model
 from lowbw.models._contract import param_count
 from lowbw.models._flops import flops_per_token
+from lowbw.models._foreign import from_apply, from_equinox, from_nnx
 from lowbw.models._generate import generate
 from lowbw.models._gpt import flops_per_token as gpt_flops_per_token
 from lowbw.models._blocks import CHOICES as GPT_CHOICES
@@ -39,7 +42,10 @@ __all__ = (
     "as_model",
     "cnn",
     "flops_per_token",
+    "from_apply",
+    "from_equinox",
     "from_flax",
+    "from_nnx",
     "generate",
     "get",
     "gpt",

@@ -222,6 +222,9 @@ def as_model(obj: Any) -> Model:
     return obj
   if isinstance(obj, nn.Module):
     return from_flax(obj)
+  foreign = _foreign_model(obj)
+  if foreign is not None:
+    return foreign
   if (isinstance(obj, (tuple, list)) and len(obj) == 2
       and all(callable(f) for f in obj)):
     init, loss = obj
@@ -231,8 +234,24 @@ def as_model(obj: Any) -> Model:
   shown = obj if isinstance(obj, (str, int, float, type(None))) else (
       f"<{type(obj).__name__}>")
   raise _validate.fail(
-      "model", shown, "expected a lowbw Model, a flax.linen.Module instance, "
-      "or an (init, loss) pair of functions")
+      "model", shown, "expected a lowbw Model, a flax.linen.Module, a "
+      "flax.nnx.Module or an equinox.Module instance, or an (init, loss) "
+      "pair of functions")
+
+
+def _foreign_model(obj: Any) -> Model | None:
+  """A Flax NNX module or an Equinox model, wrapped as a classifier; None
+  for anything else (neither library is imported for the check unless the
+  user's program has)."""
+  import sys
+  from lowbw.models import _foreign
+  nnx = sys.modules.get("flax.nnx")
+  if nnx is not None and isinstance(obj, nnx.Module):
+    return _foreign.from_nnx(obj)
+  eqx = sys.modules.get("equinox")
+  if eqx is not None and isinstance(obj, eqx.Module):
+    return _foreign.from_equinox(obj)
+  return None
 
 
 def _shown(tree: Any) -> str:

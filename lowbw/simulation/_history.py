@@ -95,7 +95,7 @@ class Span(NamedTuple):
     taken_W: channel -> (n, W) int, the same per worker; None: every
       worker took part in every event.
     members: (n,) int, the workers up at each step (under faults).
-    useful: (n,) int worker-steps whose work a communication took in at
+    useful: (n,) worker-steps whose work a communication took in at
       each step (with a clock; a sync's at its round's last step).
   """
 
@@ -317,7 +317,8 @@ class History:
     stop = int(bad[0]) if bad.size else n
     cursor = _Cursor(self, span, stop)
     if span.useful is not None and self.useful is not None:
-      self.useful += int(np.sum(np.asarray(span.useful)[:stop]))
+      took = np.sum(np.asarray(span.useful, np.float64)[:stop])
+      self.useful += int(took) if took.is_integer() else float(took)
     new_rows, prev = [], -1
     for j in np.flatnonzero(steps[:stop] % self.log_every == 0).tolist():
       s = int(steps[j])

@@ -32,7 +32,8 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
   if _engine.stored_dtype(c) is not None:
     st = _precision.cast_workers(st, _engine.stored_dtype(c))
   active = jnp.ones(c.workers, bool) if c.masks else None
-  fleet = _pace.start(c.workers) if c.strategy.asynchronous else None
+  fleet = (_pace.start(c.workers, _pace.fragments_of(c.strategy))
+           if c.strategy.asynchronous else None)
   traced = c.network is not None and (
       c.network.speed_trace is not None or
       c.network.bandwidth_trace is not None)

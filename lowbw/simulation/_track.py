@@ -140,8 +140,11 @@ class Track:
         out.clock.active_W[:n], period)
     participants = per_step.clock.participants.copy()
     participants[period - 1::period] = out.clock.participants[:n]
-    useful = np.asarray(per_step.clock.useful, np.int64).copy()
-    useful[period - 1::period] += np.asarray(out.clock.useful[:n])
+    # int worker-steps, or float32 shares of them (fragments' merges).
+    merged = np.asarray(out.clock.useful[:n])
+    useful = np.asarray(per_step.clock.useful, np.result_type(
+        np.int64, merged.dtype)).copy()
+    useful[period - 1::period] += merged
     self._catch_ups(per_step.clock, counts, taken, taken_W)
     return span._replace(sim_time=sim_time, participants=participants,
                          taken=taken, taken_W=taken_W,

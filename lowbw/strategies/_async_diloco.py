@@ -206,8 +206,10 @@ def async_pull(state, mask_W):
   model: their parameters and anchor become it, pulled at its version."""
   c, w = state.comm, num_workers(state.params_W)
   new_W = broadcast_to_workers(c.global_params, w)
+  # pulled_W is (W,) or, per fragment, (W, P) against version (P,).
+  per_worker = mask_W.reshape(mask_W.shape + (1,) * (c.pulled_W.ndim - 1))
   comm = c._replace(anchor_W=where_workers(mask_W, new_W, c.anchor_W),
-                    pulled_W=jnp.where(mask_W, c.version, c.pulled_W))
+                    pulled_W=jnp.where(per_worker, c.version, c.pulled_W))
   return state._replace(params_W=where_workers(mask_W, new_W,
                                                state.params_W), comm=comm)
 

@@ -45,6 +45,7 @@ class _TraceContext(threading.local):
     self.adversaries: list = []   # _robust.adversaries
     self.corrupt_calls: list = []  # _robust.corrupts
     self.weights: list = []        # _robust.weighting
+    self.fragments: list = []      # fragment
 
 
 _TRACE = _TraceContext()
@@ -105,6 +106,17 @@ def call_participating(active_W: Array | None, fn, *args):
   """
   with participating(active_W):
     return fn(*args)
+
+
+def fragment(p: int | None):
+  """While tracing an asynchronous strategy's sync, send or pull, the
+  fragment of the parameters it moves (a static index), or None: all of
+  them (``Strategy.fragments``; the engine's schedule sets it)."""
+  return pushed(_TRACE.fragments, p)
+
+
+def current_fragment() -> int | None:
+  return top(_TRACE.fragments)
 
 
 def participants() -> Array | None:
