@@ -97,7 +97,7 @@ def test_a_bad_lane_names_the_flag_and_the_lanes(capsys):
   assert code == 2 and err.count("\n") == 1, err
   assert err.startswith("lowbw: error: --lane='no_fault' is invalid: not a "
                         "lane; expected one of no_faults, no_stragglers, "
-                        "no_byzantine, codec=SPEC, ddp"), err
+                        "no_byzantine, codec=SPEC, SETTING=VALUE, ddp"), err
   assert "did you mean 'no_faults'" in err
 
 

@@ -1,7 +1,8 @@
 """Counterfactual lanes (``lanes``): each lane, stepped in the run's own
 compiled program, equals a separate run of the config with that one cause
-removed (faults, stragglers, Byzantine workers, the codec): the same logged
-losses and simulated times, bit for bit. Their summary figures, memory,
+removed (faults, stragglers, Byzantine workers, the codec) or one setting
+changed (a quorum): the same logged losses and simulated times, bit for
+bit. Their summary figures, memory,
 errors, the command-line flag and a study's paired interval."""
 
 import json
@@ -166,11 +167,38 @@ def test_memory_counts_each_lane():
      "takes no codec"),
     (dict(), ["no_faults", "no_faults"], "given twice"),
     (dict(strategy="ddp", H=None, byzantine=None), "ddp", "is DDP already"),
+    (dict(), "H=5", "the run's H is 5 already"),
+    (dict(), "H=five", "H: expected an integer"),
+    (dict(), "quorum=3", "'quorum' is not a setting of strategy 'diloco'"),
 ])
 def test_a_bad_lane_is_refused_naming_lanes(changes, lane, says):
   with pytest.raises(ValueError, match="lanes=") as e:
     _config(**changes, lanes=lane)
   assert says in str(e.value)
+
+
+def test_a_setting_lane_equals_the_run_at_that_setting():
+  """``SETTING=VALUE`` lanes: Decoupled DiLoCo (two fragments) with a
+  quorum of 1, beside lanes with a quorum of 3 and a plain mean; each
+  equals the separate run at that setting, bit for bit."""
+  base = dict(data="digits", strategy="decoupled_diloco", H=5, workers=4,
+              batch_size=8, hidden="16", steps=30, eval_every=10,
+              eval_examples=64, devices=1, progress=False, hardware="0.1s",
+              bandwidth="10Mbps", speeds="1,1,0.5,0.25", quorum=1,
+              fragments=2, seed=1)
+  laned = lowbw.simulate(lowbw.Config(
+      **base, lanes=["quorum=3", "token_weighted=false"]))
+  for lane, change in (("quorum=3", dict(quorum=3)),
+                       ("token_weighted=false", dict(token_weighted=False))):
+    alone = lowbw.simulate(lowbw.Config(**{**base, **change}))
+    for col in LOGGED:
+      np.testing.assert_array_equal(laned.history[_lanes.metric(lane, col)],
+                                    alone.history[col], err_msg=col)
+    assert laned.summary[f"lane/{lane}/goodput"] == alone.summary["goodput"]
+  # A lane whose rounds do not run beside the run's is refused.
+  with pytest.raises(ValueError, match="lanes='H=10'.*rounds of 10 steps"):
+    lowbw.build(_config(lanes=["H=10"], eval_every=10, steps=20),
+                compile=False)
 
 
 def test_lanes_need_one_device_and_no_checkpoints(tmp_path):

@@ -6,7 +6,7 @@ import os
 import sys
 
 from lowbw import _validate
-from lowbw.config import _config, _files, _strategy_fields
+from lowbw.config import _config, _fields, _files, _strategy_fields
 from lowbw.cli import _train
 from lowbw.studies import study
 
@@ -46,23 +46,8 @@ def add_parser(subparsers) -> None:
 
 
 def _value(name: str, text: str):
-  """A grid value typed as its setting: '10' for H is 10; 'none' is None
-  for a number."""
-  field = _config.FIELDS[name]
-  text = text.strip()
-  if field.type in (int, float) and text.lower() in ("none", "null"):
-    return None
-  if field.type is bool:
-    if text.lower() not in ("true", "false"):
-      raise _validate.fail(name, text, "expected true or false")
-    return text.lower() == "true"
-  if field.type in (int, float):
-    try:
-      return field.type(text)
-    except ValueError:
-      raise _validate.fail(name, text, "expected " + (
-          "an integer" if field.type is int else "a number")) from None
-  return text
+  """A grid value typed as its setting."""
+  return _fields.text_value(_config.FIELDS[name], text)
 
 
 def parse_grid(items) -> dict:

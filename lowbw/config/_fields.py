@@ -19,6 +19,7 @@ import collections.abc
 import inspect
 from typing import Any, NamedTuple
 
+from lowbw import _validate
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import transforms as transforms_lib
@@ -166,6 +167,25 @@ def _gpt(name: str, text: str) -> "Field":
     return Field(name, default, SHAPE, _M, text, bool)
   return Field(name, default, SHAPE, _M, text,
                choices=tuple(sorted(models_lib.GPT_CHOICES[name])))
+
+
+def text_value(field: "Field", text: str):
+  """A value written as text (a grid's or a lane's), typed as its setting:
+  '10' for H is 10; 'none' is None for a number; true/false for a flag."""
+  text = text.strip()
+  if field.type in (int, float) and text.lower() in ("none", "null"):
+    return None
+  if field.type is bool:
+    if text.lower() not in ("true", "false"):
+      raise _validate.fail(field.name, text, "expected true or false")
+    return text.lower() == "true"
+  if field.type in (int, float):
+    try:
+      return field.type(text)
+    except ValueError:
+      raise _validate.fail(field.name, text, "expected " + (
+          "an integer" if field.type is int else "a number")) from None
+  return text
 
 
 class _Registered(collections.abc.Sequence):
@@ -372,7 +392,9 @@ RUN_FIELDS = (
           "run in the same program, on the same batches, initialisation and "
           "keys, each with one cause removed or changed: no_faults, "
           "no_stragglers, no_byzantine, codec=SPEC (codec=none: "
-          "uncompressed), ddp (the method replaced by DDP); each logs lane/NAME/eval_loss and "
+          "uncompressed), SETTING=VALUE (one of the strategy's settings at "
+          "another value, e.g. quorum=4), ddp (the method replaced by DDP); "
+          "each logs lane/NAME/eval_loss and "
           "lane/NAME/sim_time_s, the summary each cause's cost; each costs "
           "about one more run's state and compute (docs/lanes.md)",
           repeat="lane"),

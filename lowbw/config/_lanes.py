@@ -9,15 +9,16 @@ the difference between the run and a lane is that one cause's cost.
 
 Each cause's lane is one ``Lane`` in ``LANES``: the settings it resets
 and how to tell whether the run has the cause at all (a lane that removes
-nothing is refused when the config is made). Two lanes change a setting
-instead: ``codec=SPEC`` (another codec) and ``ddp`` (the method replaced
-by DDP, with the run's inner optimizer, on the same fleet).
+nothing is refused when the config is made). Three kinds change a setting
+instead: ``codec=SPEC`` (another codec), ``SETTING=VALUE`` (another value
+of one of the strategy's settings: ``quorum=4``) and ``ddp`` (the method
+replaced by DDP, with the run's inner optimizer, on the same fleet).
 """
 
 from typing import Any, Callable, NamedTuple
 
 from lowbw import _validate
-from lowbw.config import _resolve, _strategy_fields
+from lowbw.config import _fields, _resolve, _strategy_fields
 
 FIELD = "lanes"
 CODEC_PREFIX = "codec="
@@ -73,7 +74,7 @@ LANES = {
                          _byzantine),
 }
 DDP = "ddp"
-KINDS = (*LANES, CODEC_PREFIX + "SPEC", DDP)
+KINDS = (*LANES, CODEC_PREFIX + "SPEC", "SETTING=VALUE", DDP)
 
 
 class Run(NamedTuple):
@@ -111,6 +112,8 @@ def changes(name: str, run: Run) -> tuple:
   s, network = run.s, run.network
   if name.startswith(CODEC_PREFIX):
     return _codec_changes(name, s, "codec" in run.owned)
+  if "=" in name:
+    return _setting_changes(name, run)
   if name == DDP:
     return _ddp_changes(run)
   if name not in LANES:
@@ -143,6 +146,28 @@ def _codec_changes(name: str, s: dict, takes_codec: bool) -> tuple:
     # Without a codec, what it encodes and its error feedback mean nothing.
     return ("codec", "compress", "ef"), {}
   return (), {"codec": spec}
+
+
+def _setting_changes(name: str, run: Run) -> tuple:
+  """``SETTING=VALUE``: the run with one of its strategy's settings at
+  another value (``quorum=4``, ``grace=0``, ``H=50``)."""
+  key, text = (part.strip() for part in name.split("=", 1))
+  owned = sorted(run.owned)
+  if key not in run.owned:
+    raise _validate.fail(FIELD, name, f"{key!r} is not a setting of "
+                         f"strategy {run.s['strategy']!r}; a setting lane "
+                         "changes one of its settings: " + ", ".join(owned)
+                         + _validate.suggest(key, owned))
+  field = {f.name: f for f in _strategy_fields.fields()}[key]
+  try:
+    value = _fields.text_value(field, text)
+  except _validate.ConfigError as e:
+    raise _validate.fail(FIELD, name, f"{key}: {e.allowed}") from None
+  if value == run.s.get(key):
+    raise _validate.fail(FIELD, name, f"the run's {key} is {value!r} "
+                         "already (a lane equal to the run measures "
+                         "nothing)")
+  return (), {key: value}
 
 
 def _ddp_changes(run: Run) -> tuple:
