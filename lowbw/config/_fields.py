@@ -21,7 +21,6 @@ from typing import Any, NamedTuple
 from lowbw import models as models_lib
 from lowbw import network as network_lib
 from lowbw import transforms as transforms_lib
-from lowbw.network._pipeline import SCHEDULES as _SCHEDULES
 from lowbw.network._units import link_values
 from lowbw.config import _checks, _defaults, _resources
 from lowbw.telemetry import _cost
@@ -211,7 +210,7 @@ RUN_FIELDS = (
     Field("pipeline_schedule", None, SHAPE, _M, "gpt with stages > 1: the "
           "order each stage runs its micro-batches' forwards and backwards "
           "in, on the simulated clock (default 1f1b)",
-          choices=_SCHEDULES),
+          choices=network_lib.PIPELINE_SCHEDULES),
     Field("stage_bandwidth", None, SHAPE, _M, "gpt with stages > 1: the "
           "link of each stage-to-stage hop, e.g. 1Gbps; or one per hop, "
           "comma-separated (default: free, infinite bandwidth)",
