@@ -166,3 +166,30 @@ def test_step_timeline_splits_the_step_by_stage_flops():
   assert p.bytes_per_step() == 2 * (1000 + 500)
   np.testing.assert_allclose(_pipeline.hop_seconds(1000, 8000.0, 0.25),
                              (1.0, 0.25))
+
+
+def test_the_clock_against_the_planners_pipeline_step():
+  """A pp_group_diloco plan (300B parameters): with the planner's compute
+  per micro-batch slot and no communication, the clock's GPipe step is the
+  planner's (M + S - 1) slots; with the planner's activation bits on each
+  hop, both ways, and its latency, the clock is faster than the planner,
+  whose every slot waits for the whole transfer and a round trip, while
+  the clock sends during the next micro-batch's compute and pays latency
+  per hop. GPipe's hop 0 carries M messages each way, one direction after
+  the other: a floor the clock respects."""
+  out = network.plan(parameters=300, straggler_mitigation="threshold",
+                     micro_batches=8, bandwidth="100Mbps", latency="50ms")
+  assert out["mode"] == "pp_group_diloco"
+  s, m, slot = out["pipeline_stages"], 8, out["t_micro_comp_s"]
+  assert out["straggler_factor_pipeline"] == 1.0
+  fwd, bwd = [slot / 3] * s, [2 * slot / 3] * s
+  bare = network.timeline(fwd, bwd, [0] * (s - 1), [0] * (s - 1), m, "gpipe")
+  comm = (out["t_micro_comm_s"] + 2 * 0.05) * (m + s - 1)
+  assert bare.makespan_s == pytest.approx(out["t_pp_step_s"] - comm)
+  link = out["activation_bits"] / m / 100e6
+  assert 2 * link == pytest.approx(out["t_micro_comm_s"])
+  hops = [(link, 0.05)] * (s - 1)
+  gpipe = network.timeline(fwd, bwd, hops, hops, m, "gpipe")
+  one_f = network.timeline(fwd, bwd, hops, hops, m, "1f1b")
+  assert 2 * m * link < gpipe.makespan_s < out["t_pp_step_s"]
+  assert m * link < one_f.makespan_s < gpipe.makespan_s
