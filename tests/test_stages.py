@@ -585,3 +585,14 @@ def test_a_staged_model_with_codecs_is_never_pooled():
   assert not coded.pooled
   plain = models.staged_model(models.split(model, 2))
   assert plain.pooled == model.pooled
+
+
+def test_train_prints_the_pipelines_line():
+  from lowbw.cli._train import _pipeline_lines
+  s = {"stages": 3, "micro_batches": 4, "pipeline_schedule": None}
+  line, = _pipeline_lines({"stage_bytes": 12_300, "pipeline_bubble": 0.25}, s)
+  assert line.split() == ["pipeline", "3", "stages,", "4", "micro-batches",
+                          "(1f1b):", "12.3", "KB", "between", "stages", "per",
+                          "worker,", "bubble", "25.0%", "of", "a", "step"]
+  assert _pipeline_lines({"stage_bytes": None}, s) == []
+  assert _pipeline_lines({"stage_bytes": 10}, s)[0].endswith("per worker")
