@@ -559,6 +559,8 @@ def test_the_runs_pipeline_per_hop(tmp_path):
     ({"stages": 2, "stage_latency": "fast"}, "stage_latency"),
     ({"stages": 2, "micro_batches": 2, "minibatch_size": 1},
      "micro_batches=2.*expected 1 with minibatch_size=1"),
+    ({"stages": 2, "stage_latency": "1ms", "clock": False},
+     "stage_latency.*not used: with clock=False"),
 ])
 def test_bad_stage_settings_name_the_field(tmp_path, settings, match):
   with pytest.raises(ConfigError, match=match):

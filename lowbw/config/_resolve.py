@@ -319,6 +319,12 @@ def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
   stages = _validate.positive_int("stages", s["stages"])
   if stages == 1:
     return None
+  if s.get("network") is None and s.get("clock") is False:
+    for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency"):
+      if s[field] is not None:
+        raise _validate.fail(field, s[field], "not used: with clock=False "
+                             "the run has no simulated clock to time the "
+                             "pipeline on; drop it or give clock=True")
   m = micro_batches(s)
   codecs = _boundary_codecs(s, stages)
   config = model.config
