@@ -3,6 +3,8 @@ functions) equals the unsplit model; the stage boundary's codecs send
 exactly each codec's round trip forward (activations) and backward
 (activation gradients); the boundary's bytes per micro-batch."""
 
+import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,10 +44,10 @@ def test_split_gpt_equals_the_unsplit_loss_and_gradients(gpt_and_params,
   batch = _batch()
   staged = models.split(model, stages)
   assert len(staged.stages) == stages
-  ref, ref_g = jax.value_and_grad(
-      lambda p: model.loss(p, batch, None), has_aux=True)(params)
-  out, out_g = jax.value_and_grad(
-      models.staged_loss(staged), has_aux=True)(params, batch, None)
+  ref, ref_g = jax.jit(jax.value_and_grad(
+      lambda p: model.loss(p, batch, None), has_aux=True))(params)
+  out, out_g = jax.jit(jax.value_and_grad(
+      models.staged_loss(staged), has_aux=True))(params, batch, None)
   np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
   np.testing.assert_allclose(out[1]["accuracy"], ref[1]["accuracy"])
   assert jax.tree.structure(out_g) == jax.tree.structure(ref_g)
@@ -364,9 +366,10 @@ def test_boundary_bytes_of_a_split_gpts_activation(gpt_and_params):
 
 def _config(tmp_path, **kw):
   (tmp_path / "a.txt").write_text("hello world, the quick brown fox. " * 300)
-  return lowbw.Config(model="gpt", layers=2, d_model=16, heads=2, seq_len=8,
-                      data="text", data_root=str(tmp_path), strategy="ddp",
-                      workers=2, batch_size=2, steps=3, progress=False, **kw)
+  return lowbw.Config(**{
+      **dict(model="gpt", layers=2, d_model=16, heads=2, seq_len=8,
+             data="text", data_root=str(tmp_path), strategy="ddp",
+             workers=2, batch_size=2, steps=3, progress=False), **kw})
 
 
 def test_a_runs_model_is_the_staged_model_with_its_codecs(tmp_path):
@@ -391,12 +394,150 @@ def test_a_runs_model_is_the_staged_model_with_its_codecs(tmp_path):
     assert _max_diff(out_g, ref_g) == 0
 
 
-def test_a_staged_run_trains_through_its_boundary_codecs(tmp_path):
-  plain = lowbw.simulate(_config(tmp_path)).history["train_loss"]
-  staged = lowbw.simulate(_config(
-      tmp_path, stages=2, boundary_codec="quant:8")).history["train_loss"]
+# A pipeline run (3 stages, 2 micro-batches, links of their own) and the
+# same run unsplit, each run once for the module.
+PIPE = dict(layers=3, stages=3, batch_size=4, micro_batches=2,
+            boundary_codec="quant:8", stage_bandwidth="100Mbps,1Gbps",
+            stage_latency="1ms")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("text")
+  plain = lowbw.simulate(_config(root, layers=3, batch_size=4, log_every=1))
+  piped = lowbw.simulate(_config(root, **PIPE, log_every=1,
+                                 out=str(root / "piped")))
+  return plain, piped
+
+
+def test_a_staged_run_trains_through_its_boundary_codecs(runs):
+  plain, staged = (r.history["train_loss"] for r in runs)
   assert np.all(np.isfinite(staged)) and not np.array_equal(staged, plain)
   np.testing.assert_allclose(staged, plain, atol=0.01)  # 8 bits: close
+
+
+def test_boundary_bytes_are_in_the_ledger(runs):
+  """stage_bytes: each step, both directions of every hop for every
+  micro-batch, per worker; apart from the strategy's bytes."""
+  plain, piped = runs
+  q8 = transforms.parse_codec("quant:8")
+  per_micro = sum(transforms.boundary_bytes(q8, q8, (4 // 2, 8, 16)))
+  hops, micro = 2, 2
+  steps = piped.history["step"]
+  np.testing.assert_array_equal(piped.history["stage_bytes"],
+                                steps * hops * micro * per_micro)
+  assert piped.summary["stage_bytes"] == 3 * hops * micro * per_micro
+  assert "stage_bytes" not in plain.history
+  assert "stage_bytes" not in plain.summary
+  np.testing.assert_array_equal(piped.history["payload_bytes"],
+                                plain.history["payload_bytes"])
+
+
+def test_a_pipeline_steps_on_its_schedules_clock(runs):
+  """The clock's step is the pipeline's makespan: each stage's FLOPs (its
+  blocks, the head on the last) on the hardware, a third forward, two
+  thirds backward, per micro-batch; each hop its bytes over its bandwidth
+  plus its latency; the 1F1B timeline of them, against the unsplit run's
+  whole-model step (the same all-reduces in both)."""
+  plain, piped = runs
+  config = models.gpt(layers=3, d_model=16, heads=2, seq_len=8,
+                      vocab=256).config
+  block = (models.gpt_flops_per_token({**config, "layers": 2})
+           - models.gpt_flops_per_token({**config, "layers": 1}))
+  head = models.gpt_flops_per_token(config) - 3 * block
+  stage_flops = [block, block, block + head]
+  tokens = 4 * 8  # a worker's batch of 4 windows of 8 tokens
+  peak = lowbw.network.hardware("h100")
+  seconds = [f * tokens / (peak.flops * peak.mfu) for f in stage_flops]
+  q8 = transforms.parse_codec("quant:8")
+  fwd, bwd = transforms.boundary_bytes(q8, q8, (2, 8, 16))
+  hops = [(8 * n / bw, 1e-3) for bw in (100e6, 1e9) for n in (fwd, bwd)]
+  t = lowbw.network.timeline(
+      [s / 2 / 3 for s in seconds], [2 * s / 2 / 3 for s in seconds],
+      hops[0::2], hops[1::2], 2, "1f1b")
+  whole = sum(seconds)
+  extra = piped.history["sim_time_s"] - plain.history["sim_time_s"]
+  np.testing.assert_allclose(extra, piped.history["step"] * (
+      t.makespan_s - whole), rtol=1e-4)
+  assert piped.summary["pipeline_bubble"] == pytest.approx(t.bubble)
+  assert 0 < t.bubble < 1 and "pipeline_bubble" not in plain.summary
+
+
+def test_retime_keeps_the_pipeline(runs, tmp_path):
+  """The ledger keeps the run's pipeline: re-timed on its own network the
+  run takes its own time, not the unsplit model's."""
+  plain, piped = runs
+  net = _config(tmp_path, **PIPE).built().checked["network"]
+  again = lowbw.retime(piped.summary["log_dir"], net)
+  np.testing.assert_allclose(again["sim_time_s"], piped.summary["sim_time_s"],
+                             rtol=1e-5)
+  assert abs(again["sim_time_s"] - plain.summary["sim_time_s"]) > 1e-3
+
+
+def test_micro_batches_equal_the_unsplit_model_through_an_identity_codec(
+    gpt_and_params):
+  model, params = gpt_and_params
+  batch = _batch(b=4)
+  codec = _identity()
+  loss = models.staged_loss(models.split(model, 2),
+                            transforms.stage_boundary([codec], [codec]), 2)
+  ref, ref_g = jax.jit(jax.value_and_grad(
+      lambda p: model.loss(p, batch, None), has_aux=True))(params)
+  out, out_g = jax.jit(jax.value_and_grad(loss, has_aux=True))(
+      params, batch, KEY)
+  np.testing.assert_allclose(out[0], ref[0], rtol=1e-6)
+  np.testing.assert_allclose(out[1]["accuracy"], ref[1]["accuracy"])
+  assert _max_diff(out_g, ref_g) < 1e-6
+
+
+def test_each_micro_batch_crosses_the_codecs_on_its_own(gpt_and_params):
+  """Top-k keeps the k largest of each micro-batch's activations: the
+  loss is the mean of two half-batches' staged losses, each with its own
+  key, not the whole batch's."""
+  model, params = gpt_and_params
+  batch = _batch(b=4)
+  staged = models.split(model, 2)
+  top = transforms.parse_codec("topk:0.1")
+  fn = transforms.stage_boundary([top], [top])
+  one = jax.jit(models.staged_loss(staged, fn))
+  micro = jax.jit(models.staged_loss(staged, fn, micro_batches=2))
+  halves = [one(params, {"tokens": batch["tokens"][2 * m:2 * m + 2]},
+                jax.random.fold_in(KEY, m))[0] for m in range(2)]
+  out = micro(params, batch, KEY)
+  np.testing.assert_allclose(out[0], np.mean(halves), rtol=1e-6)
+  whole = one(params, batch, KEY)[0]
+  assert abs(float(out[0]) - float(whole)) > 1e-4
+  # An evaluation batch M does not divide goes through whole.
+  odd = _batch(b=3)
+  np.testing.assert_allclose(micro(params, odd, KEY)[0],
+                             one(params, odd, KEY)[0], rtol=1e-6)
+
+
+def test_stage_flops_sum_to_the_models(gpt_and_params):
+  model, _ = gpt_and_params
+  for stages in (1, 2, 3, 4):
+    parts = models.stage_flops_per_token(model.config, stages)
+    assert len(parts) == stages
+    assert sum(parts) == models.gpt_flops_per_token(model.config)
+  two = models.stage_flops_per_token(model.config, 2)
+  assert two[1] - two[0] == (models.gpt_flops_per_token(model.config)
+                             - 2 * two[0])  # the head, on the last stage
+
+
+def test_the_runs_pipeline_per_hop(tmp_path):
+  from lowbw.simulation._api import engine_config
+  p = engine_config(_config(tmp_path, **PIPE)).pipeline
+  q8 = transforms.parse_codec("quant:8")
+  assert p.forward_bytes == p.backward_bytes == (
+      transforms.boundary_bytes(q8, q8, (2, 8, 16))[0],) * 2
+  assert p.bandwidth == (100e6, 1e9) and p.latency == (1e-3, 1e-3)
+  assert (p.micro_batches, p.schedule) == (2, "1f1b")
+  free = engine_config(_config(tmp_path, layers=3, stages=3,
+                               pipeline_schedule="gpipe")).pipeline
+  assert free.bandwidth == (math.inf,) * 2 and free.latency == (0.0,) * 2
+  assert free.forward_bytes == (4 * 2 * 8 * 16,) * 2  # float32, b=2
+  assert free.schedule == "gpipe" and free.micro_batches == 1
+  assert engine_config(_config(tmp_path)).pipeline is None
 
 
 @pytest.mark.parametrize("settings,match", [
@@ -405,15 +546,33 @@ def test_a_staged_run_trains_through_its_boundary_codecs(tmp_path):
     ({"stages": 2, "boundary_codec": "subspace:0"}, "boundary_codec.*R >= 1"),
     ({"stages": 2, "boundary_grad_codec": "quant:x"}, "boundary_grad_codec"),
     ({"stages": 2, "boundary_codec": "subspace:32"}, "subspace rank"),
+    ({"stages": 2, "micro_batches": 3},
+     "micro_batches=3.*must divide batch_size=2"),
+    ({"stages": 2, "micro_batches": 0}, "micro_batches"),
+    ({"micro_batches": 2}, "micro_batches=2.*needs stages >= 2"),
+    ({"pipeline_schedule": "gpipe"}, "pipeline_schedule.*needs stages >= 2"),
+    ({"stage_bandwidth": "1Gbps"}, "stage_bandwidth.*needs stages >= 2"),
+    ({"stage_latency": "5ms"}, "stage_latency.*needs stages >= 2"),
+    ({"stages": 2, "pipeline_schedule": "zb"}, "pipeline_schedule.*1f1b"),
+    ({"stages": 2, "stage_bandwidth": "1Gbps,2Gbps"},
+     "stage_bandwidth.*one per hop, 1"),
+    ({"stages": 2, "stage_latency": "fast"}, "stage_latency"),
+    ({"stages": 2, "micro_batches": 2, "minibatch_size": 1},
+     "micro_batches=2.*expected 1 with minibatch_size=1"),
+    ({"stages": 2, "stage_latency": "1ms", "clock": False},
+     "stage_latency.*not used: with clock=False"),
 ])
 def test_bad_stage_settings_name_the_field(tmp_path, settings, match):
   with pytest.raises(ConfigError, match=match):
     lowbw.build(_config(tmp_path, **settings))
 
 
-def test_stages_belong_to_the_gpt():
-  with pytest.raises(ConfigError, match="stages.*not used by model 'mlp'"):
-    lowbw.Config(model="mlp", data="digits", stages=2)
+@pytest.mark.parametrize("field,value", [
+    ("stages", 2), ("micro_batches", 2), ("pipeline_schedule", "gpipe"),
+    ("stage_bandwidth", "1Gbps"), ("stage_latency", "1ms")])
+def test_stages_belong_to_the_gpt(field, value):
+  with pytest.raises(ConfigError, match=f"{field}.*not used by model 'mlp'"):
+    lowbw.Config(model="mlp", data="digits", **{field: value})
 
 
 def test_a_staged_model_with_codecs_is_never_pooled():
@@ -428,3 +587,14 @@ def test_a_staged_model_with_codecs_is_never_pooled():
   assert not coded.pooled
   plain = models.staged_model(models.split(model, 2))
   assert plain.pooled == model.pooled
+
+
+def test_train_prints_the_pipelines_line():
+  from lowbw.cli._train import _pipeline_lines
+  s = {"stages": 3, "micro_batches": 4, "pipeline_schedule": None}
+  line, = _pipeline_lines({"stage_bytes": 12_300, "pipeline_bubble": 0.25}, s)
+  assert line.split() == ["pipeline", "3", "stages,", "4", "micro-batches",
+                          "(1f1b):", "12.3", "KB", "between", "stages", "per",
+                          "worker,", "bubble", "25.0%", "of", "a", "step"]
+  assert _pipeline_lines({"stage_bytes": None}, s) == []
+  assert _pipeline_lines({"stage_bytes": 10}, s)[0].endswith("per worker")

@@ -329,6 +329,19 @@ def _topology_text(summary: dict, s: dict) -> str:
                           else "")
 
 
+def _pipeline_lines(summary: dict, s: dict) -> list[str]:
+  """A pipeline run's line: its stages, micro-batches and schedule, the
+  bytes its stages sent each other and its bubble."""
+  if summary.get("stage_bytes") is None:
+    return []
+  bubble = summary.get("pipeline_bubble")
+  return [f"  pipeline          {s.get('stages')} stages, "
+          f"{s.get('micro_batches')} micro-batches "
+          f"({s.get('pipeline_schedule') or '1f1b'}): "
+          f"{_bytes(summary['stage_bytes'])} between stages per worker"
+          + ("" if bubble is None else f", bubble {bubble:.1%} of a step")]
+
+
 def format_summary(summary: dict, s: dict) -> str:
   lines = [f"{s['strategy']}: {summary['num_workers']} workers x "
            f"{summary['steps']} steps, {summary['num_params']:,} parameters"]
@@ -347,6 +360,7 @@ def format_summary(summary: dict, s: dict) -> str:
   collectives = ", ".join(sorted(set(summary.get("collectives", {}).values())))
   lines.append(f"  sent per worker   {_bytes(summary['payload_bytes'])} payload, "
                f"{_bytes(summary['wire_bytes'])} on the wire ({collectives})")
+  lines += _pipeline_lines(summary, s)
   rate = f"{summary['steps_per_s']:.2f} steps/s"
   if summary.get("tokens_per_s"):
     rate += f", {summary['tokens_per_s']:,.0f} tokens/s"

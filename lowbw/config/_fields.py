@@ -229,8 +229,8 @@ RUN_FIELDS = (
          "the residual sum after it (post)"),
     Field("stages", 1, SHAPE, _M, "gpt: pipeline stages of each worker's "
           "model, its blocks split evenly; each worker's loss runs through "
-          "the stages and their boundary codecs (the clock does not price "
-          "a pipeline yet: docs/pipelines.md)", int, unit="stages"),
+          "the stages and their boundary codecs, and the clock times its "
+          "schedule (docs/pipelines.md)", int, unit="stages"),
     Field("boundary_codec", "none", SHAPE, _M, "gpt with stages > 1: codec "
           "of the activations sent forward at each stage boundary: a codec "
           "spec, or subspace:R first (a fixed rank-R basis per boundary)",
@@ -239,6 +239,24 @@ RUN_FIELDS = (
           "codec of the activation gradients sent back at each boundary "
           "(default: the boundary codec)",
           quantity(_boundary_codec, "boundary_grad_codec")),
+    Field("micro_batches", 1, SHAPE, _M, "gpt with stages > 1: micro-"
+          "batches M each worker's batch is split into, each crossing the "
+          "boundary codecs on its own (must divide batch_size)", int,
+          unit="micro-batches"),
+    Field("pipeline_schedule", None, SHAPE, _M, "gpt with stages > 1: the "
+          "order each stage runs its micro-batches' forwards and backwards "
+          "in, on the simulated clock (default 1f1b)",
+          choices=network_lib.PIPELINE_SCHEDULES),
+    Field("stage_bandwidth", None, SHAPE, _M, "gpt with stages > 1: the "
+          "link of each stage-to-stage hop, e.g. 1Gbps; or one per hop, "
+          "comma-separated (default: free, infinite bandwidth)",
+          quantity(_each(network_lib.bandwidth), "stage_bandwidth"),
+          unit="bit/s", many=True),
+    Field("stage_latency", None, SHAPE, _M, "gpt with stages > 1: one-way "
+          "latency of each stage-to-stage hop, e.g. 5ms; or one per hop, "
+          "comma-separated (default 0)",
+          quantity(_each(network_lib.duration), "stage_latency"),
+          unit="s", many=True),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -463,7 +481,9 @@ RUN_FIELDS = (
 USED_BY = {
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len",
                       *models_lib.GPT_OPTIONS, "stages", "boundary_codec",
-                      "boundary_grad_codec"},
+                      "boundary_grad_codec", "micro_batches",
+                      "pipeline_schedule", "stage_bandwidth",
+                      "stage_latency"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
                           "top_k", "expert_hidden"},
               "mlp": {"hidden"},

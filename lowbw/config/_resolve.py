@@ -1,6 +1,7 @@
 """A run's settings -> the objects ``lowbw.build`` takes (model, data,
 strategy, network) and which settings the chosen options use."""
 
+import math
 import os
 import re
 
@@ -14,6 +15,7 @@ from lowbw import transforms
 from lowbw.config import _fields
 from lowbw.config import _strategy_fields as strategy_fields
 from lowbw.strategies._optim import USES
+from lowbw.network._units import link_values
 
 def used_by() -> dict[str, dict[str, set[str]]]:
   """Owner kind -> choice -> the settings only that choice uses (read at
@@ -251,23 +253,104 @@ def staged(model, s: dict):
   """``model`` as a pipeline of ``stages`` stages with codecs at their
   boundaries (``models.split``), or as it is for one stage."""
   stages = _validate.positive_int("stages", s["stages"])
-  forward = s["boundary_codec"] or "none"
-  backward = s["boundary_grad_codec"] or forward
   if stages == 1:
-    for field, spec in (("boundary_codec", forward),
-                        ("boundary_grad_codec", backward)):
-      if not uncompressed(spec):
-        raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
-                             "between two pipeline stages)")
+    _one_stage(s)
     return model
   split = models_lib.split(model, stages)
-  codecs = [[transforms.parse_boundary_codec(spec, field, i)
-             for i in range(stages - 1)]
-            for field, spec in (("boundary_codec", forward),
-                                ("boundary_grad_codec", backward))]
+  codecs = _boundary_codecs(s, stages)
   compressed = any(c is not None for c in codecs[0] + codecs[1])
+  micro = micro_batches(s)
   return models_lib.staged_model(
-      split, transforms.stage_boundary(*codecs) if compressed else None)
+      split, transforms.stage_boundary(*codecs) if compressed else None,
+      # Without codecs the micro-batches' mean is the batch's loss: the
+      # batch goes through whole (and pools under DDP).
+      micro if compressed and not s["minibatch_size"] else 1)
+
+
+def _one_stage(s: dict) -> None:
+  """Refuses the settings of a pipeline given to one stage."""
+  forward = s["boundary_codec"] or "none"
+  backward = s["boundary_grad_codec"] or forward
+  for field, spec in (("boundary_codec", forward),
+                      ("boundary_grad_codec", backward)):
+    if not uncompressed(spec):
+      raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
+                           "between two pipeline stages)")
+  for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency"):
+    if s[field] is not None:
+      raise _validate.fail(field, s[field], "needs stages >= 2 (a pipeline)")
+  if s["micro_batches"] != 1:
+    raise _validate.fail("micro_batches", s["micro_batches"],
+                         "needs stages >= 2 (a pipeline); expected 1")
+
+
+def _boundary_codecs(s: dict, stages: int) -> list:
+  """``[forward, backward]``: each boundary's codec (None: as it is)."""
+  forward = s["boundary_codec"] or "none"
+  backward = s["boundary_grad_codec"] or forward
+  return [[transforms.parse_boundary_codec(spec, field, i)
+           for i in range(stages - 1)]
+          for field, spec in (("boundary_codec", forward),
+                              ("boundary_grad_codec", backward))]
+
+
+def micro_batches(s: dict) -> int:
+  """M: ``micro_batches``, checked against the batch; with
+  ``minibatch_size`` (which must then leave M at 1), its micro-batches."""
+  m = _validate.positive_int("micro_batches", s["micro_batches"])
+  batch = s["batch_size"]
+  if s["minibatch_size"]:
+    if m != 1:
+      raise _validate.fail("micro_batches", m, "expected 1 with "
+                           f"minibatch_size={s['minibatch_size']}, whose "
+                           "micro-batches the pipeline runs")
+    return batch // s["minibatch_size"]
+  if batch % m:
+    raise _validate.fail("micro_batches", m, f"must divide batch_size="
+                         f"{batch} (equal micro-batches)")
+  return m
+
+
+def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
+  """What the clock needs of each worker's pipeline (``network.Pipeline``),
+  or None for a model of one stage (or one lowbw did not split)."""
+  if not isinstance(s["model"], (str, type(None))) or model_name(s) != "gpt":
+    return None
+  stages = _validate.positive_int("stages", s["stages"])
+  if stages == 1:
+    return None
+  if s.get("network") is None and s.get("clock") is False:
+    for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency"):
+      if s[field] is not None:
+        raise _validate.fail(field, s[field], "not used: with clock=False "
+                             "the run has no simulated clock to time the "
+                             "pipeline on; drop it or give clock=True")
+  m = micro_batches(s)
+  codecs = _boundary_codecs(s, stages)
+  config = model.config
+  shape = (s["batch_size"] // m, config["seq_len"], config["d_model"])
+  sent = [transforms.boundary_bytes(f, b, shape) for f, b in zip(*codecs)]
+  return network_lib.Pipeline(
+      stage_flops=models_lib.stage_flops_per_token(config, stages),
+      micro_batches=m, schedule=s["pipeline_schedule"] or "1f1b",
+      forward_bytes=tuple(f for f, _ in sent),
+      backward_bytes=tuple(b for _, b in sent),
+      bandwidth=_hops(s, "stage_bandwidth", stages, network_lib.bandwidth,
+                      math.inf),
+      latency=_hops(s, "stage_latency", stages, network_lib.duration, 0.0))
+
+
+def _hops(s: dict, field: str, stages: int, parse, free: float) -> tuple:
+  """One value per hop from a setting: one for all, or S - 1 of them."""
+  if s[field] is None:
+    return (free,) * (stages - 1)
+  values = [parse(v, field) for v in link_values(s[field])]
+  if len(values) == 1:
+    return tuple(values) * (stages - 1)
+  if len(values) != stages - 1:
+    raise _validate.fail(field, s[field], f"expected one value for every "
+                         f"hop or one per hop, {stages - 1} (stages={stages})")
+  return tuple(values)
 
 
 def build_strategy(s: dict):

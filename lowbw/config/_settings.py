@@ -173,7 +173,9 @@ def check_processes(checkpoint_every, resume_from) -> None:
 RunConfig = dataclasses.make_dataclass(
     "RunConfig", [("model", Any), ("data", Any), ("strategy", Any),
                   *((name, Any) for name in SETTINGS),
-                  ("auto_devices", Any, dataclasses.field(default=False))],
+                  ("auto_devices", Any, dataclasses.field(default=False)),
+                  # each worker's pipeline (``network.Pipeline``) or None
+                  ("pipeline", Any, dataclasses.field(default=None))],
     bases=(_RunConfig,), frozen=True)
 RunConfig.__module__ = __name__
 RunConfig.__doc__ = _RunConfig.__doc__

@@ -29,8 +29,8 @@ from lowbw.models._mlp import mlp
 from lowbw.models._moe_gpt import moe_gpt
 from lowbw.models._registry import get, register
 from lowbw.models._stages import (Stages, activation_shapes, block_ranges,
-                                  from_stages, split, staged_loss,
-                                  staged_model)
+                                  from_stages, split, stage_flops_per_token,
+                                  staged_loss, staged_model)
 from lowbw.models._registry import names as model_names
 
 __all__ = (
@@ -54,5 +54,6 @@ __all__ = (
     "moe_gpt",
     "param_count",
     "Stages", "activation_shapes", "block_ranges", "from_stages", "split",
+    "stage_flops_per_token",
     "staged_loss", "staged_model",
 )

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw._types import Array, Batch, Params, PRNGKey
@@ -151,18 +152,50 @@ def _gpt_owners(config: dict[str, Any],
 Boundary = Callable[[Array, int, PRNGKey], Array]
 
 
-def staged_loss(staged: Stages, boundary: Boundary | None = None
+def staged_loss(staged: Stages, boundary: Boundary | None = None,
+                micro_batches: int = 1
                 ) -> Callable[[Params, Batch, PRNGKey], tuple]:
   """``loss(params, batch, key)`` through the stages, ``boundary(x, i,
   key_i)`` between stage ``i`` and ``i + 1`` (default: the activation as
   it is, so the loss and its gradients are the unsplit model's).
   ``key_i`` is ``fold_in(key, i)`` (``key`` None: ``jax.random.key(0)``).
+
+  ``micro_batches`` M > 1: the batch is cut into M equal micro-batches
+  (consecutive examples), each sent through the stages and the boundary
+  on its own with the key ``fold_in(key, m)``; the loss and metrics are
+  their means (the whole batch's for a mean loss without codecs). A batch
+  whose size M does not divide (an evaluation batch) goes through as one.
   """
   if not isinstance(staged, Stages):
     raise _validate.fail("staged", type(staged).__name__,
                          "expected lowbw.models.split(...) or from_stages")
+  micro_batches = _validate.positive_int("micro_batches", micro_batches)
   if boundary is None:
     boundary = lambda x, i, key: x  # noqa: E731
+  loss = _through_stages(staged, boundary)
+  return loss if micro_batches == 1 else _micro_batched(loss, micro_batches)
+
+
+def _micro_batched(loss: Callable, m: int) -> Callable:
+  """``loss`` as the mean of its values on ``m`` micro-batches (vmapped:
+  each micro-batch's boundary codecs see its activations only)."""
+
+  def mean_loss(params: Params, batch: Batch, key: PRNGKey | None = None):
+    sizes = {x.shape[0] for x in jax.tree.leaves(batch)}
+    (b,) = sizes if len(sizes) == 1 else (None,)
+    if b is None or b % m:
+      return loss(params, batch, key)
+    parts = jax.tree.map(lambda x: x.reshape(m, b // m, *x.shape[1:]), batch)
+    base = jax.random.key(0) if key is None else key
+    value, metrics = jax.vmap(
+        lambda part, i: loss(params, part, jax.random.fold_in(base, i)))(
+            parts, jnp.arange(m))
+    return value.mean(), jax.tree.map(lambda v: v.mean(0), metrics)
+
+  return mean_loss
+
+
+def _through_stages(staged: Stages, boundary: Boundary) -> Callable:
 
   def loss(params: Params, batch: Batch, key: PRNGKey | None = None):
     x = None
@@ -176,16 +209,31 @@ def staged_loss(staged: Stages, boundary: Boundary | None = None
   return loss
 
 
-def staged_model(staged: Stages, boundary: Boundary | None = None
-                 ) -> _contract.Model:
+def staged_model(staged: Stages, boundary: Boundary | None = None,
+                 micro_batches: int = 1) -> _contract.Model:
   """The unsplit model with its loss computed through the stages
-  (:func:`staged_loss`): same ``init``, parameters, ``apply`` and config,
-  so any strategy trains it unchanged. With a ``boundary`` (codecs) it is
-  not pooled: each worker's activations are compressed as its own stages
-  send them, so W workers' batches must not be scored as one."""
+  (:func:`staged_loss`, with ``micro_batches``): same ``init``,
+  parameters, ``apply`` and config, so any strategy trains it unchanged.
+  With a ``boundary`` (codecs) it is not pooled: each worker's activations
+  are compressed as its own stages send them, so W workers' batches must
+  not be scored as one."""
   return staged.model._replace(
-      loss=staged_loss(staged, boundary),
+      loss=staged_loss(staged, boundary, micro_batches),
       pooled=staged.model.pooled and boundary is None)
+
+
+def stage_flops_per_token(config: dict, stages: int,
+                          seq_len: int | None = None) -> tuple[int, ...]:
+  """Each stage's share of a :func:`~lowbw.models.gpt`'s FLOPs per token
+  (``gpt_flops_per_token``'s terms) when :func:`split` cuts it in
+  ``stages``: its blocks, and the head on the last stage (the embedding
+  lookup is no matmul). They sum to the whole model's."""
+  one = _gpt.flops_per_token({**config, "layers": 1}, seq_len)
+  block = _gpt.flops_per_token({**config, "layers": 2}, seq_len) - one
+  head = one - block
+  ranges = block_ranges(config["layers"], stages)
+  return tuple((hi - lo) * block + (head if s == stages - 1 else 0)
+               for s, (lo, hi) in enumerate(ranges))
 
 
 def activation_shapes(staged: Stages, params: Params,

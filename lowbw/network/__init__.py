@@ -7,6 +7,8 @@ from lowbw.network._collectives import (Channel, all_gather, exchange,
                                         channel, ring_allreduce)
 from lowbw.network._faults import Faults, Stragglers
 from lowbw.network._hardware import PRESETS, hardware
+from lowbw.network._pipeline import SCHEDULES as PIPELINE_SCHEDULES
+from lowbw.network._pipeline import Pipeline, Timeline, timeline
 from lowbw.network._planner import plan
 from lowbw.network._profile import NAMES as PROFILES
 from lowbw.network._profile import Profile, profile
@@ -25,4 +27,5 @@ __all__ = [
     "network", "plan", "ring_allreduce", "count",
     "format_bandwidth", "format_bytes", "format_duration",
     "memory", "participants", "Profile", "PROFILES", "profile",
+    "Pipeline", "PIPELINE_SCHEDULES", "Timeline", "timeline",
 ]

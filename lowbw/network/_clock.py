@@ -24,7 +24,7 @@ wait there for what did not fit.
 """
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +33,7 @@ import numpy as np
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey
 from lowbw.network._collectives import Channel
-from lowbw.network import _topology, _trace, _units
+from lowbw.network import _pipeline, _topology, _trace, _units
 from lowbw.network._trace import Trace
 from lowbw.network._faults import (Faults, Stragglers, check_faults,
                                    check_stragglers)
@@ -378,6 +378,9 @@ class Pricing(NamedTuple):
     segments: under a trace, one ``(start_s, speeds, clock_costs)`` per
       stretch of simulated time with the same speeds and links (speeds
       None: the hardware's); without one, a single segment from 0.
+    timeline: for a worker that is a pipeline, its step played out
+      (``_pipeline.Timeline``: the makespan that ``step_s`` holds, and
+      the bubble); else None.
   """
 
   costs: dict
@@ -385,11 +388,13 @@ class Pricing(NamedTuple):
   flops_per_step: float
   step_s: float | None
   segments: tuple = ()
+  timeline: Any = None
 
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
           num_params: int, flops_per_step: float,
-          steps: int | None = None, num_tensors: int = 1) -> Pricing:
+          steps: int | None = None, num_tensors: int = 1,
+          pipeline: _pipeline.Pipeline | None = None) -> Pricing:
   """Everything ``net`` charges for a run whose messages are ``channels``
   and whose model has ``num_params`` parameters, ``flops_per_step`` FLOPs
   per worker step. ``net.clock_params`` prices a larger model than the one
@@ -397,7 +402,9 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
   num_params``, the logged bytes do not. With ``steps``, refuses a network
   whose run of that many steps the clock could not count
   (``check_clock_range``). ``num_tensors``: the model's parameter tensors
-  (the profile's calls per event)."""
+  (the profile's calls per event). ``pipeline``: each worker is that
+  pipeline, its step the makespan of its schedule (``_pipeline``) instead
+  of the whole model's compute on one machine."""
   costs = channel_costs(net, channels, num_workers, num_tensors)
   scale = 1.0 if net.clock_params is None else net.clock_params / num_params
   scaled = channels if scale == 1.0 else {name: ch._replace(
@@ -409,6 +416,8 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
   flops = flops_per_step * scale
   hw = net.hardware
   device_s = None if hw is None else hw.step_seconds(flops)
+  # A pipeline's all-reduce hides behind as much compute as the unsplit
+  # model's would (docs/pipelines.md), not behind its bubble.
   clock = _overlapped(clock, scaled, net.profile, device_s)
   segments = []
   for start in _trace.change_times(net.speed_trace, net.bandwidth_trace):
@@ -418,8 +427,12 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
     segments.append((start, speeds, clock if at is net else _overlapped(
         channel_costs(at, scaled, num_workers, num_tensors), scaled,
         net.profile, device_s)))
+  timeline = None
+  if pipeline is not None and device_s is not None:
+    timeline = _pipeline.step_timeline(pipeline, device_s)
+    device_s = timeline.makespan_s
   pricing = Pricing(costs, clock, flops, None if hw is None else (
-      device_s + net.profile.host_s), tuple(segments))
+      device_s + net.profile.host_s), tuple(segments), timeline)
   if steps is not None:
     check_clock_range(net, pricing, steps)
   return pricing

@@ -6,7 +6,7 @@ import time
 from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
-from lowbw.config._resolve import build_data, build_model
+from lowbw.config._resolve import build_data, build_model, pipeline
 from lowbw.simulation import _compile_cache
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
@@ -36,6 +36,7 @@ def engine_config(config: Config, parts=None) -> _settings.RunConfig:
   if parts is None:
     source = build_data(s)
     parts = (build_model(s, source), source)
+  checked["pipeline"] = pipeline(s, parts[0])
   return _settings.engine_config(*parts, built.strategy, checked)
 
 

@@ -57,6 +57,8 @@ class Layout(NamedTuple):
     members: the workers up are logged (under faults).
     perplexity: language models: train_perplexity from the mean
       cross-entropy.
+    stage_bytes_per_step: a pipeline's boundary bytes per step per worker
+      (``stage_bytes``); 0: no pipeline, no column.
   """
 
   channels: dict
@@ -69,6 +71,7 @@ class Layout(NamedTuple):
   correlation: bool = False
   members: bool = False
   perplexity: bool = False
+  stage_bytes_per_step: int = 0
 
 
 class Span(NamedTuple):
@@ -128,6 +131,7 @@ class History:
     # A default spacing may be re-spaced by a resume that extends the run.
     self.spacing_given = spacing_given
     self.examples_per_step = layout.examples_per_step
+    self.stage_bytes_per_step = layout.stage_bytes_per_step
     self.tokens_per_example = layout.tokens_per_example
     self.metric_names = list(layout.metric_names)
     self.rows: list[dict[str, Any]] = []
@@ -405,6 +409,8 @@ class History:
     row = {names.STEP: step, names.EXAMPLES: step * self.examples_per_step}
     if self.tokens_per_example:
       row[names.TOKENS] = row[names.EXAMPLES] * self.tokens_per_example
+    if self.stage_bytes_per_step:
+      row[names.STAGE_BYTES] = step * self.stage_bytes_per_step
     row.update({names.PAYLOAD_BYTES: payload, names.WIRE_BYTES: wire,
                 names.SENT_BYTES: sent, names.RECEIVED_BYTES: received,
                 **{names.tier_wire_bytes(t): b

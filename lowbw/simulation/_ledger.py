@@ -67,6 +67,7 @@ class Ledger:
         # The profile's calls per event count them (``Prices``' count).
         "num_tensors": len(jax.tree.leaves(sim.abstract_params)),
         "flops_per_step": sim.flops_per_step,
+        **({"pipeline": c.pipeline._asdict()} if c.pipeline else {}),
         "channels": {k: ch._asdict()
                      for k, ch in sim.priced_channels.items()},
         "timing_dependence": timing_dependence(c, network),

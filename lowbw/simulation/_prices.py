@@ -43,7 +43,7 @@ class Prices:
       self._pricings[key] = (network, net_lib.price(
           network, self.priced_channels, self.config.workers,
           self.num_params, self.flops_per_step, steps=self.config.steps,
-          num_tensors=self.num_tensors))
+          num_tensors=self.num_tensors, pipeline=self.config.pipeline))
     return self._pricings[key][1]
 
   def channels(self, network) -> dict:

@@ -121,6 +121,15 @@ def _check_target(run_dir, network, workers: int) -> net_lib.Network:
   return net
 
 
+def _pipeline(meta: dict) -> "net_lib.Pipeline | None":
+  """The run's pipeline as its ledger kept it (None: not a pipeline)."""
+  kept = meta.get("pipeline")
+  if not kept:
+    return None
+  return net_lib.Pipeline(**{k: tuple(v) if isinstance(v, list) else v
+                             for k, v in kept.items()})
+
+
 def _one(run_dir, ledger: dict, network, rows, original) -> dict:
   meta = ledger["meta"]
   workers = meta["workers"]
@@ -128,7 +137,8 @@ def _one(run_dir, ledger: dict, network, rows, original) -> dict:
   channels = {k: Channel(**v) for k, v in meta["channels"].items()}
   pricing = net_lib.price(net, channels, workers, meta["num_params"],
                           meta["flops_per_step"], steps=meta["steps"],
-                          num_tensors=meta["num_tensors"])
+                          num_tensors=meta["num_tensors"],
+                          pipeline=_pipeline(meta))
   times, elapsed = _times(ledger, net, pricing)
   events = ledger["step_counts"].sum(axis=0) + ledger["sync_counts"].sum(
       axis=0)

@@ -39,7 +39,9 @@ class Schema:
                   strategy_metrics=self.strategy_metric_names,
                   clock=network is not None,
                   correlation=c.correlation_every is not None,
-                  members=c.masks, perplexity=c.is_lm)
+                  members=c.masks, perplexity=c.is_lm,
+                  stage_bytes_per_step=(c.pipeline.bytes_per_step()
+                                        if c.pipeline else 0))
 
   def columns(self) -> list[str]:
     """The columns of metrics.csv, in order."""
@@ -58,6 +60,7 @@ class Schema:
     cols += [names.PAYLOAD_BYTES, names.WIRE_BYTES, names.SENT_BYTES,
              names.RECEIVED_BYTES]
     cols += [names.tier_wire_bytes(t) for t in tiers_of(self.channels)]
+    cols += [names.STAGE_BYTES] if c.pipeline else []
     cols += [names.PEAK_STEP_BYTES, names.WORKER_DIVERGENCE, names.LR]
     cols += [names.WORKER_CORRELATION] if c.correlation_every else []
     if c.network is not None:

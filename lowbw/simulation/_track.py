@@ -269,6 +269,7 @@ class Track:
         "steps_per_s": rate(c.steps), "examples_per_s": rate(examples),
         "log_dir": self.log_dir,
     }
+    summary.update(self.pipeline_figures())
     summary.update(_cost.of_summary(summary, *self.prices))
     for m in self.sim.metric_names:
       summary["final_eval_" + m] = last(names.eval_metric(m))
@@ -292,6 +293,21 @@ class Track:
     diverged = self.divergence()
     summary["diverged_at_step"] = None if diverged is None else diverged.step
     return summary
+
+  def pipeline_figures(self) -> dict:
+    """A pipeline's summary entries: its boundary bytes per worker
+    (``stage_bytes``) and, with a clock and a hardware, the share of each
+    step its busiest stage is idle (``pipeline_bubble``)."""
+    pipeline = self.sim.config.pipeline
+    if pipeline is None:
+      return {}
+    out = {names.STAGE_BYTES: self.history.step *
+           pipeline.bytes_per_step()}
+    if self.network is not None:
+      timeline = self.sim.prices.pricing(self.network).timeline
+      out[names.PIPELINE_BUBBLE] = (None if timeline is None
+                                    else timeline.bubble)
+    return out
 
   def goodput(self) -> float | None:
     """Useful tokens over the tokens the fleet could have processed: the

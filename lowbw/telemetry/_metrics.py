@@ -20,6 +20,12 @@ PEAK_STEP_BYTES = "peak_step_bytes"  # most wire bytes one step sent, per worker
 # parameter server, where a worker receives its download).
 SENT_BYTES = "sent_bytes"
 RECEIVED_BYTES = "received_bytes"
+# A pipeline's boundaries (stages > 1), cumulative, per worker: the
+# activations and activation gradients its stages sent each other (every
+# hop, every micro-batch), apart from the strategy's payload and wire bytes.
+STAGE_BYTES = "stage_bytes"
+# A pipeline's summary: the share of a step its busiest stage is idle.
+PIPELINE_BUBBLE = "pipeline_bubble"
 SIM_TIME_S = "sim_time_s"
 SYNC_WORKERS = "sync_workers"  # workers averaged by the last communication
 WORKERS_UP = "workers_up"  # under faults: the workers in the fleet that step
