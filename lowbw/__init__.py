@@ -26,7 +26,8 @@ _plugins.load()  # a user's codecs, models, strategies: before the settings
 from lowbw._validate import ConfigError
 from lowbw.telemetry._startup import mark_imported
 from lowbw.config import Config
-from lowbw.simulation import (DivergenceError, NonFiniteLossError, Result,
+from lowbw.simulation import (DivergenceError, NonFiniteLossError,
+                              NonFiniteModelError, Result,
                               RunWarning, SavedRun, Simulator, SweepResult,
                               build, initialize, load, retime, simulate,
                               sweep)
@@ -36,6 +37,6 @@ __version__ = "0.1.0"
 
 mark_imported()  # the process's age now: the summary's import_s
 
-__all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
+__all__ = ["Config", "ConfigError", "SavedRun", "load", "Study", "study", "DivergenceError", "NonFiniteLossError", "NonFiniteModelError", "Result", "RunWarning", "Simulator", "SweepResult", "build",
            "advise", "data", "fit", "initialize", "models", "network", "retime", "simulate",
            "strategies", "sweep", "telemetry", "transforms"]

@@ -431,6 +431,10 @@ RUN_FIELDS = (
     Field("fail_on_divergence", False, RUN, _R, "fail (exit code 3, after "
           "writing the logs) when the loss ends far above its start or the "
           "accuracy at or below chance; by default a warning says so", bool),
+    Field("allow_non_finite", False, RUN, _R, "keep a run whose final "
+          "model, final evaluation or simulated time is NaN or infinite "
+          "(a warning); by default it fails (exit code 3, after writing the "
+          "logs)", bool),
     Field("gpu_price", None, RUN, _R, "dollars per GPU-hour: the summary "
           "adds compute_cost_usd = gpu_hours x this (gpu_hours = workers x "
           "sim_time_s / 3600) and cost_usd", _cost.price_type("gpu_price"),

@@ -7,7 +7,7 @@ the engine's pieces stay in its modules.
 """
 
 from lowbw.simulation._api import build, simulate
-from lowbw.simulation._divergence import DivergenceError
+from lowbw.simulation._divergence import DivergenceError, NonFiniteModelError
 from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._load import SavedRun, load
 from lowbw.simulation._mesh import initialize
@@ -17,6 +17,6 @@ from lowbw.simulation._simulator import Simulator
 from lowbw.simulation._sweep import SweepResult, sweep
 from lowbw.simulation._track import RunWarning
 
-__all__ = ["DivergenceError", "NonFiniteLossError", "Result", "RunWarning",
+__all__ = ["DivergenceError", "NonFiniteLossError", "NonFiniteModelError", "Result", "RunWarning",
            "SavedRun", "Simulator", "SweepResult", "build", "initialize",
            "load", "retime", "simulate", "sweep"]

@@ -82,6 +82,7 @@ def run_config(sim: Simulator, config: Config, **options) -> Result:
               checkpoint_every=config.checkpoint_every,
               progress=config.progress, wandb_project=config.wandb_project,
               fail_on_divergence=config.fail_on_divergence,
+              allow_non_finite=config.allow_non_finite,
               gpu_price=config.gpu_price, egress_price=config.egress_price,
               config_yaml=yaml_or_none(config), init_from=config.init_from)
   return sim.run(**{**args, **options})

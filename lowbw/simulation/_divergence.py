@@ -10,6 +10,7 @@ when asked, fails (``DivergenceError``).
 
 from typing import NamedTuple
 
+import jax
 import numpy as np
 
 from lowbw.telemetry import _metrics as names
@@ -41,6 +42,39 @@ class DivergenceError(FloatingPointError):
   def __init__(self, text: str, step: int, summary: dict):
     super().__init__(f"the run diverged: {text}; its logs are kept")
     self.step, self.summary = step, summary
+
+
+class NonFiniteModelError(DivergenceError):
+  """A run ended with a non-finite final model, final evaluation or
+  simulated time (training losses stayed finite: a last sync or a last
+  step blew the model up), and the run was not asked to keep it
+  (``allow_non_finite``). Its logs, summary and parameters are written."""
+
+  def __init__(self, text: str, summary: dict):
+    FloatingPointError.__init__(
+        self, f"the run ended with {text}; its logs are kept (give "
+        "allow_non_finite=True, --allow-non-finite, to keep such a run)")
+    self.step, self.summary = None, summary
+
+
+def non_finite_end(summary: dict, params, rows: list) -> str | None:
+  """What of a finished run is not finite: its final model's parameters,
+  its last evaluation's loss (the last of ``rows`` holding one) or its
+  simulated time (None: all finite)."""
+  leaves = [np.asarray(x) for x in jax.tree.leaves(params)]
+  bad = sum(int(np.size(x) - np.count_nonzero(np.isfinite(x)))
+            for x in leaves if np.issubdtype(x.dtype, np.inexact))
+  if bad:
+    total = sum(int(np.size(x)) for x in leaves)
+    return (f"a non-finite final model ({bad:,} of its {total:,} parameters "
+            "are NaN or infinite)")
+  last_eval = next((r[names.EVAL_LOSS] for r in reversed(rows)
+                    if names.EVAL_LOSS in r), None)
+  for value, what in ((last_eval, "final evaluation loss"),
+                      (summary.get("sim_time_s"), "simulated time")):
+    if value is not None and not np.isfinite(value):
+      return f"a non-finite {what} ({value})"
+  return None
 
 
 def _series(history: dict, name: str):

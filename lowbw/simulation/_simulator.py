@@ -33,7 +33,9 @@ from lowbw.simulation import (_engine, _facts,
                               _mesh, _plan, _prices, _resume, _schema,
                               _startup)
 from lowbw.simulation._loop import Drive, drive
+from lowbw.simulation import _divergence
 from lowbw.simulation._divergence import DivergenceError
+from lowbw.simulation._history import NonFiniteLossError
 from lowbw.simulation._result import Result
 from lowbw.simulation._track import RunWarning, Track
 
@@ -186,7 +188,8 @@ class Simulator:
           config_yaml: str | None = None,
           init_from: str | None = None,
           gpu_price: float | None = None,
-          egress_price: float | None = None) -> Result:
+          egress_price: float | None = None,
+          allow_non_finite: bool = False) -> Result:
     """Runs the simulation once; see ``lowbw.simulate`` for the arguments.
 
     Args:
@@ -199,6 +202,8 @@ class Simulator:
     Raises:
       ValueError: a bad argument, naming it.
       NonFiniteLossError: a worker's loss became NaN/inf; logs are kept.
+      NonFiniteModelError: the final model, evaluation or simulated time
+        is not finite (unless ``allow_non_finite``); logs are kept.
       DivergenceError: with ``fail_on_divergence``, the loss ended far above
         its start or accuracy at or below chance; logs are kept.
 
@@ -216,46 +221,53 @@ class Simulator:
     the summary's ``compute_cost_usd``, ``traffic_cost_usd`` and
     ``cost_usd`` (``lowbw.telemetry._cost``).
     """
-    seed, checkpoint_every = self._check_run(
+    _validate.boolean("allow_non_finite", allow_non_finite)
+    seed, checkpoint_every, lock = self._check_run(
         seed, out, checkpoint_every, resume_from, overwrite,
         wandb_project, fail_on_divergence)
-    prices = _cost.check_prices(gpu_price, egress_price,
-                                clock=self.config.network is not None)
-    start = time.perf_counter()
-    state, sampler, net, network = self.initial(seed, hparams, init_from)
-    initial_s = time.perf_counter() - start
-    if config_yaml is not None and out and self.main_process:
-      _writers.write_text(os.path.join(out, "config.yaml"), config_yaml)
-    config = self.describe(seed, network, hparams, metadata)
-    if init_from is not None:
-      config["init_from"] = os.path.abspath(init_from)
-    track = _lanes.track(Track(self, self.config.default_log_every,
-                               network, out, callback, config),
-                         self.lanes, hparams)
-    track.prices = prices
-    wall_offset = 0.0
-    if resume_from is not None:
-      state, wall_offset = _resume.restore(self, resume_from, track, state,
-                                           self.config.log_every is not None)
-    exe, state = self.executables(state, sampler, net)
-    compile_s = self.take_compile_s()
-    track.startup = self.compiled.take_startup(compile_s, initial_s)
-    how = Drive(checkpoint_every=checkpoint_every,
-                save=_resume.saver(out, track) if checkpoint_every
-                else None,
-                bar=self._bar(progress, track), wall_offset=wall_offset)
-    track.open_writers(resume_from is not None, wandb_project)
-    state, elapsed = self._drive(exe, state, sampler, net, track, how,
-                                 compile_s)
-    summary = self._summary(track, compile_s, elapsed, fail_on_divergence)
-    params = self._final_params(exe, state, out)
-    return Result(track.history.as_arrays(), params, state, summary, config,
-                  out)
+    try:
+      prices = _cost.check_prices(gpu_price, egress_price,
+                                  clock=self.config.network is not None)
+      start = time.perf_counter()
+      state, sampler, net, network = self.initial(seed, hparams, init_from)
+      initial_s = time.perf_counter() - start
+      if config_yaml is not None and out and self.main_process:
+        _writers.write_text(os.path.join(out, "config.yaml"), config_yaml)
+      config = self.describe(seed, network, hparams, metadata)
+      if init_from is not None:
+        config["init_from"] = os.path.abspath(init_from)
+      track = _lanes.track(Track(self, self.config.default_log_every,
+                                 network, out, callback, config),
+                           self.lanes, hparams)
+      track.prices = prices
+      wall_offset = 0.0
+      if resume_from is not None:
+        state, wall_offset = _resume.restore(self, resume_from, track, state,
+                                             self.config.log_every is not None)
+      exe, state = self.executables(state, sampler, net)
+      compile_s = self.take_compile_s()
+      track.startup = self.compiled.take_startup(compile_s, initial_s)
+      how = Drive(checkpoint_every=checkpoint_every,
+                  save=_resume.saver(out, track) if checkpoint_every
+                  else None,
+                  bar=self._bar(progress, track), wall_offset=wall_offset)
+      track.open_writers(resume_from is not None, wandb_project)
+      state, elapsed = self._drive(exe, state, sampler, net, track, how,
+                                   compile_s)
+      summary = self._summary(track, compile_s, elapsed, fail_on_divergence)
+      params = self._final_params(exe, state, out)
+      self._check_end(track, summary, params, allow_non_finite)
+      return Result(track.history.as_arrays(), params, state, summary, config,
+                    out)
+    finally:
+      if lock is not None:  # one writer per folder, until this one stops
+        lock.release()
 
   def _check_run(self, seed, out, checkpoint_every, resume_from,
                  overwrite, wandb_project, fail_on_divergence):
     """``run``'s own arguments checked, before any device work; returns
-    the seed and ``checkpoint_every``. Prepares ``out``."""
+    the seed, ``checkpoint_every`` and the folder's lock (None without
+    ``out``). Prepares ``out``, whose lock it takes first."""
     if not isinstance(fail_on_divergence, bool):
       raise _validate.fail("fail_on_divergence", fail_on_divergence,
                            "expected True or False")
@@ -269,12 +281,13 @@ class Simulator:
           checkpoint_every or resume_from, "a run with lanes is not "
           "checkpointed yet; run it without checkpoints")
     _config.check_processes(checkpoint_every, resume_from)
-    _logdir.prepare(out, resuming=_resume.continues(out, resume_from),
-                    overwrite=overwrite, create=self.main_process)
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
       _writers.import_wandb("wandb_project", wandb_project)
-    return seed, checkpoint_every
+    lock = _logdir.prepare(out, resuming=_resume.continues(out, resume_from),
+                           overwrite=overwrite, create=self.main_process,
+                           lock=True)
+    return seed, checkpoint_every, lock
 
   def _bar(self, progress, track):
     show = _progress.is_terminal() if progress is None else progress
@@ -292,6 +305,13 @@ class Simulator:
     except KeyboardInterrupt:
       summary = track.summary(compile_s, time.perf_counter() - started)
       summary["interrupted_at_step"] = track.history.step
+      summary["ended"] = "interrupted"
+      track.write_summary(summary)
+      raise
+    except NonFiniteLossError as e:
+      summary = track.summary(compile_s, time.perf_counter() - started)
+      summary.update(ended="non_finite_loss", stopped_at_step=e.step,
+                     non_finite_worker=e.worker)
       track.write_summary(summary)
       raise
     finally:
@@ -300,17 +320,34 @@ class Simulator:
         how.bar.close()
 
   def _summary(self, track, compile_s, elapsed, fail_on_divergence) -> dict:
-    """The run's summary, written; its warnings warned, or a
-    ``DivergenceError`` with ``fail_on_divergence``."""
+    """The run's summary, written (``ended``: how the run ended); its
+    warnings warned, or a ``DivergenceError`` with ``fail_on_divergence``."""
     summary = track.summary(compile_s, elapsed)
-    track.write_summary(summary)
     diverged = track.divergence()
-    if fail_on_divergence and diverged is not None:
+    failing = fail_on_divergence and diverged is not None
+    summary["ended"] = "diverged" if failing else "completed"
+    track.write_summary(summary)
+    if failing:
       raise DivergenceError(diverged.text, diverged.step, summary)
     for text in summary["warnings"]:
       # Attributed to the caller of ``run``, as before this helper.
       warnings.warn(text, RunWarning, stacklevel=3)
     return summary
+
+  @staticmethod
+  def _check_end(track, summary: dict, params, allow: bool) -> None:
+    """A non-finite final model, evaluation or simulated time: a
+    ``NonFiniteModelError`` (the summary rewritten saying so), or with
+    ``allow`` a warning."""
+    text = _divergence.non_finite_end(summary, params, track.history.rows)
+    if text is None:
+      return
+    summary["warnings"].append(f"the run ended with {text}")
+    summary["ended"] = "completed" if allow else "non_finite_model"
+    track.write_summary(summary)
+    if not allow:
+      raise _divergence.NonFiniteModelError(text, summary)
+    warnings.warn(summary["warnings"][-1], RunWarning, stacklevel=3)
 
   def _final_params(self, exe, state, log_dir):
     """The final global parameters, saved in ``log_dir`` with the
