@@ -427,3 +427,45 @@ def test_a_run_folder_replaced_by_a_file_while_it_runs_is_one_write_error(
                    out=str(out), callback=replace_folder)
   assert str(raised.value).startswith(
       f"cannot write {out}: Not a directory (errno 20)")
+
+
+def test_a_full_disk_while_preparing_a_corpus_names_the_file_and_leaves_no_meta(
+    tmp_path, monkeypatch):
+  """``meta.json`` is written last and atomically: a prepare that fails
+  leaves a folder that is not taken for a prepared corpus (no 0-byte
+  meta.json), and the error names the file and what to do."""
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("".join(f"document {i} about low bandwidth training.\n\n"
+                            for i in range(60)))
+  out = tmp_path / "prepared"
+  with monkeypatch.context() as m:
+    Fault(m, "meta.json")
+    with pytest.raises(ValueError, match=r"^out=.* cannot be written "
+                       r"\(.*meta\.json\.part: No space left on device\); "
+                       "free space"):
+      data.prepare(str(corpus), str(out), vocab_size=300, val_fraction=0.2)
+  assert not (out / "meta.json").exists()
+  meta = data.prepare(str(corpus), str(out), vocab_size=300,
+                      val_fraction=0.2)  # not refused: no corpus there yet
+  assert json.loads((out / "meta.json").read_text()) == meta
+
+
+def test_a_full_disk_at_the_tokenizer_copy_is_one_write_error(tmp_path,
+                                                              monkeypatch):
+  corpus = tmp_path / "corpus.txt"
+  corpus.write_text("".join(f"text {i} of a tiny corpus for a run.\n\n"
+                            for i in range(80)))
+  data.prepare(str(corpus), str(tmp_path / "p"), vocab_size=300,
+               val_fraction=0.2)
+  out = tmp_path / "run"
+  with monkeypatch.context() as m:
+    Fault(m, os.path.join("run", "tokenizer.json"))
+    with pytest.raises(telemetry.WriteError) as raised:
+      lowbw.simulate(lowbw.Config(
+          data=str(tmp_path / "p"), model="gpt", layers=1, d_model=8,
+          heads=2, seq_len=8, workers=2, batch_size=2, steps=2, H=2,
+          eval_every=2, eval_examples=4, devices=1, progress=False,
+          out=str(out)))
+  assert raised.value.filename.startswith(str(out / "tokenizer.json"))
+  assert NO_SPACE in str(raised.value)
+  assert not (out / "tokenizer.json").exists()

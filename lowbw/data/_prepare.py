@@ -15,6 +15,7 @@ seeded draw, or by the corpus's own validation files where a recipe knows
 them.
 """
 
+import contextlib
 import fnmatch
 import json
 import os
@@ -136,6 +137,24 @@ def prepare(source, out, progress: bool = False, overwrite: bool = False,
   _check_out(out, overwrite)
   train_docs, val_docs = _passes(source, s)
   tokenizer = _tokenizer_for(s, train_docs, progress)
+  try:
+    return _write(out, source, s, tokenizer, train_docs, val_docs, progress)
+  except OSError as e:
+    # A full disk or a permission: numpy's and the tokenizer's words name
+    # neither the file nor what to do.
+    where = getattr(e, "filename", None) or out
+    why = e.strerror or str(e)
+    raise _validate.fail("out", out, f"cannot be written ({where}: {why}); "
+                         "free space or fix the permission, then prepare "
+                         "again (meta.json, written last, is not there, so "
+                         "the folder is not taken for a prepared "
+                         "corpus)") from None
+
+
+def _write(out, source, s: Settings, tokenizer, train_docs, val_docs,
+           progress) -> dict:
+  """The corpus's files; ``meta.json`` last and atomically, so that a
+  folder holds a prepared corpus only once every file is whole."""
   os.makedirs(out, exist_ok=True)
   tokenizer.save(os.path.join(out, "tokenizer.json"))
   eos = _tokenizer.eos_id(tokenizer)
@@ -151,9 +170,23 @@ def prepare(source, out, progress: bool = False, overwrite: bool = False,
           "sources": list(sources), "source": os.fspath(source),
           **{split: counts[split] for split in SPLITS},
           "settings": s._asdict()}
-  with open(os.path.join(out, "meta.json"), "w") as f:
+  path = os.path.join(out, "meta.json")
+  with _naming(path + ".part"), open(path + ".part", "w") as f:
     json.dump(meta, f, indent=2)
+  os.replace(path + ".part", path)
   return meta
+
+
+@contextlib.contextmanager
+def _naming(path: str):
+  """An ``OSError`` of a write that does not say which file (a full disk's)
+  names ``path``."""
+  try:
+    yield
+  except OSError as e:
+    if not e.filename:
+      e.filename = path
+    raise
 
 
 def _check_out(out: str, overwrite: bool) -> None:
@@ -261,7 +294,7 @@ def _write_split(out, split, docs, tokenizer, eos, sources, progress) -> dict:
   offsets, source_ids, total = [0], [], 0
   path = os.path.join(out, f"{split}.bin")
   bar = tqdm(desc=f"encoding {split}", unit=" docs", disable=not progress)
-  with open(path + ".part", "wb") as f:
+  with _naming(path + ".part"), open(path + ".part", "wb") as f:
     for batch in _batched(docs, _BATCH):
       encoded = tokenizer.encode_batch([d.text for d in batch],
                                        add_special_tokens=False)

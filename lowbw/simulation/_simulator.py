@@ -18,7 +18,6 @@ a shape (Dirichlet shards of another size) compiles again.
 
 import dataclasses
 import os
-import shutil
 import time
 import warnings
 
@@ -359,6 +358,8 @@ class Simulator:
     if log_dir and self.main_process:
       _params.save_params(log_dir, params)
       tokenizer = getattr(self.config.data, "tokenizer", None)
-      if tokenizer is not None:
-        shutil.copyfile(tokenizer, os.path.join(log_dir, "tokenizer.json"))
+      if tokenizer is not None:  # atomic, a full disk named (WriteError)
+        with open(tokenizer, "rb") as f:
+          _writers.write_bytes(os.path.join(log_dir, "tokenizer.json"),
+                               f.read(), log_dir)
     return params
