@@ -409,9 +409,10 @@ def test_a_failed_save_the_disk_does_not_explain_is_raised_as_a_bug(
 
 def test_a_run_folder_replaced_by_a_file_while_it_runs_is_one_write_error(
     tmp_path):
-  # The run writes its rows into files it holds open; its summary, written
-  # at the end, finds a file where its folder was. It used to end with a
-  # bare "[Errno 17] File exists" from os.makedirs.
+  # The run writes its rows into files it holds open: the next row finds
+  # its metrics.csv gone with the folder. It used to end at the summary
+  # with a bare "[Errno 17] File exists" from os.makedirs, the rows written
+  # meanwhile lost without a word.
   out = tmp_path / "run"
 
   def replace_folder(row):
@@ -426,7 +427,8 @@ def test_a_run_folder_replaced_by_a_file_while_it_runs_is_one_write_error(
                    eval_every=5, log_every=5, progress=False,
                    out=str(out), callback=replace_folder)
   assert str(raised.value).startswith(
-      f"cannot write {out}: Not a directory (errno 20)")
+      f"cannot write {out / 'metrics.csv'}: it was deleted or replaced while "
+      "the run wrote it")
 
 
 def test_a_full_disk_while_preparing_a_corpus_names_the_file_and_leaves_no_meta(
@@ -469,3 +471,27 @@ def test_a_full_disk_at_the_tokenizer_copy_is_one_write_error(tmp_path,
   assert raised.value.filename.startswith(str(out / "tokenizer.json"))
   assert NO_SPACE in str(raised.value)
   assert not (out / "tokenizer.json").exists()
+
+
+@pytest.mark.parametrize("victim", ["metrics.csv", "tensorboard"])
+def test_a_log_deleted_while_the_run_writes_it_is_an_error_naming_it(
+    tmp_path, victim):
+  """metrics.csv or the TensorBoard folder removed mid-run: the next row's
+  write says which file is gone (it used to end with exit 0, the logs
+  lost)."""
+  out = tmp_path / "run"
+
+  def delete(row):
+    path = out / victim
+    if row["step"] == 10 and path.exists():
+      import shutil
+      shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+  with pytest.raises(telemetry.WriteError) as raised:
+    lowbw.simulate(model=MLP, data=data.digits(), strategy=strategies.diloco(
+        optax.adam(1e-3), H=5), workers=2, batch_size=4, steps=20,
+                   eval_every=5, log_every=5, progress=False,
+                   out=str(out), callback=delete)
+  assert victim in raised.value.filename
+  assert "was deleted or replaced while the run wrote it" in str(
+      raised.value)

@@ -40,7 +40,8 @@ class WriteError(OSError):
   def __init__(self, path: str, error: BaseException,
                run_dir: str | None = None):
     code = error_code(error)
-    reason = (os.strerror(code) if code else
+    reason = (error.strerror if isinstance(error, _Gone) else
+              os.strerror(code) if code else
               (str(error).splitlines() or [type(error).__name__])[0])
     super().__init__(code, reason, path)
     self.hint = _hint(code, run_dir or os.path.dirname(path) or ".")
@@ -51,6 +52,10 @@ class WriteError(OSError):
 
   def __reduce__(self):  # pickles (multiprocessing) as its message
     return OSError, (self.errno, str(self), self.filename)
+
+
+class _Gone(FileNotFoundError):
+  """A log file deleted or replaced while a run wrote it (its own words)."""
 
 
 def error_code(error: BaseException) -> int | None:
@@ -148,22 +153,37 @@ def quiet_logs(*more: str):
 class _File:
   """A file written with ``os.write``, unbuffered: every ``write`` is on
   disk when it returns, or raises a ``WriteError`` and cuts the file back to
-  its size before that write (whole records only)."""
+  its size before that write (whole records only). A file deleted or
+  replaced while it is written (its path no longer names the file the
+  writer holds) is a ``WriteError`` at the next write, not a silent loss."""
 
   def __init__(self, path: str, run_dir: str, name: str | None = None,
                exclusive: bool = False):
-    self.name, self._run_dir = name or path, run_dir
+    self.name, self._run_dir, self._path = name or path, run_dir, path
     flags = os.O_WRONLY | os.O_CREAT | (os.O_EXCL if exclusive
                                          else os.O_TRUNC)
     self._size, self._failed = 0, False
     try:
       self._fd = os.open(path, flags, 0o666)
+      self._id = _identity(os.fstat(self._fd))
     except FileExistsError:  # exclusive: the caller picks another name
       raise
     except OSError as e:
       raise WriteError(self.name, e, run_dir) from e
 
+  def _check_still_there(self) -> None:
+    try:
+      now = _identity(os.stat(self._path))
+    except OSError:
+      now = None
+    if now != self._id:
+      self._failed = True
+      raise WriteError(self.name, _Gone(
+          errno.ENOENT, "it was deleted or replaced while the run wrote "
+          "it; what it held since is lost", self._path), self._run_dir)
+
   def write(self, data: bytes) -> None:
+    self._check_still_there()
     view = memoryview(data)
     try:
       while view:
@@ -190,6 +210,10 @@ class _File:
     except OSError as e:
       if not self._failed:  # after a failed write, that error is raised
         raise WriteError(self.name, e, self._run_dir) from e
+
+
+def _identity(stat) -> tuple:
+  return stat.st_dev, stat.st_ino
 
 
 @contextlib.contextmanager
