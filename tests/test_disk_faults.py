@@ -495,3 +495,22 @@ def test_a_log_deleted_while_the_run_writes_it_is_an_error_naming_it(
   assert victim in raised.value.filename
   assert "was deleted or replaced while the run wrote it" in str(
       raised.value)
+
+
+@pytest.mark.parametrize("part", ["meta", "state"])
+def test_a_checkpoint_missing_a_part_is_the_damaged_checkpoint_message(
+    tmp_path, capsys, part):
+  """A checkpoint whose meta/ (or state/) folder is gone: one line naming
+  the step and what to do, not orbax's KeyError traceback."""
+  out = tmp_path / "run"
+  assert cli.main(TRAIN + ["--steps", "10", "--out", str(out)]) == 0
+  import shutil
+  shutil.rmtree(out / "checkpoints" / "10" / part)
+  capsys.readouterr()
+  assert cli.main(["train", "--resume", str(out)]) == 2
+  err = capsys.readouterr().err.splitlines()
+  assert len(err) == 1 and err[0].startswith(
+      f"lowbw: error: --resume='{out}' is invalid: its checkpoint at step 10 "
+      "cannot be read ("), err
+  assert err[0].endswith("delete that step's folder under checkpoints/ to "
+                         "resume from the one before")

@@ -114,14 +114,30 @@ def _first_difference(was, now, path: str) -> tuple:
   return path, was, now
 
 
+def _damaged(resume_from, step, e: Exception):
+  """The error of a checkpoint a part of which is missing or unreadable."""
+  first = (str(e).strip().strip("'\"").splitlines()
+           or [type(e).__name__])[0][:200]
+  return _validate.fail(
+      "resume_from", resume_from,
+      f"its checkpoint at step {step} cannot be read ({first}); if it is "
+      "damaged, delete that step's folder under checkpoints/ to resume "
+      "from the one before")
+
+
 def restore(sim, resume_from, track, initial_state, log_every_given: bool):
   """The checkpointed state (in ``initial_state``'s shardings) and wall
   seconds so far; ``track``'s history and clock continue from it."""
   directory = _checkpoint_dir(resume_from)
   if telemetry.latest_step(directory) is None:
     raise _validate.fail("resume_from", resume_from, "holds no checkpoint")
-  step, meta = _checkpoint.read_meta(directory)
-  _check_same(resume_from, meta["config"], track.config)
+  step = telemetry.latest_step(directory)
+  try:
+    step, meta = _checkpoint.read_meta(directory, step)
+    config = meta["config"]
+  except Exception as e:  # a part of the checkpoint missing or damaged
+    raise _damaged(resume_from, step, e) from e
+  _check_same(resume_from, config, track.config)
   # Restore straight into this run's placement (the devices' slices under a
   # mesh, one device without): a checkpoint from any device count resumes.
   abstract = jax.tree.map(
@@ -132,12 +148,7 @@ def restore(sim, resume_from, track, initial_state, log_every_given: bool):
   try:
     step, state, meta = _checkpoint.restore(directory, abstract, step)
   except Exception as e:  # same configuration: the files are damaged
-    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-    raise _validate.fail(
-        "resume_from", resume_from,
-        f"its checkpoint at step {step} cannot be read ({first}); if it is "
-        "damaged, delete that step's folder under checkpoints/ to resume "
-        "from the one before") from e
+    raise _damaged(resume_from, step, e) from e
   c = sim.config
   if step > c.steps:
     raise _validate.fail("steps", c.steps,
