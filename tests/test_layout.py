@@ -45,11 +45,13 @@ INTERNAL = {
     ("lowbw/simulation", "lowbw.config._resources"),  # the memory budget
     # The command line is the settings' table: its fields, groups and names
     # (_config), a field's flag (_fields), config and grid files (_files),
+    # the lanes' field (_lanes),
     # lowbw bench's builds (_resolve, _settings, _strategy_fields); it runs a
     # Config and prepares its folder as lowbw.study does (_api, _logdir).
     ("lowbw/cli", "lowbw.config._config"),
     ("lowbw/cli", "lowbw.config._fields"),
     ("lowbw/cli", "lowbw.config._files"),
+    ("lowbw/cli", "lowbw.config._lanes"),
     ("lowbw/cli", "lowbw.config._resolve"),
     ("lowbw/cli", "lowbw.config._settings"),
     ("lowbw/cli", "lowbw.config._strategy_fields"),

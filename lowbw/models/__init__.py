@@ -13,13 +13,13 @@ user passes as ``model=``, and :func:`get` builds a built-in by name.
 """
 
 from lowbw.models._cnn import cnn
-from lowbw.models._contract import as_model
 from lowbw.models._contract import check_contract
 from lowbw.models._contract import from_flax
 from lowbw.models._contract import Model
 from lowbw.models._contract import param_count
 from lowbw.models._flops import flops_per_token
-from lowbw.models._foreign import from_apply, from_equinox, from_nnx
+from lowbw.models._foreign import (as_model, from_apply, from_equinox,
+                                   from_nnx)
 from lowbw.models._generate import generate
 from lowbw.models._gpt import flops_per_token as gpt_flops_per_token
 from lowbw.models._blocks import CHOICES as GPT_CHOICES

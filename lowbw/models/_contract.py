@@ -199,61 +199,6 @@ def from_flax(module: nn.Module, task: str = "classification") -> Model:
   return wrap_module(module, task, name, {"name": name, "task": task})
 
 
-def as_model(obj: Any) -> Model:
-  """Turns what a user passes as ``model=`` into a :class:`Model`.
-
-  Args:
-    obj: a :class:`Model` (returned as is); a ``flax.linen.Module`` instance
-      (wrapped by :func:`from_flax` as a classifier); or a pair
-      ``(init, loss)`` of functions following the :class:`Model` contract
-      (task and name ``"custom"``, no ``apply``).
-
-  Returns:
-    A :class:`Model`.
-
-  Raises:
-    ValueError: naming field ``model`` for anything else.
-
-  Example:
-    >>> model = as_model((my_init, my_loss))  # doctest: +SKIP
-  """
-  # Model is itself a tuple, so it must be matched before the pair case.
-  if isinstance(obj, Model):
-    return obj
-  if isinstance(obj, nn.Module):
-    return from_flax(obj)
-  foreign = _foreign_model(obj)
-  if foreign is not None:
-    return foreign
-  if (isinstance(obj, (tuple, list)) and len(obj) == 2
-      and all(callable(f) for f in obj)):
-    init, loss = obj
-    return Model(init=init, loss=loss, task="custom", name="custom",
-                 config={"name": "custom"})
-  # A long repr (a params tree, an array) would bury the message.
-  shown = obj if isinstance(obj, (str, int, float, type(None))) else (
-      f"<{type(obj).__name__}>")
-  raise _validate.fail(
-      "model", shown, "expected a lowbw Model, a flax.linen.Module, a "
-      "flax.nnx.Module or an equinox.Module instance, or an (init, loss) "
-      "pair of functions")
-
-
-def _foreign_model(obj: Any) -> Model | None:
-  """A Flax NNX module or an Equinox model, wrapped as a classifier; None
-  for anything else (neither library is imported for the check unless the
-  user's program has)."""
-  import sys
-  from lowbw.models import _foreign
-  nnx = sys.modules.get("flax.nnx")
-  if nnx is not None and isinstance(obj, nnx.Module):
-    return _foreign.from_nnx(obj)
-  eqx = sys.modules.get("equinox")
-  if eqx is not None and isinstance(obj, eqx.Module):
-    return _foreign.from_equinox(obj)
-  return None
-
-
 def _shown(tree: Any) -> str:
   """What a function returned, by structure, shape and dtype (no values)."""
   if isinstance(tree, Mapping):

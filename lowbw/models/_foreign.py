@@ -1,6 +1,7 @@
 """Models written for other JAX libraries, as lowbw ``Model``s: a Flax NNX
 module (``from_nnx``), an Equinox model (``from_equinox``) and a plain
-``(init, apply)`` pair (``from_apply``).
+``(init, apply)`` pair (``from_apply``); and ``as_model``, which turns
+whatever a user passes as ``model=`` into a ``Model``.
 
 Each becomes the contract's pure functions: the parameters are a plain
 tree of arrays (what the workers stack and the optimizers update), and
@@ -10,8 +11,11 @@ pass (batch statistics, random-number state) is refused, because the
 simulator's workers are pure functions of their parameters.
 """
 
+import sys
 from collections.abc import Callable
 from typing import Any
+
+import flax.linen as nn
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +23,7 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw._types import Array, Batch, Params, PRNGKey
 from lowbw.models._contract import (TASKS, Model, _cross_entropy,
-                                    _inputs_and_labels)
+                                    _inputs_and_labels, from_flax)
 
 
 def _scored(apply, loss, task: str):
@@ -180,3 +184,56 @@ def from_apply(init: Callable, apply: Callable, loss: Callable | None = None,
   return Model(init=init_params, loss=_scored(apply, loss, task), task=task,
                name="custom", config={"name": "custom", "task": task,
                                       **extra}, apply=apply)
+
+
+def as_model(obj: Any) -> Model:
+  """Turns what a user passes as ``model=`` into a :class:`Model`.
+
+  Args:
+    obj: a :class:`Model` (returned as is); a ``flax.linen.Module`` instance
+      (wrapped by :func:`from_flax` as a classifier); or a pair
+      ``(init, loss)`` of functions following the :class:`Model` contract
+      (task and name ``"custom"``, no ``apply``).
+
+  Returns:
+    A :class:`Model`.
+
+  Raises:
+    ValueError: naming field ``model`` for anything else.
+
+  Example:
+    >>> model = as_model((my_init, my_loss))  # doctest: +SKIP
+  """
+  # Model is itself a tuple, so it must be matched before the pair case.
+  if isinstance(obj, Model):
+    return obj
+  if isinstance(obj, nn.Module):
+    return from_flax(obj)
+  foreign = _foreign_model(obj)
+  if foreign is not None:
+    return foreign
+  if (isinstance(obj, (tuple, list)) and len(obj) == 2
+      and all(callable(f) for f in obj)):
+    init, loss = obj
+    return Model(init=init, loss=loss, task="custom", name="custom",
+                 config={"name": "custom"})
+  # A long repr (a params tree, an array) would bury the message.
+  shown = obj if isinstance(obj, (str, int, float, type(None))) else (
+      f"<{type(obj).__name__}>")
+  raise _validate.fail(
+      "model", shown, "expected a lowbw Model, a flax.linen.Module, a "
+      "flax.nnx.Module or an equinox.Module instance, or an (init, loss) "
+      "pair of functions")
+
+
+def _foreign_model(obj: Any) -> Model | None:
+  """A Flax NNX module or an Equinox model, wrapped as a classifier; None
+  for anything else (neither library is imported for the check unless the
+  user's program has)."""
+  nnx = sys.modules.get("flax.nnx")
+  if nnx is not None and isinstance(obj, nnx.Module):
+    return from_nnx(obj)
+  eqx = sys.modules.get("equinox")
+  if eqx is not None and isinstance(obj, eqx.Module):
+    return from_equinox(obj)
+  return None

@@ -4,7 +4,7 @@ import inspect
 from typing import Any
 
 from lowbw import _validate
-from lowbw.models import _cnn, _contract, _gpt, _mlp, _moe_gpt
+from lowbw.models import _cnn, _contract, _foreign, _gpt, _mlp, _moe_gpt
 
 _FACTORIES = {"mlp": _mlp.mlp, "cnn": _cnn.cnn, "gpt": _gpt.gpt,
               "moe_gpt": _moe_gpt.moe_gpt}
@@ -35,7 +35,7 @@ def register(name: str, factory) -> None:
   if not callable(factory):
     raise _validate.fail("factory", factory, "expected a function returning "
                          "a lowbw.models.Model")
-  _FACTORIES[name] = lambda **kwargs: _contract.as_model(factory(**kwargs))
+  _FACTORIES[name] = lambda **kwargs: _foreign.as_model(factory(**kwargs))
 
 
 def get(name: str, **kwargs: Any) -> _contract.Model:
