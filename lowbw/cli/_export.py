@@ -411,7 +411,13 @@ def _tc_rate(bandwidth) -> str:
 def _maxtext_render(v: View, options: dict) -> str:
   lines = _header(v, MAXTEXT, "#") + [
       "# Overrides of src/maxtext/configs/base.yml; on the command line: "
-      + " ".join(f"{k}={_cli(val)}" for k, val in options.items()), ""]
+      + " ".join(f"{k}={_cli(val)}" for k, val in options.items())]
+  if "num_diloco_fragments" in options:
+    lines.append("# MaxText counts its non-scanned parameters as one fragment "
+                 "and splits the decoder layers into the others (its "
+                 "num_decoder_layers must divide by num_diloco_fragments - 1)"
+                 "; lowbw's fragments are its model's blocks.")
+  lines.append("")
   body = yaml.safe_dump(options, sort_keys=False, default_flow_style=False)
   return "\n".join(lines) + "\n" + body
 
