@@ -453,3 +453,13 @@ def test_command_writes_both_files_and_is_deterministic(tmp_path, capsys):
   std = capsys.readouterr()
   assert _maxtext(std.out)["diloco_sync_period"] == 20
   assert "| codec | e3m0 |" in std.err
+
+
+@pytest.mark.parametrize("target", list(_export.TARGETS))
+def test_an_inner_optimizer_the_target_lacks_is_in_the_table(target,
+                                                             monkeypatch):
+  e = _export.export(_config(strategy="diloco", inner="sgd"), target)
+  assert {r.setting: r.value for r in e.rows}["inner"] == "sgd"
+  assert "AdamW" not in e.text and "adam_b1" not in e.text
+  if target == "torchft":  # the snippet still runs, the optimizer left to you
+    assert "DiLoCo" in _run_torchft(e.text, 1, monkeypatch)

@@ -11,6 +11,7 @@ what does not transfer, never dropped in silence.
 import dataclasses
 import json
 import os
+import sys
 from typing import Any, Callable, NamedTuple
 
 import yaml
@@ -435,7 +436,8 @@ def _torchft(v: View) -> tuple[dict, set, list]:
   o["Manager.min_replica_size"] = c.workers
   o["Manager.use_async_quorum"] = c.strategy == "ddp"
   if c.strategy != "ddp":
-    o[("LocalSGD" if c.strategy == "fedavg" else "DiLoCo") + ".sync_every"] = c.H
+    wrapper = "LocalSGD" if c.strategy == "fedavg" else "DiLoCo"
+    o[wrapper + ".sync_every"] = c.H
     used.add("H")
   if c.strategy == "streaming_diloco":
     o["DiLoCo.fragment_sync_delay"] = v.built["delay"]
@@ -617,7 +619,6 @@ def add_parser(subparsers) -> None:
 
 
 def run(args) -> int:
-  import sys
   result = export(load(args.source), args.to)
   table = result.table()
   if not args.out:
