@@ -74,7 +74,7 @@ class Export:
 
   def table(self) -> str:
     """What does not transfer, as a Markdown table."""
-    lines = [f"lowbw settings that do not transfer to {self.target} "
+    lines = [f"lowbw settings that do not transfer to {NAMES[self.target]} "
              f"({self.strategy}):", "",
              "| setting | value | why |", "| --- | --- | --- |"]
     for r in self.rows:
@@ -183,16 +183,17 @@ def _leftovers(v: View, target: str, used: set) -> list:
       rows.append(Row(name, value, _why(name, group, target)))
   model = [f"{k}={values[k]}" for k in ("model", "data") if k in values]
   if model:
-    rows.append(Row("model, data", ", ".join(model), f"{target} trains its "
-                    "own model on its own data: set them in its config"))
+    rows.append(Row("model, data", ", ".join(model), f"{NAMES[target]} "
+                    "trains its own model on its own data: set them in its "
+                    "config"))
   for name in ("steps", "batch_size"):
     if name not in used:
       rows.append(Row(name, values[name], _why(name, "run", target)))
   return rows
 
 
-def _why(name: str, group: str, target: str) -> str:
-  notes = TARGETS[target].notes
+def _why(name: str, group: str, key: str) -> str:
+  notes, target = TARGETS[key].notes, NAMES[key]
   if name in notes:
     return notes[name]
   if group == "compression":
@@ -212,7 +213,8 @@ def _why(name: str, group: str, target: str) -> str:
   if name == "batch_size":
     return ("examples per worker and step: set the batch of each replica "
             f"group in {target}'s data-parallel settings")
-  return "the simulated clock's model; a production run has real links"
+  return ("the simulated clock's model (links, hardware); a production run "
+          "takes the time it takes")
 
 
 # torchtitan (TOML job config, v0.2.2).
@@ -533,7 +535,8 @@ def _header(v: View, source: Source, mark: str) -> list:
   return [f"{mark} lowbw {v.c.strategy}, exported for {source.project} "
           f"{source.version}.",
           f"{mark} Option names as defined in {', '.join(source.files)}.",
-          f"{mark} What does not transfer is listed beside this file."]
+          f"{mark} Settings that do not transfer: the table lowbw export "
+          "printed (with --out, also in FILE.not-transferred.md)."]
 
 
 def _show(value) -> str:
@@ -582,6 +585,8 @@ _TORCHFT_NOTES = {
 }
 
 
+NAMES = {"torchtitan": "torchtitan", "maxtext": "MaxText",
+         "torchft": "torchft"}
 TARGETS = {
     "torchtitan": Target(("ddp", "fedavg", "diloco", "streaming_diloco"),
                          _titan, _titan_render, _TITAN_NOTES),
