@@ -10,6 +10,7 @@ import warnings
 from lowbw import _validate, telemetry
 from lowbw.cli import (_advise, _bench, _calibrate, _data, _fit, _parser,
                        _plan, _plot, _retime, _saved, _sweep, _train)
+from lowbw.cli import _export
 
 
 # Errors whose "what is allowed" speaks its own grammar (a codec chain, a
@@ -109,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
   _advise.add_parser(sub)
   _data.add_parser(sub)
   _saved.add_parsers(sub)
+  _export.add_parser(sub)
   for name in ("train", "sweep", "bench"):
     sub.choices[name].add_argument(
         "--no-compile-cache", action="store_true",
