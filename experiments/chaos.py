@@ -270,8 +270,9 @@ def findings(results) -> list[dict]:
       "synchronous fleet is elastic (a learner down is left out of the "
       "next round, with no restart cost), so failures cost DDP less here "
       "than on a fleet that stalls and restarts; the slow region is what "
-      "holds it back. A learner of Decoupled DiLoCo waits idle for the "
-      "merge its update joins (the paper's learners keep computing)",
+      "holds it back. A learner of Decoupled DiLoCo goes on computing "
+      "after it sends and waits only when it finishes another round "
+      "before its last message was merged",
       "plot": "chaos.png", "command": COMMAND}]
 
 
