@@ -101,11 +101,13 @@ def units(groups: list[list], workers: int,
   return parts
 
 
-def run(chosen: tuple, study: tuple, groups: list[list],
+def run(chosen: tuple, work, study: tuple, groups: list[list],
         points_per_batch: int | None, options: dict | None) -> int:
   """Runs ``groups`` (lists of points of one compiled shape) with executor
-  ``chosen``, each in parts (``units``); returns the builds the workers
-  made. ``study``: (base, grid, seeds, out)."""
+  ``chosen``, each in parts (``units``), a part being ``work((*study,
+  indices, points_per_batch))`` in a worker (``work``: a module's
+  function, which pickles by name); returns the builds the workers made.
+  ``study``: (base, grid, seeds, out)."""
   kind, width = chosen
   if kind == "ray":
     width = width or _ray_width()
@@ -122,13 +124,13 @@ def run(chosen: tuple, study: tuple, groups: list[list],
                          "Python objects (a model, data, strategy) by "
                          "their names") from None
   if kind == "local":
-    return _local(jobs, width)
+    return _local(work, jobs, width)
   if kind == "ray":
-    return _ray(jobs)
-  return _slurm(jobs, study[3], options or {})
+    return _ray(work, jobs)
+  return _slurm(work, jobs, study[3], options or {})
 
 
-def _local(jobs: list, workers: int) -> int:
+def _local(work, jobs: list, workers: int) -> int:
   """``workers`` new Python processes (``_command``), worker i given jobs
   i, i + N, ... (part i of each group: ``units``) and its GPU or its share
   of the cores (``_slots``). A worker that fails stops the others and
@@ -141,7 +143,7 @@ def _local(jobs: list, workers: int) -> int:
     proc = subprocess.Popen(_command(cores), env=env, stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE)
     procs.append(proc)
-    out, _ = proc.communicate(pickle.dumps(jobs[i::len(slots)]))
+    out, _ = proc.communicate(pickle.dumps((work, jobs[i::len(slots)])))
     if proc.returncode:
       errors.append(proc.returncode)
     else:
@@ -207,7 +209,7 @@ def _ray_width() -> int:
   return max(1, int(resources.get("GPU", 0) or resources.get("CPU", 1)))
 
 
-def _ray(jobs: list) -> int:
+def _ray(work, jobs: list) -> int:
   """One Ray task per job, on the running Ray instance (``ray.init()``
   before the study, or ``RAY_ADDRESS``), else a local one started here; a
   task takes one GPU when the instance has any."""
@@ -231,38 +233,16 @@ def slurm_executor(out: str, options: dict):
   return executor
 
 
-def _slurm(jobs: list, out: str, options: dict) -> int:
+def _slurm(work, jobs: list, out: str, options: dict) -> int:
   """One Slurm array task per job; waits for them all."""
   executor = slurm_executor(out, options)
   submitted = executor.map_array(work, jobs)
   return sum(job.result() for job in submitted)
 
 
-_POINTS: dict[str, list] = {}
-
-
-def work(job: tuple) -> int:
-  """A worker's unit: the points ``job`` names, run as the study's own
-  process runs them (claims, builds, vmapped batches); returns the builds
-  made. The study's points are expanded once per process."""
-  from lowbw.studies import _grid, _run
-  base, grid, seeds, out, indices, points_per_batch = job
-  key = repr((base, grid, seeds))
-  if key not in _POINTS:
-    _POINTS.clear()
-    _POINTS[key] = _grid.expand(base, grid, seeds)
-  points = {p.index: p for p in _POINTS[key]}
-  return _run._train([points[i] for i in indices], points_per_batch, out,
-                     {}, lambda result, ran: None)
-
-
 def _main() -> None:
-  """A ``local`` worker: its jobs (pickled) from stdin, the builds it made
-  to stdout."""
+  """A ``local`` worker: its function and jobs (pickled) from stdin, the
+  builds it made to stdout."""
   import sys
-  jobs = pickle.loads(sys.stdin.buffer.read())
+  work, jobs = pickle.loads(sys.stdin.buffer.read())
   print(sum(work(job) for job in jobs), flush=True)
-
-
-if __name__ == "__main__":
-  _main()

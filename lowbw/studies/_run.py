@@ -115,7 +115,7 @@ def study(base, grid, seeds=(0,), out: str | None = None,
 
   try:
     remote = None if chosen is None else (
-        lambda parts: _exec.run(chosen, (base, grid, list(seeds), out),
+        lambda parts: _exec.run(chosen, work, (base, grid, list(seeds), out),
                                 parts, points_per_batch, executor_options))
     builds = _run_groups(groups, done, out, points_per_batch, emit, remote)
   finally:
@@ -258,6 +258,24 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
         if out is not None:
           _claims.release(out, [p.index for p in batch])
   return builds
+
+
+_POINTS: dict[str, list] = {}
+
+
+def work(job: tuple) -> int:
+  """An executor's unit of work, in a worker (``_exec.run``): the points
+  ``job`` names, run as the study's own process runs them (claims, builds,
+  vmapped batches); returns the builds made. The study's points are
+  expanded once per process."""
+  base, grid, seeds, out, indices, points_per_batch = job
+  key = repr((base, grid, seeds))
+  if key not in _POINTS:
+    _POINTS.clear()
+    _POINTS[key] = _grid.expand(base, grid, seeds)
+  points = {p.index: p for p in _POINTS[key]}
+  return _train([points[i] for i in indices], points_per_batch, out, {},
+                lambda result, ran: None)
 
 
 def _claimed(batch: list, out: str | None) -> list:
