@@ -256,3 +256,40 @@ def test_sweep_options_are_typed():
       "timeout_min": 60, "slurm_partition": "gpu", "mem_gb": 1.5,
       "exclusive": True}
   assert _sweep.parse_options(None) is None
+
+
+def test_local_workers_on_gpus_get_one_each_or_share_its_memory(
+    monkeypatch):
+  monkeypatch.setattr(_exec, "gpus", lambda: ["0", "3"])
+  monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+  slots = _exec._slots(2)
+  assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in slots] == ["0", "3"]
+  assert all(cores is None and "XLA_PYTHON_CLIENT_MEM_FRACTION" not in env
+             for env, cores in slots)
+  slots = _exec._slots(4)  # two workers on each GPU
+  assert [env["CUDA_VISIBLE_DEVICES"] for env, _ in slots] == [
+      "0", "3", "0", "3"]
+  assert {env["XLA_PYTHON_CLIENT_MEM_FRACTION"] for env, _ in slots} == {
+      "0.450"}
+
+
+def test_local_workers_on_a_cpu_split_its_cores(monkeypatch):
+  monkeypatch.setattr(_exec, "gpus", lambda: [])
+  monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+  assert [cores for _, cores in _exec._slots(2)] == [[0, 1], [2, 3]]
+  assert [cores for _, cores in _exec._slots(4)] == [[0], [1], [2], [3]]
+  # More workers than cores: one core each, in turn.
+  assert [cores for _, cores in _exec._slots(6)] == [[0], [1], [2], [3],
+                                                      [0], [1]]
+  # Each keeps this process's CPU devices (the tests' LOWBW_CPU_DEVICES).
+  assert {env["LOWBW_CPU_DEVICES"] for env, _ in _exec._slots(2)} == {
+      os.environ["LOWBW_CPU_DEVICES"]}
+
+
+def test_executor_parts_keep_whole_vmapped_batches():
+  group = list(range(10))
+  assert _exec.units([group, [], [10, 11]], 2, None) == [
+      [0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10], [11]]
+  assert _exec.units([group], 3, 3) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
+  assert _exec.units([group], 4, None) == [[0, 1, 2], [3, 4, 5], [6, 7, 8],
+                                           [9]]

@@ -178,13 +178,19 @@ def _command(cores: list | None) -> list[str]:
 
 
 def _slots(workers: int) -> list[tuple[dict, list | None]]:
-  """(environment, cores) of each local worker: its GPU (in turn), or on a
-  CPU its own share of the cores. Each keeps this process's count of CPU
-  devices, so that its programs (and their numbers, and the compilation
-  cache's entries) are this process's."""
+  """(environment, cores) of each local worker: its GPU (in turn; workers
+  sharing one GPU split its memory), or on a CPU its own share of the
+  cores. Each keeps this process's count of CPU devices, so that its
+  programs (and their numbers, and the compilation cache's entries) are
+  this process's."""
   env = dict(os.environ)
   ids = gpus()
   if ids:
+    if _PREALLOCATE in _SET_HERE:  # this process's setting, not the user's
+      env.pop(_PREALLOCATE, None)
+    per_gpu = math.ceil(workers / len(ids))
+    if per_gpu > 1 and _FRACTION not in env:
+      env[_FRACTION] = f"{0.9 / per_gpu:.3f}"
     return [({**env, "CUDA_VISIBLE_DEVICES": ids[i % len(ids)]}, None)
             for i in range(workers)]
   import jax
@@ -197,6 +203,23 @@ def _slots(workers: int) -> list[tuple[dict, list | None]]:
   share = max(1, len(cores) // workers)
   return [(env, [cores[(i * share + k) % len(cores)] for k in range(share)])
           for i in range(workers)]
+
+
+_PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
+_FRACTION = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+_SET_HERE: set[str] = set()
+
+
+def spare_gpus(chosen: tuple | None) -> None:
+  """Before a ``local`` study on GPUs starts JAX here: this process takes
+  GPU memory as it needs it, not most of it at once (JAX's default), which
+  would leave its workers little."""
+  from jax._src import xla_bridge
+  if (chosen is None or chosen[0] != "local" or _PREALLOCATE in os.environ
+      or xla_bridge.backends_are_initialized() or not gpus()):
+    return
+  os.environ[_PREALLOCATE] = "false"
+  _SET_HERE.add(_PREALLOCATE)
 
 
 def _ray_width() -> int:

@@ -92,11 +92,12 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   """
   seeds = _grid.check_seeds(seeds)
   base = _grid.base_values(base)
+  chosen = _exec.check(executor, out, executor_options)
+  _exec.spare_gpus(chosen)
   points = _grid.expand(base, grid, seeds)
   points_per_batch = _validate.optional_positive_int("points_per_batch",
                                                      points_per_batch)
   names = _files.names(grid)
-  chosen = _exec.check(executor, out, executor_options)
   groups = _grid.groups(points)
   for group in groups:  # what a build checks with the data, before any runs
     _check_build(group[0])
