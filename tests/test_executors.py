@@ -293,3 +293,19 @@ def test_executor_parts_keep_whole_vmapped_batches():
   assert _exec.units([group], 3, 3) == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9]]
   assert _exec.units([group], 4, None) == [[0, 1, 2], [3, 4, 5], [6, 7, 8],
                                            [9]]
+
+
+def test_workers_run_vmapped_batches_and_the_study_re_times(tmp_path,
+                                                             child_env):
+  # 4 trainings (outer_lr) in vmapped batches of 2, each also on a second
+  # network: re-timed from its training by the study's own process.
+  grid = {"bandwidth": ["10Mbps", "1Gbps"], "outer_lr": [0.5, 0.7, 0.9, 1.1]}
+  base = {**BASE, "H": 2}
+  found = []
+  for name, executor in (("one", None), ("local", "local:2")):
+    result = lowbw.study(base, grid, [0], out=str(tmp_path / name),
+                         progress=False, plots=False, points_per_batch=2,
+                         executor=executor)
+    assert result.summary["retimed"] == 4
+    found.append(tables(tmp_path / name))
+  assert found[0] == found[1]
