@@ -183,7 +183,8 @@ def _slots(workers: int) -> list[tuple[dict, list | None]]:
   cores. Each keeps this process's count of CPU devices, so that its
   programs (and their numbers, and the compilation cache's entries) are
   this process's."""
-  env = dict(os.environ)
+  env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+      _home(), os.environ.get("PYTHONPATH")]))}
   ids = gpus()
   if ids:
     if _PREALLOCATE in _SET_HERE:  # this process's setting, not the user's
@@ -203,6 +204,13 @@ def _slots(workers: int) -> list[tuple[dict, list | None]]:
   share = max(1, len(cores) // workers)
   return [(env, [cores[(i * share + k) % len(cores)] for k in range(share)])
           for i in range(workers)]
+
+
+def _home() -> str:
+  """The folder this process imports lowbw from: workers import the same
+  lowbw."""
+  import lowbw
+  return os.path.dirname(os.path.dirname(os.path.abspath(lowbw.__file__)))
 
 
 _PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
@@ -226,8 +234,9 @@ def _ray_width() -> int:
   """The Ray instance's GPUs, else its CPUs (started here when none
   runs)."""
   import ray
-  if not ray.is_initialized():
-    ray.init()
+  if not ray.is_initialized():  # its workers import this process's lowbw
+    ray.init(runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(
+        filter(None, [_home(), os.environ.get("PYTHONPATH")]))}})
   resources = ray.cluster_resources()
   return max(1, int(resources.get("GPU", 0) or resources.get("CPU", 1)))
 
@@ -237,8 +246,7 @@ def _ray(work, jobs: list) -> int:
   before the study, or ``RAY_ADDRESS``), else a local one started here; a
   task takes one GPU when the instance has any."""
   import ray
-  if not ray.is_initialized():
-    ray.init()
+  _ray_width()  # a local instance started here when none runs
   gpu = 1 if ray.cluster_resources().get("GPU", 0) >= 1 else 0
   task = ray.remote(num_cpus=1, num_gpus=gpu, max_retries=0)(work)
   return sum(ray.get([task.remote(j) for j in jobs]))
