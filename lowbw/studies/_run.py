@@ -75,11 +75,10 @@ def study(base, grid, seeds=(0,), out: str | None = None,
       'lowbw[slurm]'``); ``"ray:N"``, ``"slurm:N"``: each compiled
       shape's points in N tasks or jobs. Each worker runs some points of
       one compiled shape and writes them to ``out`` (needed); each point
-      is claimed
-      by the process that runs it (``out/claims``), so processes sharing
-      ``out`` run it once. The tables are made here, once every point is
-      in, from the points' folders: they are the same whichever way the
-      points ran.
+      is claimed by the process that runs it (``out/claims``), so
+      processes sharing ``out`` run it once. The tables are made here,
+      once every point is in, from the points' folders: they are the
+      same whichever way the points ran.
     executor_options: submitit's parameters for ``"slurm"`` (e.g.
       ``{"slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min":
       60}``; ``"cluster": "local"`` runs the jobs on this machine).
