@@ -209,8 +209,8 @@ def _slots(workers: int) -> list[tuple[dict, list | None]]:
 def _home() -> str:
   """The folder this process imports lowbw from: workers import the same
   lowbw."""
-  import lowbw
-  return os.path.dirname(os.path.dirname(os.path.abspath(lowbw.__file__)))
+  here = os.path.abspath(__file__)  # <home>/lowbw/studies/_exec.py
+  return os.path.dirname(os.path.dirname(os.path.dirname(here)))
 
 
 _PREALLOCATE = "XLA_PYTHON_CLIENT_PREALLOCATE"
