@@ -41,8 +41,43 @@ def add_parser(subparsers) -> None:
                  "vmapped program (memory grows with N). Default: all that "
                  "fit the memory budget on a GPU, 1 on a CPU (measured no "
                  "faster there)")
+  g.add_argument("--executor", metavar="WHERE", help="where the points "
+                 "run: local:N (N worker processes; local: one per GPU, or "
+                 "per core on a CPU), ray (Ray tasks; pip install "
+                 "'lowbw[ray]') or slurm (Slurm jobs through submitit; pip "
+                 "install 'lowbw[slurm]'). Default: this process")
+  g.add_argument("--executor-option", action="append", metavar="KEY=VALUE",
+                 help="a submitit parameter for --executor slurm, e.g. "
+                 "slurm_partition=gpu, timeout_min=60, gpus_per_node=1; "
+                 "repeat for several")
   _train.add_run_flags(p)
   p.set_defaults(run=run, resume=None)
+
+
+def parse_options(items) -> dict | None:
+  """["timeout_min=60", ...] -> {"timeout_min": 60} (numbers as numbers,
+  true/false as booleans)."""
+  if not items:
+    return None
+  options = {}
+  for item in items:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+      raise _validate.fail("executor_option", item, "expected KEY=VALUE, "
+                           "e.g. slurm_partition=gpu")
+    options[key.strip()] = _option_value(text.strip())
+  return options
+
+
+def _option_value(text: str):
+  if text.lower() in ("true", "false"):
+    return text.lower() == "true"
+  for kind in (int, float):
+    try:
+      return kind(text)
+    except ValueError:
+      pass
+  return text
 
 
 def _value(name: str, text: str):
@@ -115,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
   progress = base.get("progress")
   result = study(base, grid, seeds, out=out, progress=progress,
                  overwrite=args.overwrite, on_point=_printer(progress),
-                 points_per_batch=args.points_per_batch)
+                 points_per_batch=args.points_per_batch,
+                 executor=args.executor,
+                 executor_options=parse_options(args.executor_option))
   print(format_table(result))
   for point in result.points:  # each point's warnings, e.g. a divergence
     where = ", ".join(f"{k}={_fmt(v)}" for k, v in point.values.items())

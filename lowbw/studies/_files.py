@@ -5,6 +5,7 @@ tables.
     OUT/study.json          base config, grid, seeds; summary when finished
     OUT/points/NNNN/        the point's run: metrics.csv, config.yaml, ...
     OUT/points/NNNN/point.json   written when the point has finished
+    OUT/claims/NNNN.json    who runs the point now (``_claims``)
     OUT/study.csv           one row per point and logged step
     OUT/final.csv           one row per combination: mean, std over seeds
     OUT/points.csv          one row per point: its values, seed, finals
@@ -33,6 +34,7 @@ from lowbw.studies._result import PointResult
 STUDY = "study.json"
 POINTS = "points"
 DONE = "point.json"
+CLAIMS = "claims"  # who runs which point (``_claims``)
 TABLES = ("study.csv", "final.csv", "points.csv", "study.parquet",
           "final.parquet")
 
@@ -88,7 +90,7 @@ def prepare(out, base, grid, seeds, overwrite: bool) -> set[int]:
                            "overwrite=True")
     return finished(out)
   if overwrite:
-    for name in (STUDY, POINTS, *TABLES, *_plot_names(out)):
+    for name in (STUDY, POINTS, CLAIMS, *TABLES, *_plot_names(out)):
       target = os.path.join(out, name)
       if os.path.isdir(target):
         shutil.rmtree(target)
@@ -197,7 +199,9 @@ def recorded_point(out: str, base: dict, index: int,
 def read_point(out: str, point: _grid.Point) -> PointResult:
   folder = point_dir(out, point.index)
   saved = read_done(out, point.index)
-  history = read_history(os.path.join(folder, "metrics.csv"))
+  # A failed point's rows are not the study's (as when it fails in memory).
+  history = ({} if saved["summary"].get("error") else
+             read_history(os.path.join(folder, "metrics.csv")))
   if "step" in history:
     history["step"] = history["step"].astype(np.int64)
   return PointResult(point.index, dict(point.values), point.seed,

@@ -18,7 +18,7 @@ from lowbw.simulation import _ledger, _logdir, _sweep, retime
 from lowbw.simulation._api import (build_config, engine_config, run_config,
                                   yaml_or_none)
 from lowbw.simulation import DivergenceError, NonFiniteLossError
-from lowbw.studies import _files, _grid
+from lowbw.studies import _claims, _exec, _files, _grid
 from lowbw.studies._result import PointResult, Study, shared_rates
 
 
@@ -26,7 +26,9 @@ def study(base, grid, seeds=(0,), out: str | None = None,
           progress: bool | None = None, overwrite: bool = False,
           on_point: Callable[[PointResult], None] | None = None,
           plots: bool = True,
-          points_per_batch: int | None = None) -> Study:
+          points_per_batch: int | None = None,
+          executor: str | None = None,
+          executor_options: dict | None = None) -> Study:
   """Runs ``base`` at every point of ``grid`` with every seed.
 
   Any ``Config`` field may be swept, the strategy itself included. Points
@@ -65,6 +67,21 @@ def study(base, grid, seeds=(0,), out: str | None = None,
       1 on a CPU, where vmapping points was measured to be no faster than
       running them one after another on the single-run program (the same
       rule as ``lowbw.sweep``).
+    executor: where the points run: None (this process), ``"local:N"``
+      (N worker processes; ``"local"``: one per GPU, or per core on a
+      CPU), ``"ray"`` (Ray tasks, one per GPU or CPU of the Ray
+      instance; ``pip install 'lowbw[ray]'``) or ``"slurm"`` (Slurm jobs
+      through submitit, one per compiled shape; ``pip install
+      'lowbw[slurm]'``); ``"ray:N"``, ``"slurm:N"``: each compiled
+      shape's points in N tasks or jobs. Each worker runs some points of
+      one compiled shape and writes them to ``out`` (needed); each point
+      is claimed by the process that runs it (``out/claims``), so
+      processes sharing ``out`` run it once. The tables are made here,
+      once every point is in, from the points' folders: they are the
+      same whichever way the points ran.
+    executor_options: submitit's parameters for ``"slurm"`` (e.g.
+      ``{"slurm_partition": "gpu", "gpus_per_node": 1, "timeout_min":
+      60}``; ``"cluster": "local"`` runs the jobs on this machine).
 
   Returns:
     A ``Study``: its points, ``table()``, ``final()`` and ``plot()``.
@@ -74,6 +91,8 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   """
   seeds = _grid.check_seeds(seeds)
   base = _grid.base_values(base)
+  chosen = _exec.check(executor, out, executor_options)
+  _exec.spare_gpus(chosen)
   points = _grid.expand(base, grid, seeds)
   points_per_batch = _validate.optional_positive_int("points_per_batch",
                                                      points_per_batch)
@@ -95,11 +114,16 @@ def study(base, grid, seeds=(0,), out: str | None = None,
       bar.update(1)
 
   try:
-    builds = _run_groups(groups, done, out, points_per_batch, emit)
+    remote = None if chosen is None else (
+        lambda parts: _exec.run(chosen, work, (base, grid, list(seeds), out),
+                                parts, points_per_batch, executor_options))
+    builds = _run_groups(groups, done, out, points_per_batch, emit, remote)
   finally:
     if bar:
       bar.close()
-  ordered = [results[p.index] for p in points]
+  # With a folder, each point as its folder holds it, however it ran.
+  ordered = [_files.read_point(out, p) if out else results[p.index]
+             for p in points]
   summary = {"points": len(points), "groups": len(groups), "builds": builds,
              "resumed": len(done),
              "retimed": sum(1 for r in ordered if r.index not in done
@@ -120,12 +144,14 @@ def study(base, grid, seeds=(0,), out: str | None = None,
 
 
 def _run_groups(groups: list, done, out: str | None,
-                points_per_batch: int | None, emit) -> int:
+                points_per_batch: int | None, emit, remote=None) -> int:
   """Every group's points, one build per group unless a traced value
   cannot be set on it; each result, read back when ``done`` or run, goes
   to ``emit(result, ran)``. A point that differs from another only in
   settings of the clock (``CLOCK_ONLY``) is re-timed from that one's
-  ledger instead of trained (``_retimed``). Returns the builds made."""
+  ledger instead of trained (``_retimed``). ``remote(parts)`` runs lists
+  of points of one group elsewhere (an executor's workers); without it
+  they run here. Returns the builds made."""
   finished = {}
   for group in groups:
     for p in group:
@@ -135,28 +161,80 @@ def _run_groups(groups: list, done, out: str | None,
   points = [p for group in groups for p in group]
   leaders, followers = _leaders(
       points, [p for p in points if p.index not in done], out)
-  builds = 0
-  for group in groups:
-    builds += _train([p for p in group if p.index in leaders],
-                     points_per_batch, out, finished, emit)
+  builds = _phase([[p for p in group if p.index in leaders]
+                   for group in groups], points_per_batch, out, finished,
+                  emit, remote)
   rest = set()
   for p, leader in followers:
-    r = _retimed(p, finished.get(leader.index), out)
+    if out is not None and not _claims.take(
+        out, [p.index], lambda i: _done(out, i)):
+      continue  # finished, or another process re-times it: ``_settle``
+    try:
+      r = _retimed(p, finished.get(leader.index), out)
+    finally:
+      if out is not None:
+        _claims.release(out, [p.index])
     if r is None:  # its leader's run cannot be re-timed: train it
       rest.add(p.index)
     else:
       finished[p.index] = r
       emit(r, True)
-  for group in groups:
-    builds += _train([p for p in group if p.index in rest],
-                     points_per_batch, out, finished, emit)
+  builds += _settle([p for p, _ in followers if p.index not in rest], out,
+                    points_per_batch, finished, emit)
+  return builds + _phase([[p for p in group if p.index in rest]
+                          for group in groups], points_per_batch, out,
+                         finished, emit, remote)
+
+
+def _phase(parts: list, points_per_batch: int | None, out: str | None,
+           finished: dict, emit, remote) -> int:
+  """``parts``' points trained, here or by ``remote``, then each read back
+  or, where nobody holds it, run here (``_settle``); returns the builds."""
+  parts = [part for part in parts if part]
+  if remote is None:
+    builds = sum(_train(part, points_per_batch, out, finished, emit)
+                 for part in parts)
+  else:
+    builds = remote(parts)
+  return builds + _settle([p for part in parts for p in part], out,
+                          points_per_batch, finished, emit)
+
+
+# Seconds between looks at points that another process is running.
+POLL_S = 0.5
+
+
+def _settle(points: list, out: str | None, points_per_batch: int | None,
+            finished: dict, emit) -> int:
+  """Waits until each of ``points`` has finished: one that another process
+  finished is read back, one that nobody holds (its holder died) runs
+  here. Returns the builds made here."""
+  builds = 0
+  todo = [p for p in points if p.index not in finished]
+  while out is not None and todo:
+    for p in [p for p in todo if _done(out, p.index)]:
+      finished[p.index] = _files.read_point(out, p)
+      emit(finished[p.index], True)
+    todo = [p for p in todo if p.index not in finished]
+    free = [p for p in todo if _claims.holder(out, p.index) is None]
+    for group in _grid.groups(free):
+      builds += _train(group, points_per_batch, out, finished, emit)
+    todo = [p for p in todo if p.index not in finished]
+    if todo and not free:
+      time.sleep(POLL_S)
   return builds
+
+
+def _done(out: str, index: int) -> bool:
+  return os.path.isfile(os.path.join(_files.point_dir(out, index),
+                                     _files.DONE))
 
 
 def _train(todo: list, points_per_batch: int | None, out: str | None,
            finished: dict, emit) -> int:
   """``todo``'s points run on as few builds as their traced values allow;
-  returns the builds made."""
+  returns the builds made. With ``out``, each batch's points are claimed
+  first: those finished or held by another process are left to it."""
   builds = 0
   while todo:
     rep = todo[0]
@@ -169,10 +247,45 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
     if sim.lanes:  # the lanes' tracks are a single run's (``Simulator.run``)
       size = 1
     for first in range(0, len(now), size):
-      for r in _run_batch(sim, now[first:first + size], rep, out, size):
-        finished[r.index] = r
-        emit(r, True)
+      batch = _claimed(now[first:first + size], out)
+      if not batch:
+        continue
+      try:
+        for r in _run_batch(sim, batch, rep, out, size):
+          finished[r.index] = r
+          emit(r, True)
+      finally:
+        if out is not None:
+          _claims.release(out, [p.index for p in batch])
   return builds
+
+
+_POINTS: dict[str, list] = {}
+
+
+def work(job: tuple) -> int:
+  """An executor's unit of work, in a worker (``_exec.run``): the points
+  ``job`` names, run as the study's own process runs them (claims, builds,
+  vmapped batches); returns the builds made. The study's points are
+  expanded once per process."""
+  base, grid, seeds, out, indices, points_per_batch = job
+  key = repr((base, grid, seeds))
+  if key not in _POINTS:
+    _POINTS.clear()
+    _POINTS[key] = _grid.expand(base, grid, seeds)
+  points = {p.index: p for p in _POINTS[key]}
+  return _train([points[i] for i in indices], points_per_batch, out, {},
+                lambda result, ran: None)
+
+
+def _claimed(batch: list, out: str | None) -> list:
+  """The points of ``batch`` this process now holds (all without
+  ``out``)."""
+  if out is None:
+    return batch
+  got = set(_claims.take(out, [p.index for p in batch],
+                         lambda i: _done(out, i)))
+  return [p for p in batch if p.index in got]
 
 
 # The settings that change only a run's clock, never its training nor its
