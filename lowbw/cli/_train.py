@@ -17,6 +17,7 @@ from lowbw.telemetry import _progress
 from lowbw.config import _config, _fields
 from lowbw import simulation
 from lowbw import network as network_lib
+from lowbw.cli import _heartbeat as _heartbeat_lib
 from lowbw.cli import _plot
 from lowbw.config import Config
 from lowbw.config._config import FIELDS
@@ -225,9 +226,14 @@ def run(args: argparse.Namespace) -> int:
            if k not in ("progress", "out")}
   say(f"compiling {s['workers']} workers' program (kept in the compilation "
       f"cache for later runs), then {s['steps']} steps; logs in {out}")
-  result = run_config(
-      sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
-      overwrite=args.overwrite, callback=_row_printer(s))
+  beat = _heartbeat(s)
+  try:
+    result = run_config(
+        sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
+        overwrite=args.overwrite, callback=_callback(_row_printer(s), beat and beat.row))
+  finally:
+    if beat is not None:
+      beat.stop()
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
     if not args.no_plot:
@@ -263,15 +269,51 @@ def _status(s: dict):
   return say
 
 
+def _heartbeat(s: dict):
+  """A started heartbeat on stderr (compiling what, for how long), or None
+  with --no-progress or off process 0."""
+  if s["progress"] is False or jax.process_index() != 0:
+    return None
+  return _heartbeat_lib.Heartbeat().start()
+
+
+def _callback(*parts):
+  """One row callback calling each of ``parts`` that is not None."""
+  parts = [p for p in parts if p is not None]
+  if not parts:
+    return None
+  if len(parts) == 1:
+    return parts[0]
+  return lambda row: [p(row) for p in parts] and None
+
+
+# Off a terminal with the default rows, about this many lines show a run.
+PRINTED_ROWS = 20
+
+
+def printed_every(s: dict) -> int:
+  """Steps between the rows printed off a terminal: every logged row when
+  --log-every is given, else about ``PRINTED_ROWS`` lines a run (rows with
+  an evaluation and the last row always show)."""
+  if s["log_every"]:
+    return 1
+  return max(1, s["steps"] // PRINTED_ROWS)
+
+
 def _row_printer(s: dict):
-  """Off a terminal (a log file, a batch job) with no progress setting: one
-  line per logged row on stdout instead of a bar; else None."""
+  """Off a terminal (a log file, a batch job) with no progress setting: a
+  line per logged row (every ``printed_every`` steps, and every evaluation)
+  on stdout instead of a bar; else None."""
   if s["progress"] is not None or _progress.is_terminal():
     return None
-  steps = s["steps"]
+  steps, every = s["steps"], printed_every(s)
 
   def show(row: dict) -> None:
     if jax.process_index() != 0:
+      return
+    evaluated = row.get(names.EVAL_LOSS) is not None and (
+        row[names.EVAL_LOSS] == row[names.EVAL_LOSS])
+    if row[names.STEP] % every and not evaluated and row[names.STEP] != steps:
       return
     parts = [f"step {row[names.STEP]}/{steps}"]
     for key in (names.TRAIN_LOSS, names.EVAL_LOSS):

@@ -1,0 +1,50 @@
+"""A new user's first hour: what the default run and the commands say
+while they work, and the words they print."""
+
+import re
+
+import pytest
+
+from lowbw import cli
+from lowbw.cli import _heartbeat, _train
+
+_TINY = ["train", "--data", "digits", "--hidden", "8", "--workers", "2",
+         "--batch-size", "4", "--steps", "40", "--H", "5"]
+
+
+def test_a_compile_longer_than_the_threshold_is_said_on_stderr(
+    capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(_heartbeat, "AFTER_S", 0.0)
+  monkeypatch.setattr(_heartbeat, "POLL_S", 0.01)
+  assert cli.main(_TINY + ["--out", str(tmp_path / "r")]) == 0
+  err = capsys.readouterr().err
+  assert re.search(r"lowbw: compiling the workers' training chunk and the "
+                   r"evaluation \(\d+ s\)", err), err
+
+
+def test_no_heartbeat_under_the_threshold_or_with_no_progress(
+    capsys, tmp_path, monkeypatch):
+  monkeypatch.setattr(_heartbeat, "AFTER_S", 0.0)
+  monkeypatch.setattr(_heartbeat, "POLL_S", 0.01)
+  assert cli.main(_TINY + ["--no-progress", "--out", str(tmp_path / "r")]) == 0
+  assert "compiling" not in capsys.readouterr().err
+
+
+def test_off_a_terminal_rows_print_about_twenty_lines_and_every_eval(
+    capsys, tmp_path):
+  assert cli.main(_TINY + ["--eval-every", "5", "--out",
+                           str(tmp_path / "r")]) == 0
+  rows = [l for l in capsys.readouterr().out.splitlines()
+          if l.startswith("step ")]
+  steps = [int(l.split()[1].split("/")[0]) for l in rows]
+  every = 40 // _train.PRINTED_ROWS
+  assert steps == sorted(set(range(every, 41, every)) | set(range(5, 41, 5)))
+  assert all("eval_loss" in l for l, s in zip(rows, steps) if s % 5 == 0)
+
+
+def test_an_explicit_log_every_prints_every_logged_row(capsys, tmp_path):
+  assert cli.main(_TINY + ["--log-every", "1", "--out",
+                           str(tmp_path / "r")]) == 0
+  rows = [l for l in capsys.readouterr().out.splitlines()
+          if l.startswith("step ")]
+  assert len(rows) == 40
