@@ -48,3 +48,22 @@ def test_an_explicit_log_every_prints_every_logged_row(capsys, tmp_path):
   rows = [l for l in capsys.readouterr().out.splitlines()
           if l.startswith("step ")]
   assert len(rows) == 40
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+  out = tmp_path_factory.mktemp("run") / "r"
+  assert cli.main(_TINY + ["--steps", "10", "--no-progress", "--no-plot",
+                           "--out", str(out)]) == 0
+  return out
+
+
+@pytest.mark.parametrize("command", ["train", "bench", "eval"])
+def test_a_missing_data_path_is_said_missing(command, tiny_run, capsys,
+                                             tmp_path):
+  missing = str(tmp_path / "no" / "such")
+  argv = {"train": ["train", "--steps", "2"], "bench": ["bench"],
+          "eval": ["eval", str(tiny_run)]}[command]
+  assert cli.main(argv + ["--data", missing]) == 2
+  err = capsys.readouterr().err
+  assert f"--data='{missing}' is invalid: no such file or folder" in err, err
