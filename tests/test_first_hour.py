@@ -67,3 +67,34 @@ def test_a_missing_data_path_is_said_missing(command, tiny_run, capsys,
   assert cli.main(argv + ["--data", missing]) == 2
   err = capsys.readouterr().err
   assert f"--data='{missing}' is invalid: no such file or folder" in err, err
+
+
+def _summary_of(out_dir) -> dict:
+  import json
+  with open(out_dir / "summary.json") as f:
+    return json.load(f)
+
+
+@pytest.mark.parametrize("speeds", ["1,1,1,0.25", "1,0.5,0.8,1", None])
+def test_the_summary_names_the_wait_for_the_slowest(speeds, capsys, tmp_path):
+  argv = ["train", "--data", "digits", "--hidden", "8", "--workers", "4",
+          "--batch-size", "4", "--steps", "40", "--H", "5", "--hardware",
+          "10ms", "--no-progress", "--no-plot", "--out", str(tmp_path / "r")]
+  assert cli.main(argv + (["--speeds", speeds] if speeds else [])) == 0
+  out = capsys.readouterr().out
+  summary = _summary_of(tmp_path / "r")
+  # Reference: each step lasts as long as its slowest worker's.
+  step_s = 0.010
+  slowest = step_s / min(float(v) for v in (speeds or "1").split(","))
+  expected = 40 * (slowest - step_s)
+  assert "of the nominal time: compute and communication at the nominal " \
+         "speed, without waiting" in out
+  if not expected:
+    assert "wait_s" not in summary and "  waiting  " not in out
+    return
+  assert summary["wait_s"] == pytest.approx(expected, rel=1e-5)
+  assert summary["wait_share"] == pytest.approx(
+      expected / summary["sim_time_s"], rel=1e-5)
+  share = f"{expected / summary['sim_time_s']:.1%}"
+  assert re.search(r"  waiting +\S+ per step for the slowest workers \("
+                   + re.escape(share) + " of the simulated time", out), out

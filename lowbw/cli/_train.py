@@ -398,15 +398,7 @@ def format_summary(summary: dict, s: dict) -> str:
                  f"{s['bandwidth']}, {s['latency']} ({topology}), "
                  f"{s['hardware']} at MFU {s['mfu']}")
   if summary.get("comm_share") is not None:
-    steps = max(1, summary["steps"])
-    lines.append(
-        f"  time per step     compute "
-        f"{network_lib.format_duration(summary['compute_s'] / steps)}, "
-        "communication "
-        f"{network_lib.format_duration(summary['comm_s'] / steps)} "
-        f"({summary['comm_share']:.1%} of the nominal time"
-        + (f"; clock as if {s['clock_params']} parameters"
-           if s.get("clock_params") else "") + ")")
+    lines += _time_lines(summary, s)
   if summary.get("goodput") is not None:
     lines.append(f"  goodput           {summary['goodput']:.1%} (steps merged "
                  "into the model / steps the fleet could have taken)")
@@ -418,6 +410,26 @@ def format_summary(summary: dict, s: dict) -> str:
   lines.append(f"  logs              {summary['log_dir']}")
   lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]
   return "\n".join(lines)
+
+
+def _time_lines(summary: dict, s: dict) -> list[str]:
+  """Where a step's simulated time goes: compute and communication at
+  nominal speed, and the waiting for the slowest workers beyond them."""
+  steps = max(1, summary["steps"])
+  fmt = network_lib.format_duration
+  lines = [
+      f"  time per step     compute {fmt(summary['compute_s'] / steps)}, "
+      f"communication {fmt(summary['comm_s'] / steps)} "
+      f"({summary['comm_share']:.1%} of the nominal time: compute and "
+      "communication at the nominal speed, without waiting"
+      + (f"; clock as if {s['clock_params']} parameters"
+         if s.get("clock_params") else "") + ")"]
+  if summary.get("wait_s"):
+    lines.append(
+        f"  waiting           {fmt(summary['wait_s'] / steps)} per step for "
+        f"the slowest workers ({summary['wait_share']:.1%} of the simulated "
+        "time: slow speeds, stragglers, faults)")
+  return lines
 
 
 def money(dollars: float) -> str:

@@ -336,7 +336,22 @@ class Track:
                for c, n in self.history.events.items())
     total = compute + comm
     return {"compute_s": compute, "comm_s": comm,
-            "comm_share": comm / total if total > 0 else None}
+            "comm_share": comm / total if total > 0 else None,
+            **self._waiting(net, total, comm)}
+
+  def _waiting(self, net: dict, nominal: float, comm: float) -> dict:
+    """``wait_s``: simulated seconds beyond the nominal time and the first
+    contact's set-up, spent waiting for the slowest workers (speeds,
+    jitter, faults; less what overlap hid), and its share of the run's
+    simulated time; {} when there is none."""
+    elapsed = self.clock.elapsed if self.clock is not None else None
+    if not elapsed or not elapsed > 0:
+      return {}
+    setup = (net.get("profile") or {}).get("startup_s") or 0.0
+    wait = elapsed - nominal - (setup if comm > 0 else 0.0)
+    if not wait > 1e-6 * elapsed:  # float sums of the clock, not waiting
+      return {}
+    return {"wait_s": wait, "wait_share": wait / elapsed}
 
   def divergence(self) -> _divergence.Divergence | None:
     """The loss ended far above its start, or accuracy at or below chance
