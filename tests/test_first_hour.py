@@ -98,3 +98,322 @@ def test_the_summary_names_the_wait_for_the_slowest(speeds, capsys, tmp_path):
   share = f"{expected / summary['sim_time_s']:.1%}"
   assert re.search(r"  waiting +\S+ per step for the slowest workers \("
                    + re.escape(share) + " of the simulated time", out), out
+
+
+_STUDY = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=8,
+              eval_examples=32)
+
+
+@pytest.fixture(scope="module")
+def small_study():
+  import lowbw
+  import contextlib
+  import io
+  said = io.StringIO()
+  with contextlib.redirect_stdout(said):
+    study = lowbw.study(lowbw.Config(**_STUDY, H=2), {"H": [2, 4]},
+                        seeds=[0])
+  return study, said.getvalue()
+
+
+def test_off_a_terminal_a_study_says_each_finished_point(small_study):
+  study, said = small_study
+  lines = said.splitlines()
+  assert len(lines) == 2, said
+  for n, (line, r) in enumerate(zip(lines, study.points), 1):
+    loss = r.summary["final_eval_loss"]
+    assert line.startswith(f"study: point {n}/2 done (H={r.values['H']}, "
+                           f"seed 0) final loss {loss:.4f}, "), line
+
+
+def _without_pandas(monkeypatch):
+  import builtins
+  real = builtins.__import__
+
+  def no_pandas(name, *a, **k):
+    if name == "pandas" or name.startswith("pandas."):
+      raise ImportError("no pandas here")
+    return real(name, *a, **k)
+
+  monkeypatch.setattr(builtins, "__import__", no_pandas)
+
+
+def test_without_pandas_a_study_table_prints_as_a_table(small_study,
+                                                        monkeypatch):
+  study, _ = small_study
+  _without_pandas(monkeypatch)
+  final = study.final()
+  assert isinstance(final, dict)  # the dict of arrays it was
+  text = repr(final)
+  lines = text.splitlines()
+  header = lines[0].split()
+  assert header[:3] == ["H", "seeds", "failed"]
+  assert len(lines) == 2 + 2 and lines[-1].startswith("[2 rows x ")
+  for line, H, loss in zip(lines[1:3], final["H"],
+                           final["final_eval_loss_mean"]):
+    cells = line.split()
+    assert cells[0] == str(H)
+    assert float(cells[header.index("final_eval_loss_mean")]) == \
+        pytest.approx(loss, rel=1e-5)
+  assert len({len(l) for l in lines[:3]}) == 1  # aligned columns
+  assert "pip install pandas" in str(study.table())
+
+
+def test_with_pandas_the_tables_are_dataframes(small_study):
+  pd = pytest.importorskip("pandas")
+  study, _ = small_study
+  assert isinstance(study.final(), pd.DataFrame)
+  assert isinstance(study.table(), pd.DataFrame)
+
+
+def test_pandas_is_in_the_dev_extras():
+  import tomllib
+  import pathlib
+  root = pathlib.Path(__file__).parent.parent
+  project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
+  assert any(d.startswith("pandas") for d in
+             project["optional-dependencies"]["dev"])
+
+
+def _doc(name: str) -> str:
+  import pathlib
+  return (pathlib.Path(__file__).parent.parent / "docs" / name).read_text()
+
+
+def test_data_doc_names_the_eval_keyword_python_takes():
+  import inspect
+  import numpy as np
+  from lowbw import data
+  row = next(l for l in _doc("data.md").splitlines() if "your arrays" in l)
+  calls = re.findall(r"data\.arrays\(([^`]*)\)`", row)
+  params = inspect.signature(data.arrays).parameters
+  keywords = {k for c in calls for k in re.findall(r"(\w+)=", c)}
+  assert keywords and keywords <= set(params), (keywords, row)
+  assert "x_eval" not in params
+  x = np.random.default_rng(0).normal(size=(20, 3)).astype(np.float32)
+  y = np.arange(20) % 2
+  data.arrays(x, y, eval=(x[:5], y[:5]))  # as the row says
+
+
+def test_planner_doc_does_not_say_every_node_is_identical():
+  text = _doc("planner.md")
+  assert "All nodes are identical" not in text
+  limits = text[text.index("## Limits"):]
+  assert "`speeds`" in limits
+
+
+def _corpus_folder(root):
+  (root / "sub").mkdir(parents=True)
+  for i in range(3):
+    (root / f"doc{i}.md").write_text(f"# Title {i}\n\nmarkdown {i}\n")
+    (root / "sub" / f"code{i}.py").write_text(f"print('code {i}')\n")
+  return root
+
+
+def test_include_keeps_the_folder_files_matching_a_glob(tmp_path):
+  from lowbw.data import _corpus
+  root = _corpus_folder(tmp_path / "c")
+  docs = list(_corpus.documents(root, include=["*.md"])())
+  assert sorted({d.source for d in docs}) == ["doc0.md", "doc1.md",
+                                              "doc2.md"]
+  by_path = list(_corpus.documents(root, include=("sub/*.py",))())
+  assert sorted({d.source for d in by_path}) == [
+      "sub/code0.py", "sub/code1.py", "sub/code2.py"]
+  everything = {d.source for d in _corpus.documents(root)()}
+  assert len(everything) == 6
+
+
+def test_include_matching_nothing_says_what_the_folder_holds(tmp_path,
+                                                            capsys):
+  root = _corpus_folder(tmp_path / "c")
+  assert cli.main(["data", "prepare", str(root), "--include", "*.rst",
+                   "--out", str(tmp_path / "o")]) == 2
+  err = capsys.readouterr().err
+  assert "--include=['*.rst'] is invalid: matches no file" in err
+  assert "*.md, *.py" in err
+
+
+_RECORDS = [{"text": f"record {i} says something"} for i in range(4)]
+
+
+@pytest.mark.parametrize("layout", ["list", "wrapped", "one", "lines"])
+def test_a_json_file_is_one_document_or_json_lines(layout, tmp_path):
+  import json
+  from lowbw.data import _corpus
+  path = tmp_path / "d.json"
+  value = {"list": _RECORDS, "wrapped": {"data": _RECORDS},
+           "one": _RECORDS[0]}.get(layout)
+  path.write_text(json.dumps(value, indent=2) if value is not None else
+                  "\n".join(json.dumps(r) for r in _RECORDS))
+  texts = [d.text for d in _corpus.documents(path)()]
+  expected = [_RECORDS[0]] if layout == "one" else _RECORDS
+  assert texts == [r["text"] for r in expected]
+
+
+def test_a_broken_json_file_says_what_is_expected(tmp_path):
+  from lowbw.data import _corpus
+  path = tmp_path / "d.json"
+  path.write_text('{"text": "a",\n oops')
+  with pytest.raises(ValueError, match="neither one JSON document .a list "
+                     "of records, one record, or an object holding one list "
+                     "of records. nor JSON Lines"):
+    list(_corpus.documents(path)())
+
+
+@pytest.fixture(scope="module")
+def bench_figures():
+  import optax
+  from lowbw import bench, data, models, strategies
+  inner = optax.adamw(1e-3)
+  return bench.measure(models.mlp(hidden=(8,)), data.digits(),
+                       strategies.diloco(inner, H=2), inner, workers=2,
+                       batch_size=4,
+                       timing=bench.Timing(rounds=1, repeats=3, warmup=1))
+
+
+def _bench_rows(figures, efficiencies, marginal):
+  """Two worker counts' rows with the given timed ratios and memory."""
+  import statistics
+  rows = []
+  for w, ratios, run_bytes in ((1, efficiencies[0], 1e8),
+                               (2, efficiencies[1], 1e8 + marginal)):
+    rows.append(dict(figures, workers=w, efficiencies=ratios,
+                     efficiency=statistics.median(ratios),
+                     run_bytes=run_bytes))
+  return rows
+
+
+def _bench_out(monkeypatch, capsys, rows, *extra):
+  from lowbw.cli import _bench
+  it = iter(rows)
+  monkeypatch.setattr(_bench, "_child", lambda s, w: dict(next(it)))
+  code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
+                   "1,2", "--H", "2", "--batch-size", "4", *extra])
+  captured = capsys.readouterr()
+  assert code == 0, captured.err
+  return captured.out
+
+
+def test_bench_explains_its_figures_and_marks_noise(bench_figures,
+                                                    monkeypatch, capsys):
+  steady = [0.25, 0.26, 0.25]  # spread 4% of the median
+  shaky = [0.5, 0.8, 1.0]      # spread 71%
+  out = _bench_out(monkeypatch, capsys,
+                   _bench_rows(bench_figures, [steady, shaky], -3e6))
+  table = [l.split(" | ") for l in out.splitlines() if " | " in l]
+  head, w1, w2 = table
+  e = head.index("efficiency")
+  assert w1[e] == "0.250" and w2[e] == "0.800*"
+  assert w2[head.index("MB/added worker")] == "-3.0*"
+  assert "efficiency: the baseline's time over the simulator's" in out
+  assert "well under 1 at W=1 is expected" in out
+  assert "* noise: fewer than 3 timed calls, or their efficiencies spread " \
+         "over 20% of the median" in out
+  assert "negative MB/added worker is the allocator's" in out
+
+
+def test_bench_with_few_repeats_marks_every_figure(bench_figures,
+                                                   monkeypatch, capsys):
+  rows = _bench_rows(bench_figures, [[0.3], [0.5]], 1e6)
+  out = _bench_out(monkeypatch, capsys, rows, "--repeats", "1")
+  table = [l.split(" | ") for l in out.splitlines() if " | " in l]
+  e = table[0].index("efficiency")
+  assert [r[e] for r in table[1:]] == ["0.300*", "0.500*"]
+  assert "negative" not in out
+
+
+def test_bench_json_is_a_flag_printing_to_stdout(bench_figures, monkeypatch,
+                                                 capsys, tmp_path):
+  import json
+  rows = _bench_rows(bench_figures, [[0.3] * 3, [0.5] * 3], 1e6)
+  out = tmp_path / "b.json"
+  printed = json.loads(_bench_out(monkeypatch, capsys, rows, "--json",
+                                  "--json-out", str(out)))
+  assert [r["workers"] for r in printed["configurations"]] == [1, 2]
+  assert json.loads(out.read_text()) == printed
+
+
+def test_bench_json_with_a_file_says_to_use_json_out(capsys):
+  assert cli.main(["bench", "--model", "mlp", "--json", "b.json"]) == 2
+  err = capsys.readouterr().err
+  assert err == ("lowbw: error: --json='b.json' is invalid: --json is a "
+                 "flag: it prints the figures as JSON on stdout; write them "
+                 "to a file with --json-out b.json\n")
+
+
+def test_the_default_run_syncs_and_evaluates_about_ten_times():
+  import lowbw
+  c = lowbw.Config()
+  assert c.steps // c.H >= 10 and c.steps // c.eval_every >= 10
+  # Naming the strategy keeps its own default; explicit values are kept.
+  assert lowbw.Config(strategy="diloco").H == 100
+  assert lowbw.Config(H=50, eval_every=100).eval_every == 100
+
+
+def test_the_default_picture_draws_loss_against_steps_and_time(
+    tiny_run, monkeypatch):
+  from lowbw.cli import _plot
+  figs = []
+  monkeypatch.setattr(_plot, "save", lambda fig, path: figs.append(fig))
+  path, xs = _plot.learning_curves(str(tiny_run), 2)
+  assert xs == ["step", "sim_time_s"] and path.endswith("plot.png")
+  (fig,) = figs
+  steps_ax, time_ax = fig.axes
+  assert steps_ax.get_xlabel() == "step"
+  assert time_ax.get_xlabel().startswith("simulated time")
+  rows = _plot.read_metrics(str(tiny_run))
+  labels = [l.get_label() for l in steps_ax.get_lines()]
+  assert labels == ["train_loss, mean of 2 rows", "eval_loss"]
+  # Every eval row is a point of the curve against steps.
+  evals = [s for s, e in zip(rows["step"], rows["eval_loss"]) if e == e]
+  assert list(steps_ax.get_lines()[1].get_xdata()) == evals
+  assert len(evals) >= 2
+
+
+class _FakeStudy:
+  """What the study plots read: the final table, the swept names, seeds."""
+  names = ["inner_lr"]
+  seeds = [0]
+
+  def __init__(self, lrs, wire, time_s):
+    n = len(lrs)
+    self.cols = {"inner_lr": lrs, "seeds": [1] * n, "failed": [0] * n,
+                 "final_eval_loss_mean": [2.0 + 0.01 * i for i in range(n)],
+                 "final_eval_loss_std": [0.0] * n,
+                 "wire_bytes_mean": wire, "wire_bytes_std": [0.0] * n,
+                 "sim_time_s_mean": time_s, "sim_time_s_std": [0.0] * n}
+
+  def final(self, frame=True):
+    return self.cols
+
+
+@pytest.mark.parametrize("lrs, wire, time_s", [
+    ([1e-4 + 1.3e-5 * i for i in range(12)],
+     [123456789.0 + 1234.0 * i for i in range(12)],
+     [1234.5 + 0.37 * i for i in range(12)]),
+    ([0.001, 0.002, 0.003], [1e6, 2e6, 3e6], [10.0, 20.0, 30.0]),
+])
+def test_study_plot_ticks_are_few_distinct_and_their_own_values(
+    lrs, wire, time_s, monkeypatch, tmp_path):
+  pytest.importorskip("matplotlib")
+  from lowbw.studies import _plots
+  figs = []
+  monkeypatch.setattr(_plots._axes, "save_figure",
+                      lambda fig, path: figs.append(fig))
+  _plots.draw(_FakeStudy(lrs, wire, time_s), str(tmp_path))
+  assert len(figs) == 3
+  for fig in figs:
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    lo, hi = ax.get_xlim()
+    ticks = [(t.get_position()[0], t) for t in ax.get_xticklabels()
+             if t.get_text() and lo <= t.get_position()[0] <= hi]
+    assert 2 <= len(ticks) <= 6
+    texts = [t.get_text() for _, t in ticks]
+    assert len(set(texts)) == len(texts), texts
+    locs = [x for x, _ in ticks]
+    gap = min(b - a for a, b in zip(locs, locs[1:]))
+    for x, text in zip(locs, texts):  # no hidden offset or factor
+      assert abs(float(text.replace("\u2212", "-")) - x) < gap / 2, (x, text)
+    boxes = [t.get_window_extent() for _, t in ticks]
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), texts

@@ -244,18 +244,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_plot(out: str, result) -> str:
-  """Draws the run's train loss against simulated time (against steps
-  without a clock) into ``out/plot.png``; the summary's line about it."""
-  x = names.SIM_TIME_S if names.SIM_TIME_S in result.history else names.STEP
+  """Draws the run's learning curves (train and eval loss against steps,
+  and against simulated time with a clock) into ``out/plot.png``; the
+  summary's line about it."""
   try:
     # Smoothed: each point is a window's mean loss, not one noisy step's.
     smooth = max(1, len(result.history[names.STEP]) // 20)
-    path, x_axis, y_axis = _plot.write([out], x, names.TRAIN_LOSS, smooth,
-                                       log_x=False)
+    path, xs = _plot.learning_curves(out, smooth)
   except ModuleNotFoundError:
     return "  plot              none (needs matplotlib: pip install 'lowbw[plot]')"
-  return (f"  plot              {path} ({y_axis.label} against "
-          f"{x_axis.label}; lowbw plot {out} --x ... --y ... for others)")
+  against = " and against ".join(
+      {"step": "steps", "sim_time_s": "simulated time"}[x] for x in xs)
+  return (f"  plot              {path} (train and eval loss against "
+          f"{against}; lowbw plot {out} --x ... --y ... for others)")
 
 
 def _status(s: dict):

@@ -331,9 +331,12 @@ def build_network(s: dict) -> network_lib.Network:
       upload_bandwidth=s["upload_bandwidth"])
 
 
-def default_eval_every(period: int) -> int:
-  """The first multiple of the period H at or after 100 steps."""
-  return period * -(-100 // period)
+def default_eval_every(period: int, steps: int | None = None) -> int:
+  """The first multiple of the period H at or after 100 steps, or at or
+  after a tenth of a shorter run (``steps``), so that a run shows about ten
+  evaluations (a curve), not one or two."""
+  every = 100 if steps is None else min(100, -(-steps // 10))
+  return period * -(-every // period)
 
 
 # How the workers compute (devices, precision, memory) and what runs beside
