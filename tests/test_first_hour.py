@@ -417,3 +417,35 @@ def test_study_plot_ticks_are_few_distinct_and_their_own_values(
       assert abs(float(text.replace("\u2212", "-")) - x) < gap / 2, (x, text)
     boxes = [t.get_window_extent() for _, t in ticks]
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), texts
+
+
+def test_the_lr_column_shows_every_row_from_the_first(tmp_path):
+  import csv
+  peak, warmup = 0.01, 8
+  assert cli.main(_TINY[:-4] + ["--steps", "12", "--H", "5",
+                                "--warmup-steps", str(warmup),
+                                "--inner-lr", str(peak), "--no-progress",
+                                "--no-plot", "--out", str(tmp_path / "r")]) == 0
+  with open(tmp_path / "r" / "metrics.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert [int(r["step"]) for r in rows] == list(range(1, 13))
+  for r in rows:  # each step's rate: linear warm-up from 0, then the peak
+    s = int(r["step"])
+    assert float(r["lr"]) == pytest.approx(peak * min(1, (s - 1) / warmup),
+                                           rel=1e-5, abs=1e-9)
+
+
+def test_a_study_evaluates_enough_for_a_curve_by_default(small_study):
+  import numpy as np
+  study, _ = small_study
+  for p in study.points:  # 8 steps: at every sync (the tenth of 8 is 1)
+    evals = np.isfinite(p.history["eval_loss"]).sum()
+    assert evals == _STUDY["steps"] // p.values["H"] >= 2
+    assert p.config.eval_every == p.values["H"]
+
+
+def test_an_explicit_eval_every_is_kept():
+  import lowbw
+  assert lowbw.Config(**_STUDY, H=2, eval_every=8).eval_every == 8
+  long = lowbw.Config(data="digits", H=10, steps=5000)
+  assert long.eval_every == 100  # 50 evaluations: no more than before

@@ -230,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
   try:
     result = run_config(
         sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
-        overwrite=args.overwrite, callback=_callback(_row_printer(s), beat and beat.row))
+        overwrite=args.overwrite,
+        callback=_callback(_row_printer(s), beat and beat.row))
   finally:
     if beat is not None:
       beat.stop()

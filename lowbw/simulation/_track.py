@@ -125,7 +125,8 @@ class Track:
                 strategy=_strategy_metrics(per_step.strategy,
                                            out.sync_metrics, n, period),
                 correlation=(None if out.correlation is None
-                             else out.correlation[:n]))
+                             else out.correlation[:n]),
+                step_lr=_step_lr(per_step))
     if out.clock is None:
       return span
     sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
@@ -155,7 +156,8 @@ class Track:
     counts = dict(per_step.counts)
     span = Span(per_step.loss, per_step.metrics, per_step.first_bad_worker,
                 counts, np.zeros(n, bool), np.zeros(0), np.zeros(0),
-                strategy=_strategy_metrics(per_step.strategy, {}, n, 1))
+                strategy=_strategy_metrics(per_step.strategy, {}, n, 1),
+                step_lr=_step_lr(per_step, n))
     if per_step.clock is None:
       return span
     participants = per_step.clock.participants
@@ -461,6 +463,14 @@ def clock_overlap(strategy, network) -> bool | int:
   if strategy.overlap_steps is not None:
     return strategy.overlap_steps
   return network.overlap
+
+
+def _step_lr(per_step, n: int | None = None):
+  """The steps' inner learning rates as float64 (None when not measured)."""
+  if getattr(per_step, "lr", None) is None:
+    return None
+  lr = np.asarray(per_step.lr, np.float64)
+  return lr if n is None else lr[:n]
 
 
 def _flatten_rounds(steps, n: int):
