@@ -53,8 +53,9 @@ def add_parser(subparsers) -> None:
                  "DIR from its latest checkpoint with its settings; only "
                  + _may_change() + " may change")
   p.add_argument("--no-plot", action="store_true",
-                 help="do not draw OUT/plot.png (train loss against simulated "
-                 "time; drawn by default when matplotlib is installed)")
+                 help="do not draw OUT/plot.png (train and eval loss against "
+                 "steps and against simulated time; drawn by default when "
+                 "matplotlib is installed)")
   add_run_flags(p)
   p.set_defaults(run=run)
 
