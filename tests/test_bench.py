@@ -86,7 +86,7 @@ def test_cli_table_and_json(tmp_path, capsys):
   out = tmp_path / "b.json"
   code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
                    "2", "--H", "2", "--batch-size", "4", "--repeats", "1",
-                   "--json", str(out)])
+                   "--json-out", str(out)])
   assert code == 0
   table = capsys.readouterr().out
   assert "efficiency" in table and "baseline" in table
@@ -105,7 +105,7 @@ def test_data_of_your_own_sets_the_model_shapes(tmp_path, capsys):
   out = tmp_path / "b.json"
   code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--data",
                    str(path), "--workers", "2", "--H", "2", "--batch-size",
-                   "4", "--repeats", "1", "--json", str(out)])
+                   "4", "--repeats", "1", "--json-out", str(out)])
   assert code == 0, capsys.readouterr().err
   (row,) = json.loads(out.read_text())["configurations"]
   assert row["num_params"] == 75
@@ -139,7 +139,7 @@ def test_bad_flags_are_one_line_errors(argv, flag, capsys):
   assert err.startswith(f"lowbw: error: {flag}=") and err.count("\n") == 1, err
 
 
-@pytest.mark.parametrize("flag, name", [("--json", "b.json"),
+@pytest.mark.parametrize("flag, name", [("--json-out", "b.json"),
                                         ("--plot", "b.png")])
 def test_an_unwritable_output_is_refused_before_measuring(tmp_path, capsys,
                                                           flag, name):
@@ -165,7 +165,7 @@ def test_a_plot_file_matplotlib_cannot_write_is_refused(tmp_path, capsys):
 
 def test_checking_an_output_leaves_no_file(tmp_path, capsys):
   out = tmp_path / "b.json"
-  assert cli.main(["bench", "--model", "mlp", "--json", str(out),
+  assert cli.main(["bench", "--model", "mlp", "--json-out", str(out),
                    "--workers", "0"]) == 2
   assert "--workers=" in capsys.readouterr().err and not out.exists()
 
@@ -179,9 +179,9 @@ def test_a_failed_final_write_names_the_flag(tmp_path, capsys, monkeypatch,
   monkeypatch.setattr(_bench, "_child", lambda s, w: dict(figures))
   path = str(tmp_path / "gone" / "b.json")
   code = cli.main(["bench", "--model", "mlp", "--hidden", "8", "--workers",
-                   "2", "--H", "2", "--batch-size", "4", "--json", path])
+                   "2", "--H", "2", "--batch-size", "4", "--json-out", path])
   captured = capsys.readouterr()
   assert code == 2 and "efficiency" in captured.out
   assert captured.err.splitlines()[-1] == (
-      f"lowbw: error: --json={path!r} is invalid: cannot be written (No such "
+      f"lowbw: error: --json-out={path!r} is invalid: cannot be written (No such "
       "file or directory)")

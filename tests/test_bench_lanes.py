@@ -80,8 +80,8 @@ def test_cli_table_and_json(tmp_path, capsys, monkeypatch):
   monkeypatch.setattr(_bench, "_child", lambda s, w: _bench._measure(
       json.loads(json.dumps({**s, "workers": w})), w))
   out = tmp_path / "b.json"
-  code = cli.main(_argv("--lane", "no_faults", "--repeats", "1", "--json",
-                        str(out)))
+  code = cli.main(_argv("--lane", "no_faults", "--repeats", "1",
+                        "--json-out", str(out)))
   captured = capsys.readouterr()
   assert code == 0, captured.err
   assert "x no lanes (median)" in captured.out

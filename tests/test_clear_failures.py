@@ -406,8 +406,8 @@ def test_train_draws_its_plot_and_says_where(capsys, tmp_path):
   out = tmp_path / "r"
   assert cli.main(_TINY + ["--out", str(out)]) == 0
   printed = capsys.readouterr().out
-  assert f"plot              {out}/plot.png (train loss against simulated " \
-      "time" in printed
+  assert f"plot              {out}/plot.png (train and eval loss against " \
+      "steps and against simulated time" in printed
   assert (out / "plot.png").stat().st_size > 0
   assert cli.main(_TINY + ["--out", str(tmp_path / "q"), "--no-plot"]) == 0
   assert not (tmp_path / "q" / "plot.png").exists()

@@ -95,7 +95,9 @@ def test_no_arguments_means_the_documented_default_run():
   s = _train.resolved(config)
   record = engine_config(config)
   source, model, strategy = record.data, record.model, record.strategy
-  assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 100, 8)
+  # The default run syncs every 20 steps: 10 rounds, 10 evaluations.
+  assert (strategy.name, strategy.period, s["workers"]) == ("diloco", 20, 8)
+  assert s["eval_every"] == 20
   assert model.name == "gpt" and source.task == "lm" and source.seq_len == 128
   assert s["steps"] == 200  # about a minute on a 2-core CPU
 
@@ -208,7 +210,12 @@ def test_eval_every_defaults_to_a_multiple_of_H(tmp_path):
   out = tmp_path / "run"
   assert cli.main(BASE + ["--H", "3", "--steps", "9", "--out", str(out)]) == 0
   config = json.loads((out / "config.json").read_text())
-  assert config["eval_every"] == 102  # first multiple of 3 at or after 100
+  # The first multiple of 3 at or after a tenth of the run (0.9 steps).
+  assert config["eval_every"] == 3
+  # A run longer than 1,000 steps: the first multiple at or after 100.
+  import lowbw
+  assert lowbw.Config(data="digits", H=3, steps=2000).eval_every == 102
+  assert lowbw.Config(data="digits", H=3, steps=400).eval_every == 42
 
 
 def test_unknown_config_key_is_named(tmp_path, capsys):

@@ -43,7 +43,11 @@ def add_parser(subparsers) -> None:
   add("--rounds", type=int, help="rounds of H steps per timed call (default 1)")
   add("--repeats", type=int, help="timed calls per program (default 3)")
   add("--warmup", type=int, help="untimed calls first (default 1)")
-  add("--json", help="write every configuration's figures here")
+  add("--json", nargs="?", const=True, metavar="",
+      help="print every configuration's figures as JSON on stdout instead "
+      "of the table (a flag, as in lowbw plan and lowbw eval)")
+  add("--json-out", metavar="FILE", help="also write every configuration's "
+      "figures to FILE as JSON")
   add("--plot", help="write tokens/s and memory vs W here (.png; needs "
       "matplotlib)")
   add("--child", help=argparse.SUPPRESS)
@@ -176,13 +180,7 @@ def run(args: argparse.Namespace) -> int:
     print(format_row(rows[-1]), file=sys.stderr, flush=True)
   add_marginal(rows)
   if jax.process_index() == 0:
-    print(format_table(s, rows))
-    if args.json:
-      try:
-        with open(args.json, "w") as f:
-          json.dump({"settings": s, "configurations": rows}, f, indent=2)
-      except OSError as e:  # the table above is printed: name the flag
-        raise _unwritable("json", args.json, e) from None
+    _report(args, s, rows, format_table(s, rows) + "\n" + legend(s, rows))
     if args.plot:
       try:
         plot(rows, args.plot, s)
@@ -211,14 +209,21 @@ def _run_lanes(args, s: dict, counts: list[int]) -> int:
     print(f"[{i + 1}/{len(counts)}] W={w}, lanes {', '.join(s['lanes'])} "
           "...", file=sys.stderr, flush=True)
     rows.append(_child(s, w))
-  print("\n\n".join(format_lanes(s, r) for r in rows))
-  if args.json:
-    try:
-      with open(args.json, "w") as f:
-        json.dump({"settings": s, "configurations": rows}, f, indent=2)
-    except OSError as e:
-      raise _unwritable("json", args.json, e) from None
+  _report(args, s, rows, "\n\n".join(format_lanes(s, r) for r in rows))
   return 0
+
+
+def _report(args, s: dict, rows: list[dict], table: str) -> None:
+  """The table on stdout (or, with --json, the figures as JSON), and the
+  figures in the --json-out file."""
+  figures = {"settings": s, "configurations": rows}
+  print(json.dumps(figures, indent=2) if args.json else table)
+  if args.json_out:
+    try:
+      with open(args.json_out, "w") as f:
+        json.dump(figures, f, indent=2)
+    except OSError as e:  # the table is printed: name the flag
+      raise _unwritable("json_out", args.json_out, e) from None
 
 
 def format_lanes(s: dict, r: dict) -> str:
@@ -258,9 +263,13 @@ def _check_outputs(args) -> None:
   """Refuses, before anything is measured, a --json or --plot file that
   could not be written at the end (no such folder, no permission, a
   folder's name), so no benchmark runs for figures that would be lost."""
+  if isinstance(args.json, str):  # the old form, --json FILE
+    raise _validate.fail("json", args.json, "--json is a flag: it prints "
+                         "the figures as JSON on stdout; write them to a "
+                         f"file with --json-out {args.json}")
   if args.plot:
     _plot.check_image_file("plot", args.plot)
-  for field in ("json", "plot"):
+  for field in ("json_out", "plot"):
     path = getattr(args, field)
     if not path:
       continue
@@ -345,13 +354,52 @@ def format_table(s: dict, rows: list[dict]) -> str:
     share = "-" if r["sync_share"] is None else f"{100 * r['sync_share']:.2f}"
     lines.append(" | ".join([
         str(r["workers"]), f"{r['worker_steps_per_s']:,.1f}", f"{rate:,.0f}",
-        f"{base:,.0f}", f"{r['efficiency']:.3f}",
+        f"{base:,.0f}",
+        f"{r['efficiency']:.3f}" + ("*" if noisy(s, r) else ""),
         *([f"{r['mfu']:.1%}", f"{r['baseline_mfu']:.1%}"] if mfu else []),
         share,
         f"{r['compile_s']:.1f}", _mb(r["peak_bytes"]),
-        _mb(r["memory_per_worker"]), _mb(r["marginal_per_worker"]),
+        _mb(r["memory_per_worker"]), _mb(r["marginal_per_worker"]) + (
+            "*" if (r["marginal_per_worker"] or 0) < 0 else ""),
         _mb(r["theoretical_per_worker"]),
         _mb(r["wire_bytes_per_round"])]))
+  return "\n".join(lines)
+
+
+# A figure whose timed calls spread more than this around their median, or
+# with fewer repeats than NOISY_REPEATS, is marked as noise.
+NOISY_SPREAD = 0.2
+NOISY_REPEATS = 3
+
+
+def noisy(s: dict, r: dict) -> bool:
+  """Fewer than ``NOISY_REPEATS`` timed calls, or their efficiencies
+  spread (max - min) over ``NOISY_SPREAD`` of their median."""
+  ratios = r.get("efficiencies") or []
+  if s["repeats"] < NOISY_REPEATS or len(ratios) < NOISY_REPEATS:
+    return True
+  return (max(ratios) - min(ratios)) > NOISY_SPREAD * r["efficiency"]
+
+
+def legend(s: dict, rows: list[dict]) -> str:
+  """What the table's figures mean, and which are noise."""
+  lines = [
+      "efficiency: the baseline's time over the simulator's for the same "
+      "examples (1: the W workers cost no more than one model at batch W*b; "
+      "at small W the simulator's fixed work per round, the sync and its "
+      "state, weighs most, so well under 1 at W=1 is expected)",
+      "MB/added worker: the growth of the run's memory from the previous "
+      "worker count over the workers added (fixed costs cancel); "
+      "state MB/worker: what each worker's parameters, optimizer state and "
+      "residuals take"]
+  if any(noisy(s, r) for r in rows):
+    lines.append(
+        f"* noise: fewer than {NOISY_REPEATS} timed calls, or their "
+        f"efficiencies spread over {NOISY_SPREAD:.0%} of the median (a "
+        "shared or busy CPU); rerun with --repeats 5 on an idle machine")
+  if any((r["marginal_per_worker"] or 0) < 0 for r in rows):
+    lines.append("* a negative MB/added worker is the allocator's and the "
+                 "process's noise, not a saving: memory is read per process")
   return "\n".join(lines)
 
 

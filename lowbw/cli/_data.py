@@ -52,6 +52,12 @@ def add_parser(subparsers) -> None:
                  "paragraph for one file, file for a folder)")
   q.add_argument("--delimiter", metavar="TEXT", help="a string that "
                  "separates documents in text files (e.g. <|endoftext|>)")
+  q.add_argument("--include", action="append", metavar="GLOB",
+                 help="of a folder, read only the files whose name or path "
+                 "inside it matches GLOB (e.g. '*.md'; repeat for more "
+                 "patterns). A .json file is one JSON document (a list of "
+                 "records or one record); a .jsonl file holds a record per "
+                 "line")
   q.add_argument("--overwrite", action="store_true",
                  help="replace a corpus already prepared in DIR")
   q.add_argument("--progress", action=argparse.BooleanOptionalAction,
@@ -68,7 +74,8 @@ def run_prepare(args) -> int:
       tokenizer=args.tokenizer, val_fraction=args.val_fraction,
       seed=args.seed, text_column=args.text_column,
       source_column=args.source_column, split_on=args.split_on,
-      delimiter=args.delimiter)
+      delimiter=args.delimiter,
+      include=None if args.include is None else tuple(args.include))
   train, val = meta["train"], meta["val"]
   print(f"prepared {args.out}: vocabulary {meta['vocab_size']:,}; train "
         f"{train['tokens']:,} tokens in {train['documents']:,} documents, "

@@ -255,3 +255,62 @@ save = save_figure
 
 def _folder(path: str) -> str:
   return path if os.path.isdir(path) else os.path.dirname(path) or "."
+
+
+def learning_curves(run: str, smooth: int = 1, out: str | None = None
+                    ) -> tuple[str, list[str]]:
+  """A run's picture (``lowbw train``'s plot.png): train loss (a moving
+  mean over ``smooth`` rows) and eval loss against steps, and beside it
+  against simulated time when the run kept a clock.
+
+  Returns:
+    (the image's path, the x columns drawn).
+  """
+  table = read_metrics(run)
+  xs = [c for c in ("step", "sim_time_s") if c in table and any(
+      math.isfinite(v) for v in table[c])]
+  ys = [c for c in ("train_loss", "eval_loss") if c in table and any(
+      math.isfinite(v) for v in table[c])]
+  panels = []
+  for x in xs:
+    lines = [(y if smooth == 1 or y != "train_loss" else
+              f"{y}, mean of {smooth} rows", *series(
+                  table, x, y, smooth if y == "train_loss" else 1))
+             for y in ys]
+    lines = [line for line in lines if line[1]]
+    x_axis = axis(x, [v for _, a, _ in lines for v in a], False)
+    y_axis = axis(ys[0], [v for _, _, b in lines for v in b], None)
+    panels.append((lines, x_axis, y_axis))
+  out = out or os.path.join(_folder(run), "plot.png")
+  _draw_panels(panels, out, _title([run] if os.path.isdir(run) else []))
+  return out, xs
+
+
+def _draw_panels(panels, out: str, title: str) -> None:
+  """One axes per ``(lines, x_axis, y_axis)``, side by side."""
+  try:
+    import matplotlib
+  except ModuleNotFoundError:
+    raise ModuleNotFoundError("lowbw plot needs matplotlib: pip install "
+                              "'lowbw[plot]'") from None
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2),
+                           squeeze=False)
+  for ax, (lines, x_axis, y_axis) in zip(axes[0], panels):
+    for name, xs, ys in lines:
+      eval_ = name.startswith("eval")
+      ax.plot([x * x_axis.scale for x in xs], [y * y_axis.scale for y in ys],
+              marker="o" if eval_ else None, markersize=4, label=name,
+              linewidth=1.5 if eval_ else 1.0)
+    if y_axis.log:
+      ax.set_yscale("log")
+    ax.set_xlabel(x_axis.label)
+    ax.set_ylabel("loss")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(f"loss against {x_axis.label}", fontsize=9)
+  if title:
+    fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  save(fig, out)

@@ -17,6 +17,7 @@ from lowbw.telemetry import _progress
 from lowbw.config import _config, _fields
 from lowbw import simulation
 from lowbw import network as network_lib
+from lowbw.cli import _heartbeat as _heartbeat_lib
 from lowbw.cli import _plot
 from lowbw.config import Config
 from lowbw.config._config import FIELDS
@@ -52,8 +53,9 @@ def add_parser(subparsers) -> None:
                  "DIR from its latest checkpoint with its settings; only "
                  + _may_change() + " may change")
   p.add_argument("--no-plot", action="store_true",
-                 help="do not draw OUT/plot.png (train loss against simulated "
-                 "time; drawn by default when matplotlib is installed)")
+                 help="do not draw OUT/plot.png (train and eval loss against "
+                 "steps and against simulated time; drawn by default when "
+                 "matplotlib is installed)")
   add_run_flags(p)
   p.set_defaults(run=run)
 
@@ -225,9 +227,15 @@ def run(args: argparse.Namespace) -> int:
            if k not in ("progress", "out")}
   say(f"compiling {s['workers']} workers' program (kept in the compilation "
       f"cache for later runs), then {s['steps']} steps; logs in {out}")
-  result = run_config(
-      sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
-      overwrite=args.overwrite, callback=_row_printer(s))
+  beat = _heartbeat(s)
+  try:
+    result = run_config(
+        sim, config, resume_from=args.resume, metadata={METADATA_KEY: saved},
+        overwrite=args.overwrite,
+        callback=_callback(_row_printer(s), beat and beat.row))
+  finally:
+    if beat is not None:
+      beat.stop()
   if result.config["processes"] == 1 or jax.process_index() == 0:
     print(format_summary(result.summary, s))
     if not args.no_plot:
@@ -238,18 +246,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _default_plot(out: str, result) -> str:
-  """Draws the run's train loss against simulated time (against steps
-  without a clock) into ``out/plot.png``; the summary's line about it."""
-  x = names.SIM_TIME_S if names.SIM_TIME_S in result.history else names.STEP
+  """Draws the run's learning curves (train and eval loss against steps,
+  and against simulated time with a clock) into ``out/plot.png``; the
+  summary's line about it."""
   try:
     # Smoothed: each point is a window's mean loss, not one noisy step's.
     smooth = max(1, len(result.history[names.STEP]) // 20)
-    path, x_axis, y_axis = _plot.write([out], x, names.TRAIN_LOSS, smooth,
-                                       log_x=False)
+    path, xs = _plot.learning_curves(out, smooth)
   except ModuleNotFoundError:
     return "  plot              none (needs matplotlib: pip install 'lowbw[plot]')"
-  return (f"  plot              {path} ({y_axis.label} against "
-          f"{x_axis.label}; lowbw plot {out} --x ... --y ... for others)")
+  against = " and against ".join(
+      {"step": "steps", "sim_time_s": "simulated time"}[x] for x in xs)
+  return (f"  plot              {path} (train and eval loss against "
+          f"{against}; lowbw plot {out} --x ... --y ... for others)")
 
 
 def _status(s: dict):
@@ -263,15 +272,51 @@ def _status(s: dict):
   return say
 
 
+def _heartbeat(s: dict):
+  """A started heartbeat on stderr (compiling what, for how long), or None
+  with --no-progress or off process 0."""
+  if s["progress"] is False or jax.process_index() != 0:
+    return None
+  return _heartbeat_lib.Heartbeat().start()
+
+
+def _callback(*parts):
+  """One row callback calling each of ``parts`` that is not None."""
+  parts = [p for p in parts if p is not None]
+  if not parts:
+    return None
+  if len(parts) == 1:
+    return parts[0]
+  return lambda row: [p(row) for p in parts] and None
+
+
+# Off a terminal with the default rows, about this many lines show a run.
+PRINTED_ROWS = 20
+
+
+def printed_every(s: dict) -> int:
+  """Steps between the rows printed off a terminal: every logged row when
+  --log-every is given, else about ``PRINTED_ROWS`` lines a run (rows with
+  an evaluation and the last row always show)."""
+  if s["log_every"]:
+    return 1
+  return max(1, s["steps"] // PRINTED_ROWS)
+
+
 def _row_printer(s: dict):
-  """Off a terminal (a log file, a batch job) with no progress setting: one
-  line per logged row on stdout instead of a bar; else None."""
+  """Off a terminal (a log file, a batch job) with no progress setting: a
+  line per logged row (every ``printed_every`` steps, and every evaluation)
+  on stdout instead of a bar; else None."""
   if s["progress"] is not None or _progress.is_terminal():
     return None
-  steps = s["steps"]
+  steps, every = s["steps"], printed_every(s)
 
   def show(row: dict) -> None:
     if jax.process_index() != 0:
+      return
+    evaluated = row.get(names.EVAL_LOSS) is not None and (
+        row[names.EVAL_LOSS] == row[names.EVAL_LOSS])
+    if row[names.STEP] % every and not evaluated and row[names.STEP] != steps:
       return
     parts = [f"step {row[names.STEP]}/{steps}"]
     for key in (names.TRAIN_LOSS, names.EVAL_LOSS):
@@ -370,15 +415,7 @@ def format_summary(summary: dict, s: dict) -> str:
                  f"{s['bandwidth']}, {s['latency']} ({topology}), "
                  f"{s['hardware']} at MFU {s['mfu']}")
   if summary.get("comm_share") is not None:
-    steps = max(1, summary["steps"])
-    lines.append(
-        f"  time per step     compute "
-        f"{network_lib.format_duration(summary['compute_s'] / steps)}, "
-        "communication "
-        f"{network_lib.format_duration(summary['comm_s'] / steps)} "
-        f"({summary['comm_share']:.1%} of the nominal time"
-        + (f"; clock as if {s['clock_params']} parameters"
-           if s.get("clock_params") else "") + ")")
+    lines += _time_lines(summary, s)
   if summary.get("goodput") is not None:
     lines.append(f"  goodput           {summary['goodput']:.1%} (steps merged "
                  "into the model / steps the fleet could have taken)")
@@ -390,6 +427,26 @@ def format_summary(summary: dict, s: dict) -> str:
   lines.append(f"  logs              {summary['log_dir']}")
   lines += [f"  WARNING           {w}" for w in summary.get("warnings", ())]
   return "\n".join(lines)
+
+
+def _time_lines(summary: dict, s: dict) -> list[str]:
+  """Where a step's simulated time goes: compute and communication at
+  nominal speed, and the waiting for the slowest workers beyond them."""
+  steps = max(1, summary["steps"])
+  fmt = network_lib.format_duration
+  lines = [
+      f"  time per step     compute {fmt(summary['compute_s'] / steps)}, "
+      f"communication {fmt(summary['comm_s'] / steps)} "
+      f"({summary['comm_share']:.1%} of the nominal time: compute and "
+      "communication at the nominal speed, without waiting"
+      + (f"; clock as if {s['clock_params']} parameters"
+         if s.get("clock_params") else "") + ")"]
+  if summary.get("wait_s"):
+    lines.append(
+        f"  waiting           {fmt(summary['wait_s'] / steps)} per step for "
+        f"the slowest workers ({summary['wait_share']:.1%} of the simulated "
+        "time: slow speeds, stragglers, faults)")
+  return lines
 
 
 def money(dollars: float) -> str:

@@ -371,7 +371,8 @@ def resolve(given: dict) -> dict:
   _resolve.check_used(s, set(given))
   strategy = _resolve.build_strategy(s)
   if s["eval_every"] is None:
-    s["eval_every"] = _resolve.default_eval_every(strategy.period)
+    s["eval_every"] = _resolve.default_eval_every(
+        strategy.period, s["steps"] if isinstance(s["steps"], int) else None)
   if s["model"] is None:
     s["model"] = _resolve.model_name(s)
   for model, sizes in (("mlp", "hidden"), ("cnn", "channels")):

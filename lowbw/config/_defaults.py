@@ -10,3 +10,7 @@ hardware and profile defaults are ``lowbw.network.network()``'s.
 NUM_WORKERS = 8
 BATCH_SIZE = 4     # examples (sequences) per worker per step
 STEPS = 200        # the default GPT run: about a minute on a 2-core CPU
+# The default run (no strategy named): DiLoCo syncing every 20 steps, so its
+# 200 steps make 10 rounds (and 10 evaluations): a learning curve in its
+# picture. Naming the strategy (--strategy diloco) gives its own default H.
+DEFAULT_RUN_H = 20

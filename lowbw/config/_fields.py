@@ -380,7 +380,7 @@ RUN_FIELDS = (
     Field("seed", 0, RUN, _R, "seeds initialisation, sharding, sampling and "
           "the strategy's keys", int),
     Field("eval_every", None, SHAPE, _R, "a multiple of H (default: the "
-          "first multiple of H >= 100)", int, unit="steps",
+          "first multiple of H >= 100, or >= steps/10 when that is less)", int, unit="steps",
           check=_checks.every_period),
     Field("log_every", None, SHAPE, _R, "default: the power of two giving "
           "200 to 400 rows", int, unit="steps",

@@ -58,12 +58,9 @@ def data_kind(s: dict) -> str:
     return "text"
   if data == "digits":
     return "classification"
-  if not os.path.exists(data):
-    # Said here, first: the kind guessed for a missing path would otherwise
-    # pick the model, whose flags then fail before the data is read.
-    raise _validate.fail("data", data, "no such file or folder; expected "
-                         "text, digits, a folder, an .npz file or a .bin "
-                         "token file")
+  # Said here, first: the kind guessed for a missing path would otherwise
+  # pick the model, whose flags then fail before the data is read.
+  _check_exists(data)
   if not (os.path.isfile(data) or os.path.isdir(data)):
     raise _validate.fail("data", data, "is not a regular file or folder (a "
                          "device, pipe or socket)")
@@ -183,10 +180,18 @@ def ints(field, text):
   return values
 
 
+def _check_exists(data: str) -> None:
+  if data not in ("text", "digits") and not os.path.exists(data):
+    raise _validate.fail("data", data, "no such file or folder; expected "
+                         "text, digits, a folder, an .npz file or a .bin "
+                         "token file")
+
+
 def build_data(s: dict):
   """The settings' dataset; a bad file is reported under ``data``."""
   if not isinstance(s["data"], str):  # a DataSource, checked by Config
     return s["data"]
+  _check_exists(s["data"])
   try:
     return _build_data(s)
   except _validate.ConfigError as e:
@@ -409,9 +414,12 @@ def build_network(s: dict) -> network_lib.Network:
       upload_bandwidth=s["upload_bandwidth"])
 
 
-def default_eval_every(period: int) -> int:
-  """The first multiple of the period H at or after 100 steps."""
-  return period * -(-100 // period)
+def default_eval_every(period: int, steps: int | None = None) -> int:
+  """The first multiple of the period H at or after 100 steps, or at or
+  after a tenth of a shorter run (``steps``), so that a run shows about ten
+  evaluations (a curve), not one or two."""
+  every = 100 if steps is None else min(100, -(-steps // 10))
+  return period * -(-every // period)
 
 
 # How the workers compute (devices, precision, memory) and what runs beside

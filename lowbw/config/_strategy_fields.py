@@ -9,7 +9,7 @@ from the settings come from the spec its module declares.
 import optax
 
 from lowbw import _validate
-from lowbw.config import _fields
+from lowbw.config import _defaults, _fields
 from lowbw import strategies as strategies_lib
 from lowbw.strategies import Param
 from lowbw.strategies import _optim, _schedule
@@ -121,6 +121,8 @@ def fill(s: dict, keep) -> dict:
   for name, value in defaults(spec, steps).items():
     if name not in keep:
       s[name] = value
+  if not keep & {"strategy", "H"} and spec.name == DEFAULT_STRATEGY:
+    s["H"] = _defaults.DEFAULT_RUN_H  # the default run: a curve of rounds
   for p in _cli(spec):
     if isinstance(s[p.flag], WithCodec):
       s[p.flag] = with_codec(s[p.flag], as_codec("codec", s["codec"]))
@@ -312,8 +314,11 @@ def fields() -> tuple[_fields.Field, ...]:
   (their defaults are the chosen strategy's, filled by ``fill``)."""
   return (_fields.Field("strategy", DEFAULT_STRATEGY, _fields.SHAPE,
                         "strategy", "one of " + ", ".join(sorted(specs()))
-                        + f" (default {DEFAULT_STRATEGY}; a strategy "
-                        "registered later is accepted too)"),
+                        + f" (default {DEFAULT_STRATEGY} with H="
+                        f"{_defaults.DEFAULT_RUN_H}, 10 rounds of the "
+                        "default 200 steps; named, a strategy's H is its "
+                        "own; a strategy registered later is accepted "
+                        "too)"),
           *_param_fields(), *_optimizer_fields())
 
 

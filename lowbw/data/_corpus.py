@@ -8,6 +8,7 @@ the user's own.
 """
 
 import codecs
+import fnmatch
 import json
 import os
 import pathlib
@@ -45,7 +46,7 @@ class Document(NamedTuple):
 
 def documents(path, *, text_column: str = "text",
               source_column: str | None = None, split_on: str | None = None,
-              delimiter: str | None = None
+              delimiter: str | None = None, include=None
               ) -> Callable[[], Iterator[Document]]:
   """A function that yields the corpus's documents, in a fixed order.
 
@@ -62,6 +63,13 @@ def documents(path, *, text_column: str = "text",
       paragraph), ``"file"`` for a folder.
     delimiter: a string that separates documents inside text files
       (TinyStories' ``<|endoftext|>``); overrides ``split_on``.
+    include: glob patterns (``"*.md"``, ``"docs/**/*.txt"``): of a
+      folder, only the files whose name or path inside it matches one.
+
+  A ``.jsonl`` file is JSON Lines (one record per line); a ``.json`` file
+  is one JSON document: a list of records, one record, or an object with
+  one list of records (``{"data": [...]}``); one that is not a single
+  document but JSON Lines is read as such.
 
   Returns:
     ``passes() -> iterator of Document``.
@@ -79,7 +87,8 @@ def documents(path, *, text_column: str = "text",
                          "(a device, pipe or socket); expected a file or "
                          "folder of text")
   _refuse_images(root, os.fspath(path))
-  files = [root] if root.is_file() else _folder_files(root)
+  files = [root] if root.is_file() else _included(
+      _folder_files(root), root, include, os.fspath(path))
   if not files:
     raise _validate.fail("source", os.fspath(path),
                          "expected a folder holding at least one text, "
@@ -160,6 +169,25 @@ def _folder_files(root: pathlib.Path) -> list[pathlib.Path]:
   return out
 
 
+def _included(files: list, root: pathlib.Path, include, shown: str) -> list:
+  """The ``files`` of the folder ``root`` whose name or relative path
+  matches one of the ``include`` globs (all of them when None)."""
+  if include is None:
+    return files
+  patterns = [include] if isinstance(include, str) else list(include)
+  if not patterns or not all(isinstance(p, str) and p for p in patterns):
+    raise _validate.fail("include", include, "expected glob patterns such "
+                         "as '*.md'")
+  kept = [f for f in files if any(
+      fnmatch.fnmatch(f.name, p) or
+      fnmatch.fnmatch(f.relative_to(root).as_posix(), p) for p in patterns)]
+  if files and not kept:
+    names = sorted({"*" + f.suffix if f.suffix else f.name for f in files})
+    raise _validate.fail("include", patterns, f"matches no file in {shown} "
+                         f"(it holds {', '.join(names[:10])})")
+  return kept
+
+
 def _text_documents(file, name, split, delimiter) -> Iterator[Document]:
   text = file.read_text(encoding="utf-8", errors="replace")
   if delimiter is not None:
@@ -206,23 +234,53 @@ def _json_rows(file) -> Iterator[dict]:
 
 
 def _json_lines(file) -> Iterator[dict]:
-  with open(file, encoding="utf-8") as f:
-    first = f.read(1)
-    f.seek(0)
-    if file.suffix.lower() == ".json" and first == "[":
-      try:
-        yield from json.load(f)
-      except json.JSONDecodeError as e:
-        raise _validate.fail("source", str(file), f"is not a JSON list of "
-                             f"records ({e.msg}, line {e.lineno})") from None
+  if file.suffix.lower() == ".json":
+    document = _json_document(file)
+    if document is not None:
+      yield from document
       return
+  with open(file, encoding="utf-8") as f:
     for number, line in enumerate(f, 1):
       if line.strip():
         try:
           yield json.loads(line)
         except json.JSONDecodeError as e:
-          raise _validate.fail("source", str(file),
-                               f"line {number} is not JSON ({e.msg})") from None
+          raise _validate.fail("source", str(file), (
+              f"line {number} is not JSON ({e.msg}); a .jsonl file holds "
+              "one JSON record per line") if file.suffix.lower() == ".jsonl"
+              else _JSON_EXPECTED) from None
+
+
+_JSON_EXPECTED = ("is neither one JSON document (a list of records, one "
+                  "record, or an object holding one list of records) nor "
+                  "JSON Lines (one record per line, usually named .jsonl)")
+
+
+def _json_document(file) -> list | None:
+  """The records of a ``.json`` file holding one JSON document; None when
+  it holds several (JSON Lines, which Hugging Face writes as .json)."""
+  with open(file, encoding="utf-8") as f:
+    text = f.read()
+  try:
+    value = json.loads(text)
+  except json.JSONDecodeError as e:
+    if e.msg == "Extra data":
+      return None  # more than one document: JSON Lines
+    raise _validate.fail("source", str(file), f"{_JSON_EXPECTED}: {e.msg} "
+                         f"at line {e.lineno}") from None
+  if isinstance(value, list):
+    return value
+  if isinstance(value, dict):
+    lists = [v for v in value.values() if isinstance(v, list)
+             and v and all(isinstance(r, dict) for r in v)]
+    if len(lists) == 1 and not any(isinstance(v, str)
+                                   for v in value.values()):
+      return lists[0]
+    return [value]
+  raise _validate.fail("source", str(file), f"holds a JSON "
+                       f"{type(value).__name__}; expected a list of records, "
+                       "one record, or an object holding one list of "
+                       "records")
 
 
 def _arrow_rows(file, text_column, source_column) -> Iterator[dict]:

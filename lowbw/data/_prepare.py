@@ -84,6 +84,7 @@ class Settings(NamedTuple):
   delimiter: str | None = None
   tokenizer: str | None = None  # an existing tokenizer.json
   recipe: str | None = None
+  include: tuple | None = None  # globs: a folder's files to read
 
 
 def settings(recipe_name: str | None = None, **given) -> Settings:
@@ -201,6 +202,8 @@ def _passes(source, s: Settings):
   """(train_documents, val_documents): functions that each start a pass."""
   read = dict(text_column=s.text_column, source_column=s.source_column,
               split_on=s.split_on, delimiter=s.delimiter)
+  if s.include is not None:
+    read["include"] = s.include
   r = RECIPES.get(s.recipe)
   if r is not None and r.val_files and os.path.isdir(source):
     return _recipe_split(source, r, read)

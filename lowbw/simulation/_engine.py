@@ -86,6 +86,8 @@ class StepOut(NamedTuple):
   counts: dict             # int32 events per channel (per-step communication)
   clock: Any = None        # StepClock with a network
   strategy: dict = {}      # the strategy's own metrics of its local step
+  lr: Any = None           # the inner learning rate after the step (mean
+                           # over workers; nan if not discoverable)
 
 
 class RoundOut(NamedTuple):
@@ -110,17 +112,34 @@ def _reduced(steps: "StepOut") -> "StepOut":
   order whatever the number of devices."""
   loss_HW, metrics_HW = steps.loss, steps.metrics
   leaves, tree = jax.tree.flatten(metrics_HW)
-  stacked_KHW = jnp.stack([loss_HW] + [x.astype(jnp.float32)
-                                       for x in leaves])
+  # The learning rate rides with the losses: one gather for all of them.
+  lr = [] if steps.lr is None else [steps.lr.astype(jnp.float32)]
+  stacked_KHW = jnp.stack([loss_HW] + lr + [x.astype(jnp.float32)
+                                            for x in leaves])
   all_WKH = all_workers(jnp.moveaxis(stacked_KHW, -1, 0))
   mean_KH = jnp.mean(all_WKH, axis=0)
   bad_WH = ~jnp.isfinite(all_WKH[:, 0])
   first_bad_H = jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
                           -1).astype(jnp.int32)
   metrics = jax.tree.unflatten(
-      tree, [m.astype(x.dtype) for m, x in zip(mean_KH[1:], leaves)])
+      tree, [m.astype(x.dtype) for m, x in zip(mean_KH[1 + len(lr):],
+                                                leaves)])
   return steps._replace(loss=mean_KH[0].astype(loss_HW.dtype),
-                        metrics=metrics, first_bad_worker=first_bad_H)
+                        metrics=metrics, first_bad_worker=first_bad_H,
+                        lr=mean_KH[1] if lr else None)
+
+
+def _local_inner_lr_W(inner_W: PyTree, num_local: int) -> Array:
+  """This device's workers' inner learning rates, (W_local,) float32; nan
+  where no single one is discoverable (reduced with the losses)."""
+  try:
+    hyper = optax.tree_utils.tree_get(inner_W, "hyperparams")
+    lr = hyper.get("learning_rate") if isinstance(hyper, dict) else None
+  except Exception:  # several or none: no single learning rate to report
+    lr = None
+  if lr is None or not hasattr(lr, "shape") or lr.size != num_local:
+    return jnp.full((num_local,), jnp.nan, jnp.float32)
+  return jnp.asarray(lr, jnp.float32).reshape(num_local)
 
 
 def _inner_lr(inner_W: PyTree) -> Array:
@@ -283,7 +302,8 @@ def local_step(e: Engine, sim: SimState, sampler, timing, carry):
   counts, own = _timing.split_report(report, e.channels)
   # This device's workers' values; reduced over workers once the steps are
   # done (``_reduced``), not at every step.
-  out = StepOut(loss_W, metrics_W, None, counts, clock, own)
+  out = StepOut(loss_W, metrics_W, None, counts, clock, own,
+                _local_inner_lr_W(st.inner_W, loss_W.shape[0]))
   sim = sim._replace(strategy=e.precision.narrow(st), active=active)
   return sim, out, carry
 

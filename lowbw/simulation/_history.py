@@ -100,6 +100,8 @@ class Span(NamedTuple):
     members: (n,) int, the workers up at each step (under faults).
     useful: (n,) worker-steps whose work a communication took in at
       each step (with a clock; a sync's at its round's last step).
+    step_lr: (n,) the inner learning rate after each step (nan where it
+      is not known: then a row shows the last round end's ``lr``).
   """
 
   loss: Any
@@ -117,6 +119,7 @@ class Span(NamedTuple):
   taken_W: dict | None = None
   members: Any = None
   useful: Any = None
+  step_lr: Any = None
 
 
 class History:
@@ -495,6 +498,8 @@ class _Cursor:
     k = np.searchsorted(self.ends, j, side="right") - 1
     if k >= 0:
       h.divergence, h.lr = float(span.divergence[k]), float(span.lr[k])
+    if span.step_lr is not None and not math.isnan(span.step_lr[j]):
+      h.lr = float(span.step_lr[j])  # every row, the first round's too
     if self.correlation is not None:
       c = np.searchsorted(self.due_ends, j, side="right") - 1
       if c >= 0:

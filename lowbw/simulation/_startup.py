@@ -6,6 +6,7 @@ import time
 
 import jax
 
+from lowbw.telemetry._activity import busy
 from lowbw.telemetry._startup import import_s
 from lowbw.simulation._loop import Executables
 
@@ -33,15 +34,19 @@ class Compiled:
     # Start-up seconds not yet in a run's summary (``take_startup``).
     self._unreported_startup = _no_startup(build_s)
 
-  def compile(self, lower) -> tuple[tuple, float]:
+  def compile(self, lower, what: str = "the run's programs"
+              ) -> tuple[tuple, float]:
     """``(compiled programs, seconds)`` of the programs ``lower()``
     returns (None stays None), their tracing and compiling (or loading)
-    counted in the next run's ``compile_s`` and start-up breakdown."""
+    counted in the next run's ``compile_s`` and start-up breakdown;
+    ``what`` names them for the command line's heartbeat."""
     start = time.perf_counter()
-    lowered = lower()
+    with busy(f"tracing {what}"):
+      lowered = lower()
     traced = time.perf_counter()
-    compiled = tuple(None if program is None else program.compile()
-                     for program in lowered)
+    with busy(f"compiling {what}"):
+      compiled = tuple(None if program is None else program.compile()
+                       for program in lowered)
     seconds = time.perf_counter() - start
     self._unreported_compile_s += seconds
     self._unreported_startup["trace_s"] += traced - start
@@ -50,7 +55,8 @@ class Compiled:
   def compile_init(self, program, key):
     """The initial state's ``program`` compiled for ``key``, counted as
     compiling, not as making the state."""
-    (compiled,), seconds = self.compile(lambda: (program.lower(key),))
+    (compiled,), seconds = self.compile(lambda: (program.lower(key),),
+                                       "the initial state")
     self._unreported_startup["init_compile_s"] += seconds
     return compiled
 
@@ -72,11 +78,13 @@ class Compiled:
           None if jitted.tail is None
           else jitted.tail.lower(state, sampler, net),
           jitted.evaluate.lower(state, self.eval_batches),
-          jitted.global_params.lower(state)))
+          jitted.global_params.lower(state)),
+          "the workers' training chunk and the evaluation")
       exe = Executables(*compiled)
       start = time.perf_counter()
-      state, _ = exe.chunk(state, sampler, 0, net)
-      jax.block_until_ready(state)
+      with busy("loading the compiled programs"):
+        state, _ = exe.chunk(state, sampler, 0, net)
+        jax.block_until_ready(state)
       self._cache[sig] = exe
       self._unreported_compile_s += time.perf_counter() - start
     return self._cache[sig], state

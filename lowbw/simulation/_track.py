@@ -125,7 +125,8 @@ class Track:
                 strategy=_strategy_metrics(per_step.strategy,
                                            out.sync_metrics, n, period),
                 correlation=(None if out.correlation is None
-                             else out.correlation[:n]))
+                             else out.correlation[:n]),
+                step_lr=_step_lr(per_step))
     if out.clock is None:
       return span
     sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
@@ -155,7 +156,8 @@ class Track:
     counts = dict(per_step.counts)
     span = Span(per_step.loss, per_step.metrics, per_step.first_bad_worker,
                 counts, np.zeros(n, bool), np.zeros(0), np.zeros(0),
-                strategy=_strategy_metrics(per_step.strategy, {}, n, 1))
+                strategy=_strategy_metrics(per_step.strategy, {}, n, 1),
+                step_lr=_step_lr(per_step, n))
     if per_step.clock is None:
       return span
     participants = per_step.clock.participants
@@ -352,7 +354,22 @@ class Track:
                for c, n in self.history.events.items())
     total = compute + comm
     return {"compute_s": compute, "comm_s": comm,
-            "comm_share": comm / total if total > 0 else None}
+            "comm_share": comm / total if total > 0 else None,
+            **self._waiting(net, total, comm)}
+
+  def _waiting(self, net: dict, nominal: float, comm: float) -> dict:
+    """``wait_s``: simulated seconds beyond the nominal time and the first
+    contact's set-up, spent waiting for the slowest workers (speeds,
+    jitter, faults; less what overlap hid), and its share of the run's
+    simulated time; {} when there is none."""
+    elapsed = self.clock.elapsed if self.clock is not None else None
+    if not elapsed or not elapsed > 0:
+      return {}
+    setup = (net.get("profile") or {}).get("startup_s") or 0.0
+    wait = elapsed - nominal - (setup if comm > 0 else 0.0)
+    if not wait > 1e-6 * elapsed:  # float sums of the clock, not waiting
+      return {}
+    return {"wait_s": wait, "wait_share": wait / elapsed}
 
   def divergence(self) -> _divergence.Divergence | None:
     """The loss ended far above its start, or accuracy at or below chance
@@ -462,6 +479,14 @@ def clock_overlap(strategy, network) -> bool | int:
   if strategy.overlap_steps is not None:
     return strategy.overlap_steps
   return network.overlap
+
+
+def _step_lr(per_step, n: int | None = None):
+  """The steps' inner learning rates as float64 (None when not measured)."""
+  if getattr(per_step, "lr", None) is None:
+    return None
+  lr = np.asarray(per_step.lr, np.float64)
+  return lr if n is None else lr[:n]
 
 
 def _flatten_rounds(steps, n: int):

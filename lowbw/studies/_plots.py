@@ -69,6 +69,8 @@ def _against(study, rows, x: str, loss: str, path: str, front: bool) -> str:
             label="Pareto front")
   if ax_x.log:
     ax.set_xscale("log")
+  else:
+    _axes.short_ticks(ax.xaxis)
   ax.set_xlabel(ax_x.label)
   ax.set_ylabel(loss.replace("_", " "))
   ax.set_title(f"{loss.replace('_', ' ')} against {ax_x.label} (mean ± std "
@@ -121,6 +123,8 @@ def _swept(study, rows, name: str, loss: str, path: str) -> str:
     ax.errorbar(xs, means, yerr=stds, marker="o", capsize=3, label=text)
   if log:
     ax.set_xscale("log")
+  elif numeric:
+    _axes.short_ticks(ax.xaxis, [x for _, xs, _, _ in lines for x in xs])
   if not numeric:
     values = list(dict.fromkeys(r[name] for r in rows
                                 if r[name] is not None))

@@ -98,13 +98,45 @@ def shared_rates(names, points) -> str | None:
 
 
 def _frame(columns: dict):
-  """A pandas DataFrame when pandas is installed, else the dict of numpy
-  arrays."""
+  """A pandas DataFrame when pandas is installed, else a ``Table``: the
+  dict of numpy arrays, printed as a table."""
   try:
     import pandas as pd
   except ImportError:
-    return {k: np.asarray(v) for k, v in columns.items()}
+    return Table({k: np.asarray(v) for k, v in columns.items()})
   return pd.DataFrame(columns)
+
+
+class Table(dict):
+  """Column name -> numpy array (every column as long), printed as an
+  aligned table of rows (what a study's tables are without pandas)."""
+
+  MAX_ROWS = 40  # printed: the first and last half of these, and a count
+
+  def __repr__(self) -> str:
+    names = list(self)
+    rows = len(next(iter(self.values()), ()))
+    shown = list(range(rows))
+    if rows > self.MAX_ROWS:
+      half = self.MAX_ROWS // 2
+      shown = shown[:half] + [None] + shown[-half:]
+    cells = [[_cell(self[n][i]) if i is not None else "..." for n in names]
+             for i in shown]
+    widths = [max([len(n)] + [len(r[j]) for r in cells])
+              for j, n in enumerate(names)]
+    lines = ["  ".join(n.rjust(w) for n, w in zip(names, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells]
+    lines.append(f"[{rows} rows x {len(names)} columns; "
+                 "pip install pandas for a DataFrame]")
+    return "\n".join(lines)
+
+  __str__ = __repr__
+
+
+def _cell(value) -> str:
+  if isinstance(value, (float, np.floating)):
+    return "nan" if value != value else f"{float(value):.6g}"
+  return str(value)
 
 
 def _num(value) -> float:

@@ -104,6 +104,10 @@ def study(base, grid, seeds=(0,), out: str | None = None,
   _files.check_finished(out, points, done)
   show = _progress.is_terminal() if progress is None else progress
   bar = _bar(len(points), len(done)) if show else None
+  # Off a terminal (a log, a notebook) with no progress setting: a line per
+  # finished point instead of a bar, so that a long study is not silent.
+  lines = (_PointLines(len(points), len(done))
+           if progress is None and not show else None)
   results: dict[int, PointResult] = {}
   start = time.perf_counter()
 
@@ -112,6 +116,8 @@ def study(base, grid, seeds=(0,), out: str | None = None,
     _report(on_point, result)
     if ran and bar:
       bar.update(1)
+    if ran and lines:
+      lines.point(result)
 
   try:
     remote = None if chosen is None else (
@@ -392,6 +398,26 @@ def _check_build(point: _grid.Point) -> None:
 def _bar(total: int, done: int):
   return tqdm(total=total, initial=done, desc="study", unit="point",
               file=sys.stderr, dynamic_ncols=True)
+
+
+class _PointLines:
+  """A line on stdout per finished point: how many are done, the point's
+  values and seed, its final loss and the seconds since the study began."""
+
+  def __init__(self, total: int, done: int):
+    self.total, self.done = total, done
+    self.start = time.perf_counter()
+
+  def point(self, result: PointResult) -> None:
+    self.done += 1
+    s = result.summary
+    loss = s.get("final_eval_loss", s.get("final_train_loss"))
+    said = (f"error: {s['error']}" if s.get("error") else
+            "" if loss is None else f"final loss {loss:.4f}")
+    print(f"study: point {self.done}/{self.total} done "
+          f"({_grid.describe(result.values)}, seed {result.seed}) "
+          f"{said}, {time.perf_counter() - self.start:.0f} s".rstrip(),
+          flush=True)
 
 
 def _report(on_point, result: PointResult) -> None:

@@ -59,6 +59,46 @@ def axis(column: str, values, log: bool | None = None) -> Axis:
   return Axis(label, scale, spans_decades(values) if log is None else log)
 
 
+def short_ticks(axis, values=None, most: int = 6) -> None:
+  """Tick labels that cannot run together on a linear matplotlib ``axis``
+  (``ax.xaxis``): at most ``most`` ticks, each label the tick's own value
+  (no hidden offset or factor) in the fewest significant digits that tell
+  the ticks apart; with ``values`` (a swept field's), ticks at those
+  values (thinned to ``most``) instead of a regular grid."""
+  from matplotlib import ticker
+  if values is not None:
+    values = sorted(set(values))
+    step = -(-len(values) // most)
+    axis.set_major_locator(ticker.FixedLocator(values[::step]))
+  else:
+    axis.set_major_locator(ticker.MaxNLocator(nbins=most - 1))
+  axis.set_major_formatter(_distinct_formatter())
+
+
+def _distinct_formatter():
+  """A matplotlib formatter writing each tick in ``%g`` with the fewest
+  significant digits (at least 3) that keep every label distinct."""
+  from matplotlib import ticker
+
+  class Distinct(ticker.Formatter):
+    digits = 2
+
+    def set_locs(self, locs):
+      super().set_locs(locs)
+      locs = [float(v) for v in locs]
+      for self.digits in range(3, 16):
+        if len({self._text(v) for v in locs}) == len(set(locs)):
+          break
+
+    def _text(self, value: float) -> str:
+      return f"{value:.{self.digits}g}"
+
+    def __call__(self, value, pos=None):
+      return self._text(0.0 if abs(value) < 1e-300 else value)
+
+  return Distinct()
+
+
 def save_figure(fig, path: str, dpi: int = 120) -> None:
   """Writes a matplotlib ``fig`` to ``path`` and closes it; a disk or
   permission fault is a ``WriteError`` naming the file."""
