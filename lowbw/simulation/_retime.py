@@ -91,12 +91,30 @@ def _load(run_dir) -> dict:
         "run_dir", run_dir, f"its ledger starts at step "
         f"{meta['first_step']}: the run resumed from another folder's "
         "checkpoint, whose steps before are not in it")
-  if not os.path.isfile(os.path.join(os.fspath(run_dir), "summary.json")):
+  path = os.path.join(os.fspath(run_dir), "summary.json")
+  ended = _ended(path)
+  if ended not in _FINISHED:
     raise _validate.fail(
-        "run_dir", run_dir, "the run did not finish (no summary.json: it "
-        "failed, was killed or is still running); its ledger may hold steps "
-        "it never logged")
+        "run_dir", run_dir, "the run did not finish (" + (
+            "no summary.json: it was killed or is still running" if ended
+            is None else f"it ended {ended}") + "); its ledger may hold "
+        "steps it never logged")
   return ledger
+
+
+# How a run that took all its steps ends (summary.json's ``ended``; a
+# summary written before runs said so has none).
+_FINISHED = ("completed", "diverged", "non_finite_model", "")
+
+
+def _ended(path: str) -> str | None:
+  """summary.json's ``ended`` ("" when it does not say), None without a
+  readable summary."""
+  try:
+    with open(path) as f:
+      return str(json.load(f).get("ended", ""))
+  except (OSError, ValueError, AttributeError):
+    return None
 
 
 def _check_target(run_dir, network, workers: int) -> net_lib.Network:
