@@ -196,7 +196,8 @@ def _entry(values, seed, history, summary) -> dict:
           "final_eval_cross_entropy", "payload_bytes",
           "wire_bytes", "sent_bytes", "sim_time_s", "peak_step_bytes",
           "num_params", "error", "wire_bytes_regional", "wire_bytes_global",
-          "final_shadow_eval_loss", "final_shadow_gap", "goodput")
+          "final_shadow_eval_loss", "final_shadow_gap", "goodput",
+          "stage_bytes", "pipeline_bubble")
   lanes = {k: v for k, v in summary.items() if k.startswith("lane/")}
   return {"values": dict(values), "seed": seed, "curve": curve,
           **{k: summary.get(k) for k in keep}, **lanes}

@@ -34,6 +34,9 @@ INTERNAL = {
     ("lowbw/strategies", "lowbw.transforms._reductions"),
     ("lowbw/strategies", "lowbw.transforms._robust"),
     ("lowbw/strategies", "lowbw.transforms._sparse"),
+    # The workers' gradient axis carries per_worker's name, so that a mixed
+    # fleet's boundary codecs know their worker (transforms.pipeline_worker).
+    ("lowbw/simulation", "lowbw.transforms._codec"),
     ("lowbw/studies", "lowbw.telemetry._axes"),  # a study's plots: the same
     ("lowbw/studies", "lowbw.telemetry._writers"),  # tables written atomically
     # The engine builds what a Config checked: its build settings (RunConfig,

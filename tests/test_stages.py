@@ -598,3 +598,136 @@ def test_train_prints_the_pipelines_line():
                           "worker,", "bubble", "25.0%", "of", "a", "step"]
   assert _pipeline_lines({"stage_bytes": None}, s) == []
   assert _pipeline_lines({"stage_bytes": 10}, s)[0].endswith("per worker")
+
+
+# -- mixed fleets: some workers pipelines, the others whole models --------------
+
+def _worker_grads_reference(staged, codecs, whole, params, batch_W, keys_W,
+                            pipes):
+  """A plain loop over workers: a pipeline worker's loss through the
+  boundary codecs, every other worker's the unsplit model's."""
+  out = []
+  for w in range(batch_W["tokens"].shape[0]):
+    batch = {"tokens": batch_W["tokens"][w]}
+    if w in pipes:
+      loss = models.staged_loss(staged, transforms.stage_boundary(*codecs))
+    else:
+      loss = whole.loss
+    out.append(jax.grad(lambda p: loss(p, batch, keys_W[w])[0])(params))
+  return out
+
+
+@pytest.mark.parametrize("pipes", [(0,), (1, 2)])
+def test_only_a_mixed_fleets_pipelines_send_through_the_codecs(tmp_path,
+                                                               pipes):
+  """The run's model on the workers' vmapped axis (as the engine computes
+  every worker's gradient) against a per-worker loop: the pipeline
+  workers' gradients go through quant:4 both ways, the others' are the
+  unsplit model's."""
+  from lowbw.simulation._api import engine_config
+  from lowbw.transforms._codec import WORKER_AXIS
+  built = engine_config(_config(
+      tmp_path, workers=3, stages=2, boundary_codec="quant:4",
+      pipeline_workers=",".join(map(str, pipes)) + ",")).model
+  whole = engine_config(_config(tmp_path, workers=3)).model
+  rng = np.random.default_rng(1)
+  batch_W = {"tokens": rng.integers(0, 256, (3, 2, 9))}
+  params = built.init(jax.random.key(0), {"tokens": batch_W["tokens"][0]})
+  keys_W = jax.random.split(jax.random.key(5), 3)
+  grad = jax.grad(lambda p, b, k: built.loss(p, b, k)[0])
+  out = jax.vmap(grad, in_axes=(None, 0, 0), axis_name=WORKER_AXIS)(
+      params, batch_W, keys_W)
+  q4 = [transforms.parse_boundary_codec("quant:4", "f", 0)]
+  ref = _worker_grads_reference(models.split(whole, 2), (q4, q4), whole,
+                                params, batch_W, keys_W, pipes)
+  for w in range(3):
+    got = jax.tree.map(lambda g: g[w], out)
+    assert _max_diff(got, ref[w]) < 1e-6, w
+    plain = jax.grad(lambda p: whole.loss(
+        p, {"tokens": batch_W["tokens"][w]}, keys_W[w])[0])(params)
+    assert (_max_diff(got, plain) > 1e-4) is (w in pipes), w
+
+
+@pytest.fixture(scope="module")
+def mixed_runs(tmp_path_factory):
+  """Three workers, the first a 2-stage pipeline with full-rank subspace
+  codecs (an orthonormal basis of all 16 dimensions: the identity to float
+  rounding), against the same run with every worker a whole model."""
+  root = tmp_path_factory.mktemp("mixed")
+  common = dict(workers=3, batch_size=4, log_every=1, hardware="1s")
+  plain = lowbw.simulate(_config(root, **common))
+  mixed = lowbw.simulate(_config(
+      root, **common, stages=2, boundary_codec="subspace:16",
+      micro_batches=2, pipeline_workers=1))
+  return plain, mixed
+
+
+def test_a_mixed_fleet_with_identity_codecs_trains_as_whole_models(
+    mixed_runs):
+  plain, mixed = mixed_runs
+  np.testing.assert_allclose(mixed.history["train_loss"],
+                             plain.history["train_loss"], rtol=1e-5)
+  np.testing.assert_allclose(mixed.summary["final_eval_loss"],
+                             plain.summary["final_eval_loss"], rtol=1e-5)
+
+
+def test_a_mixed_fleets_stage_bytes_are_its_pipelines(mixed_runs):
+  """stage_bytes: each pipeline worker's (the whole-model workers send
+  none), and the summary names the pipeline workers."""
+  _, mixed = mixed_runs
+  sub = transforms.parse_boundary_codec("subspace:16", "f", 0)
+  per_micro = sum(transforms.boundary_bytes(sub, sub, (2, 8, 16)))
+  np.testing.assert_array_equal(mixed.history["stage_bytes"],
+                                mixed.history["step"] * 2 * per_micro)
+  assert mixed.summary["pipeline_workers"] == [0]
+
+
+def test_a_mixed_fleets_clock_steps_each_worker_at_its_own_time(tmp_path):
+  """A pipeline worker's step is its schedule's makespan, a whole-model
+  worker's the whole model's compute on its machine, each divided by the
+  worker's speed."""
+  from lowbw.network import _clock, _pipeline
+  from lowbw.simulation._api import engine_config
+  config = _config(tmp_path, workers=3, stages=2, boundary_codec="quant:8",
+                   micro_batches=2, pipeline_workers="0,2",
+                   hardware="1s", speeds="1,1,0.5", stage_bandwidth="10Mbps")
+  c = engine_config(config)
+  assert c.pipeline.workers == (0, 2)
+  net = config.built().checked["network"]
+  pricing = _clock.price(net, {}, 3, 1000, 1.0, pipeline=c.pipeline)
+  t = _pipeline.step_timeline(c.pipeline, 1.0)
+  assert t.makespan_s != pytest.approx(1.0)
+  host = net.profile.host_s
+  assert pricing.worker_step_s == pytest.approx(
+      (t.makespan_s + host, 1.0 + host, t.makespan_s + host))
+  p = _clock.net_params(net, 3, pricing, 0)
+  np.testing.assert_allclose(p.step_s_W, [t.makespan_s + host, 1.0 + host,
+                                          (t.makespan_s + host) / 0.5],
+                             rtol=1e-6)
+  every = engine_config(_config(tmp_path, workers=3, stages=2,
+                                micro_batches=2)).pipeline
+  assert every.workers is None
+  assert _clock.price(net, {}, 3, 1000, 1.0,
+                      pipeline=every).worker_step_s is None
+
+
+@pytest.mark.parametrize("settings,match", [
+    ({"pipeline_workers": 0}, "pipeline_workers=0.*count from 1 to the 2"),
+    ({"pipeline_workers": 3}, "pipeline_workers=3.*count from 1 to the 2"),
+    ({"pipeline_workers": "0,5"}, "pipeline_workers.*worker 5 is not one of"),
+    ({"pipeline_workers": "1,1"}, "pipeline_workers.*each worker once"),
+    ({"pipeline_workers": [0]}, "pipeline_workers.*not a list"),
+    ({"pipeline_workers": "first"}, "pipeline_workers.*count N"),
+    ({"pipeline_workers": 1, "worker_batch": 1},
+     "worker_batch=1.*mixed fleet"),
+])
+def test_bad_pipeline_workers_name_the_field(tmp_path, settings, match):
+  with pytest.raises(ConfigError, match=match):
+    lowbw.build(_config(tmp_path, stages=2, boundary_codec="quant:8",
+                        **settings))
+
+
+def test_pipeline_workers_need_stages(tmp_path):
+  with pytest.raises(ConfigError,
+                     match="pipeline_workers=1.*needs stages >= 2"):
+    lowbw.build(_config(tmp_path, pipeline_workers=1))

@@ -117,6 +117,18 @@ def _boundary_codec(text, field):
   return transforms_lib.parse_boundary_codec(text, field)
 
 
+def _pipeline_workers_type():
+  """``pipeline_workers``: a count (int or digits) or worker indices (text
+  with a comma); checked against the workers at build."""
+
+  def check(value):
+    transforms_lib.parse_pipeline_workers(value, None)
+    return value
+
+  check.config_types = (int, str)
+  return check
+
+
 def _hardware(text, field):
   return network_lib.hardware(text)
 
@@ -239,6 +251,11 @@ RUN_FIELDS = (
           "codec of the activation gradients sent back at each boundary "
           "(default: the boundary codec)",
           quantity(_boundary_codec, "boundary_grad_codec")),
+    Field("pipeline_workers", None, SHAPE, _M, "gpt with stages > 1: the "
+          "workers that are pipelines, in a mixed fleet: a count N (the "
+          "first N) or comma-separated indices (0,2; one index: 3,); the "
+          "others train the whole model, without boundary codecs (default: "
+          "every worker; docs/pipelines.md)", _pipeline_workers_type()),
     Field("micro_batches", 1, SHAPE, _M, "gpt with stages > 1: micro-"
           "batches M each worker's batch is split into, each crossing the "
           "boundary codecs on its own (must divide batch_size)", int,
@@ -486,6 +503,7 @@ USED_BY = {
     "model": {"gpt": {"layers", "d_model", "heads", "seq_len",
                       *models_lib.GPT_OPTIONS, "stages", "boundary_codec",
                       "boundary_grad_codec", "micro_batches",
+                      "pipeline_workers",
                       "pipeline_schedule", "stage_bandwidth",
                       "stage_latency"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",

@@ -265,11 +265,25 @@ def staged(model, s: dict):
   codecs = _boundary_codecs(s, stages)
   compressed = any(c is not None for c in codecs[0] + codecs[1])
   micro = micro_batches(s)
+  mixed = pipeline_workers(s)
+  active = (None if mixed is None else
+            transforms.pipeline_worker(mixed, s["workers"]))
   return models_lib.staged_model(
-      split, transforms.stage_boundary(*codecs) if compressed else None,
+      split, transforms.stage_boundary(*codecs, active=active)
+      if compressed else None,
       # Without codecs the micro-batches' mean is the batch's loss: the
       # batch goes through whole (and pools under DDP).
       micro if compressed and not s["minibatch_size"] else 1)
+
+
+def pipeline_workers(s: dict) -> tuple | None:
+  """The workers that are pipelines in a mixed fleet, sorted (None: every
+  worker, or ``pipeline_workers`` naming them all)."""
+  workers = transforms.parse_pipeline_workers(s.get("pipeline_workers"),
+                                              s["workers"])
+  if workers is None or len(workers) == s["workers"]:
+    return None
+  return workers
 
 
 def _one_stage(s: dict) -> None:
@@ -281,8 +295,9 @@ def _one_stage(s: dict) -> None:
     if not uncompressed(spec):
       raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
                            "between two pipeline stages)")
-  for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency"):
-    if s[field] is not None:
+  for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency",
+                "pipeline_workers"):
+    if s.get(field) is not None:
       raise _validate.fail(field, s[field], "needs stages >= 2 (a pipeline)")
   if s["micro_batches"] != 1:
     raise _validate.fail("micro_batches", s["micro_batches"],
@@ -340,6 +355,7 @@ def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
       micro_batches=m, schedule=s["pipeline_schedule"] or "1f1b",
       forward_bytes=tuple(f for f, _ in sent),
       backward_bytes=tuple(b for _, b in sent),
+      workers=pipeline_workers(s),
       bandwidth=_hops(s, "stage_bandwidth", stages, network_lib.bandwidth,
                       math.inf),
       latency=_hops(s, "stage_latency", stages, network_lib.duration, 0.0))

@@ -381,6 +381,10 @@ class Pricing(NamedTuple):
     timeline: for a worker that is a pipeline, its step played out
       (``_pipeline.Timeline``: the makespan that ``step_s`` holds, and
       the bubble); else None.
+    worker_step_s: in a mixed fleet (``Pipeline.workers``), per worker
+      its seconds of one step at speed 1: the pipeline's makespan
+      (``step_s``) for its workers, the whole model's compute on one
+      machine for the others; else None (every worker takes ``step_s``).
   """
 
   costs: dict
@@ -389,6 +393,14 @@ class Pricing(NamedTuple):
   step_s: float | None
   segments: tuple = ()
   timeline: Any = None
+  worker_step_s: tuple | None = None
+
+  def step_s_of_workers(self, num_workers: int):
+    """Each worker's seconds of one step at speed 1 (float64 array), 0
+    without a hardware."""
+    if self.worker_step_s is not None:
+      return np.asarray(self.worker_step_s, np.float64)
+    return np.full(num_workers, self.step_s or 0.0)
 
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
@@ -427,12 +439,16 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
     segments.append((start, speeds, clock if at is net else _overlapped(
         channel_costs(at, scaled, num_workers, num_tensors), scaled,
         net.profile, device_s)))
-  timeline = None
+  timeline, each = None, None
   if pipeline is not None and device_s is not None:
     timeline = _pipeline.step_timeline(pipeline, device_s)
+    if pipeline.workers is not None:  # a mixed fleet
+      each = tuple((timeline.makespan_s if w in pipeline.workers else
+                    device_s) + net.profile.host_s
+                   for w in range(num_workers))
     device_s = timeline.makespan_s
   pricing = Pricing(costs, clock, flops, None if hw is None else (
-      device_s + net.profile.host_s), tuple(segments), timeline)
+      device_s + net.profile.host_s), tuple(segments), timeline, each)
   if steps is not None:
     check_clock_range(net, pricing, steps)
   return pricing
@@ -449,7 +465,8 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
   slowest worker's speed, plus one event of every channel) passes
   ``MAX_RUN_S``, naming the input that makes it so."""
   compute = 0.0 if pricing.step_s is None else (
-      pricing.step_s / min(_all_speeds(net)))
+      max((pricing.step_s, *(pricing.worker_step_s or ())))
+      / min(_all_speeds(net)))
   comm = sum(max(max(c.seconds, *(c.seconds_W or (0.0,)))
                  for c in _segment_costs(pricing, name))
              for name in pricing.clock_costs)
@@ -471,18 +488,21 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
                        f"{MAX_RUN_S:g} s")
 
 
-def capacity_steps(net: Network, num_workers: int, step_s: float,
+def capacity_steps(net: Network, num_workers: int, step_s,
                    elapsed: float) -> float:
   """The inner steps every worker could take in ``elapsed`` simulated
   seconds at its own speed (a speed trace's rows for the time each holds),
-  one step at speed 1 taking ``step_s`` seconds: a goodput's denominator."""
+  one step at speed 1 taking ``step_s`` seconds (one for all, or one per
+  worker in a mixed fleet): a goodput's denominator."""
   trace = net.speed_trace if net.hardware is not None else None
+  per = np.broadcast_to(np.asarray(step_s, np.float64), (num_workers,))
   if trace is None:
-    return float(np.sum(_start_speeds(net, num_workers))) * elapsed / step_s
+    return float(np.sum(_start_speeds(net, num_workers) / per)) * elapsed
   ends = list(trace.times[1:]) + [math.inf]
   held = [max(0.0, min(end, elapsed) - start)
           for start, end in zip(trace.times, ends)]
-  return sum(h * sum(row) for h, row in zip(held, trace.values)) / step_s
+  return sum(h * float(np.sum(np.asarray(row, np.float64) / per))
+             for h, row in zip(held, trace.values))
 
 
 def _all_speeds(net: Network) -> list[float]:
@@ -557,7 +577,7 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
   """The arrays of ``net`` for a run priced by ``pricing`` (``price``:
   the clock's seconds per message and per step, and a trace's
   segments)."""
-  base = 0.0 if pricing.step_s is None else pricing.step_s
+  base = pricing.step_s_of_workers(num_workers)
   costs = pricing.clock_costs
   speeds = _start_speeds(net, num_workers)
   s = net.stragglers or Stragglers()

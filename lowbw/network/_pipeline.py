@@ -43,6 +43,8 @@ class Pipeline(NamedTuple):
       micro-batch's activation (forward) and its gradient (backward) send.
     bandwidth: per hop, bit/s (``math.inf``: free).
     latency: per hop, one-way seconds.
+    workers: in a mixed fleet, the workers that are this pipeline (the
+      others run the whole model on one machine); None: every worker.
   """
 
   stage_flops: tuple
@@ -52,6 +54,7 @@ class Pipeline(NamedTuple):
   backward_bytes: tuple
   bandwidth: tuple
   latency: tuple
+  workers: tuple | None = None
 
   @property
   def stages(self) -> int:

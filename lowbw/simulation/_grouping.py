@@ -16,6 +16,7 @@ from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import where_workers
+from lowbw.transforms._codec import WORKER_AXIS
 
 
 def loss_and_grads(model, backward: Backward = Backward()):
@@ -47,7 +48,10 @@ def all_at_once(model, strategy: Strategy, precision: Precision,
 
   def compute(stored: StrategyState, batch_W, keys_W):
     st = precision.widen(stored)
-    loss_W, metrics_W, grads_W = jax.vmap(grads)(st.params_W, batch_W, keys_W)
+    # The axis is named so that a mixed fleet's boundary codecs know which
+    # worker's loss they are in (``transforms.pipeline_worker``).
+    loss_W, metrics_W, grads_W = jax.vmap(grads, axis_name=WORKER_AXIS)(
+        st.params_W, batch_W, keys_W)
     grads_W = after_backward(grads_W)
     return st, loss_W, metrics_W, lambda s: strategy.local(s, grads_W)
 
@@ -70,7 +74,7 @@ def replica_grads(model, backward: Backward = Backward()):
   (their mean is the same mean); only a non-finite loss computes each
   worker's own, to name the first bad worker."""
   loss = backward.loss(model)
-  worker_losses = jax.vmap(loss, in_axes=(None, 0, 0))
+  worker_losses = jax.vmap(loss, in_axes=(None, 0, 0), axis_name=WORKER_AXIS)
 
   def mean_loss(params, batch_W, keys_W):
     loss_W, metrics_W = worker_losses(params, batch_W, keys_W)

@@ -10,6 +10,8 @@ from lowbw.simulation import _memory
 def why_not_groups(c, channels: dict, local_report: dict) -> str | None:
   """Why the workers' steps cannot run in groups (each group runs a whole
   round on its own, ``_grouping.steps_in_groups``), or None."""
+  if _mixed(c):
+    return "runs a mixed fleet (pipeline_workers)"
   if any(k in channels for k in local_report):
     return "communicates at every inner step"
   if c.strategy.asynchronous:
@@ -24,10 +26,21 @@ def why_not_groups(c, channels: dict, local_report: dict) -> str | None:
   return None
 
 
+def _mixed(c) -> bool:
+  """Whether only some workers are pipelines (``pipeline_workers``)."""
+  pipeline = getattr(c, "pipeline", None)
+  return pipeline is not None and pipeline.workers is not None
+
+
 def check_worker_batch(c, channels: dict, local_report: dict) -> None:
   """A ``worker_batch`` the user gave needs steps that can run in groups."""
   if c.worker_batch in (None, "auto"):
     return
+  if _mixed(c):
+    raise _validate.fail(
+        "worker_batch", c.worker_batch, "a mixed fleet (pipeline_workers) "
+        "computes every worker's step at once, its boundary codecs chosen "
+        "by the worker's index; expected 'auto' or 'all'")
   why = why_not_groups(c, channels, local_report)
   if why is not None:
     raise _validate.fail(

@@ -188,7 +188,8 @@ def _times(ledger: dict, net, pricing) -> tuple[np.ndarray, float]:
   meta = ledger["meta"]
   period, workers = meta["period"], meta["workers"]
   speeds = _clock._start_speeds(net, workers)
-  step_s_W = np.asarray((pricing.step_s or 0.0) / speeds, np.float32)
+  step_s_W = np.asarray(pricing.step_s_of_workers(workers) / speeds,
+                        np.float32)
   comm_s = np.asarray([pricing.clock_costs[n].seconds for n in meta["names"]],
                       np.float32)
   overlap = (meta["overlap_steps"] if meta["overlap_steps"] is not None

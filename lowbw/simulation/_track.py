@@ -299,12 +299,16 @@ class Track:
   def pipeline_figures(self) -> dict:
     """A pipeline's summary entries: its boundary bytes per worker
     (``stage_bytes``) and, with a clock and a hardware, the share of each
-    step its busiest stage is idle (``pipeline_bubble``)."""
+    step its busiest stage is idle (``pipeline_bubble``); in a mixed fleet,
+    which workers are pipelines (``pipeline_workers``: ``stage_bytes`` is
+    each of theirs, the others send none)."""
     pipeline = self.sim.config.pipeline
     if pipeline is None:
       return {}
     out = {names.STAGE_BYTES: self.history.step *
            pipeline.bytes_per_step()}
+    if pipeline.workers is not None:
+      out["pipeline_workers"] = list(pipeline.workers)
     if self.network is not None:
       timeline = self.sim.prices.pricing(self.network).timeline
       out[names.PIPELINE_BUBBLE] = (None if timeline is None
@@ -323,11 +327,13 @@ class Track:
     if (self.network is None or self.history.useful is None
         or not self.clock.elapsed > 0):
       return None
-    step_s = self.sim.prices.pricing(self.network).step_s
-    if not step_s:
+    pricing = self.sim.prices.pricing(self.network)
+    if not pricing.step_s:
       return None
-    capacity = _clock.capacity_steps(self.network, self.sim.config.workers,
-                                     step_s, self.clock.elapsed)
+    capacity = _clock.capacity_steps(
+        self.network, self.sim.config.workers,
+        pricing.step_s_of_workers(self.sim.config.workers),
+        self.clock.elapsed)
     return self.history.useful / capacity if capacity > 0 else None
 
   def startup_figures(self) -> dict:

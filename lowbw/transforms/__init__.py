@@ -2,7 +2,9 @@
 worker reductions, sparse averaging."""
 
 from lowbw.transforms._boundary import (boundary, boundary_bytes,
-                                        parse_boundary_codec, stage_boundary,
+                                        parse_boundary_codec,
+                                        parse_pipeline_workers,
+                                        pipeline_worker, stage_boundary,
                                         subspace)
 from lowbw.transforms._cast import cast
 from lowbw.transforms._codec import (Codec, Payload, chain, collective,
@@ -50,5 +52,5 @@ __all__ = [
     "participating", "sharded_workers", "worker_ids", "where_workers",
     "worker_sum",
     "boundary", "boundary_bytes", "parse_boundary_codec", "stage_boundary",
-    "subspace",
+    "subspace", "parse_pipeline_workers", "pipeline_worker",
 ]

@@ -20,7 +20,7 @@ import numpy as np
 from lowbw import _validate
 from lowbw._types import Array, PRNGKey
 from lowbw.transforms._codec import Codec, make_codec, payload_nbytes
-from lowbw.transforms._codec import roundtrip
+from lowbw.transforms._codec import WORKER_AXIS, current_worker, roundtrip
 from lowbw.transforms._codec_spec import UNCOMPRESSED, parse_codec
 
 
@@ -31,13 +31,15 @@ def _through(codec: Codec | None, x: Array, key: PRNGKey,
 
 def boundary(x: Array, forward_codec: Codec | None,
              backward_codec: Codec | None, key: PRNGKey,
-             worker=0) -> Array:
+             worker=0, active=True) -> Array:
   """``x`` as the next stage receives it; its gradient as this stage does.
 
   Forward: ``roundtrip(forward_codec, x, fold_in(key, 0), worker)``;
   backward: ``roundtrip(backward_codec, g, fold_in(key, 1), worker)`` of
   the incoming gradient ``g``. A ``None`` codec sends that direction as it
-  is (float32); with both None, ``x`` is returned untouched.
+  is (float32); with both None, ``x`` is returned untouched. ``active``
+  (a boolean, traced or not): where False, both directions pass as they
+  are (a worker that is no pipeline, in a mixed fleet).
 
   Example:
     >>> q8 = parse_codec("quant:8")
@@ -49,19 +51,23 @@ def boundary(x: Array, forward_codec: Codec | None,
 
   # The keys and the worker are arguments, not closed-over values, so that
   # jax may trace the backward rule under vmap; they get no cotangent.
+  # Each direction selects its codec's round trip or the value as it is
+  # inside the rule, so an inactive worker's gradient never meets the codec.
   @jax.custom_vjp
-  def send(x, fkey, bkey, worker):
-    return _through(forward_codec, x, fkey, worker)
+  def send(x, fkey, bkey, worker, on):
+    return jnp.where(on, _through(forward_codec, x, fkey, worker), x)
 
-  def send_fwd(x, fkey, bkey, worker):
-    return send(x, fkey, bkey, worker), (bkey, worker)
+  def send_fwd(x, fkey, bkey, worker, on):
+    return send(x, fkey, bkey, worker, on), (bkey, worker, on)
 
   def send_bwd(saved, g):
-    bkey, worker = saved
-    return _through(backward_codec, g, bkey, worker), None, None, None
+    bkey, worker, on = saved
+    out = jnp.where(on, _through(backward_codec, g, bkey, worker), g)
+    return out, None, None, None, None
 
   send.defvjp(send_fwd, send_bwd)
-  return send(x, fkey, bkey, jnp.asarray(worker, jnp.int32))
+  return send(x, fkey, bkey, jnp.asarray(worker, jnp.int32),
+              jnp.asarray(active, bool))
 
 
 def subspace(rank: int, seed: int = 0) -> Codec:
@@ -164,11 +170,15 @@ def boundary_bytes(forward_codec: Codec | None,
 
 
 def stage_boundary(forward: list, backward: list,
-                   worker: Callable[[], Array] | None = None) -> Callable:
+                   worker: Callable[[], Array] | None = None,
+                   active: Callable[[], Array] | None = None) -> Callable:
   """``boundary_fn(x, i, key)`` for :func:`lowbw.models.staged_loss`:
   boundary ``i`` through ``forward[i]`` and ``backward[i]`` (``None``: as
   it is). ``worker()``: the index stochastic codecs fold into their noise
   (default 0; the key, a worker's own loss key in a run, differs anyway).
+  ``active()``: whether the codecs act (default: always); a mixed fleet's
+  whole-model workers pass their activations as they are
+  (:func:`pipeline_worker`).
 
   Example:
     >>> q8 = parse_codec("quant:8")
@@ -177,6 +187,73 @@ def stage_boundary(forward: list, backward: list,
 
   def fn(x, i, key):
     return boundary(x, forward[i], backward[i], key,
-                    0 if worker is None else worker())
+                    0 if worker is None else worker(),
+                    True if active is None else active())
 
   return fn
+
+
+def pipeline_worker(workers, num_workers: int) -> Callable[[], Array]:
+  """``active()`` for :func:`stage_boundary` in a mixed fleet: whether the
+  worker whose loss is being computed (its index on the workers' vmap
+  axis, ``lowbw.transforms.per_worker``'s and a run's gradient axis) is
+  one of ``workers``. Outside that axis (evaluating the global model) it
+  is True: evaluation runs through the codecs, as a pipeline serves."""
+  mask = np.zeros(num_workers, bool)
+  mask[list(workers)] = True
+
+  def active():
+    try:
+      jax.lax.axis_index(WORKER_AXIS)
+    except NameError:
+      return jnp.asarray(True)
+    return jnp.asarray(mask)[current_worker()]
+
+  return active
+
+
+def parse_pipeline_workers(value, num_workers: int | None,
+                           field: str = "pipeline_workers"
+                           ) -> tuple[int, ...] | None:
+  """The workers of a mixed fleet that are pipelines, sorted: a count N
+  (an int, or its digits) is the first N workers; a list or tuple of
+  indices, or text with a comma (``"0,2"``, ``"3,"``), those workers.
+  ``None``: every worker. ``num_workers`` None checks the form only.
+  Errors name ``field``."""
+  if value is None:
+    return None
+  allowed = ("expected a count N of the first workers (1 to the "
+             "workers) or worker indices, comma-separated ('0,2'; one "
+             "index: '3,')")
+  if isinstance(value, str):
+    text = value.strip()
+    if "," not in text:
+      if not text.isdigit():
+        raise _validate.fail(field, value, allowed)
+      value = int(text)
+    else:
+      parts = [p.strip() for p in text.split(",") if p.strip()]
+      if not parts or not all(p.isdigit() for p in parts):
+        raise _validate.fail(field, value, allowed)
+      value = [int(p) for p in parts]
+  if isinstance(value, bool):
+    raise _validate.fail(field, value, allowed)
+  if isinstance(value, (int, np.integer)):
+    if value < 1 or (num_workers is not None and value > num_workers):
+      raise _validate.fail(field, value, f"expected a count from 1 to the "
+                           f"{num_workers or 'number of'} workers")
+    return None if num_workers is None else tuple(range(int(value)))
+  if not isinstance(value, (list, tuple)) or not value or not all(
+      isinstance(w, (int, np.integer)) and not isinstance(w, bool)
+      for w in value):
+    raise _validate.fail(field, value, allowed)
+  if len(set(value)) != len(value):
+    raise _validate.fail(field, value, "expected each worker once")
+  bad = [w for w in value if w < 0 or (num_workers is not None and
+                                       w >= num_workers)]
+  if bad:
+    raise _validate.fail(field, value, f"worker {bad[0]} is not one of the "
+                         f"{num_workers} workers (0 to {num_workers - 1})"
+                         if num_workers is not None else
+                         f"worker {bad[0]}: expected indices >= 0")
+  return None if num_workers is None else tuple(sorted(int(w) for w in value))
