@@ -82,13 +82,18 @@ def test_the_command_line_names_the_flag_and_exits_2(tmp_path, capsys):
   assert not out.exists()
 
 
-def test_a_clock_that_overflows_anyway_is_a_warning(monkeypatch):
+def test_a_clock_that_overflows_anyway_is_an_error_or_a_warning(monkeypatch):
   """With the build's check switched off, the float32 clock of a 1e-300
-  bit/s link overflows: the run says so instead of ending in silence."""
+  bit/s link overflows: the run says so instead of ending in silence (an
+  error, NonFiniteModelError, unless allow_non_finite keeps the run)."""
   monkeypatch.setattr(_clock, "check_clock_range", lambda *a: None)
   net = network.network("1e-300bps", "10ms", hardware="1s")
+  with pytest.raises(lowbw.NonFiniteModelError,
+                     match="a non-finite simulated time"):
+    lowbw.simulate(**_RUN, network=net, progress=False)
   with pytest.warns(lowbw.RunWarning, match="simulated time is inf"):
-    result = lowbw.simulate(**_RUN, network=net, progress=False)
+    result = lowbw.simulate(**_RUN, network=net, progress=False,
+                            allow_non_finite=True)
   assert not math.isfinite(result.summary["sim_time_s"])
   assert any("clock overflowed" in w for w in result.summary["warnings"])
   assert np.isfinite(result.summary["final_train_loss"])
@@ -130,7 +135,7 @@ def test_a_compute_beyond_the_clock_names_the_value_given(flags, says,
   assert says in err and " s per step, beyond what the simulated clock" in err
 
 
-def test_an_evaluation_that_is_not_finite_is_a_warning():
+def test_an_evaluation_that_is_not_finite_is_an_error_or_a_warning():
   # Training stops on a non-finite training loss; an evaluation's NaN used
   # to end the run with exit 0 in silence. Rows without an evaluation leave
   # its column out, so only an evaluation's own NaN is reported.
@@ -143,7 +148,11 @@ def test_an_evaluation_that_is_not_finite_is_a_warning():
     return (jnp.where(batch["x"].shape[0] == 32, jnp.nan, value),
             metrics)
 
+  run = dict(**{**_RUN, "model": (mlp.init, loss)}, eval_every=5,
+             eval_examples=32, progress=False)
+  with pytest.raises(lowbw.NonFiniteModelError,
+                     match="a non-finite final evaluation loss"):
+    lowbw.simulate(**run)
   with pytest.warns(lowbw.RunWarning, match="eval_loss is nan from step 5"):
-    result = lowbw.simulate(**{**_RUN, "model": (mlp.init, loss)},
-                            eval_every=5, eval_examples=32, progress=False)
+    result = lowbw.simulate(**run, allow_non_finite=True)
   assert np.isfinite(result.summary["final_train_loss"])

@@ -22,6 +22,10 @@ INTERNAL = {
     ("lowbw/cli", "lowbw.network._calibrate"),  # lowbw calibrate's fit
     ("lowbw/cli", "lowbw.network._profile"),  # and the profile it writes
     ("lowbw/cli", "lowbw.telemetry._axes"),  # lowbw plot's axes and scales
+    # What the process is busy with (a compile): the engine says, the
+    # command line's heartbeat prints it.
+    ("lowbw/cli", "lowbw.telemetry._activity"),
+    ("lowbw/simulation", "lowbw.telemetry._activity"),
     ("lowbw/cli", "lowbw.studies._fit"),  # lowbw fit's forms and defaults
     ("lowbw/cli", "lowbw.studies._advise"),  # lowbw advise's probe defaults
     # A strategy's message path: residuals, byte counts and aggregation
