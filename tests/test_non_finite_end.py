@@ -70,3 +70,12 @@ def test_a_healthy_run_says_it_completed(tmp_path):
   lowbw.simulate(lowbw.Config(**BASE, strategy="diloco", H=2, out=str(out)))
   assert json.loads((out / "summary.json").read_text())["ended"] == (
       "completed")
+
+
+def test_allow_non_finite_takes_true_or_false_only():
+  with pytest.raises(ValueError, match="^allow_non_finite='yes' is invalid: "
+                     "expected true or false"):
+    lowbw.Config(**BASE, strategy="ddp", allow_non_finite="yes")
+  sim = lowbw.build(lowbw.Config(**BASE, strategy="ddp"), compile=False)
+  with pytest.raises(ValueError, match="^allow_non_finite="):
+    sim.run(seed=0, allow_non_finite=1)
