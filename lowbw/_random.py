@@ -64,9 +64,14 @@ def random_bijection(
       left, right = right, left ^ (_mix(right ^ round_keys[r]) & mask)
     return (left << half) | right
 
-  def walk(x):
-    return jnp.where(x >= n, cipher(x), x)
+  # Cycle-walking as a do-while: the first pass enciphers every index, the
+  # later ones those still outside [0, n). The cipher is traced once (it is
+  # most of the sampler's program: tracing, lowering and compiling it once
+  # rather than twice).
+  def walk(carry):
+    x, first = carry
+    return jnp.where(first | (x >= n), cipher(x), x), jnp.bool_(False)
 
-  x = cipher(jnp.asarray(index, jnp.uint32))
-  x = jax.lax.while_loop(lambda x: jnp.any(x >= n), walk, x)
+  x, _ = jax.lax.while_loop(lambda c: c[1] | jnp.any(c[0] >= n), walk,
+                            (jnp.asarray(index, jnp.uint32), jnp.bool_(True)))
   return x.astype(jnp.int32)
