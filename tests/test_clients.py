@@ -36,8 +36,9 @@ def _config(strategy="fedavg", **over):
 # -------------------------------------------------------- the draw of clients
 def test_each_round_draws_distinct_clients_of_the_population():
   key = jax.random.PRNGKey(5)
-  draws = np.stack([np.asarray(data.round_clients(key, r, M, jnp.arange(K)))
-                    for r in range(40)])
+  draw = jax.jit(jax.vmap(lambda r: data.round_clients(
+      key, r, M, jnp.arange(K))))
+  draws = np.asarray(draw(jnp.arange(40)))
   assert all(len(set(row)) == K for row in draws)
   assert draws.min() >= 0 and draws.max() < M
   assert len({tuple(row) for row in draws}) > 30  # rounds differ
@@ -81,6 +82,9 @@ def test_a_sharding_that_cannot_give_every_client_a_batch_is_refused():
                      r" sharding gives client \d+ \d+ examples, fewer than "
                      r"batch_size=8"):
     data.client_shards(data.digits(sharding="dirichlet"), 500, 8, seed=0)
+  with pytest.raises(ValueError, match=r"clients=50 is invalid: 'source' "
+                     "sharding cannot split 'digits' over 50 clients"):
+    data.client_shards(data.digits(sharding="source"), 50, 8, seed=0)
   with pytest.raises(ValueError, match="batch_size=4000 is invalid"):
     data.client_shards(DIGITS, 10, 4000, seed=0)
 
@@ -93,19 +97,22 @@ def test_a_slot_draws_its_batches_from_its_clients_shard_in_its_stream():
   # The example behind each index (``arrays`` holds some out for eval).
   idx = np.asarray(source.train["x"])[np.asarray(sampler.shard_idx_M), 0]
   key = jax.random.PRNGKey(2)
+  whole = data.WorkerSampler(sampler.arrays, sampler.shard_idx_M,
+                             sampler.shard_len_M, 5, "classification",
+                             None, sampler.max_shard)
+  draw = jax.jit(lambda s, t: (s.clients_at(key, t), s.sample(key, t)))
+  every = jax.jit(lambda s, t: s.sample(key, t))
   for step in (0, 3, 4, 9):
-    client_W = np.asarray(sampler.clients_at(key, step))
+    client_W, batch_W = draw(sampler, step)
+    client_W = np.asarray(client_W)
     np.testing.assert_array_equal(client_W, data.round_clients(
         key, step // 4, 10, jnp.arange(3)))
-    got = np.asarray(sampler.sample(key, step)["x"])[..., 0].astype(int)
-    whole = data.WorkerSampler(sampler.arrays, sampler.shard_idx_M,
-                               sampler.shard_len_M, 5, "classification",
-                               None, sampler.max_shard).sample(key, step)
+    got = np.asarray(batch_W["x"])[..., 0].astype(int)
+    whole_x = np.asarray(every(whole, step)["x"])
     for w, c in enumerate(client_W):
       assert set(got[w]) <= set(idx[c])
       # Client c's stream: the batch it would draw as worker c of M.
-      np.testing.assert_array_equal(got[w], np.asarray(
-          whole["x"])[c, :, 0].astype(int))
+      np.testing.assert_array_equal(got[w], whole_x[c, :, 0].astype(int))
 
 
 # -------------------------------------------------- the engine, against a loop
@@ -117,35 +124,44 @@ def _start(config):
   return sim, params, state.data_key
 
 
-def _client_round(loss, params, batch, inner, steps):
-  """One client's ``steps`` inner steps from ``params`` on its whole shard,
-  with a fresh optimizer state."""
-  grad = jax.jit(jax.grad(lambda p: loss(p, batch, jax.random.PRNGKey(0))[0]))
-  opt = inner.init(params)
-  for _ in range(steps):
-    updates, opt = inner.update(grad(params), opt, params)
-    params = optax.apply_updates(params, updates)
-  return params
+def _client_round(loss, inner):
+  """One client's H inner steps from ``params`` on its whole shard, with a
+  fresh optimizer state (compiled once, run for every client)."""
+  def run(params, x, y):
+    batch = {"x": x, "y": y}
+    grad = jax.grad(lambda p: loss(p, batch, jax.random.PRNGKey(0))[0])
+    opt = inner.init(params)
+    for _ in range(H):
+      updates, opt = inner.update(grad(params), opt, params)
+      params = optax.apply_updates(params, updates)
+    return params
+  return jax.jit(run)
+
+
+def _shards(seed):
+  """Every client's examples (the iid split of N over M), on device."""
+  xs = jnp.asarray(DIGITS.train["x"], jnp.float32)
+  ys = jnp.asarray(DIGITS.train["y"], jnp.int32)
+  return [(xs[s], ys[s]) for s in _sharding.shard_indices("iid", N, M, seed)]
+
+
+def _outer_step(outer, params, outer_state, trained):
+  pseudo = jax.tree.map(lambda g, *w: g - np.mean(w, axis=0), params,
+                        *trained)
+  updates, outer_state = outer.update(pseudo, outer_state, params)
+  return optax.apply_updates(params, updates), outer_state
 
 
 def _reference(sim, params, data_key, inner, outer, seed):
   """Rounds of: draw K of M clients, run each from the global model on its
   own shard, average, outer step on the mean pseudo-gradient."""
-  loss = sim.config.model.loss
-  shards = _sharding.shard_indices("iid", N, M, seed)
-  xs, ys = np.asarray(DIGITS.train["x"], np.float32), DIGITS.train["y"]
+  client_round = _client_round(sim.config.model.loss, inner)
+  shards = _shards(seed)
   outer_state = outer.init(params)
   for r in range(ROUNDS):
     clients = np.asarray(data.round_clients(data_key, r, M, jnp.arange(K)))
-    trained = []
-    for c in clients:
-      batch = {"x": jnp.asarray(xs[shards[c]]),
-               "y": jnp.asarray(ys[shards[c]], jnp.int32)}
-      trained.append(_client_round(loss, params, batch, inner, H))
-    pseudo = jax.tree.map(lambda g, *w: g - np.mean(w, axis=0), params,
-                          *trained)
-    updates, outer_state = outer.update(pseudo, outer_state, params)
-    params = optax.apply_updates(params, updates)
+    trained = [client_round(params, *shards[c]) for c in clients]
+    params, outer_state = _outer_step(outer, params, outer_state, trained)
   return params
 
 
@@ -156,12 +172,17 @@ def _assert_close(got, want):
 
 
 def test_fedavg_over_sampled_clients_matches_a_loop_over_rounds():
-  config = _config("fedavg", inner="sgd", inner_lr=0.3)
+  config = _config("fedavg", inner="sgd", inner_lr=0.3, bandwidth="1Gbps")
   sim, params, data_key = _start(config)
   result = sim.run(seed=config.seed)
   want = _reference(sim, params, data_key, optax.sgd(0.3), optax.sgd(1.0),
                     config.seed)
   _assert_close(result.params, want)
+  # A traced learning rate survives the clients' fresh optimizer states.
+  tuned = sim.run(seed=config.seed, hparams={"inner_lr": 0.1})
+  _assert_close(tuned.params, _reference(
+      sim, params, data_key, optax.sgd(0.1), optax.sgd(1.0), config.seed))
+  _check_bytes_and_seeds(sim, result)
 
 
 def test_diloco_over_sampled_clients_matches_a_loop_with_fresh_adamw():
@@ -184,34 +205,34 @@ def _kept_moments_reference(sim, params, data_key, seed):
   """DiLoCo whose slots keep their AdamW state across rounds (wrong for
   clients): what the fresh-state test must tell apart."""
   loss = sim.config.model.loss
-  shards = _sharding.shard_indices("iid", N, M, seed)
-  xs, ys = np.asarray(DIGITS.train["x"], np.float32), DIGITS.train["y"]
   inner = optax.adamw(0.01, weight_decay=0.1)
   outer = optax.sgd(0.7, momentum=0.9, nesterov=True)
-  opts, outer_state = [inner.init(params) for _ in range(K)], outer.init(params)
+
+  @jax.jit
+  def slot_round(params, opt, x, y):
+    grad = jax.grad(lambda p: loss(p, {"x": x, "y": y},
+                                   jax.random.PRNGKey(0))[0])
+    for _ in range(H):
+      updates, opt = inner.update(grad(params), opt, params)
+      params = optax.apply_updates(params, updates)
+    return params, opt
+
+  shards = _shards(seed)
+  opts, outer_state = [inner.init(params)] * K, outer.init(params)
   for r in range(ROUNDS):
     clients = np.asarray(data.round_clients(data_key, r, M, jnp.arange(K)))
     trained = []
     for w, c in enumerate(clients):
-      batch = {"x": jnp.asarray(xs[shards[c]]),
-               "y": jnp.asarray(ys[shards[c]], jnp.int32)}
-      p = params
-      grad = jax.grad(lambda q: loss(q, batch, jax.random.PRNGKey(0))[0])
-      for _ in range(H):
-        updates, opts[w] = inner.update(grad(p), opts[w], p)
-        p = optax.apply_updates(p, updates)
+      p, opts[w] = slot_round(params, opts[w], *shards[c])
       trained.append(p)
-    pseudo = jax.tree.map(lambda g, *w: g - np.mean(w, axis=0), params,
-                          *trained)
-    updates, outer_state = outer.update(pseudo, outer_state, params)
-    params = optax.apply_updates(params, updates)
+    params, outer_state = _outer_step(outer, params, outer_state, trained)
   return params
 
 
-def test_bytes_count_the_sampled_clients_only_and_seeds_repeat():
-  config = _config("fedavg", inner="sgd", inner_lr=0.3, bandwidth="1Gbps")
-  sim = lowbw.build(config)
-  first, again = sim.run(seed=3), sim.run(seed=3)
+def _check_bytes_and_seeds(sim, first):
+  """Bytes and the clock count the K sampled clients only; the same seed
+  repeats bit for bit, another draws other clients."""
+  again = sim.run(seed=3)
   for a, b in zip(jax.tree.leaves(first.params), jax.tree.leaves(again.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   payload = sum(x.size * 4 for x in jax.tree.leaves(first.params))

@@ -89,10 +89,15 @@ def client_shards(source, clients: int, batch_size: int,
                          f"{total}, the training examples of {source.name!r}")
   if source.sharding in ("iid", "contiguous") and total // clients < batch_size:
     return _overlapping(source.sharding, total, clients, batch_size, seed)
-  shards = _sharding.shard_indices(
-      source.sharding, total, clients, int(seed),
-      labels=source.groups if source.groups is not None
-      else source.train.get("y"), alpha=source.alpha)
+  try:
+    shards = _sharding.shard_indices(
+        source.sharding, total, clients, int(seed),
+        labels=source.groups if source.groups is not None
+        else source.train.get("y"), alpha=source.alpha)
+  except _validate.ConfigError as e:  # its words are about workers
+    raise _validate.fail(
+        "clients", clients, f"{source.sharding!r} sharding cannot split "
+        f"{source.name!r} over {clients} clients ({e})") from None
   sizes = np.array([len(s) for s in shards])
   if sizes.min() < batch_size:
     c = int(np.argmin(sizes))
