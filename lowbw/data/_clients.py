@@ -24,7 +24,7 @@ from lowbw._random import random_bijection
 from lowbw._types import Array, ArrayLike, Batch, PRNGKey
 from lowbw.data import _sharding
 from lowbw.data._sampler import WorkerSampler
-from lowbw.data._source import train_arrays
+from lowbw.data._source import DataSource, train_arrays
 
 # Folded into the data key for the clients' draw; client streams fold in
 # client ids, which are below 2**31, so the two never share a key.
@@ -83,6 +83,9 @@ def client_shards(source, clients: int, batch_size: int,
     >>> idx.shape, int(n.min())
     ((100000, 8), 8)
   """
+  if not isinstance(source, DataSource):
+    raise _validate.fail("clients", clients, f"splits a lowbw.data.DataSource "
+                         f"over its clients, not a {type(source).__name__}")
   total = source.num_examples()
   if batch_size > total:
     raise _validate.fail("batch_size", batch_size, f"expected at most "
