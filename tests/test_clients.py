@@ -152,15 +152,18 @@ def _outer_step(outer, params, outer_state, trained):
   return optax.apply_updates(params, updates), outer_state
 
 
-def _reference(sim, params, data_key, inner, outer, seed):
+def _uniform(data_key, r):
+  return np.asarray(data.round_clients(data_key, r, M, jnp.arange(K)))
+
+
+def _reference(sim, params, data_key, inner, outer, seed, draw=_uniform):
   """Rounds of: draw K of M clients, run each from the global model on its
   own shard, average, outer step on the mean pseudo-gradient."""
   client_round = _client_round(sim.config.model.loss, inner)
   shards = _shards(seed)
   outer_state = outer.init(params)
   for r in range(ROUNDS):
-    clients = np.asarray(data.round_clients(data_key, r, M, jnp.arange(K)))
-    trained = [client_round(params, *shards[c]) for c in clients]
+    trained = [client_round(params, *shards[c]) for c in draw(data_key, r)]
     params, outer_state = _outer_step(outer, params, outer_state, trained)
   return params
 
@@ -249,6 +252,74 @@ def _check_bytes_and_seeds(sim, first):
   other = sim.run(seed=4)
   assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in
              zip(jax.tree.leaves(first.params), jax.tree.leaves(other.params)))
+
+
+# ------------------------------------------------------------ availability
+def _trace(tmp_path, table=None):
+  """Clients 0-11 available in even rounds, 8-19 in odd ones."""
+  if table is None:
+    table = np.zeros((M, 2), int)
+    table[:12, 0] = table[8:, 1] = 1
+  path = tmp_path / "availability.csv"
+  np.savetxt(path, table, fmt="%d", delimiter=",")
+  return str(path), np.asarray(table, bool)
+
+
+def _first_available(table, data_key, r):
+  """The documented rule, plainly: the round's bijection of all M clients,
+  in order, keeping the first K available in column r mod P."""
+  order = np.asarray(data.round_clients(data_key, r, M, jnp.arange(M)))
+  return [c for c in order if table[c, r % table.shape[1]]][:K]
+
+
+def test_an_availability_trace_draws_the_first_available_clients(tmp_path):
+  _, table = _trace(tmp_path)
+  key = jax.random.PRNGKey(4)
+  draw = jax.jit(lambda r: data.available_clients(key, r, M, table, K))
+  for r in range(12):
+    got = np.asarray(draw(r))
+    assert list(got) == _first_available(table, key, r)
+    assert table[got, r % 2].all() and len(set(got)) == K
+  # Every client available: the uniform draw.
+  every = np.ones((M, 3), bool)
+  np.testing.assert_array_equal(
+      data.available_clients(key, 5, M, every, K),
+      data.round_clients(key, 5, M, jnp.arange(K)))
+
+
+def test_fedavg_over_available_clients_matches_a_loop(tmp_path):
+  path, table = _trace(tmp_path)
+  config = _config("fedavg", inner="sgd", inner_lr=0.3, availability=path)
+  sim, params, data_key = _start(config)
+  result = sim.run(seed=config.seed)
+  want = _reference(sim, params, data_key, optax.sgd(0.3), optax.sgd(1.0),
+                    config.seed, draw=lambda key, r: _first_available(
+                        table, key, r))
+  _assert_close(result.params, want)
+
+
+@pytest.mark.parametrize("table, message", [
+    (np.ones((M - 1, 2)), "has 19 rows; expected one per client, clients=20"),
+    (np.full((M, 2), 2), "holds values other than 0 and 1"),
+    (np.eye(M, 2), "column 0 makes 1 clients available, fewer than "
+     "workers=4"),
+])
+def test_a_bad_availability_trace_is_refused_naming_it(tmp_path, table,
+                                                       message):
+  path, _ = _trace(tmp_path, table)
+  with pytest.raises(ValueError, match="availability=.* is invalid: " +
+                     message):
+    _config("fedavg", availability=path)
+
+
+def test_availability_needs_clients_and_a_file(tmp_path):
+  path, _ = _trace(tmp_path)
+  with pytest.raises(ValueError, match="availability=.* is invalid: needs "
+                     "clients=M"):
+    _config("fedavg", availability=path, clients=None)
+  with pytest.raises(ValueError, match="availability=.* is invalid: no such "
+                     "file"):
+    _config("fedavg", availability=str(tmp_path / "none.csv"))
 
 
 # ------------------------------------------------------------------ errors

@@ -11,6 +11,7 @@ import numpy as np
 import optax
 
 from lowbw import _validate
+from lowbw import data as data_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms as transforms_lib
 from lowbw.network import _clock, _faults
@@ -311,3 +312,15 @@ def _check_stateless_clients(strategy) -> None:
     raise _validate.fail("codec", codec, "is warm-started from each "
                          "worker's previous message, which sampled clients "
                          "(clients=M) do not keep; choose a stateless codec")
+
+
+def availability(name, value, s, strategy) -> str | None:
+  """``availability``: None, or with ``clients`` the path of a trace that
+  ``data.read_availability`` accepts (read again when a run starts)."""
+  if value is None:
+    return None
+  if s["clients"] is None:
+    raise _validate.fail(name, value, "needs clients=M (it says which of "
+                         "the M clients can be drawn each round)")
+  data_lib.read_availability(value, s["clients"], s["workers"])
+  return str(value)

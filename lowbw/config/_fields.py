@@ -502,6 +502,11 @@ RUN_FIELDS = (
           "(fedavg, diloco, fedadam; docs/clients.md); default: every "
           "worker is a client of its own", int, unit="clients",
           check=_checks.clients),
+    Field("availability", None, SHAPE, _H, "with clients: a CSV trace of "
+          "0 and 1, one row per client and one column per round of a "
+          "repeating period; each round draws its workers among the "
+          "clients available (docs/clients.md); default: every client "
+          "every round", check=_checks.availability),
 )
 
 # Settings that only some choices use: choice kind -> choice -> settings.

@@ -20,8 +20,10 @@ from lowbw import _validate
 from lowbw.data._arrays import arrays
 from lowbw.data._arrays import token_file
 from lowbw.data._clients import ClientSampler
+from lowbw.data._clients import available_clients
 from lowbw.data._clients import client_sampler
 from lowbw.data._clients import client_shards
+from lowbw.data._clients import read_availability
 from lowbw.data._clients import round_clients
 from lowbw.data._digits import digits
 from lowbw.data._images import cifar10
@@ -89,6 +91,7 @@ __all__ = [
     "RECIPES",
     "WorkerSampler",
     "arrays",
+    "available_clients",
     "cifar10",
     "cifar10_arrays",
     "client_sampler",
@@ -102,6 +105,7 @@ __all__ = [
     "per_worker",
     "prepare",
     "prepared",
+    "read_availability",
     "read_idx",
     "round_clients",
     "text_bytes",

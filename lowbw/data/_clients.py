@@ -60,6 +60,84 @@ def round_clients(key: PRNGKey, round_: ArrayLike, clients: int,
   return random_bijection(round_key, slots, clients, clients)
 
 
+def available_clients(key: PRNGKey, round_: ArrayLike, clients: int,
+                      available_MP: Array, workers: int) -> Array:
+  """The ``workers`` clients of round ``round_`` under an availability
+  trace: the first ``workers`` clients, in the order of the round's
+  bijection (``round_clients`` at positions 0, 1, 2, ...), that
+  ``available_MP[:, round_ % P]`` marks available.
+
+  Without unavailable clients this is ``round_clients`` at slots
+  ``0 .. workers-1``. The positions are scanned ``workers`` at a time, so a
+  round costs O(workers / f) for a fraction f of clients available.
+
+  Args:
+    key: the run's data key.
+    round_: the round, ``step // H``; may be traced.
+    clients: M (static).
+    available_MP: bool (M, P), client c can be drawn in round r when
+      ``available_MP[c, r % P]``; every column has at least ``workers``.
+    workers: W, the clients drawn (static).
+
+  Returns:
+    int32 (W,): slot w's client.
+  """
+  round_ = jnp.asarray(round_, jnp.uint32)
+  available_MP = jnp.asarray(available_MP, bool)
+  column = available_MP[:, (round_ % available_MP.shape[1]).astype(jnp.int32)]
+  round_key = jax.random.fold_in(jax.random.fold_in(key, _DRAW_TAG), round_)
+  chunk = jnp.arange(workers, dtype=jnp.int32)
+
+  def scan(carry):
+    start, filled, out = carry
+    position = start + chunk
+    client = random_bijection(round_key, jnp.minimum(position, clients - 1),
+                              clients, clients)
+    ok = (position < clients) & column[client]
+    rank = filled + jnp.cumsum(ok) - 1
+    out = out.at[jnp.where(ok, rank, workers)].set(client, mode="drop")
+    return start + workers, filled + ok.sum(), out
+
+  start = (jnp.int32(0), jnp.int32(0), jnp.zeros(workers, jnp.int32))
+  return jax.lax.while_loop(lambda c: c[1] < workers, scan, start)[2]
+
+
+def read_availability(path, clients: int, workers: int) -> np.ndarray:
+  """An availability trace: a CSV of 0 and 1, one row per client and one
+  column per round of a period that repeats (client c can be drawn in round
+  r when row c, column r mod P is 1); every column must make at least
+  ``workers`` clients available. Returns bool (M, P); errors name
+  ``availability``.
+
+  Example:
+    >>> import numpy as np, tempfile, os
+    >>> path = os.path.join(tempfile.mkdtemp(), "a.csv")
+    >>> np.savetxt(path, np.ones((6, 2)), fmt="%d", delimiter=",")
+    >>> read_availability(path, clients=6, workers=2).shape
+    (6, 2)
+  """
+  path = _validate.existing_file("availability", path, "a CSV file of 0 and "
+                                 "1, one row per client")
+  try:
+    table = np.loadtxt(path, delimiter=",", ndmin=2)
+  except ValueError as e:
+    raise _validate.fail("availability", path, f"expected a CSV of 0 and 1, "
+                         f"one row per client ({e})") from None
+  if table.shape[0] != clients:
+    raise _validate.fail("availability", path, f"has {table.shape[0]} rows; "
+                         f"expected one per client, clients={clients}")
+  if not np.isin(table, (0, 1)).all():
+    raise _validate.fail("availability", path, "holds values other than 0 "
+                         "and 1 (1: the client can be drawn that round)")
+  counts = table.sum(axis=0)
+  if counts.min() < workers:
+    r = int(np.argmin(counts))
+    raise _validate.fail("availability", path, f"column {r} makes "
+                         f"{int(counts[r])} clients available, fewer than "
+                         f"workers={workers} (drawn every round)")
+  return table.astype(bool)
+
+
 def client_shards(source, clients: int, batch_size: int,
                   seed: int) -> tuple[np.ndarray, np.ndarray]:
   """Every client's example indices: ``(idx_M, len_M)``, int32 ``(M, s)``
@@ -141,6 +219,9 @@ class ClientSampler:
     batch_size, task, seq_len, max_shard: as ``WorkerSampler``'s (static).
     clients: M (static).
     period: H, steps per round (static).
+    available_MP: bool (M, P), the availability trace
+      (``available_clients``), or None: every client every round.
+    workers: W, the slots over all devices (static).
 
   Example:
     >>> import jax
@@ -161,6 +242,8 @@ class ClientSampler:
   max_shard: int
   clients: int
   period: int
+  available_MP: Array | None = None
+  workers: int = 0
 
   @property
   def num_workers(self) -> int:
@@ -169,7 +252,11 @@ class ClientSampler:
   def clients_at(self, key: PRNGKey, step: ArrayLike) -> Array:
     """int32 (W,): the client each slot trains at ``step``."""
     round_ = jnp.asarray(step, jnp.uint32) // jnp.uint32(self.period)
-    return round_clients(key, round_, self.clients, self.slot_W)
+    if self.available_MP is None:
+      return round_clients(key, round_, self.clients, self.slot_W)
+    drawn = available_clients(key, round_, self.clients, self.available_MP,
+                              self.workers)
+    return drawn[self.slot_W]
 
   def sample(self, key: PRNGKey, step: ArrayLike,
              worker_offset: ArrayLike = 0) -> Batch:
@@ -187,14 +274,16 @@ class ClientSampler:
 
 jax.tree_util.register_dataclass(
     ClientSampler,
-    data_fields=["arrays", "slot_W", "shard_idx_M", "shard_len_M"],
+    data_fields=["arrays", "slot_W", "shard_idx_M", "shard_len_M",
+                 "available_MP"],
     meta_fields=["batch_size", "task", "seq_len", "max_shard", "clients",
-                 "period"],
+                 "period", "workers"],
 )
 
 
 def client_sampler(source, clients: int, num_workers: int, batch_size: int,
-                   seed: int, period: int) -> ClientSampler:
+                   seed: int, period: int,
+                   available: np.ndarray | None = None) -> ClientSampler:
   """``source``'s examples split over ``clients`` clients
   (``client_shards``), of which ``num_workers`` train each round of
   ``period`` steps; moved to device.
@@ -207,6 +296,8 @@ def client_sampler(source, clients: int, num_workers: int, batch_size: int,
     seed: seeds the sharding (the draw of clients is keyed by the run's
       data key).
     period: H, the strategy's steps per round.
+    available: bool (M, P), an availability trace (``read_availability``),
+      or None: every client can be drawn every round.
 
   Returns:
     A ``ClientSampler``.
@@ -223,4 +314,6 @@ def client_sampler(source, clients: int, num_workers: int, batch_size: int,
       shard_idx_M=jax.device_put(idx_M), shard_len_M=jax.device_put(len_M),
       batch_size=batch_size, task=source.task,
       seq_len=source.seq_len if source.task == "lm" else None,
-      max_shard=int(idx_M.shape[1]), clients=clients, period=period)
+      max_shard=int(idx_M.shape[1]), clients=clients, period=period,
+      available_MP=None if available is None else jax.device_put(
+          np.asarray(available, bool)), workers=num_workers)

@@ -65,8 +65,11 @@ def build_sampler(c, seed: int):
   ``clients`` a ``data.client_sampler`` (the workers are sampled clients)."""
   if c.clients is None:
     return c.data.build(c.workers, c.batch_size, seed)
+  available = (None if c.availability is None else
+               data_lib.read_availability(c.availability, c.clients,
+                                          c.workers))
   return data_lib.client_sampler(c.data, c.clients, c.workers, c.batch_size,
-                                 seed, c.period)
+                                 seed, c.period, available)
 
 
 class Inputs:
