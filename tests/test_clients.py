@@ -330,7 +330,8 @@ def test_availability_needs_clients_and_a_file(tmp_path):
      "clients=20 is invalid: samples "
      "clients for strategies fedavg, diloco, fedadam .*'streaming_diloco' "
      "is not one of them"),
-    (dict(strategy="ddp", H=None, eval_every=None), "strategy 'ddp' is not one of them"),
+    (dict(strategy="ddp", H=None, eval_every=None),
+     "strategy 'ddp' is not one of them"),
     (dict(codec="int8", ef=0.5),
      "ef=0.5 is invalid: is state each worker keeps"),
     (dict(strategy="diloco", codec="lowrank:2"),

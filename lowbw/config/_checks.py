@@ -283,8 +283,8 @@ def clients(name, value, s, strategy) -> int | None:
         "given", f"with clients={value} the workers are other clients every "
         "round, so faults and stragglers of fixed workers have no meaning; "
         "run without them")
-  grouped = s["worker_batch"] not in (None, "auto", s["workers"] // s["devices"])
-  if grouped:
+  per_device = s["workers"] // s["devices"]
+  if s["worker_batch"] not in (None, "auto", per_device):
     raise _validate.fail("worker_batch", s["worker_batch"], f"with clients="
                          f"{value} every worker's steps run at once: give "
                          "'auto' or 'all'")
