@@ -70,6 +70,10 @@ def cases():
       # averaged over devices; evaluated from the replicated replica.
       "diloco_shadow": (strategies.diloco(optax.adamw(1e-3), H=3), None,
                         {"shadow": "ddp"}),
+      # Sampled clients: every device's slots draw from the replicated
+      # clients' table, by their global slot index.
+      "fedavg_clients": (strategies.fedavg(optax.adamw(1e-3), H=3), None,
+                         {"clients": 40}),
   }
 
 

@@ -71,6 +71,8 @@ def test_a_configs_build_settings_reach_the_run_config():
     ("worker_dtype", "float64", "worker_dtype"),
     ("worker_batch", 3, "must divide"),
     ("memory_budget", "150%", "percentage"),
+    ("clients", 1, "must be at least workers=2"),
+    ("availability", "trace.csv", "needs clients=M"),
 ])
 def test_each_build_fields_rule_refuses_a_bad_value_naming_it(name, bad,
                                                               words):

@@ -11,7 +11,9 @@ import numpy as np
 import optax
 
 from lowbw import _validate
+from lowbw import data as data_lib
 from lowbw import strategies as strategies_lib
+from lowbw import transforms as transforms_lib
 from lowbw.network import _clock, _faults
 from lowbw.config import _resources
 
@@ -255,3 +257,70 @@ def _check_asynchronous(strategy, network) -> None:
         "mitigation", network.stragglers.mitigation,
         f"strategy {strategy.name!r} waits for nobody, so there is nothing "
         "to mitigate: give mitigation 'none' (jitter still slows workers)")
+
+
+def clients(name, value, s, strategy) -> int | None:
+  """``clients``: None (every worker is a client of its own) or a
+  population M >= workers, of which the workers are a fresh sample every
+  round (``data.client_sampler``, ``strategies.sampled_clients``): FedAvg,
+  DiLoCo or FedAdam, without per-client state, faults or worker groups."""
+  if value is None:
+    return None
+  value = _validate.positive_int(name, value)
+  if value < s["workers"]:
+    raise _validate.fail(name, value, f"must be at least workers="
+                         f"{s['workers']}, the clients sampled each round")
+  allowed = strategies_lib.CLIENT_STRATEGIES
+  if strategy.name not in allowed:
+    raise _validate.fail(
+        name, value, f"samples clients for strategies {', '.join(allowed)} "
+        "(their workers restart from the global model every round); "
+        f"strategy {strategy.name!r} is not one of them")
+  _check_stateless_clients(strategy)
+  if has_masks(s["network"]):
+    raise _validate.fail(
+        "faults" if s["network"].faults is not None else "mitigation",
+        "given", f"with clients={value} the workers are other clients every "
+        "round, so faults and stragglers of fixed workers have no meaning; "
+        "run without them")
+  per_device = s["workers"] // s["devices"]
+  if s["worker_batch"] not in (None, "auto", per_device):
+    raise _validate.fail("worker_batch", s["worker_batch"], f"with clients="
+                         f"{value} every worker's steps run at once: give "
+                         "'auto' or 'all'")
+  return value
+
+
+def _check_stateless_clients(strategy) -> None:
+  """A sampled client keeps nothing between rounds: no error-feedback
+  residual, no outer model of its own, no warm-started codec."""
+  config = strategy.config
+  for field, given in (("ef", config.get("error_feedback")),
+                       ("eager", config.get("eager")),
+                       ("message", config.get("message"))):
+    if given:
+      raise _validate.fail(field, given, "is state each worker keeps "
+                           "between rounds, which sampled clients (clients=M)"
+                           " do not keep; run without it")
+  codec = config.get("codec")
+  try:
+    warm = codec is not None and transforms_lib.parse_codec(
+        codec).start is not None
+  except (ValueError, TypeError):  # a codec of the user's, not a spec
+    warm = False
+  if warm:
+    raise _validate.fail("codec", codec, "is warm-started from each "
+                         "worker's previous message, which sampled clients "
+                         "(clients=M) do not keep; choose a stateless codec")
+
+
+def availability(name, value, s, strategy) -> str | None:
+  """``availability``: None, or with ``clients`` the path of a trace that
+  ``data.read_availability`` accepts (read again when a run starts)."""
+  if value is None:
+    return None
+  if s["clients"] is None:
+    raise _validate.fail(name, value, "needs clients=M (it says which of "
+                         "the M clients can be drawn each round)")
+  data_lib.read_availability(value, s["clients"], s["workers"])
+  return str(value)

@@ -495,6 +495,18 @@ RUN_FIELDS = (
           "'512MiB' or a share of free memory, '60%' (default 80% of free "
           "memory); a run estimated to need more is refused before compiling",
           _memory_budget(), check=_checks.memory_budget),
+    # Checked last: it depends on the network, devices and worker_batch.
+    Field("clients", None, SHAPE, _H, "a population of M clients (M >= "
+          "workers) sharing the data, of which the workers are a fresh "
+          "sample every round, each starting from the global model "
+          "(fedavg, diloco, fedadam; docs/clients.md); default: every "
+          "worker is a client of its own", int, unit="clients",
+          check=_checks.clients),
+    Field("availability", None, SHAPE, _H, "with clients: a CSV trace of "
+          "0 and 1, one row per client and one column per round of a "
+          "repeating period; each round draws its workers among the "
+          "clients available (docs/clients.md); default: every client "
+          "every round", check=_checks.availability),
 )
 
 # Settings that only some choices use: choice kind -> choice -> settings.

@@ -18,6 +18,7 @@ import jax
 from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw import models as models_lib
+from lowbw import strategies as strategies_lib
 from lowbw.config import _fields
 # The rules the engine reads too (by this module's name).
 from lowbw.config._checks import (AUTOCAST, WORKER_DTYPES, check_seed,
@@ -102,6 +103,13 @@ def engine_config(model, data, strategy, settings: dict) -> "RunConfig":
     settings.update(devices=1, auto_devices=False)
   _check_model_fits_data(model, data)
   data.check_workers(settings["workers"])
+  if settings["clients"] is not None:
+    # Data that cannot give every client a batch is refused before
+    # compiling (seed 0's shards; a run's own seed shards again).
+    data_lib.client_shards(data, settings["clients"], settings["batch_size"],
+                           0)
+    # The workers are other clients every round: fresh inner state at syncs.
+    strategy = strategies_lib.sampled_clients(strategy)
   return RunConfig(model, data, strategy, **settings)
 
 

@@ -19,6 +19,12 @@ from collections.abc import Callable
 from lowbw import _validate
 from lowbw.data._arrays import arrays
 from lowbw.data._arrays import token_file
+from lowbw.data._clients import ClientSampler
+from lowbw.data._clients import available_clients
+from lowbw.data._clients import client_sampler
+from lowbw.data._clients import client_shards
+from lowbw.data._clients import read_availability
+from lowbw.data._clients import round_clients
 from lowbw.data._digits import digits
 from lowbw.data._images import cifar10
 from lowbw.data._images import cifar10_arrays
@@ -80,12 +86,16 @@ def get(name: str, **kwargs) -> DataSource:
 
 
 __all__ = [
+    "ClientSampler",
     "DataSource",
     "RECIPES",
     "WorkerSampler",
     "arrays",
+    "available_clients",
     "cifar10",
     "cifar10_arrays",
+    "client_sampler",
+    "client_shards",
     "digits",
     "fashion_mnist",
     "get",
@@ -95,7 +105,9 @@ __all__ = [
     "per_worker",
     "prepare",
     "prepared",
+    "read_availability",
     "read_idx",
+    "round_clients",
     "text_bytes",
     "token_file",
 ]

@@ -57,7 +57,8 @@ class WorkerSampler:
     return self.shard_len_W.shape[0]
 
   def sample(
-      self, key: PRNGKey, step: ArrayLike, worker_offset: ArrayLike = 0
+      self, key: PRNGKey, step: ArrayLike, worker_offset: ArrayLike = 0,
+      streams: Array | None = None
   ) -> Batch:
     """Draws step ``step``'s batch for every worker.
 
@@ -74,14 +75,19 @@ class WorkerSampler:
       worker_offset: global index of this sampler's worker 0, for a sampler
         whose rows are a slice of the workers (e.g. inside ``shard_map``), so
         that worker w draws the same batches wherever it runs.
+      streams: int (W,), the id each row's stream is keyed by instead of its
+        worker index (a sampled client's id, ``ClientSampler``), or None.
 
     Returns:
       The batch with leading axes (W, b): ``{"x": float32, "y": int32}`` for
       classification, ``{"tokens": int32 (W, b, seq_len + 1)}`` for lm.
     """
     step = jnp.asarray(step, jnp.uint32)
-    workers = jnp.arange(self.num_workers, dtype=jnp.uint32) + jnp.asarray(
-        worker_offset, jnp.uint32)
+    if streams is None:
+      workers = jnp.arange(self.num_workers, dtype=jnp.uint32) + jnp.asarray(
+          worker_offset, jnp.uint32)
+    else:
+      workers = jnp.asarray(streams, jnp.uint32)
 
     def one_worker(worker, shard_idx, shard_len):
       epoch, offset = _epoch_and_offset(

@@ -242,15 +242,8 @@ class DataSource:
         alpha=self.alpha)
     self._check_batch_fits(shards, batch_size)
     shard_idx_W, shard_len_W = _sharding.pad_shards(shards)
-    if self.task == "lm":
-      arrays = {"tokens": self.train["tokens"]}
-    else:
-      arrays = {
-          "x": np.asarray(self.train["x"], np.float32),
-          "y": np.asarray(self.train["y"], np.int32),
-      }
     return WorkerSampler(
-        arrays=jax.device_put(arrays),
+        arrays=jax.device_put(train_arrays(self)),
         shard_idx_W=jax.device_put(shard_idx_W),
         shard_len_W=jax.device_put(shard_len_W),
         batch_size=batch_size,
@@ -355,3 +348,12 @@ def _windows(tokens: np.ndarray, seq_len: int, count: int,
            if spread else np.arange(count))
   offsets = index[:, None] * seq_len + np.arange(seq_len + 1)[None, :]
   return tokens[offsets].astype(np.int32)
+
+
+def train_arrays(source: DataSource) -> dict[str, np.ndarray]:
+  """The training arrays a sampler puts on device: ``{"x": float32, "y":
+  int32}`` for classification, ``{"tokens"}`` for lm."""
+  if source.task == "lm":
+    return {"tokens": source.train["tokens"]}
+  return {"x": np.asarray(source.train["x"], np.float32),
+          "y": np.asarray(source.train["y"], np.int32)}

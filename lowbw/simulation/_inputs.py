@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate, telemetry
+from lowbw import data as data_lib
 from lowbw.network import _clock
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_engine, _hparams, _mesh, _pace,
@@ -56,8 +57,19 @@ def place_mesh(c, facts, key):
       _mesh.active_specs(c.masks),
       _mesh.fleet_specs(c.strategy.asynchronous),
       _mesh.replicated(state.time_s), _mesh.replicated(state.shadow))
-  sampler = c.data.build(c.workers, c.batch_size, 0)
-  return mesh, (sim_specs, _mesh.sampler_specs(sampler))
+  return mesh, (sim_specs, _mesh.sampler_specs(build_sampler(c, 0)))
+
+
+def build_sampler(c, seed: int):
+  """The workers' shards for ``seed``: the data's ``build``, or with
+  ``clients`` a ``data.client_sampler`` (the workers are sampled clients)."""
+  if c.clients is None:
+    return c.data.build(c.workers, c.batch_size, seed)
+  available = (None if c.availability is None else
+               data_lib.read_availability(c.availability, c.clients,
+                                          c.workers))
+  return data_lib.client_sampler(c.data, c.clients, c.workers, c.batch_size,
+                                 seed, c.period, available)
 
 
 class Inputs:
@@ -158,7 +170,7 @@ class Inputs:
       c = self.config
       if len(self._samplers) >= 4:
         self._samplers.pop(next(iter(self._samplers)))
-      self._samplers[seed] = c.data.build(c.workers, c.batch_size, seed)
+      self._samplers[seed] = build_sampler(c, seed)
     return self._samplers[seed]
 
   def initial(self, seed: int = 0, hparams: dict | None = None,

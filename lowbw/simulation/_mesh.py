@@ -7,6 +7,7 @@ workers, everything else is replicated. Over several hosts
 holds its own devices' slices; the program is the same.
 """
 
+import dataclasses
 import os
 
 import jax
@@ -14,7 +15,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from lowbw import _validate
-from lowbw.data import WorkerSampler
+from lowbw.data import ClientSampler, WorkerSampler
 from lowbw.simulation._engine import MESH_AXIS
 
 _WORKERS = PartitionSpec(MESH_AXIS)
@@ -119,7 +120,12 @@ def fleet_specs(asynchronous):
 
 
 def sampler_specs(sampler):
-  """A ``WorkerSampler``'s shards are per worker; the dataset is replicated."""
+  """A ``WorkerSampler``'s shards are per worker; the dataset is replicated.
+  A ``ClientSampler``'s slots are per worker; its clients' shards are
+  replicated (any device's slot may draw any client)."""
+  if isinstance(sampler, ClientSampler):
+    return dataclasses.replace(
+        jax.tree.map(lambda _: _REPLICATED, sampler), slot_W=_WORKERS)
   if not isinstance(sampler, WorkerSampler):
     raise _validate.fail("data", type(sampler).__name__,
                          "spreading workers over devices needs a data source "

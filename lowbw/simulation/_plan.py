@@ -12,6 +12,8 @@ def why_not_groups(c, channels: dict, local_report: dict) -> str | None:
   round on its own, ``_grouping.steps_in_groups``), or None."""
   if _mixed(c):
     return "runs a mixed fleet (pipeline_workers)"
+  if getattr(c, "clients", None) is not None:
+    return "samples its workers' clients every round (clients)"
   if any(k in channels for k in local_report):
     return "communicates at every inner step"
   if c.strategy.asynchronous:
