@@ -152,6 +152,22 @@ def test_a_two_process_checkpoint_resumes_in_one_process(two_processes,
   _assert_same(four_devices["diloco_q4_ef_faults"][0], resumed, "resumed")
 
 
+def test_processes_choose_the_same_chunks(monkeypatch):
+  """A chunk's rounds are a traced count: processes that chose different
+  counts from their own wall times would run different collectives. Over
+  several processes the count does not depend on time."""
+  from lowbw.simulation import _loop
+  monkeypatch.setattr(_loop, "CHUNK_SECONDS", 0.0)
+  one = _loop._Pace(8)
+  one.done(1)
+  assert one.rounds() == 1  # one process: as many as the time allows
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  many = _loop._Pace(8)
+  assert many.rounds() == 1  # the first chunk measures nothing
+  many.done(1)
+  assert many.rounds() == 8
+
+
 # ------------------------------------------------------------ bf16 workers
 MLP = models.mlp(hidden=(16,))
 
