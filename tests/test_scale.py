@@ -152,6 +152,23 @@ def test_a_two_process_checkpoint_resumes_in_one_process(two_processes,
   _assert_same(four_devices["diloco_q4_ef_faults"][0], resumed, "resumed")
 
 
+def test_only_process_0_checks_and_locks_the_folder(tmp_path):
+  """A process other than 0 writes no logs: it neither locks the folder nor
+  takes process 0's first files there for another run's."""
+  from lowbw.simulation import _logdir
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "metrics.csv").write_text("step\n1\n")  # as process 0 wrote it
+  sim = lowbw.build(MLP, "digits", strategies.ddp(optax.sgd(0.1)), workers=2,
+                    batch_size=4, steps=2, eval_examples=32, devices=1)
+  with pytest.raises(ValueError, match="holds another run"):
+    sim.run(out=str(out), progress=False)
+  sim.main_process = False
+  sim.run(out=str(out), progress=False)
+  assert sorted(os.listdir(out)) == ["metrics.csv"]
+  assert not (out / _logdir.LOCK).exists()
+
+
 def test_processes_choose_the_same_chunks(monkeypatch):
   """A chunk's rounds are a traced count: processes that chose different
   counts from their own wall times would run different collectives. Over
