@@ -4,11 +4,14 @@
 the caller), every case on 1 device and on 4; writes both trajectories to OUT.
 ``python scale_cases.py process PORT ID OUT``: process ID of 2 joins
 ``jax.distributed`` on 127.0.0.1:PORT and runs the multi-process case (the
-``diloco_q4_ef_faults`` case, whose one-device run ``devices`` writes);
-process 0 writes its trajectory to OUT.
+``diloco_q4_ef_faults`` case, whose one-device run ``devices`` writes)
+three times from one build, logging in OUT's folder: uninterrupted
+(``whole``), checkpointed and stopped halfway (``stopped``), resumed from
+that checkpoint; process 0 writes the trajectories to OUT.
 """
 
 import json
+import os
 import sys
 
 import numpy as np
@@ -77,20 +80,51 @@ def cases():
   }
 
 
-def trajectory(strategy, net, devices, workers=W, steps=STEPS, **kw):
-  import jax
-  import lowbw
+def _fields(strategy, net, devices, workers=W, steps=STEPS):
   from lowbw import models
-  r = lowbw.simulate(model=models.mlp(hidden=(16,)), data="digits",
-                     strategy=strategy, workers=workers, batch_size=4,
-                     steps=steps, seed=3, progress=False, devices=devices,
-                     eval_examples=64, **kw,
-                     **({"clock": False} if net is None else {"network": net}))
+  return dict(model=models.mlp(hidden=(16,)), data="digits",
+              strategy=strategy, workers=workers, batch_size=4, steps=steps,
+              seed=3, progress=False, devices=devices, eval_examples=64,
+              **({"clock": False} if net is None else {"network": net}))
+
+
+def trajectory(strategy, net, devices, workers=W, steps=STEPS, **kw):
+  import lowbw
+  return _summed(lowbw.simulate(**_fields(strategy, net, devices, workers,
+                                          steps), **kw))
+
+
+def _summed(r):
+  import jax
   hist = {k: np.asarray(v).tolist() for k, v in r.history.items()
           if k != "wall_time_s"}
   params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(r.params)]
   return {"history": hist, "params": params, "devices": r.config["devices"],
           "processes": r.config["processes"]}
+
+
+def stopped_and_resumed(strategy, net, folder):
+  """One build, three runs: ``folder/whole`` runs uninterrupted;
+  ``folder/stopped`` checkpoints at step 3 and is stopped (Ctrl-C, with
+  step 4's row already in its metrics.csv), then resumed to the end in the
+  same folder. Returns the uninterrupted and the resumed trajectories."""
+  import lowbw
+  sim = lowbw.build(**_fields(strategy, net, None))
+  whole = _summed(sim.run(seed=3, out=os.path.join(folder, "whole")))
+
+  def ctrl_c(row):
+    if row["step"] > STEPS // 2:
+      raise KeyboardInterrupt
+
+  stopped = os.path.join(folder, "stopped")
+  try:
+    sim.run(seed=3, out=stopped, checkpoint_every=STEPS // 2, callback=ctrl_c)
+  except KeyboardInterrupt:
+    pass
+  else:
+    raise AssertionError("the run was not stopped")
+  resumed = _summed(sim.run(seed=3, out=stopped, resume_from=stopped))
+  return whole, resumed
 
 
 def main(argv):
@@ -115,7 +149,9 @@ def main(argv):
     import lowbw
     lowbw.initialize(f"127.0.0.1:{port}", 2, pid)
     strategy, net = cases()["diloco_q4_ef_faults"]
-    out = trajectory(strategy, net, None)
+    whole, resumed = stopped_and_resumed(strategy, net,
+                                         os.path.dirname(path))
+    out = {**whole, "resumed": resumed}
     if pid != 0:
       return
   with open(path, "w") as f:

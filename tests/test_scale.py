@@ -80,9 +80,12 @@ def _free_port():
     return s.getsockname()[1]
 
 
-def test_two_processes_give_the_one_process_trajectory(tmp_path,
-                                                      four_devices):
-  out = tmp_path / "out.json"
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory, four_devices):
+  """The multi-process case run by two local processes (``scale_cases``):
+  uninterrupted, and stopped after its checkpoint then resumed."""
+  folder = tmp_path_factory.mktemp("processes")
+  out = folder / "out.json"
   port = _free_port()
   procs = [subprocess.Popen(
       [sys.executable, os.path.join(HERE, "scale_cases.py"), "process",
@@ -92,13 +95,94 @@ def test_two_processes_give_the_one_process_trajectory(tmp_path,
   logs = [p.communicate(timeout=300)[0] for p in procs]
   for p, log in zip(procs, logs):
     assert p.returncode == 0, log[-3000:]
-  two = json.loads(out.read_text())
+  return folder, json.loads(out.read_text())
+
+
+def test_two_processes_give_the_one_process_trajectory(two_processes,
+                                                      four_devices):
+  _, two = two_processes
   assert (two["devices"], two["processes"]) == (2, 2)
   # The same case on one device of one process (the four-device run's
   # reference).
   one = four_devices["diloco_q4_ef_faults"][0]
   assert (one["devices"], one["processes"]) == (1, 1)
   _assert_same(one, two, "two processes")
+
+
+def _csv_rows(folder):
+  import csv
+  with open(folder / "metrics.csv", newline="") as f:
+    return [{k: v for k, v in r.items() if k != "wall_time_s"}
+            for r in csv.DictReader(f)]
+
+
+def test_two_processes_resume_bit_for_bit(two_processes):
+  """A two-process run checkpointed at step 3, stopped with step 4's row
+  written, and resumed by both processes ends with the uninterrupted run's
+  files: the same metrics.csv rows (each once) and the same parameter
+  bits; every process's history and parameters are the same too."""
+  folder, two = two_processes
+  whole, stopped = folder / "whole", folder / "stopped"
+  assert sorted(os.listdir(stopped / "checkpoints")) == ["3"]
+  # Each process wrote its own workers' part of the checkpoint.
+  state = stopped / "checkpoints" / "3" / "state"
+  assert {"ocdbt.process_0", "ocdbt.process_1"} <= set(os.listdir(state))
+  rows = _csv_rows(stopped)
+  assert [r["step"] for r in rows] == [str(s) for s in
+                                       range(1, scale_cases.STEPS + 1)]
+  assert rows == _csv_rows(whole)
+  with np.load(stopped / "params.npz") as a, np.load(whole / "params.npz") as b:
+    assert sorted(a.files) == sorted(b.files)
+    for k in b.files:
+      np.testing.assert_array_equal(a[k], b[k])
+  resumed = two["resumed"]
+  assert resumed["params"] == two["params"]
+  for key, values in two["history"].items():
+    np.testing.assert_array_equal(np.asarray(resumed["history"][key], float),
+                                  np.asarray(values, float), err_msg=key)
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(two_processes,
+                                                         four_devices):
+  folder, _ = two_processes
+  strategy, net = scale_cases.cases()["diloco_q4_ef_faults"]
+  resumed = scale_cases.trajectory(strategy, net, 1,
+                                   resume_from=str(folder / "stopped"))
+  assert (resumed["devices"], resumed["processes"]) == (1, 1)
+  _assert_same(four_devices["diloco_q4_ef_faults"][0], resumed, "resumed")
+
+
+def test_only_process_0_checks_and_locks_the_folder(tmp_path):
+  """A process other than 0 writes no logs: it neither locks the folder nor
+  takes process 0's first files there for another run's."""
+  from lowbw.simulation import _logdir
+  out = tmp_path / "run"
+  out.mkdir()
+  (out / "metrics.csv").write_text("step\n1\n")  # as process 0 wrote it
+  sim = lowbw.build(MLP, "digits", strategies.ddp(optax.sgd(0.1)), workers=2,
+                    batch_size=4, steps=2, eval_examples=32, devices=1)
+  with pytest.raises(ValueError, match="holds another run"):
+    sim.run(out=str(out), progress=False)
+  sim.main_process = False
+  sim.run(out=str(out), progress=False)
+  assert sorted(os.listdir(out)) == ["metrics.csv"]
+  assert not (out / _logdir.LOCK).exists()
+
+
+def test_processes_choose_the_same_chunks(monkeypatch):
+  """A chunk's rounds are a traced count: processes that chose different
+  counts from their own wall times would run different collectives. Over
+  several processes the count does not depend on time."""
+  from lowbw.simulation import _loop
+  monkeypatch.setattr(_loop, "CHUNK_SECONDS", 0.0)
+  one = _loop._Pace(8)
+  one.done(1)
+  assert one.rounds() == 1  # one process: as many as the time allows
+  monkeypatch.setattr(jax, "process_count", lambda: 2)
+  many = _loop._Pace(8)
+  assert many.rounds() == 1  # the first chunk measures nothing
+  many.done(1)
+  assert many.rounds() == 8
 
 
 # ------------------------------------------------------------ bf16 workers

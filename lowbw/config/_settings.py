@@ -170,14 +170,6 @@ def _check_model_fits_data(model, data) -> None:
                          f"{data_classes}")
 
 
-def check_processes(checkpoint_every, resume_from) -> None:
-  if jax.process_count() > 1 and (checkpoint_every or resume_from):
-    raise _validate.fail(
-        "checkpoint_every" if checkpoint_every else "resume_from",
-        checkpoint_every or resume_from,
-        "checkpoints are not supported in multi-process runs yet")
-
-
 RunConfig = dataclasses.make_dataclass(
     "RunConfig", [("model", Any), ("data", Any), ("strategy", Any),
                   *((name, Any) for name in SETTINGS),

@@ -139,12 +139,17 @@ def _finalize(sim, exe: Executables, state, tracks: list, batched: bool,
 class _Pace:
   """How many rounds the next chunk runs: ``rounds_per_chunk`` at most, and
   no more than ``CHUNK_SECONDS`` at the speed measured so far (one round
-  before anything is measured)."""
+  before anything is measured).
+
+  Over several processes every chunk after the first runs
+  ``rounds_per_chunk``: each process measures its own speed, and processes
+  that chose different chunks would run different collectives."""
 
   def __init__(self, rounds_per_chunk: int):
     self.most = rounds_per_chunk
     self.start = time.perf_counter()
     self.finished = 0
+    self.measured = jax.process_count() == 1
 
   def done(self, rounds: int) -> None:
     self.finished += rounds
@@ -152,5 +157,7 @@ class _Pace:
   def rounds(self) -> int:
     if self.finished == 0:
       return 1
+    if not self.measured:
+      return self.most
     per_round = (time.perf_counter() - self.start) / self.finished
     return max(1, min(self.most, int(CHUNK_SECONDS / max(per_round, 1e-9))))

@@ -279,13 +279,15 @@ class Simulator:
           "checkpoint_every" if checkpoint_every else "resume_from",
           checkpoint_every or resume_from, "a run with lanes is not "
           "checkpointed yet; run it without checkpoints")
-    _config.check_processes(checkpoint_every, resume_from)
     if wandb_project is not None:
       _validate.non_empty_str("wandb_project", wandb_project)
       _writers.import_wandb("wandb_project", wandb_project)
+    # Process 0 alone holds and checks the folder: the others write
+    # nothing there but their part of each checkpoint, and would take
+    # process 0's first files for another run's.
     lock = _logdir.prepare(out, resuming=_resume.continues(out, resume_from),
-                           overwrite=overwrite, create=self.main_process,
-                           lock=True)
+                           overwrite=overwrite, lock=True) if (
+                               self.main_process) else None
     return seed, checkpoint_every, lock
 
   def _bar(self, progress, track):
