@@ -274,6 +274,11 @@ RUN_FIELDS = (
           "comma-separated (default 0)",
           quantity(_each(network_lib.duration), "stage_latency"),
           unit="s", many=True),
+    Field("stage_bandwidth_trace", None, SHAPE, _M, "gpt with stages > 1: "
+          "a CSV file of a stage-to-stage hop's bandwidth over simulated "
+          "time (rows time,bandwidth; a trace, as bandwidth_trace), for "
+          "every hop; or one per hop, comma-separated (it replaces "
+          "stage_bandwidth)", many=True),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -505,7 +510,7 @@ USED_BY = {
                       "boundary_grad_codec", "micro_batches",
                       "pipeline_workers",
                       "pipeline_schedule", "stage_bandwidth",
-                      "stage_latency"},
+                      "stage_latency", "stage_bandwidth_trace"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
                           "top_k", "expert_hidden"},
               "mlp": {"hidden"},
