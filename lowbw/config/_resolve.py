@@ -9,6 +9,7 @@ from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw.data import _images, _prepared
 from lowbw import models as models_lib
+from lowbw.models import _stages
 from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
@@ -242,9 +243,9 @@ def build_model(s: dict, source):
     if name == "gpt":
       return staged(models_lib.gpt(**shape, **{k: s[k] for k in GPT_BLOCK}),
                     s)
-    return models_lib.moe_gpt(**shape, num_experts=s["experts"],
-                              top_k=s["top_k"],
-                              expert_hidden=s["expert_hidden"])
+    return staged(models_lib.moe_gpt(**shape, num_experts=s["experts"],
+                                     top_k=s["top_k"],
+                                     expert_hidden=s["expert_hidden"]), s)
   num_classes = getattr(source, "num_classes", None) or 10
   if name == "mlp":
     return models_lib.mlp(hidden=ints("hidden", s["hidden"]),
@@ -335,7 +336,8 @@ def micro_batches(s: dict) -> int:
 def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
   """What the clock needs of each worker's pipeline (``network.Pipeline``),
   or None for a model of one stage (or one lowbw did not split)."""
-  if not isinstance(s["model"], (str, type(None))) or model_name(s) != "gpt":
+  if not isinstance(s["model"], (str, type(None))) or model_name(s) not in (
+      "gpt", "moe_gpt"):
     return None
   stages = _validate.positive_int("stages", s["stages"])
   if stages == 1:
@@ -354,7 +356,7 @@ def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
   sent = [transforms.boundary_bytes(f, b, shape) for f, b in zip(*codecs)]
   traces = _hop_traces(s, stages)
   return network_lib.Pipeline(
-      stage_flops=models_lib.stage_flops_per_token(config, stages),
+      stage_flops=_stages.stage_flops(model, stages),
       micro_batches=m, schedule=s["pipeline_schedule"] or "1f1b",
       forward_bytes=tuple(f for f, _ in sent),
       backward_bytes=tuple(b for _, b in sent),
