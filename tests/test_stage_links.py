@@ -2,6 +2,8 @@
 step follows each hop's bandwidth as its trace says, against step times
 worked out by hand; bad traces are refused naming the setting."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -43,16 +45,30 @@ def _by_hand(sim_time, hops_at, latency):
                              for bw in hops_at(t)) for t in starts])
 
 
-def test_each_hop_follows_its_own_trace(tmp_path):
-  """Three stages, one trace per hop: the first hop keeps 1 Mbps (and a
-  1 ms latency), the second's bandwidth halves, from 2 Mbps to 1 Mbps, at
-  2.5 s. Each step's time is worked out by hand from the hops in force
-  when it starts."""
-  first = _write(tmp_path, "a.csv", [("time", "bw"), (0, "1Mbps")])
-  second = _write(tmp_path, "b.csv", [("time", "bw"), (0, "2Mbps"),
-                                      ("2.5s", "1Mbps")])
-  r = lowbw.simulate(_config(tmp_path, stages=3, stage_latency="1ms",
-                             stage_bandwidth_trace=f"{first},{second}"))
+# Three stages, each hop a link of its own: the same run with the second
+# hop's bandwidth halving at 2.5 s (a trace per hop), and with fixed links.
+PIPE = dict(stages=3, stage_latency="1ms")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("links")
+  first = _write(root, "a.csv", [("time", "bw"), (0, "1Mbps")])
+  second = _write(root, "b.csv", [("time", "bw"), (0, "2Mbps"),
+                                  ("2.5s", "1Mbps")])
+  traced = lowbw.simulate(_config(
+      root, **PIPE, stage_bandwidth_trace=f"{first},{second}",
+      out=str(root / "traced")))
+  fixed = lowbw.simulate(_config(root, **PIPE, stage_bandwidth="1Mbps,2Mbps",
+                                 out=str(root / "fixed")))
+  return root, traced, fixed
+
+
+def test_each_hop_follows_its_own_trace(runs):
+  """The first hop keeps 1 Mbps (and a 1 ms latency), the second's
+  bandwidth halves, from 2 Mbps to 1 Mbps, at 2.5 s. Each step's time is
+  worked out by hand from the hops in force when it starts."""
+  _, r, _ = runs
   sim_time = r.history["sim_time_s"]
   steps = _by_hand(sim_time, lambda t: [1e6, 2e6 if t < 2.5 else 1e6], 1e-3)
   # The all-reduce on 1000 Tbps takes under a microsecond a step.
@@ -60,6 +76,12 @@ def test_each_hop_follows_its_own_trace(tmp_path):
                              rtol=1e-5, atol=1e-6)
   assert steps[0] < steps[-1]  # the trace changed the run
   assert sum(steps < steps[-1]) == 3  # the steps from 0, 1.03 s and 2.06 s
+  # Goodput: every step merged, over the steps the fleet could have taken,
+  # each stretch of the trace at its own step (the first 2.5 s at the
+  # first steps', the rest at the last steps').
+  capacity = 2.5 / steps[0] + (sim_time[-1] - 2.5) / steps[-1]
+  assert r.summary["goodput"] == pytest.approx(len(steps) / capacity,
+                                               rel=1e-5)
 
 
 def test_a_one_row_trace_prices_as_a_constant_link(tmp_path):
@@ -133,3 +155,91 @@ def test_stage_traces_belong_to_the_gpt(tmp_path):
   with pytest.raises(ConfigError,
                      match="stage_bandwidth_trace.*not used by model 'mlp'"):
     lowbw.Config(model="mlp", data="digits", stage_bandwidth_trace="a.csv")
+
+
+# -- re-timing a pipeline run on other stage links -------------------------------
+
+def _net(root):
+  return _config(root, **PIPE).built().checked["network"]
+
+
+def test_retime_on_other_stage_links_equals_a_fresh_run(runs):
+  """The traced run re-timed on the fixed links takes the fixed run's
+  time, step by step: the boundary bytes are the run's, only the hops'
+  times change (the training is the same: stage links never change it)."""
+  root, traced, fixed = runs
+  np.testing.assert_array_equal(traced.history["train_loss"],
+                                fixed.history["train_loss"])
+  r = lowbw.retime(traced.summary["log_dir"], _net(root),
+                   stage_bandwidth="1Mbps,2Mbps")
+  assert r["sim_time_s"] == pytest.approx(fixed.summary["sim_time_s"],
+                                          rel=1e-6)
+  np.testing.assert_allclose(r["history"]["sim_time_s"],
+                             fixed.history["sim_time_s"], rtol=1e-6)
+  assert r["network"]["stage_bandwidth_bps"] == [1e6, 2e6]
+
+
+def test_retime_on_other_stage_links_against_steps_by_hand(runs):
+  root, _, fixed = runs
+  r = lowbw.retime(fixed.summary["log_dir"], _net(root),
+                   stage_bandwidth=["4Mbps", "250kbps"], stage_latency="3ms")
+  times = r["history"]["sim_time_s"]
+  np.testing.assert_allclose(
+      np.diff(times, prepend=0.0),
+      _by_hand(times, lambda t: [4e6, 2.5e5], 3e-3), rtol=1e-5, atol=1e-6)
+  # Free links: the model's compute alone (and the sub-microsecond sync).
+  free = lowbw.retime(fixed.summary["log_dir"], _net(root),
+                      stage_bandwidth=math.inf, stage_latency=0)
+  np.testing.assert_allclose(np.diff(free["history"]["sim_time_s"],
+                                     prepend=0.0), 1.0, atol=1e-5)
+  # Not given: the run's own links.
+  own = lowbw.retime(fixed.summary["log_dir"], _net(root))
+  assert own["sim_time_s"] == pytest.approx(fixed.summary["sim_time_s"],
+                                            rel=1e-6)
+
+
+def test_retime_refusals_name_the_setting(runs, tmp_path):
+  root, traced, fixed = runs
+  with pytest.raises(ConfigError, match="stage links followed a trace.*"
+                     "give stage_bandwidth"):
+    lowbw.retime(traced.summary["log_dir"], _net(root))
+  with pytest.raises(ConfigError, match="stage_bandwidth.*one per hop, 2 "
+                     "\\(the run's stages: 3\\)"):
+    lowbw.retime(fixed.summary["log_dir"], _net(root),
+                 stage_bandwidth="1Mbps,2Mbps,3Mbps")
+  with pytest.raises(ConfigError, match="stage_latency='soon'"):
+    lowbw.retime(fixed.summary["log_dir"], _net(root), stage_latency="soon")
+  plain = lowbw.simulate(_config(tmp_path, steps=2, out=str(tmp_path / "p")))
+  with pytest.raises(ConfigError, match="stage_bandwidth.*ran without "
+                     "stages"):
+    lowbw.retime(plain.summary["log_dir"], _net(root),
+                 stage_bandwidth="1Mbps")
+
+
+def test_retime_command_takes_the_stage_links(runs, capsys):
+  import json
+  from lowbw.cli import main
+  root, _, fixed = runs
+  assert main(["retime", fixed.summary["log_dir"], "--stage-bandwidth",
+               "4Mbps,250kbps", "--stage-latency", "3ms", "--json"]) == 0
+  printed = json.loads(capsys.readouterr().out)
+  r = lowbw.retime(fixed.summary["log_dir"], _net(root),
+                   stage_bandwidth="4Mbps,250kbps", stage_latency="3ms")
+  assert printed["sim_time_s"] == pytest.approx(r["sim_time_s"], rel=1e-9)
+  assert printed["sim_time_s"] > fixed.summary["sim_time_s"]
+
+
+def test_a_study_over_stage_links_trains_once(tmp_path):
+  """Stage links change only the clock: a study over them trains the first
+  point and re-times the others, each at its own links' steps."""
+  base = _config(tmp_path, stages=2, steps=3).to_dict()
+  study = lowbw.study(base, {"stage_bandwidth": ["1Mbps", "250kbps"]},
+                      out=str(tmp_path / "s"), progress=False, plots=False)
+  first, second = study.points
+  assert not first.summary.get("retimed_from")
+  assert second.summary["retimed_from"]
+  for point, bw in ((first, 1e6), (second, 2.5e5)):
+    times = point.history["sim_time_s"]
+    np.testing.assert_allclose(np.diff(times, prepend=0.0),
+                               _by_hand(times, lambda t: [bw], 0.0),
+                               rtol=1e-5, atol=1e-6)

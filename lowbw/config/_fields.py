@@ -274,13 +274,13 @@ RUN_FIELDS = (
           "link of each stage-to-stage hop, e.g. 1Gbps; or one per hop, "
           "comma-separated (default: free, infinite bandwidth)",
           quantity(_each(network_lib.bandwidth), "stage_bandwidth"),
-          unit="bit/s", many=True),
+          unit="bit/s", many=True, clock_only=True),
     Field("stage_latency", None, SHAPE, _M,
           "gpt, moe_gpt with stages > 1: one-way "
           "latency of each stage-to-stage hop, e.g. 5ms; or one per hop, "
           "comma-separated (default 0)",
           quantity(_each(network_lib.duration), "stage_latency"),
-          unit="s", many=True),
+          unit="s", many=True, clock_only=True),
     Field("stage_bandwidth_trace", None, SHAPE, _M,
           "gpt, moe_gpt with stages > 1: "
           "a CSV file of a stage-to-stage hop's bandwidth over simulated "

@@ -528,6 +528,22 @@ def capacity_steps(net: Network, num_workers: int, step_s,
              for h, row in zip(held, trace.values))
 
 
+def segment_capacity(net: Network, pricing: Pricing, num_workers: int,
+                     elapsed: float) -> float:
+  """``capacity_steps`` when the step itself changes over time (a trace of
+  the stage links, ``Pricing.segment_step_s``): every segment's held
+  seconds at its speeds and its steps."""
+  starts = [start for start, _, _ in pricing.segments]
+  start_speeds = _start_speeds(net, num_workers)
+  total = 0.0
+  for (start, speeds, _), end, step in zip(
+      pricing.segments, starts[1:] + [math.inf], pricing.segment_step_s):
+    held = max(0.0, min(end, elapsed) - start)
+    each = start_speeds if speeds is None else np.asarray(speeds, np.float64)
+    total += held * float(np.sum(each / np.asarray(step, np.float64)))
+  return total
+
+
 def _all_speeds(net: Network) -> list[float]:
   hw, trace = net.hardware, net.speed_trace
   if trace is not None:
