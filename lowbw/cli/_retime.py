@@ -30,7 +30,9 @@ def add_parser(subparsers) -> None:
       "profile. Equal to a re-run's simulated time. Runs whose training "
       "followed their clock (asynchronous strategies, time budgets, "
       "straggler mitigation, faults) are refused. The network flags are "
-      "lowbw train's; a setting not given is the network's the run ran on.")
+      "lowbw train's; a setting not given is the network's the run ran on "
+      "(a pipeline's stage links too: --stage-bandwidth and "
+      "--stage-latency change only the hops' times).")
   p.add_argument("run_dir", metavar="RUN", help="a run's log folder "
                  "(lowbw train --out)")
   p.add_argument("--json", action="store_true", help="print the result as "
@@ -110,7 +112,9 @@ def _time(label: str, seconds, r: dict | None = None) -> str:
 def run(args: argparse.Namespace) -> int:
   import lowbw
   s = settings_of(args)
-  r = lowbw.retime(args.run_dir, build_network(s))
+  r = lowbw.retime(args.run_dir, build_network(s),
+                   stage_bandwidth=s.get("stage_bandwidth"),
+                   stage_latency=s.get("stage_latency"))
   if args.json:
     out = {k: v for k, v in r.items() if k != "history"}
     out["history"] = {"step": [int(x) for x in r["history"]["step"]],

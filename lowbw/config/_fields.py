@@ -239,41 +239,54 @@ RUN_FIELDS = (
          "transposed"),
     _gpt("norm_position", "gpt: normalise each sub-layer's input (pre) or "
          "the residual sum after it (post)"),
-    Field("stages", 1, SHAPE, _M, "gpt: pipeline stages of each worker's "
+    Field("stages", 1, SHAPE, _M,
+          "gpt, moe_gpt: pipeline stages of each worker's "
           "model, its blocks split evenly; each worker's loss runs through "
           "the stages and their boundary codecs, and the clock times its "
           "schedule (docs/pipelines.md)", int, unit="stages"),
-    Field("boundary_codec", "none", SHAPE, _M, "gpt with stages > 1: codec "
+    Field("boundary_codec", "none", SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: codec "
           "of the activations sent forward at each stage boundary: a codec "
           "spec, or subspace:R first (a fixed rank-R basis per boundary)",
           quantity(_boundary_codec, "boundary_codec")),
-    Field("boundary_grad_codec", None, SHAPE, _M, "gpt with stages > 1: "
+    Field("boundary_grad_codec", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: "
           "codec of the activation gradients sent back at each boundary "
           "(default: the boundary codec)",
           quantity(_boundary_codec, "boundary_grad_codec")),
-    Field("pipeline_workers", None, SHAPE, _M, "gpt with stages > 1: the "
+    Field("pipeline_workers", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: the "
           "workers that are pipelines, in a mixed fleet: a count N (the "
           "first N) or comma-separated indices (0,2; one index: 3,); the "
           "others train the whole model, without boundary codecs (default: "
           "every worker; docs/pipelines.md)", _pipeline_workers_type()),
-    Field("micro_batches", 1, SHAPE, _M, "gpt with stages > 1: micro-"
+    Field("micro_batches", 1, SHAPE, _M, "gpt, moe_gpt with stages > 1: micro-"
           "batches M each worker's batch is split into, each crossing the "
           "boundary codecs on its own (must divide batch_size)", int,
           unit="micro-batches"),
-    Field("pipeline_schedule", None, SHAPE, _M, "gpt with stages > 1: the "
+    Field("pipeline_schedule", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: the "
           "order each stage runs its micro-batches' forwards and backwards "
           "in, on the simulated clock (default 1f1b)",
           choices=network_lib.PIPELINE_SCHEDULES),
-    Field("stage_bandwidth", None, SHAPE, _M, "gpt with stages > 1: the "
+    Field("stage_bandwidth", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: the "
           "link of each stage-to-stage hop, e.g. 1Gbps; or one per hop, "
           "comma-separated (default: free, infinite bandwidth)",
           quantity(_each(network_lib.bandwidth), "stage_bandwidth"),
-          unit="bit/s", many=True),
-    Field("stage_latency", None, SHAPE, _M, "gpt with stages > 1: one-way "
+          unit="bit/s", many=True, clock_only=True),
+    Field("stage_latency", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: one-way "
           "latency of each stage-to-stage hop, e.g. 5ms; or one per hop, "
           "comma-separated (default 0)",
           quantity(_each(network_lib.duration), "stage_latency"),
-          unit="s", many=True),
+          unit="s", many=True, clock_only=True),
+    Field("stage_bandwidth_trace", None, SHAPE, _M,
+          "gpt, moe_gpt with stages > 1: "
+          "a CSV file of a stage-to-stage hop's bandwidth over simulated "
+          "time (rows time,bandwidth; a trace, as bandwidth_trace), for "
+          "every hop; or one per hop, comma-separated (it replaces "
+          "stage_bandwidth)", many=True),
     Field("experts", 8, SHAPE, _M, "moe_gpt: experts E", int),
     Field("top_k", 2, SHAPE, _M, "moe_gpt: experts per token", int),
     Field("expert_hidden", 256, SHAPE, _M,
@@ -517,9 +530,13 @@ USED_BY = {
                       "boundary_grad_codec", "micro_batches",
                       "pipeline_workers",
                       "pipeline_schedule", "stage_bandwidth",
-                      "stage_latency"},
+                      "stage_latency", "stage_bandwidth_trace"},
               "moe_gpt": {"layers", "d_model", "heads", "seq_len", "experts",
-                          "top_k", "expert_hidden"},
+                          "top_k", "expert_hidden", "stages",
+                          "boundary_codec", "boundary_grad_codec",
+                          "micro_batches", "pipeline_workers",
+                          "pipeline_schedule", "stage_bandwidth",
+                          "stage_latency", "stage_bandwidth_trace"},
               "mlp": {"hidden"},
               "cnn": {"channels"}},
     "data": {"text": {"data_root", "seq_len"}, "tokens": {"seq_len"},

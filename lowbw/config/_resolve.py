@@ -9,12 +9,14 @@ from lowbw import _validate
 from lowbw import data as data_lib
 from lowbw.data import _images, _prepared
 from lowbw import models as models_lib
+from lowbw.models import _stages
 from lowbw import network as network_lib
 from lowbw import strategies as strategies_lib
 from lowbw import transforms
 from lowbw.config import _fields
 from lowbw.config import _strategy_fields as strategy_fields
 from lowbw.strategies._optim import USES
+from lowbw.network import _trace
 from lowbw.network._units import link_values
 
 def used_by() -> dict[str, dict[str, set[str]]]:
@@ -241,9 +243,9 @@ def build_model(s: dict, source):
     if name == "gpt":
       return staged(models_lib.gpt(**shape, **{k: s[k] for k in GPT_BLOCK}),
                     s)
-    return models_lib.moe_gpt(**shape, num_experts=s["experts"],
-                              top_k=s["top_k"],
-                              expert_hidden=s["expert_hidden"])
+    return staged(models_lib.moe_gpt(**shape, num_experts=s["experts"],
+                                     top_k=s["top_k"],
+                                     expert_hidden=s["expert_hidden"]), s)
   num_classes = getattr(source, "num_classes", None) or 10
   if name == "mlp":
     return models_lib.mlp(hidden=ints("hidden", s["hidden"]),
@@ -296,7 +298,7 @@ def _one_stage(s: dict) -> None:
       raise _validate.fail(field, spec, "needs stages >= 2 (a boundary "
                            "between two pipeline stages)")
   for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency",
-                "pipeline_workers"):
+                "stage_bandwidth_trace", "pipeline_workers"):
     if s.get(field) is not None:
       raise _validate.fail(field, s[field], "needs stages >= 2 (a pipeline)")
   if s["micro_batches"] != 1:
@@ -334,13 +336,15 @@ def micro_batches(s: dict) -> int:
 def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
   """What the clock needs of each worker's pipeline (``network.Pipeline``),
   or None for a model of one stage (or one lowbw did not split)."""
-  if not isinstance(s["model"], (str, type(None))) or model_name(s) != "gpt":
+  if not isinstance(s["model"], (str, type(None))) or model_name(s) not in (
+      "gpt", "moe_gpt"):
     return None
   stages = _validate.positive_int("stages", s["stages"])
   if stages == 1:
     return None
   if s.get("network") is None and s.get("clock") is False:
-    for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency"):
+    for field in ("pipeline_schedule", "stage_bandwidth", "stage_latency",
+                  "stage_bandwidth_trace"):
       if s[field] is not None:
         raise _validate.fail(field, s[field], "not used: with clock=False "
                              "the run has no simulated clock to time the "
@@ -350,15 +354,42 @@ def pipeline(s: dict, model) -> "network_lib.Pipeline | None":
   config = model.config
   shape = (s["batch_size"] // m, config["seq_len"], config["d_model"])
   sent = [transforms.boundary_bytes(f, b, shape) for f, b in zip(*codecs)]
+  traces = _hop_traces(s, stages)
   return network_lib.Pipeline(
-      stage_flops=models_lib.stage_flops_per_token(config, stages),
+      stage_flops=_stages.stage_flops(model, stages),
       micro_batches=m, schedule=s["pipeline_schedule"] or "1f1b",
       forward_bytes=tuple(f for f, _ in sent),
       backward_bytes=tuple(b for _, b in sent),
       workers=pipeline_workers(s),
-      bandwidth=_hops(s, "stage_bandwidth", stages, network_lib.bandwidth,
-                      math.inf),
-      latency=_hops(s, "stage_latency", stages, network_lib.duration, 0.0))
+      bandwidth=tuple(t.values[0][0] for t in traces) if traces else _hops(
+          s, "stage_bandwidth", stages, network_lib.bandwidth, math.inf),
+      latency=_hops(s, "stage_latency", stages, network_lib.duration, 0.0),
+      bandwidth_trace=traces)
+
+
+def _hop_traces(s: dict, stages: int) -> tuple:
+  """Per hop, the ``Trace`` of its bandwidth from ``stage_bandwidth_trace``
+  (one file for every hop, or one per hop); empty without one."""
+  field = "stage_bandwidth_trace"
+  if s[field] is None:
+    return ()
+  if s["stage_bandwidth"] is not None:
+    raise _validate.fail(field, s[field], "give the stage links' bandwidth "
+                         "as stage_bandwidth or as a trace, not both")
+  paths = link_values(s[field])
+  if len(paths) not in (1, stages - 1):
+    raise _validate.fail(field, s[field], f"expected one trace file for "
+                         f"every hop or one per hop, {stages - 1} "
+                         f"(stages={stages}); {len(paths)} given")
+  traces = []
+  for path in paths:
+    t = _trace.trace(path, field, _trace.bandwidth)
+    if t.columns != 1:
+      raise _validate.fail(field, path, f"the trace has {t.columns} values "
+                           "per row; expected one, the hop's bandwidth "
+                           "(rows time,bandwidth)")
+    traces.append(t)
+  return tuple(traces) * (stages - 1 if len(traces) == 1 else 1)
 
 
 def _hops(s: dict, field: str, stages: int, parse, free: float) -> tuple:

@@ -138,52 +138,84 @@ class MoEGPT(nn.Module):
   num_experts: int
   top_k: int
   expert_hidden: int
+  # A pipeline stage's slice (``lowbw.models.split``), as the gpt's: blocks
+  # ``part[0]`` to ``part[1] - 1``, the embedding when it starts at 0, the
+  # final norm and head when it ends at ``layers``; it returns its blocks'
+  # router statistics summed (``part_stats``), not averaged.
+  part: tuple[int, int] | None = None
 
   @nn.compact
-  def __call__(self, tokens_BxT: Array):
-    if tokens_BxT.shape[1] > self.seq_len:
-      raise _validate.fail(
-          "seq_len", self.seq_len, f"batch sequences have "
-          f"{tokens_BxT.shape[1]} input tokens; expected seq_len >= that")
+  def __call__(self, x):
+    lo, hi = (0, self.layers) if self.part is None else self.part
     init = nn.initializers.normal(_STD)
-    x = nn.Embed(self.vocab, self.d_model, embedding_init=init,
-                 name="tok_embed")(tokens_BxT.astype(jnp.int32))
+    if lo == 0:
+      x = self._embedded(x)
     out_std = _STD / math.sqrt(2 * self.layers)
     per_layer = []
-    for i in range(self.layers):
+    for i in range(lo, hi):
       x, stats = _Block(self.heads, self.num_experts, self.top_k,
                         self.expert_hidden, out_std, name=f"block_{i}")(x)
       per_layer.append(stats)
+    stats = jax.tree.map(lambda *s: jnp.stack(s), *per_layer)
+    if self.part is not None:
+      stats = jax.tree.map(lambda v: jnp.sum(v, axis=0), stats)
+      if hi < self.layers:
+        return x, stats
     x = nn.RMSNorm(name="norm_final")(x)
     logits = nn.Dense(self.vocab, use_bias=False, kernel_init=init,
                       name="head")(x)
-    stats = jax.tree.map(lambda *s: jnp.stack(s), *per_layer)
+    if self.part is not None:
+      return logits, stats
     return logits, {"balance": jnp.mean(stats["balance"]),
                     "z": jnp.sum(stats["z"]),
                     "share": jnp.mean(stats["share"], axis=0)}
 
+  def _embedded(self, tokens_BxT: Array) -> Array:
+    if tokens_BxT.shape[1] > self.seq_len:
+      raise _validate.fail(
+          "seq_len", self.seq_len, f"batch sequences have "
+          f"{tokens_BxT.shape[1]} input tokens; expected seq_len >= that")
+    return nn.Embed(self.vocab, self.d_model,
+                    embedding_init=nn.initializers.normal(_STD),
+                    name="tok_embed")(tokens_BxT.astype(jnp.int32))
+
+
+def layer_stats(summed: dict, layers: int) -> dict:
+  """The whole model's router statistics from their sums over every block
+  (the stages' ``part`` outputs added up): balance and shares averaged over
+  the layers, the z-loss summed, as :class:`MoEGPT` gives them."""
+  return {"balance": summed["balance"] / layers, "z": summed["z"],
+          "share": summed["share"] / layers}
+
 
 def _lm_loss(module: MoEGPT, coefs: tuple[float, float, float]):
-  balance_coef, router_z_coef, output_z_coef = coefs
 
   def loss(params: Params, batch: Batch, key: PRNGKey | None = None):
     del key  # deterministic
     inputs, labels = _contract._lm_split(batch)
     logits, stats = module.apply({"params": params}, inputs)
-    logits = logits.astype(jnp.float32)
-    ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
-    output_z = jnp.mean(jax.nn.logsumexp(logits, -1) ** 2)
-    total = (ce + balance_coef * stats["balance"] +
-             router_z_coef * stats["z"] + output_z_coef * output_z)
-    hits = (jnp.argmax(logits, -1) == labels).astype(jnp.float32).mean()
-    metrics = {"accuracy": hits, "cross_entropy": ce,
-               "moe_balance_loss": stats["balance"], "moe_z_loss": stats["z"],
-               "output_z_loss": output_z,
-               **{f"moe_expert_share_{e}": stats["share"][e]
-                  for e in range(module.num_experts)}}
-    return total, metrics
+    return lm_loss_of(logits, labels, stats, coefs, module.num_experts)
 
   return loss
+
+
+def lm_loss_of(logits: Array, labels: Array, stats: dict, coefs: tuple,
+               num_experts: int):
+  """``(loss, metrics)`` from the logits and the router statistics (the
+  whole model's, as :class:`MoEGPT` returns them)."""
+  balance_coef, router_z_coef, output_z_coef = coefs
+  logits = logits.astype(jnp.float32)
+  ce = optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+  output_z = jnp.mean(jax.nn.logsumexp(logits, -1) ** 2)
+  total = (ce + balance_coef * stats["balance"] +
+           router_z_coef * stats["z"] + output_z_coef * output_z)
+  hits = (jnp.argmax(logits, -1) == labels).astype(jnp.float32).mean()
+  metrics = {"accuracy": hits, "cross_entropy": ce,
+             "moe_balance_loss": stats["balance"], "moe_z_loss": stats["z"],
+             "output_z_loss": output_z,
+             **{f"moe_expert_share_{e}": stats["share"][e]
+                for e in range(num_experts)}}
+  return total, metrics
 
 
 def moe_gpt(

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw._types import Array, Batch, Params, PRNGKey
-from lowbw.models import _contract, _gpt
+from lowbw.models import _contract, _gpt, _moe_gpt
 
 
 class Stages(NamedTuple):
@@ -29,8 +29,13 @@ class Stages(NamedTuple):
     stages: the stage functions, each ``stage(params, x, batch)`` on the
       whole parameter tree: stage 0 gets ``x=None`` and reads its inputs
       from ``batch``; every stage but the last returns the activation it
-      sends to the next (an array); the last returns ``(loss, metrics)``
-      as ``Model.loss`` does (it reads its labels from ``batch``).
+      sends to the next (an array), or ``(activation, side)``: the
+      boundary acts on the activation and the next stage gets ``(what the
+      boundary gave, side)``, ``side`` holding terms of the loss a real
+      stage keeps beside the activations (the MoE gpt's router statistics:
+      each stage's own loss terms, whose gradients stay on it; not boundary
+      bytes); the last returns ``(loss, metrics)`` as ``Model.loss`` does
+      (it reads its labels from ``batch``).
     owners: for each stage, the top-level parameter names it reads (the
       built-in gpt's; ``None`` when a generic split does not say). A name
       read by two stages (gpt's tied ``tok_embed``) is listed in both.
@@ -102,12 +107,15 @@ def split(model: _contract.Model, stages: int) -> Stages:
     >>> staged = split(gpt(layers=4, d_model=16, heads=2), 2)
     >>> loss, metrics = staged_loss(staged)(params, batch, key)  # doctest: +SKIP
   """
-  if not isinstance(model, _contract.Model) or model.name != "gpt":
+  if not isinstance(model, _contract.Model) or model.name not in (
+      "gpt", "moe_gpt"):
     name = getattr(model, "name", type(model).__name__)
     raise _validate.fail(
-        "stages", stages, f"lowbw splits the built-in gpt by blocks; model "
-        f"{name!r} has no built-in split (lowbw.models.from_stages takes "
-        "a list of stage functions)")
+        "stages", stages, f"lowbw splits the built-in gpt and moe_gpt by "
+        f"blocks; model {name!r} has no built-in split "
+        "(lowbw.models.from_stages takes a list of stage functions)")
+  if model.name == "moe_gpt":
+    return _split_moe(model, stages)
   config = {k: v for k, v in model.config.items() if k != "name"}
   ranges = block_ranges(config["layers"], stages)
   parts = tuple(_gpt_stage(_gpt.GPT(**config, part=r), s == 0,
@@ -127,6 +135,53 @@ def _gpt_stage(module: _gpt.GPT, first: bool, last: bool) -> Callable:
     if not last:
       return out
     return _contract._cross_entropy(out, _contract._lm_split(batch)[1])
+
+  return stage
+
+
+_MOE_COEFS = ("balance_coef", "router_z_coef", "output_z_coef")
+
+
+def _split_moe(model: _contract.Model, stages: int) -> Stages:
+  """The MoE gpt by blocks, as the gpt: every stage but the last sends
+  ``(residual stream, its blocks' router statistics summed)``, the
+  statistics added up along the stages (``side``, past the codecs); the
+  last stage makes the whole model's loss of them."""
+  config = model.config
+  shape = {k: config[k] for k in ("layers", "d_model", "heads", "seq_len",
+                                   "vocab", "num_experts", "top_k",
+                                   "expert_hidden")}
+  coefs = tuple(config[k] for k in _MOE_COEFS)
+  ranges = block_ranges(config["layers"], stages)
+  parts = tuple(_moe_stage(_moe_gpt.MoEGPT(**shape, part=r), coefs,
+                           s == 0, s == len(ranges) - 1)
+                for s, r in enumerate(ranges))
+  owners = tuple((("tok_embed",) if s == 0 else ()) +
+                 tuple(f"block_{i}" for i in range(lo, hi)) +
+                 (("norm_final", "head") if s == len(ranges) - 1 else ())
+                 for s, (lo, hi) in enumerate(ranges))
+  return Stages(model, parts, owners)
+
+
+def _moe_stage(module: _moe_gpt.MoEGPT, coefs: tuple, first: bool,
+               last: bool) -> Callable:
+  """One MoE gpt stage: its blocks on the residual stream, its router
+  statistics added to the earlier stages'."""
+
+  def stage(params: Params, x: Any, batch: Batch) -> Any:
+    if first:
+      x, before = _contract._lm_split(batch)[0], None
+    else:
+      x, before = x
+    out, stats = module.apply({"params": params}, x)
+    if before is not None:
+      stats = jax.tree.map(jnp.add, before, stats)
+    if not last:
+      return out, stats
+    labels = _contract._lm_split(batch)[1]
+    return _moe_gpt.lm_loss_of(
+        out, labels, _moe_gpt.layer_stats(stats, module.layers), coefs,
+        module.num_experts)
 
   return stage
 
@@ -202,7 +257,9 @@ def _through_stages(staged: Stages, boundary: Boundary) -> Callable:
     for i, stage in enumerate(staged.stages):
       if i:
         base = jax.random.key(0) if key is None else key
-        x = boundary(x, i - 1, jax.random.fold_in(base, i - 1))
+        sent, side = x if isinstance(x, tuple) else (x, None)
+        sent = boundary(sent, i - 1, jax.random.fold_in(base, i - 1))
+        x = sent if side is None else (sent, side)
       x = stage(params, x, batch)
     return x
 
@@ -236,6 +293,23 @@ def stage_flops_per_token(config: dict, stages: int,
                for s, (lo, hi) in enumerate(ranges))
 
 
+def stage_flops(model: _contract.Model, stages: int) -> tuple[float, ...]:
+  """Each stage's FLOPs per token when :func:`split` cuts ``model`` in
+  ``stages``, in the unit the clock charges the whole model: a gpt's
+  matmul FLOPs (:func:`stage_flops_per_token`); for the MoE gpt, whose
+  clock charges 6 FLOPs per parameter and token (``flops_per_token``),
+  6 per parameter the stage reads (its ``owners``). They sum to the
+  whole model's."""
+  if model.name == "gpt":
+    return stage_flops_per_token(model.config, stages)
+  staged = split(model, stages)
+  tokens = jax.ShapeDtypeStruct((1, model.config["seq_len"] + 1), jnp.int32)
+  params = jax.eval_shape(model.init, jax.random.key(0), {"tokens": tokens})
+  return tuple(6.0 * sum(x.size for name in names
+                         for x in jax.tree.leaves(params[name]))
+               for names in staged.owners)
+
+
 def activation_shapes(staged: Stages, params: Params,
                       batch: Batch) -> tuple[jax.ShapeDtypeStruct, ...]:
   """The activation each boundary carries for ``batch`` (one micro-batch),
@@ -245,7 +319,7 @@ def activation_shapes(staged: Stages, params: Params,
     outs, x = [], None
     for stage in staged.stages[:-1]:
       x = stage(params, x, batch)
-      outs.append(x)
+      outs.append(x[0] if isinstance(x, tuple) else x)
     return tuple(outs)
 
   return jax.eval_shape(sent, params, batch)

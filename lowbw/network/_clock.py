@@ -385,6 +385,10 @@ class Pricing(NamedTuple):
       its seconds of one step at speed 1: the pipeline's makespan
       (``step_s``) for its workers, the whole model's compute on one
       machine for the others; else None (every worker takes ``step_s``).
+    segment_step_s: under a trace of the stage links
+      (``Pipeline.bandwidth_trace``), per segment each worker's seconds of
+      one step at speed 1 then (as ``worker_step_s``, for every worker);
+      empty: every segment steps as ``step_s_of_workers`` says.
   """
 
   costs: dict
@@ -394,6 +398,7 @@ class Pricing(NamedTuple):
   segments: tuple = ()
   timeline: Any = None
   worker_step_s: tuple | None = None
+  segment_step_s: tuple = ()
 
   def step_s_of_workers(self, num_workers: int):
     """Each worker's seconds of one step at speed 1 (float64 array), 0
@@ -401,6 +406,19 @@ class Pricing(NamedTuple):
     if self.worker_step_s is not None:
       return np.asarray(self.worker_step_s, np.float64)
     return np.full(num_workers, self.step_s or 0.0)
+
+
+def _pipeline_step(pipeline: _pipeline.Pipeline, device_s: float,
+                   net: Network, num_workers: int, every: bool = False):
+  """(the pipeline's step timeline, each worker's step at speed 1: the
+  makespan for its workers, ``device_s`` for a mixed fleet's others; None
+  when every worker is the pipeline, unless ``every``)."""
+  timeline = _pipeline.step_timeline(pipeline, device_s)
+  if pipeline.workers is None and not every:
+    return timeline, None
+  ours = range(num_workers) if pipeline.workers is None else pipeline.workers
+  return timeline, tuple((timeline.makespan_s if w in ours else device_s)
+                         + net.profile.host_s for w in range(num_workers))
 
 
 def price(net: Network, channels: dict[str, Channel], num_workers: int,
@@ -431,24 +449,28 @@ def price(net: Network, channels: dict[str, Channel], num_workers: int,
   # A pipeline's all-reduce hides behind as much compute as the unsplit
   # model's would (docs/pipelines.md), not behind its bubble.
   clock = _overlapped(clock, scaled, net.profile, device_s)
+  hop_traces = () if pipeline is None else pipeline.bandwidth_trace
   segments = []
-  for start in _trace.change_times(net.speed_trace, net.bandwidth_trace):
+  for start in _trace.change_times(net.speed_trace, net.bandwidth_trace,
+                                   *hop_traces):
     speeds = None if net.speed_trace is None else net.speed_trace.at(start)
     at = net if net.bandwidth_trace is None else _relink(
         net, net.bandwidth_trace.at(start))
     segments.append((start, speeds, clock if at is net else _overlapped(
         channel_costs(at, scaled, num_workers, num_tensors), scaled,
         net.profile, device_s)))
-  timeline, each = None, None
+  timeline, each, by_segment = None, None, ()
   if pipeline is not None and device_s is not None:
-    timeline = _pipeline.step_timeline(pipeline, device_s)
-    if pipeline.workers is not None:  # a mixed fleet
-      each = tuple((timeline.makespan_s if w in pipeline.workers else
-                    device_s) + net.profile.host_s
-                   for w in range(num_workers))
+    timeline, each = _pipeline_step(pipeline.at(0.0), device_s, net,
+                                    num_workers)
+    if hop_traces:  # the stage links change: so does the pipeline's step
+      by_segment = tuple(_pipeline_step(pipeline.at(start), device_s, net,
+                                        num_workers, True)[1]
+                         for start, _, _ in segments)
     device_s = timeline.makespan_s
   pricing = Pricing(costs, clock, flops, None if hw is None else (
-      device_s + net.profile.host_s), tuple(segments), timeline, each)
+      device_s + net.profile.host_s), tuple(segments), timeline, each,
+      by_segment)
   if steps is not None:
     check_clock_range(net, pricing, steps)
   return pricing
@@ -465,7 +487,8 @@ def check_clock_range(net: Network, pricing: Pricing, steps: int) -> None:
   slowest worker's speed, plus one event of every channel) passes
   ``MAX_RUN_S``, naming the input that makes it so."""
   compute = 0.0 if pricing.step_s is None else (
-      max((pricing.step_s, *(pricing.worker_step_s or ())))
+      max((pricing.step_s, *(pricing.worker_step_s or ()),
+           *(s for each in pricing.segment_step_s for s in each)))
       / min(_all_speeds(net)))
   comm = sum(max(max(c.seconds, *(c.seconds_W or (0.0,)))
                  for c in _segment_costs(pricing, name))
@@ -503,6 +526,22 @@ def capacity_steps(net: Network, num_workers: int, step_s,
           for start, end in zip(trace.times, ends)]
   return sum(h * float(np.sum(np.asarray(row, np.float64) / per))
              for h, row in zip(held, trace.values))
+
+
+def segment_capacity(net: Network, pricing: Pricing, num_workers: int,
+                     elapsed: float) -> float:
+  """``capacity_steps`` when the step itself changes over time (a trace of
+  the stage links, ``Pricing.segment_step_s``): every segment's held
+  seconds at its speeds and its steps."""
+  starts = [start for start, _, _ in pricing.segments]
+  start_speeds = _start_speeds(net, num_workers)
+  total = 0.0
+  for (start, speeds, _), end, step in zip(
+      pricing.segments, starts[1:] + [math.inf], pricing.segment_step_s):
+    held = max(0.0, min(end, elapsed) - start)
+    each = start_speeds if speeds is None else np.asarray(speeds, np.float64)
+    total += held * float(np.sum(each / np.asarray(step, np.float64)))
+  return total
 
 
 def _all_speeds(net: Network) -> list[float]:
@@ -605,7 +644,7 @@ def net_params(net: Network, num_workers: int, pricing: Pricing,
       comm_s={name: f32(c.seconds) for name, c in costs.items()},
       exchange_s_W=_exchange_seconds(costs),
       segments=None if len(pricing.segments) < 2 else _segments(
-          pricing.segments, base, speeds),
+          pricing.segments, base, speeds, pricing.segment_step_s),
       byzantine=_byzantine(f, num_workers),
   )
 
@@ -632,13 +671,17 @@ def _byzantine(f: Faults, num_workers: int) -> "Byzantine | None":
                    jnp.float32(f.byzantine_kind == "random"))
 
 
-def _segments(segments, base: float, speeds) -> Segments:
+def _segments(segments, base, speeds, steps: tuple = ()) -> Segments:
+  """``steps``: per segment, each worker's step at speed 1 (a stage-link
+  trace's); empty: ``base`` in every segment."""
   f32 = jnp.float32
+  bases = [np.asarray(b, np.float64) for b in steps] or [base] * len(segments)
   return Segments(
       start_s=jnp.asarray([start for start, _, _ in segments], f32),
-      step_s_W=jnp.asarray([base / (speeds if each is None else
-                                    np.asarray(each, np.float64))
-                            for _, each, _ in segments], f32),
+      step_s_W=jnp.asarray([at / (speeds if each is None else
+                                  np.asarray(each, np.float64))
+                            for at, (_, each, _) in zip(bases, segments)],
+                           f32),
       comm_s={name: jnp.asarray([costs[name].seconds
                                  for _, _, costs in segments], f32)
               for name in segments[0][2]},

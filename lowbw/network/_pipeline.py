@@ -41,10 +41,13 @@ class Pipeline(NamedTuple):
     schedule: ``"1f1b"`` or ``"gpipe"``.
     forward_bytes, backward_bytes: per hop (S - 1), the bytes one
       micro-batch's activation (forward) and its gradient (backward) send.
-    bandwidth: per hop, bit/s (``math.inf``: free).
+    bandwidth: per hop, bit/s (``math.inf``: free); under a trace, its
+      values at time 0.
     latency: per hop, one-way seconds.
     workers: in a mixed fleet, the workers that are this pipeline (the
       others run the whole model on one machine); None: every worker.
+    bandwidth_trace: per hop, a ``Trace`` of its bandwidth (one value per
+      row) over simulated time; empty: the hops keep ``bandwidth``.
   """
 
   stage_flops: tuple
@@ -55,10 +58,19 @@ class Pipeline(NamedTuple):
   bandwidth: tuple
   latency: tuple
   workers: tuple | None = None
+  bandwidth_trace: tuple = ()
 
   @property
   def stages(self) -> int:
     return len(self.stage_flops)
+
+  def at(self, time_s: float) -> "Pipeline":
+    """The pipeline with each hop's bandwidth in force at ``time_s`` (its
+    trace's row then; itself without traces)."""
+    if not self.bandwidth_trace:
+      return self
+    return self._replace(bandwidth=tuple(
+        float(t.at(time_s)[0]) for t in self.bandwidth_trace))
 
   def bytes_per_step(self) -> int:
     """Boundary bytes one worker's pipeline sends per step: both

@@ -37,7 +37,8 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
            if c.strategy.asynchronous else None)
   traced = c.network is not None and (
       c.network.speed_trace is not None or
-      c.network.bandwidth_trace is not None)
+      c.network.bandwidth_trace is not None or
+      bool(c.pipeline is not None and c.pipeline.bandwidth_trace))
   time_s = jnp.zeros(2, jnp.float32) if traced else None
   shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
   return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,

@@ -147,10 +147,12 @@ def trace_bytes(c, num_channels: int) -> float:
   its start, every worker's step time and, per channel, its seconds and
   every worker's own exchange seconds (float32)."""
   net = c.network
-  if net is None or (net.speed_trace is None and net.bandwidth_trace is None):
+  hops = () if c.pipeline is None else c.pipeline.bandwidth_trace
+  if net is None or (net.speed_trace is None and net.bandwidth_trace is None
+                     and not hops):
     return 0.0
   segments = len({0.0}.union(*(t.times for t in (net.speed_trace,
-                                                  net.bandwidth_trace)
+                                                  net.bandwidth_trace, *hops)
                                 if t is not None)))
   w = c.workers
   return 4.0 * segments * (1 + w + num_channels * (1 + w))

@@ -11,18 +11,19 @@ re-run's ``sim_time_s`` without running anything.
 
 import csv
 import json
+import math
 import os
 
 import numpy as np
 
 from lowbw import _validate
 from lowbw import network as net_lib
-from lowbw.network import _clock
+from lowbw.network import _clock, _units
 from lowbw.network._collectives import Channel
 from lowbw.simulation import _ledger
 
 
-def retime(run_dir, network):
+def retime(run_dir, network, *, stage_bandwidth=None, stage_latency=None):
   """The simulated time of the finished run in ``run_dir`` on ``network``.
 
   The run's training stays as it ran (the steps it took, the messages it
@@ -34,6 +35,11 @@ def retime(run_dir, network):
     network: a ``lowbw.network.Network`` (no stragglers, faults or traces:
       those would change the training or need the run's draws), or a list
       of them (a study over networks: the ledger is read once).
+    stage_bandwidth, stage_latency: for a pipeline run, its stage links
+      on the other network, as the settings take them (one value for every
+      hop or one per hop; ``math.inf``: a free link); None: the run's own.
+      The boundary bytes per micro-batch stay the run's (its model and
+      codecs set them); only the hops' times change.
 
   Returns:
     A dict (a list of them for a list of networks): ``sim_time_s``;
@@ -58,10 +64,13 @@ def retime(run_dir, network):
   rows = _logged_steps(run_dir)
   original = _original_time(run_dir)
   # A Network is itself a tuple (a NamedTuple).
+  pipeline = _restaged(run_dir, _pipeline(ledger["meta"]), stage_bandwidth,
+                       stage_latency)
   if isinstance(network, (list, tuple)) and not isinstance(
       network, net_lib.Network):
-    return [_one(run_dir, ledger, n, rows, original) for n in network]
-  return _one(run_dir, ledger, network, rows, original)
+    return [_one(run_dir, ledger, n, rows, original, pipeline)
+            for n in network]
+  return _one(run_dir, ledger, network, rows, original, pipeline)
 
 
 def _load(run_dir) -> dict:
@@ -144,11 +153,54 @@ def _pipeline(meta: dict) -> "net_lib.Pipeline | None":
   kept = meta.get("pipeline")
   if not kept:
     return None
-  return net_lib.Pipeline(**{k: tuple(v) if isinstance(v, list) else v
-                             for k, v in kept.items()})
+  kept = {k: tuple(v) if isinstance(v, list) else v for k, v in kept.items()}
+  # A trace of the stage links, kept as [times, values, source] per hop.
+  kept["bandwidth_trace"] = tuple(
+      net_lib.Trace(tuple(t[0]), tuple(map(tuple, t[1])), t[2])
+      for t in kept.get("bandwidth_trace", ()))
+  return net_lib.Pipeline(**kept)
 
 
-def _one(run_dir, ledger: dict, network, rows, original) -> dict:
+def _restaged(run_dir, pipeline, bandwidth, latency):
+  """The run's pipeline on other stage links (``bandwidth``, ``latency``:
+  None keeps the run's); refused for a run without stages, and for stage
+  links that followed a trace unless ``bandwidth`` replaces it."""
+  given = {"stage_bandwidth": bandwidth, "stage_latency": latency}
+  if pipeline is None:
+    for field, value in given.items():
+      if value is not None:
+        raise _validate.fail(field, value, f"cannot re-time {run_dir} on "
+                             "other stage links: it ran without stages")
+    return None
+  if pipeline.bandwidth_trace and bandwidth is None:
+    raise _validate.fail(
+        "run_dir", run_dir, "cannot be re-timed: its stage links followed "
+        "a trace (stage_bandwidth_trace), whose segments are not re-timed; "
+        "give stage_bandwidth, or re-run it on the other network")
+  hops = pipeline.stages - 1
+  if bandwidth is not None:
+    pipeline = pipeline._replace(bandwidth=_hop_values(
+        "stage_bandwidth", bandwidth, hops, _units.bandwidth),
+        bandwidth_trace=())
+  if latency is not None:
+    pipeline = pipeline._replace(latency=_hop_values(
+        "stage_latency", latency, hops, _units.duration))
+  return pipeline
+
+
+def _hop_values(field: str, value, hops: int, parse) -> tuple:
+  """One value for every hop, or one per hop; ``math.inf`` (a free link)
+  passes as it is."""
+  values = [v if isinstance(v, (int, float)) and math.isinf(v)
+            else parse(v, field) for v in _units.link_values(value)]
+  if len(values) not in (1, hops):
+    raise _validate.fail(field, value, f"expected one value for every hop "
+                         f"or one per hop, {hops} (the run's stages: "
+                         f"{hops + 1})")
+  return tuple(float(v) for v in values) * (hops if len(values) == 1 else 1)
+
+
+def _one(run_dir, ledger: dict, network, rows, original, pipeline) -> dict:
   meta = ledger["meta"]
   workers = meta["workers"]
   net = _check_target(run_dir, network, workers)
@@ -156,7 +208,7 @@ def _one(run_dir, ledger: dict, network, rows, original) -> dict:
   pricing = net_lib.price(net, channels, workers, meta["num_params"],
                           meta["flops_per_step"], steps=meta["steps"],
                           num_tensors=meta["num_tensors"],
-                          pipeline=_pipeline(meta))
+                          pipeline=pipeline)
   times, elapsed = _times(ledger, net, pricing)
   events = ledger["step_counts"].sum(axis=0) + ledger["sync_counts"].sum(
       axis=0)
@@ -175,10 +227,19 @@ def _one(run_dir, ledger: dict, network, rows, original) -> dict:
           "history": {"step": logged, "sim_time_s": at},
           "original_sim_time_s": original, "steps": steps,
           # As a run's config.json describes its network.
-          "network": {**net.describe(), "compute_s_per_step": pricing.step_s,
+          "network": {**net.describe(), **_stage_links(pipeline),
+                      "compute_s_per_step": pricing.step_s,
                       "comm_s_per_event": {
                           name: cost.seconds
                           for name, cost in pricing.clock_costs.items()}}}
+
+
+def _stage_links(pipeline) -> dict:
+  """A pipeline's stage links as the result describes them."""
+  if pipeline is None:
+    return {}
+  return {"stage_bandwidth_bps": list(pipeline.bandwidth),
+          "stage_latency_s": list(pipeline.latency)}
 
 
 def _times(ledger: dict, net, pricing) -> tuple[np.ndarray, float]:

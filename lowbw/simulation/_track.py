@@ -330,10 +330,15 @@ class Track:
     pricing = self.sim.prices.pricing(self.network)
     if not pricing.step_s:
       return None
-    capacity = _clock.capacity_steps(
-        self.network, self.sim.config.workers,
-        pricing.step_s_of_workers(self.sim.config.workers),
-        self.clock.elapsed)
+    if pricing.segment_step_s:  # the stage links follow a trace
+      capacity = _clock.segment_capacity(self.network, pricing,
+                                         self.sim.config.workers,
+                                         self.clock.elapsed)
+    else:
+      capacity = _clock.capacity_steps(
+          self.network, self.sim.config.workers,
+          pricing.step_s_of_workers(self.sim.config.workers),
+          self.clock.elapsed)
     return self.history.useful / capacity if capacity > 0 else None
 
   def startup_figures(self) -> dict:

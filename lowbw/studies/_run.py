@@ -319,6 +319,16 @@ def _leaders(points: list, todo: list, out: str | None) -> tuple:
           [(p, q) for p, q in lead if q is not p])
 
 
+def _stage_links(pipeline) -> dict:
+  """A point's stage links for ``retime`` (free ones as ``math.inf``);
+  none for a point without stages, or whose links follow a trace (then
+  ``retime`` refuses a source whose links did, and the point trains)."""
+  if pipeline is None or pipeline.bandwidth_trace:
+    return {}
+  return {"stage_bandwidth": pipeline.bandwidth,
+          "stage_latency": pipeline.latency}
+
+
 def _retimed(point: _grid.Point, source: PointResult | None,
              out: str) -> PointResult | None:
   """``point`` as ``source``'s run re-timed on ``point``'s network (its
@@ -332,7 +342,8 @@ def _retimed(point: _grid.Point, source: PointResult | None,
     return None
   c, start = point.config, time.perf_counter()
   try:
-    r = retime(source.log_dir, engine_config(c).network)
+    built = engine_config(c)
+    r = retime(source.log_dir, built.network, **_stage_links(built.pipeline))
   except _validate.ConfigError:
     return None
   folder = _files.point_dir(out, point.index)
