@@ -11,6 +11,12 @@
 #   benchmarks/gpu.sh gpt2ddp OUT_DIR # GPT-2-small shape, DDP at W = 1, 8, 32
 #   benchmarks/gpu.sh gpt2w32 OUT_DIR # GPT-2-small shape, DiLoCo at W = 32, and
 #                                     # W = 8 at four sequences per worker
+#   benchmarks/gpu.sh round4 OUT_DIR  # GPT-2-small shape: one replica's MFU at
+#                                     # several batch / micro-batch sizes, DiLoCo
+#                                     # at W = 8 against the best of them, W = 64
+#                                     # resident, and the memory estimate against
+#                                     # the allocator's peak (benchmarks/round4.py;
+#                                     # its flags after OUT_DIR)
 set -euo pipefail
 phase=${1:?phase: small or gpt2}
 out=${2:?output folder}
@@ -22,25 +28,27 @@ gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --autocast bfloat16
 case "$phase" in
   small)
     bench --strategy ddp --workers 1,8,32 --rounds 100 --repeats 5 \
-      --json "$out/gpt_ddp.json"
+      --json-out "$out/gpt_ddp.json"
     bench --strategy diloco --H 50 --workers 1,8,32 --rounds 2 --repeats 5 \
-      --json "$out/gpt_diloco.json" ;;
+      --json-out "$out/gpt_diloco.json" ;;
   gpt2)
     bench --strategy diloco --H 20 --workers 1 "${gpt2[@]}" --batch-size 8 \
-      --minibatch-size 2 --json "$out/gpt2_diloco_w1.json"
+      --minibatch-size 2 --json-out "$out/gpt2_diloco_w1.json"
     bench --strategy diloco --H 10 --workers 8 "${gpt2[@]}" --batch-size 1 \
-      --worker-batch 8 --json "$out/gpt2_diloco_w8.json" ;;
+      --worker-batch 8 --json-out "$out/gpt2_diloco_w8.json" ;;
   gpt2ddp)
     bench --strategy ddp --rounds 10 --workers 1 "${gpt2[@]}" --batch-size 8 \
-      --minibatch-size 2 --json "$out/gpt2_ddp_w1.json"
+      --minibatch-size 2 --json-out "$out/gpt2_ddp_w1.json"
     bench --strategy ddp --rounds 10 --workers 8 "${gpt2[@]}" --batch-size 1 \
-      --json "$out/gpt2_ddp_w8.json"
+      --json-out "$out/gpt2_ddp_w8.json"
     bench --strategy ddp --rounds 10 --workers 32 "${gpt2[@]}" --batch-size 1 \
-      --json "$out/gpt2_ddp_w32.json" ;;
+      --json-out "$out/gpt2_ddp_w32.json" ;;
   gpt2w32)
     bench --strategy diloco --H 10 --workers 32 "${gpt2[@]}" --batch-size 1 \
-      --worker-batch 4 --json "$out/gpt2_diloco_w32.json"
+      --worker-batch 4 --json-out "$out/gpt2_diloco_w32.json"
     bench --strategy diloco --H 10 --workers 8 "${gpt2[@]}" --batch-size 4 \
-      --minibatch-size 2 --worker-batch 8 --json "$out/gpt2_diloco_w8_b4.json" ;;
+      --minibatch-size 2 --worker-batch 8 --json-out "$out/gpt2_diloco_w8_b4.json" ;;
+  round4)
+    exec python3 benchmarks/round4.py "$out" "${@:3}" ;;
   *) echo "unknown phase $phase" >&2; exit 2 ;;
 esac

@@ -161,17 +161,23 @@ def baseline(model, sampler, inner, batch: int, steps: int, seed: int = 0,
   return run
 
 
-def _time_sync(sim, state, repeats: int) -> float | None:
-  """Seconds of one sync (the outer step with its codec and reductions),
-  compiled on its own; None for strategies that communicate every step.
+def _time_sync(sim, state, repeats: int):
+  """``(seconds, state)``: seconds of one sync (the outer step with its
+  codec and reductions), compiled on its own, None for strategies that
+  communicate every step; and the run's state to go on with.
 
   The sync is applied to its own output, its input donated, as it runs
   inside a round: state it leaves alone (the inner optimizer states) is not
-  copied, which an undonated call would add to its time. Over several
-  devices it runs under the run's ``shard_map``, as in the round."""
+  copied, which an undonated call would add to its time. It runs on the
+  run's own state (float32 workers' arrays are donated, not copied: a copy
+  of the whole state would double the memory of a run that fills the
+  device); the state it leaves, cast back to the stored types, is the
+  run's from then on (the timed calls' speed does not depend on the values).
+  Over several devices it runs under the run's ``shard_map``, as in the
+  round."""
   strategy = sim.config.strategy
   if strategy.sync is None:
-    return None
+    return None, state
 
   def one(st):
     return strategy.sync(_precision.cast_workers(st, jnp.float32))[0]
@@ -181,8 +187,9 @@ def _time_sync(sim, state, repeats: int) -> float | None:
     one = _engine.map_workers(one, sim.mesh, (specs,), specs,
                               sim.config.workers)
   sync = jax.jit(one, donate_argnums=0)
-  st = jax.tree.map(jnp.copy, _precision.cast_workers(state.strategy,
-                                                      jnp.float32))
+  stored = state.strategy
+  dtypes = jax.tree.map(lambda x: x.dtype, stored)
+  st = _precision.cast_workers(stored, jnp.float32)
   sync = sync.lower(st).compile()
   st = jax.block_until_ready(sync(st))
   times = []
@@ -190,7 +197,8 @@ def _time_sync(sim, state, repeats: int) -> float | None:
     start = time.perf_counter()
     st = jax.block_until_ready(sync(st))
     times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  back = jax.tree.map(lambda x, d: x.astype(d), st, dtypes)
+  return statistics.median(times), state._replace(strategy=back)
 
 
 def _nbytes(tree) -> int:
@@ -286,13 +294,15 @@ def measure(model, data, strategy, inner, workers: int, batch_size: int,
   start = time.perf_counter()
   exe, state = simulator.executables(state, sampler, None)
   compile_s = time.perf_counter() - start
-  sync_s = (_time_sync(simulator, state, repeats)
-            if sync_cost else None)
   memory.after_compile()
   for _ in range(max(warmup, 1)):
     state, out = exe.chunk(state, sampler, rounds, None)
   jax.block_until_ready(state)
-  peak = memory.peak()  # the simulator's own: before the baseline exists
+  # The simulator's own peak: before the sync is timed on its own and the
+  # baseline exists.
+  peak = memory.peak()
+  sync_s, state = (_time_sync(simulator, state, repeats) if sync_cost
+                   else (None, state))
   base = baseline(simulator.config.model, sampler, inner,
                   workers * batch_size, rounds * strategy.period, seed,
                   _backward.of(simulator.config))
@@ -388,9 +398,23 @@ def _memory_figures(sim, memory, peak: int, state, exe) -> dict:
       "state_per_worker": state_bytes(sim, state.strategy),
       "memory_ratio": memory.used(peak) / total_state,
       "memory_estimate_bytes": sim.memory.estimate_bytes,
+      **_estimate_against_peak(sim, memory, peak),
       "xla_argument_bytes": getattr(analysis, "argument_size_in_bytes", None),
       "xla_temp_bytes": getattr(analysis, "temp_size_in_bytes", None),
   }
+
+
+def _estimate_against_peak(sim, memory, peak: int) -> dict:
+  """The plan's estimate against the device allocator's measured peak
+  (``peak_bytes_in_use``, less what was in use before the run was built),
+  where the backend keeps one (a GPU); both None where it does not (a
+  CPU, whose process RSS also counts the runtime and the host's copies)."""
+  if not memory.device:
+    return {"device_peak_bytes": None, "estimate_over_device_peak": None}
+  measured = memory.used(peak)
+  return {"device_peak_bytes": measured,
+          "estimate_over_device_peak":
+              sim.memory.estimate_bytes / measured if measured > 0 else None}
 
 
 def _bytes(sim, out) -> dict:

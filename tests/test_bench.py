@@ -4,6 +4,7 @@ bytes and the state's memory are exact, bad flags are one-line errors.
 
 import json
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -90,9 +91,15 @@ def test_cli_table_and_json(tmp_path, capsys):
   assert code == 0
   table = capsys.readouterr().out
   assert "efficiency" in table and "baseline" in table
+  # A CPU keeps no allocator peak: the table says so, the JSON holds null.
+  assert ("memory estimate vs measured peak: none measured, this backend "
+          "(1 x cpu) reports no device peak") in table
   saved = json.loads(out.read_text())
   (row,) = saved["configurations"]
   assert row["workers"] == 2 and row["wire_bytes_per_round"] == 4 * P
+  assert row["device_peak_bytes"] is None
+  assert row["estimate_over_device_peak"] is None
+  assert row["memory_estimate_bytes"] > 0
 
 
 def test_data_of_your_own_sets_the_model_shapes(tmp_path, capsys):
@@ -185,3 +192,41 @@ def test_a_failed_final_write_names_the_flag(tmp_path, capsys, monkeypatch,
   assert captured.err.splitlines()[-1] == (
       f"lowbw: error: --json-out={path!r} is invalid: cannot be written (No such "
       "file or directory)")
+
+
+def test_the_estimate_is_set_against_the_allocators_peak():
+  # Where the backend keeps a peak (a GPU's allocator): the peak above what
+  # was in use before the build, and the plan's estimate over it.
+  from types import SimpleNamespace
+  from lowbw.cli._bench import estimate_line
+  memory = SimpleNamespace(device=True, used=lambda peak: peak - 1_000)
+  sim = SimpleNamespace(memory=SimpleNamespace(estimate_bytes=9_000.0))
+  got = bench._estimate_against_peak(sim, memory, 11_000)
+  assert got == {"device_peak_bytes": 10_000,
+                 "estimate_over_device_peak": 0.9}
+  cpu = SimpleNamespace(device=False)
+  assert bench._estimate_against_peak(sim, cpu, 11_000) == {
+      "device_peak_bytes": None, "estimate_over_device_peak": None}
+  rows = [{"workers": 8, "device": "1 x NVIDIA H200",
+           "memory_estimate_bytes": 9e9, **got, "device_peak_bytes": 1e10,
+           "estimate_over_device_peak": 0.9}]
+  assert estimate_line(rows).endswith("W=8 9,000.0 / 10,000.0 MB (0.90)")
+
+
+def test_the_sync_is_timed_on_the_runs_own_state():
+  # bfloat16 workers: the sync computes in float32 and its result is cast
+  # back, so the run goes on from a state of the stored types.
+  inner = optax.sgd(0.1)
+  sim = build(MLP, data.digits(), strategies.diloco(inner, H=2), workers=2,
+              batch_size=4, steps=2, rounds_per_chunk=1, compile=False,
+              worker_dtype="bfloat16")
+  state, sampler, _, _ = sim.initial(0)
+  exe, state = sim.executables(state, sampler, None)
+  types = [x.dtype for x in jax.tree.leaves(state.strategy)]
+  seconds, state = bench._time_sync(sim, state, 1)
+  assert seconds > 0
+  assert [x.dtype for x in jax.tree.leaves(state.strategy)] == types
+  assert jnp.bfloat16 in types
+  state, out = exe.chunk(state, sampler, 1, None)
+  assert np.all(np.isfinite(np.asarray(jax.tree.leaves(state.strategy)[0],
+                                       np.float32)))

@@ -392,6 +392,7 @@ def legend(s: dict, rows: list[dict]) -> str:
       "worker count over the workers added (fixed costs cancel); "
       "state MB/worker: what each worker's parameters, optimizer state and "
       "residuals take"]
+  lines.append(estimate_line(rows))
   if any(noisy(s, r) for r in rows):
     lines.append(
         f"* noise: fewer than {NOISY_REPEATS} timed calls, or their "
@@ -401,6 +402,28 @@ def legend(s: dict, rows: list[dict]) -> str:
     lines.append("* a negative MB/added worker is the allocator's and the "
                  "process's noise, not a saving: memory is read per process")
   return "\n".join(lines)
+
+
+def estimate_line(rows: list[dict]) -> str:
+  """The memory plan's estimate against the device allocator's measured
+  peak, per worker count, or that the backend reports no such peak."""
+  if all(r.get("device_peak_bytes") is None for r in rows):
+    return ("memory estimate vs measured peak: none measured, this "
+            f"backend ({rows[0]['device']}) reports no device peak "
+            "(memory_stats has no peak_bytes_in_use); peak MB is the "
+            "process's resident set")
+  def one(r):
+    ratio = r.get("estimate_over_device_peak")
+    if r.get("device_peak_bytes") is None:
+      return f"W={r['workers']} -"
+    return (f"W={r['workers']} {_mb(r['memory_estimate_bytes'])} / "
+            f"{_mb(r['device_peak_bytes'])} MB ("
+            + ("-" if ratio is None else f"{ratio:.2f}") + ")")
+
+  parts = [one(r) for r in rows]
+  return ("memory estimate vs the device allocator's peak (the plan's "
+          "bytes / the peak above what was in use before the build, and "
+          "their ratio): " + ", ".join(parts))
 
 
 def _groups(s: dict, rows: list[dict]) -> str:

@@ -11,7 +11,13 @@ precision.
   (floating parameters and inputs are cast inside the differentiated
   function), while the parameters, their gradients and the optimizer state
   stay float32 ("master weights"). Unlike ``worker_dtype``, which *stores*
-  the workers' state in bfloat16, nothing stored changes.
+  the workers' state in bfloat16, nothing stored changes. In micro-batches
+  the parameters are cast once per step, before the micro-batch scan: each
+  micro-batch differentiates with respect to that cast copy, and its
+  gradient is widened back to the parameters' type before it is summed, in
+  float32. The cast's derivative is that same widening, so the gradients
+  are those of casting inside every micro-batch, without a cast of every
+  weight per micro-batch.
 """
 
 from typing import Any, NamedTuple
@@ -59,19 +65,34 @@ class Backward(NamedTuple):
 
     def fn(params, batch, key):
       parts = jax.tree.map(split, batch)
+      one = self._on_cast(grad_fn, params)
 
       def body(total, i):
         part = jax.tree.map(lambda x: x[i], parts)
-        out = grad_fn(params, part, fold(key, i))
+        out = one(part, fold(key, i))
         return jax.tree.map(jnp.add, total, out), None
 
       first = jax.tree.map(lambda x: x[0], parts)
       zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                           jax.eval_shape(grad_fn, params, first, key))
+                           jax.eval_shape(one, first, key))
       total, _ = jax.lax.scan(body, zeros, jnp.arange(micro))
       return jax.tree.map(lambda x: x / micro, total)
 
     return fn
+
+  def _on_cast(self, grad_fn, params):
+    """``(batch, key) -> (loss, metrics, grads)`` of one micro-batch: with
+    ``autocast``, ``grad_fn`` at ``params`` cast once (here, outside the
+    scan), its gradients widened to each parameter's own type."""
+    if self.autocast is None:
+      return lambda batch, key: grad_fn(params, batch, key)
+    low = _cast(params, self.autocast)
+
+    def one(batch, key):
+      *rest, grads = grad_fn(low, batch, key)
+      return (*rest, jax.tree.map(lambda g, p: g.astype(p.dtype), grads,
+                                  params))
+    return one
 
 
 def _cast(tree, dtype):
