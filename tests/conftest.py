@@ -96,7 +96,7 @@ SLOW_MODULES = {
     "test_foreign_models.py": 5, "test_non_finite_end.py": 5,
     "test_clients.py": 25,  # 70 s alone at load 10, scaled by 1/2.6
     # -n 0 at load 8-10 (2026-11-29), scaled by 1/2.6.
-    "test_stage_links.py": 35, "test_moe_stages.py": 10,
+    "test_stage_links.py": 12, "test_moe_stages.py": 10,
     "test_backward_cast.py": 5,
 }
 
