@@ -39,8 +39,9 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
       c.network.bandwidth_trace is not None)
   time_s = jnp.zeros(2, jnp.float32) if traced else None
   shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
+  period = (jnp.asarray(c.period, jnp.int32) if c.traced_period else None)
   return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,
-                          shadow)
+                          shadow, period)
 
 
 def place_mesh(c, facts, key):
@@ -55,7 +56,8 @@ def place_mesh(c, facts, key):
       _mesh.replicated(state.data_key), _mesh.replicated(state.loss_key),
       _mesh.active_specs(c.masks),
       _mesh.fleet_specs(c.strategy.asynchronous),
-      _mesh.replicated(state.time_s), _mesh.replicated(state.shadow))
+      _mesh.replicated(state.time_s), _mesh.replicated(state.shadow),
+      _mesh.replicated(state.period))
   sampler = c.data.build(c.workers, c.batch_size, 0)
   return mesh, (sim_specs, _mesh.sampler_specs(sampler))
 
