@@ -124,9 +124,12 @@ def view(sim, H: int):
   return out
 
 
-def split(hparams):
-  """``(H or None, the other hparams)`` of a run's ``hparams``."""
-  if not isinstance(hparams, dict) or "H" not in hparams:
+def split(hparams, config):
+  """``(H or None, the other hparams)`` of a run's ``hparams`` on a build
+  of ``config`` (a ``RunConfig``): H only where it is traced (elsewhere it
+  stays, and is refused as a shape)."""
+  if (not config.traced_period or not isinstance(hparams, dict)
+      or "H" not in hparams):
     return None, hparams
   rest = dict(hparams)
   return rest.pop("H"), rest

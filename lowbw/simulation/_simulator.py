@@ -151,8 +151,8 @@ class Simulator:
     of the run folder ``init_from`` when given); ``net`` the traced network
     numbers (None without a network).
     """
-    H, hparams = _periods.split(hparams)
-    if H is not None and self.config.traced_period:
+    H, hparams = _periods.split(hparams, self.config)
+    if H is not None:
       return self.at_period(H).initial(seed, hparams, init_from)
     if self.lanes:
       return _lanes.initial(self.inputs, self.lanes, seed, hparams,
@@ -169,8 +169,8 @@ class Simulator:
 
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
-    H, hparams = _periods.split(hparams)
-    if H is not None and self.config.traced_period:
+    H, hparams = _periods.split(hparams, self.config)
+    if H is not None:
       self.at_period(H)
     return self.inputs.check_hparams(hparams, field)
 
@@ -239,8 +239,8 @@ class Simulator:
     ``cost_usd`` (``lowbw.telemetry._cost``).
     """
     _validate.boolean("allow_non_finite", allow_non_finite)
-    H, rest = _periods.split(hparams)
-    if H is not None and self.config.traced_period:
+    H, rest = _periods.split(hparams, self.config)
+    if H is not None:
       return self.at_period(H).run(
           seed, rest, out, checkpoint_every, resume_from, progress, callback,
           metadata, overwrite, wandb_project, fail_on_divergence,
