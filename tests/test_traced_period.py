@@ -110,6 +110,9 @@ def test_a_run_refuses_an_H_the_build_cannot_run():
     sim.run(hparams={"H": 3})
   with pytest.raises(lowbw.ConfigError, match=r"^H=0 is invalid"):
     sim.run(hparams={"H": 0})
+  with pytest.raises(lowbw.ConfigError, match=r"^checkpoint_every=4 is "
+                     r"invalid: not supported on a build with a traced H"):
+    sim.run(hparams={"H": 2}, checkpoint_every=4)
   plain = lowbw.build(config("diloco", 4), compile=False)
   with pytest.raises(lowbw.ConfigError, match=r"^hparams='H' is invalid: "
                      r"not a traced hyperparameter"):

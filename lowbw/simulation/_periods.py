@@ -58,9 +58,9 @@ def record(run_config):
   c = run_config
   s = c.strategy
   why = (None if s.traceable_period else
-         f"strategy {s.name!r} (with these settings) has a round that is "
-         "not H local steps then one sync; traced H supports diloco, "
-         "sparseloco, muloco and fedadam without outer_delay or dylu")
+         f"strategy {s.name!r} as configured (its round is not H local "
+         "steps then one sync; a traced H supports diloco, sparseloco, "
+         "muloco and fedadam without outer_delay or dylu)")
   why = why or next((text for bad, text in (
       (c.masks, "fault or straggler masks"),
       (c.shadow is not None, "a paired DDP lane (shadow)"),
@@ -77,6 +77,16 @@ def check_grouping(run_config) -> None:
     raise _validate.fail(FIELD, ("H",), "not supported with worker_batch="
                          f"{run_config.worker_batch} (workers in groups); "
                          "give worker_batch=None or a smaller run")
+
+
+def check_run(config, checkpoint_every, resume_from) -> None:
+  """A run of a build with a traced H is not checkpointed (not tested
+  yet): one line naming the setting."""
+  if config.traced_period and (checkpoint_every or resume_from):
+    name = "checkpoint_every" if checkpoint_every else "resume_from"
+    raise _validate.fail(name, checkpoint_every or resume_from,
+                         "not supported on a build with a traced H yet; "
+                         "build with the run's own H")
 
 
 def check_period(sim, H) -> int:

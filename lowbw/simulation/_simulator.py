@@ -239,6 +239,7 @@ class Simulator:
     ``cost_usd`` (``lowbw.telemetry._cost``).
     """
     _validate.boolean("allow_non_finite", allow_non_finite)
+    _periods.check_run(self.config, checkpoint_every, resume_from)
     H, rest = _periods.split(hparams, self.config)
     if H is not None:
       return self.at_period(H).run(
