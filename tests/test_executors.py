@@ -22,7 +22,8 @@ from lowbw.studies import _claims, _exec
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE = dict(data="digits", hidden="8", workers=2, batch_size=4, steps=4,
             eval_examples=32, eval_every=4, strategy="diloco")
-# 2 compiled shapes x 5 outer learning rates x 4 seeds: 40 points.
+# 2 values of H (one build: H is traced) x 5 outer learning rates x 4
+# seeds: 40 points.
 GRID = {"H": [2, 4], "outer_lr": [0.3, 0.5, 0.7, 0.9, 1.0]}
 SEEDS = [0, 1, 2, 3]
 ROWS = 4  # logged rows per point (one per step)
@@ -55,7 +56,8 @@ def claims_left(out) -> list[str]:
 def reference(tmp_path_factory):
   out = tmp_path_factory.mktemp("one_process")
   result = study(out)
-  assert len(result.points) == 40 and result.summary["builds"] == 2
+  # H is traced: one build for both H.
+  assert len(result.points) == 40 and result.summary["builds"] == 1
   return str(out), tables(out)
 
 
@@ -73,8 +75,8 @@ def test_local_workers_give_the_one_process_tables(reference, tmp_path,
   result = study(out, executor="local:2")
   assert tables(out) == reference[1]
   assert [p.index for p in result.points] == list(range(40))
-  # Each of the 2 workers built each of the 2 shapes once.
-  assert result.summary["builds"] == 4
+  # Each of the 2 workers built the one shape (H traced) once.
+  assert result.summary["builds"] == 2
   assert claims_left(out) == []
   # The returned study is its tables' (the points as their folders hold
   # them), as the one-process study's is.
@@ -107,9 +109,9 @@ def test_slurm_jobs_through_submitits_local_cluster(reference, tmp_path,
   study(out, executor="slurm", executor_options={"cluster": "local",
                                                 "timeout_min": 10})
   assert tables(out) == reference[1]
-  # submitit's records of the 2 jobs (one per compiled shape).
+  # submitit's record of the job (one per compiled shape: H is traced).
   logs = os.listdir(out / "slurm")
-  assert sum(name.endswith("_result.pkl") for name in logs) == 2
+  assert sum(name.endswith("_result.pkl") for name in logs) == 1
 
 
 def test_the_slurm_batch_script_carries_the_options(tmp_path, monkeypatch):

@@ -115,10 +115,10 @@ def test_a_run_repeats_bit_for_bit_from_its_written_config(tmp_path, capsys):
 # ------------------------------------------------------------------- study
 def test_each_study_point_equals_its_single_run(small_study):
   points = small_study.points
-  assert len(points) == 12 and small_study.summary["groups"] == 4
-  # A traced value (outer_lr) and the seeds share a build; H, the strategy
-  # and SPARTA's p do not.
-  assert small_study.summary["builds"] == 4
+  assert len(points) == 12 and small_study.summary["groups"] == 3
+  # A traced value (outer_lr), the seeds and DiLoCo's H (a build with a
+  # traced H) share a build; the strategy and SPARTA's p do not.
+  assert small_study.summary["builds"] == 3
   for point in (points[2], points[5], points[9], points[11]):
     single = lowbw.simulate(point.config.replace(out=None))
     for key in ("final_eval_loss", "final_train_loss", "wire_bytes",
@@ -231,7 +231,8 @@ def test_a_killed_study_resumes_and_skips_finished_points(tmp_path, capsys):
                    "--eval-examples", "32", "--H", "2", "--grid", "H=2,4",
                    "--seeds", "0,1", "--out", str(out), "--no-progress"]) == 0
   text = capsys.readouterr().out
-  assert "4 points (2 seeds, 2 compiled shapes, 2 resumed)" in text
+  # H is traced: both H share one compiled shape.
+  assert "4 points (2 seeds, 1 compiled shapes, 2 resumed)" in text
   record = json.loads((out / "study.json").read_text())
   assert record["summary"]["resumed"] == 2
   study = lowbw.studies.load(str(out))
@@ -255,7 +256,8 @@ def test_an_irregular_grid_file(tmp_path, capsys):
                    "--eval-examples", "32", "--H", "4", "--grid-file",
                    str(grid), "--out", str(out), "--no-progress"]) == 0
   text = capsys.readouterr().out
-  assert "3 points (1 seeds, 3 compiled shapes, 0 resumed)" in text
+  # DDP, and DiLoCo's two H on one build (a traced H).
+  assert "3 points (1 seeds, 2 compiled shapes, 0 resumed)" in text
   rows = (out / "points.csv").read_text().splitlines()
   assert rows[0].startswith("point,seed,strategy,H,")
   assert [r.split(",")[2:4] for r in rows[1:]] == [
@@ -269,7 +271,8 @@ def test_the_base_need_only_be_valid_with_each_points_values(tmp_path,
                    "2", "--steps", "8", "--eval-examples", "32", "--grid",
                    "H=2,8", "--out", str(tmp_path / "s"), "--no-progress"]
                   ) == 0
-  assert "2 points (1 seeds, 2 compiled shapes" in capsys.readouterr().out
+  # Both H on one build (a traced H).
+  assert "2 points (1 seeds, 1 compiled shapes" in capsys.readouterr().out
   assert cli.main(["sweep", "--data", "digits", "--steps", "8", "--grid",
                    "H=2,16", "--out", str(tmp_path / "t")]) == 2
   assert "(at grid point --H=16)" in capsys.readouterr().err

@@ -50,6 +50,13 @@ class _RunConfig:
     return self.steps % self.period
 
   @property
+  def tail_slots(self) -> int:
+    """Steps the tail program has room for: ``tail_steps``, or with a
+    traced H any run's tail (at most ``period`` - 1 steps; those past the
+    run's steps do not run)."""
+    return self.period - 1 if self.traced_period else self.tail_steps
+
+  @property
   def masks(self) -> bool:
     """Fault or straggler masks are compiled in (jitter alone drops nobody)."""
     return has_masks(self.network)
@@ -175,7 +182,11 @@ RunConfig = dataclasses.make_dataclass(
                   *((name, Any) for name in SETTINGS),
                   ("auto_devices", Any, dataclasses.field(default=False)),
                   # each worker's pipeline (``network.Pipeline``) or None
-                  ("pipeline", Any, dataclasses.field(default=None))],
+                  ("pipeline", Any, dataclasses.field(default=None)),
+                  # H is a traced value (``lowbw.build(traced=("H",))``):
+                  # the programs' rounds have ``period`` step slots, of
+                  # which the state's ``SimState.period`` run
+                  ("traced_period", Any, dataclasses.field(default=False))],
     bases=(_RunConfig,), frozen=True)
 RunConfig.__module__ = __name__
 RunConfig.__doc__ = _RunConfig.__doc__

@@ -1,13 +1,14 @@
 """``lowbw.simulate`` and ``lowbw.build``: a ``lowbw.Config``, given or made
 of the keywords, built into a ``Simulator`` (and run)."""
 
+import functools
 import time
 
 from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model, pipeline
-from lowbw.simulation import _compile_cache
+from lowbw.simulation import _compile_cache, _periods
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
 
@@ -15,7 +16,7 @@ from lowbw.simulation._simulator import Simulator
 # folder, hooks, values for one run of a build, the compilation cache.
 RUN_OPTIONS = {"overwrite": False, "callback": None, "metadata": None,
                "hparams": None, "resume_from": None, "compile_cache": True}
-BUILD_OPTIONS = {"compile": True, "compile_cache": True}
+BUILD_OPTIONS = {"compile": True, "compile_cache": True, "traced": ()}
 # The parts a call may give by position, in this order.
 POSITIONAL = ("model", "data", "strategy")
 
@@ -54,13 +55,22 @@ def lane_configs(config: Config, record: _settings.RunConfig) -> tuple:
 
 
 def build_config(config: Config, compile: bool = True,
-                 compile_cache=True) -> Simulator:
-  """The simulator of ``config`` (``engine_config``), with its lanes."""
+                 compile_cache=True, traced=()) -> Simulator:
+  """The simulator of ``config`` (``engine_config``), with its lanes;
+  ``traced=("H",)``: H a traced value (``_periods``)."""
   started = time.perf_counter()
+  traced = _periods.check(config, traced)
   record = engine_config(config)
+  if traced:
+    if config.lanes:
+      raise _validate.fail("traced", traced, "not supported with lanes")
+    record = _periods.record(record)
   _compile_cache.enable(_compile_cache.check(compile_cache))
-  return Simulator(record, compile=compile, started=started,
-                   lanes=lane_configs(config, record))
+  sim = Simulator(record, compile=compile, started=started,
+                  lanes=lane_configs(config, record))
+  if traced:
+    sim.strategy_at = functools.partial(_periods.strategy_at, config)
+  return sim
 
 
 def yaml_or_none(config: Config) -> str | None:
@@ -194,6 +204,11 @@ build.__doc__ = """Checks a run and compiles its programs, once.
     compile_cache: JAX's persistent compilation cache, as for
       ``lowbw.simulate``: a configuration compiled before, in any process,
       loads instead of compiling.
+    traced: ``("H",)`` makes the sync period a traced value: the rounds
+      have the config's H step slots and ``run(hparams={"H": h})`` runs
+      the first h of each (any h up to the config's), on one program;
+      DiLoCo, SparseLoCo, MuLoCo and FedAdam on one device, without fault
+      or straggler masks (``lowbw.study`` turns it on for a grid over H).
 
   Raises:
     ValueError: a bad setting, naming its field, before anything is compiled.

@@ -66,6 +66,8 @@ class SimState(NamedTuple):
       reported clock is the host's, in float64.
     shadow: with a paired DDP lane only (``_shadow``): its replica's
       ``ShadowState``, replicated across devices; None otherwise.
+    period: with a traced H only (``RunConfig.traced_period``): int32, the
+      run's H, how many of a round's step slots run; None otherwise.
   """
 
   strategy: StrategyState
@@ -75,6 +77,7 @@ class SimState(NamedTuple):
   fleet: Any = None
   time_s: Array | None = None
   shadow: Any = None
+  period: Array | None = None
 
 
 class StepOut(NamedTuple):
@@ -205,6 +208,7 @@ class Engine(NamedTuple):
   probe: Any              # widened state -> pre-sync correlation, or None
   later: Any              # (time_s, clock) -> the trace lookup's time after a round
   evaluations: tuple      # each (engine, sim, eval_batches, key) -> dict of results
+  slot: Any = None        # (sim, j) -> whether step slot j runs (traced H), or None
 
 
 def build(config, parts: Parts) -> Programs:
@@ -218,11 +222,11 @@ def build(config, parts: Parts) -> Programs:
   # Traced once: the chunk's output shapes and its loop's body share it.
   round_traced = jax.jit(functools.partial(run_round, e))
   chunk = functools.partial(run_chunk, round_traced, config.rounds_per_chunk)
-  tail = functools.partial(run_tail, e, config.tail_steps)
+  tail = functools.partial(run_tail, e, config.tail_slots)
   if parts.mesh is not None:
     chunk, tail = _shard(chunk, tail, parts.mesh, parts.specs,
                          config.workers)
-  return Programs(chunk=chunk, tail=tail if config.tail_steps else None,
+  return Programs(chunk=chunk, tail=tail if config.tail_slots else None,
                   evaluate=functools.partial(evaluate, e),
                   global_params=functools.partial(global_params, e))
 
@@ -254,7 +258,9 @@ def pieces(config, parts: Parts) -> Engine:
           _later, overlap=bool(clock_overlap(c.strategy, c.network))),
       evaluations=(evaluate_global,
                    *((evaluate_shadow,) if c.shadow is not None else ()),
-                   *((evaluate_workers,) if c.eval_local else ())))
+                   *((evaluate_workers,) if c.eval_local else ())),
+      slot=(functools.partial(slot_runs, c.steps) if c.traced_period
+            else None))
 
 
 def stored_dtype(config):
@@ -309,16 +315,44 @@ def local_step(e: Engine, sim: SimState, sampler, timing, carry):
 
 
 def scanned_steps(e: Engine, sim: SimState, sampler, timing, length: int):
-  """``length`` steps of every worker at once, a ``lax.scan``."""
+  """``length`` steps of every worker at once, a ``lax.scan``; with a
+  traced H, ``length`` step slots of which those ``e.slot`` allows run."""
   carry = timing.begin(sim.strategy.step, sim.fleet)
 
-  def body(c, _):
+  def body(c, j):
     sim, carry = c
-    sim, out, carry = local_step(e, sim, sampler, timing, carry)
+    if e.slot is None:
+      sim, out, carry = local_step(e, sim, sampler, timing, carry)
+    else:
+      sim, out, carry = slotted_step(e, sim, sampler, timing, carry, j)
     return (sim, carry), out
 
-  (sim, carry), steps = jax.lax.scan(body, (sim, carry), length=length)
+  slots = None if e.slot is None else jnp.arange(length, dtype=jnp.int32)
+  (sim, carry), steps = jax.lax.scan(body, (sim, carry), slots,
+                                     length=length)
   return sim, _reduced(steps), carry
+
+
+def slot_runs(steps: int, sim: SimState, j) -> Array:
+  """Whether step slot ``j`` of a round (or of the tail) runs under a
+  traced H: the first H slots of a round, and no step past the run's
+  ``steps`` (the tail's slots beyond the run's own tail)."""
+  return (j < sim.period) & (sim.strategy.step < steps)
+
+
+def slotted_step(e: Engine, sim: SimState, sampler, timing, carry, j):
+  """``local_step`` in slot ``j`` when the slot runs; otherwise nothing
+  happens (no step, no clock, no data drawn) and its outputs are zeros,
+  which the host drops (``_loop``: only a run's own H slots are read)."""
+  def run(args):
+    return local_step(e, args[0], sampler, timing, args[1])
+
+  def skip(args):
+    shapes = jax.eval_shape(run, args)[1]
+    return args[0], jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                 shapes), args[1]
+
+  return jax.lax.cond(e.slot(sim, j), run, skip, (sim, carry))
 
 
 class Groups(NamedTuple):

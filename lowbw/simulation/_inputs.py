@@ -41,8 +41,9 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
       bool(c.pipeline is not None and c.pipeline.bandwidth_trace))
   time_s = jnp.zeros(2, jnp.float32) if traced else None
   shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
+  period = (jnp.asarray(c.period, jnp.int32) if c.traced_period else None)
   return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,
-                          shadow)
+                          shadow, period)
 
 
 def place_mesh(c, facts, key):
@@ -57,7 +58,8 @@ def place_mesh(c, facts, key):
       _mesh.replicated(state.data_key), _mesh.replicated(state.loss_key),
       _mesh.active_specs(c.masks),
       _mesh.fleet_specs(c.strategy.asynchronous),
-      _mesh.replicated(state.time_s), _mesh.replicated(state.shadow))
+      _mesh.replicated(state.time_s), _mesh.replicated(state.shadow),
+      _mesh.replicated(state.period))
   return mesh, (sim_specs, _mesh.sampler_specs(build_sampler(c, 0)))
 
 

@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import jax
 
+from lowbw.simulation import _periods
 from lowbw.simulation._history import NonFiniteLossError
 
 
@@ -85,7 +86,7 @@ def drive(sim, exe: Executables, state, sampler, net, tracks: list,
       finish(pending)
       pending = None
       how.save(step, state, time.perf_counter() - start)
-  if exe.tail is not None:
+  if exe.tail is not None and c.tail_steps:
     state, out = exe.tail(state, sampler, net)
     step += c.tail_steps
     if pending is not None:
@@ -109,8 +110,11 @@ def _finish(sim, tracks: list, how: Drive, pace, start: float,
   for i, track in enumerate(tracks):
     pick = (lambda t: jax.tree.map(lambda x: x[i], t)) if how.batched else (
         lambda t: t)
+    mine = pick(out)
+    if sim.config.traced_period:  # the run's own H of the rounds' slots
+      mine = _periods.trimmed(kind, n, mine, sim.config.period)
     try:
-      track.consume(kind, n, pick(out), None if ev is None else pick(ev),
+      track.consume(kind, n, mine, None if ev is None else pick(ev),
                     end_step, wall, sim.config.steps)
     except NonFiniteLossError:
       if how.raise_errors:

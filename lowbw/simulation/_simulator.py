@@ -29,8 +29,8 @@ from lowbw.telemetry import _cost, _params, _progress, _writers
 from lowbw.config import _settings as _config
 from lowbw.simulation import (_engine, _facts,
                               _hparams, _inputs, _lanes, _logdir, _memory,
-                              _mesh, _plan, _prices, _resume, _schema,
-                              _startup)
+                              _mesh, _periods, _plan, _prices, _resume,
+                              _schema, _startup)
 from lowbw.simulation._loop import Drive, drive
 from lowbw.simulation import _divergence
 from lowbw.simulation._divergence import DivergenceError
@@ -63,6 +63,8 @@ class Simulator:
   """
 
   hparam_names = tuple(_hparams.KNOBS)
+  # With a traced H (``_periods``): the config's strategy at another H.
+  strategy_at = None
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
@@ -91,6 +93,8 @@ class Simulator:
         [sim.memory for _, sim, _ in self.lanes], shared)
     c = self.config = dataclasses.replace(
         config, worker_batch=self.memory.worker_batch)
+    _periods.check_grouping(c)
+    self.slots = c.period  # step slots of a round (a traced H's largest)
     self.prices = _prices.Prices(c, facts)
     self.priced_channels = self.prices.priced_channels
     self.flops_per_token = self.prices.flops_per_token
@@ -147,13 +151,27 @@ class Simulator:
     of the run folder ``init_from`` when given); ``net`` the traced network
     numbers (None without a network).
     """
+    H, hparams = _periods.split(hparams, self.config)
+    if H is not None:
+      return self.at_period(H).initial(seed, hparams, init_from)
     if self.lanes:
       return _lanes.initial(self.inputs, self.lanes, seed, hparams,
                             init_from)
-    return self.inputs.initial(seed, hparams, init_from)
+    state, sampler, net, network = self.inputs.initial(seed, hparams,
+                                                       init_from)
+    return (_periods.with_period(state, self.config), sampler, net,
+            network)
+
+  def at_period(self, H: int) -> "Simulator":
+    """This build as a run with sync period ``H`` sees it, on the same
+    programs (a build with a traced H, ``_periods``)."""
+    return _periods.view(self, H)
 
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
+    H, hparams = _periods.split(hparams, self.config)
+    if H is not None:
+      self.at_period(H)
     return self.inputs.check_hparams(hparams, field)
 
   def pricing(self, network):
@@ -221,6 +239,13 @@ class Simulator:
     ``cost_usd`` (``lowbw.telemetry._cost``).
     """
     _validate.boolean("allow_non_finite", allow_non_finite)
+    _periods.check_run(self.config, checkpoint_every, resume_from)
+    H, rest = _periods.split(hparams, self.config)
+    if H is not None:
+      return self.at_period(H).run(
+          seed, rest, out, checkpoint_every, resume_from, progress, callback,
+          metadata, overwrite, wandb_project, fail_on_divergence,
+          config_yaml, init_from, gpu_price, egress_price, allow_non_finite)
     seed, checkpoint_every, lock = self._check_run(
         seed, out, checkpoint_every, resume_from, overwrite,
         wandb_project, fail_on_divergence)

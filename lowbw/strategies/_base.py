@@ -119,6 +119,11 @@ class Strategy(NamedTuple):
       paired DDP lane, ``shadow="ddp"``, applies to the mean gradient), or
       None for a strategy whose update is not a plain optimizer step on a
       gradient (DeMo).
+    traceable_period: the round is ``period`` local steps then one sync,
+      and nothing else depends on the period (DiLoCo and the strategies
+      built on its round): a build may then make H a traced value
+      (``lowbw.build(config, traced=("H",))``), the round a fixed number of
+      step slots of which the first H run.
   """
 
   name: str
@@ -139,6 +144,7 @@ class Strategy(NamedTuple):
   pull: Callable[[StrategyState, Array], StrategyState] | None = None
   send: Callable[[StrategyState, Array], StrategyState] | None = None
   inner: optax.GradientTransformation | None = None
+  traceable_period: bool = False
 
   def __repr__(self):
     """The factory call it describes, e.g. ``diloco(H=30, inner=adamw(...),
@@ -279,7 +285,7 @@ def make(name: str, period: int, parts: Parts, config: dict[str, Any],
 
   ``options`` are ``Strategy``'s optional attributes (``overlap_steps``,
   ``replicated``, ``outer_places``, ``asynchronous``, ``time_budget``,
-  ``inner``), passed to it as they are, except that ``outer_places``
+  ``inner``, ``traceable_period``), passed to it as they are, except that ``outer_places``
   defaults to ``{}``: a strategy built here says where its outer optimizers
   live, and one that names none has none.
   """

@@ -154,7 +154,7 @@ def build(name: str, inner, outer, H: int, comp: Compression,
        **({"dylu_weighted": True} if dylu == "weighted" else {})},
       overlap_steps=H if outer_delay else None,
       outer_places={"outer": place}, time_budget=dylu,
-      inner=inner)
+      inner=inner, traceable_period=variant == Variant())
 
 
 def diloco(

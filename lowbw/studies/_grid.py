@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 from lowbw import _validate
 from lowbw import strategies as strategies_lib
 from lowbw.config import Config
+from lowbw.config._checks import has_masks
+from lowbw.simulation._periods import HOST_SETTINGS
 from lowbw.config._config import FIELDS, canonical, check_value, natural
 from lowbw.config._fields import RUN, TRACED
 from lowbw.config._strategy_fields import TRACED as strategy_traced
@@ -178,10 +180,11 @@ def traced(config: Config) -> dict[str, str]:
   return out
 
 
-def shape_key(config: Config) -> str:
+def shape_key(config: Config, skip: tuple = ()) -> str:
   """Equal for configs that compile to the same programs: every setting
-  but the traced ones (whose presence still counts) and the run's own."""
-  skip = traced(config)
+  but the traced ones (whose presence still counts), ``skip`` and the
+  run's own."""
+  skip = {*traced(config), *skip}
   key = {name: value for name, value in config.to_dict().items()
          if name not in skip and FIELDS[name].kind != RUN}
   return json.dumps(key, sort_keys=True,
@@ -189,11 +192,39 @@ def shape_key(config: Config) -> str:
 
 
 def groups(points: list[Point]) -> list[list[Point]]:
-  """The points by compiled shape, in order of their first point."""
+  """The points by compiled shape, in order of their first point; shapes
+  that differ only in H join one group, built with a traced H, where the
+  strategy allows it (``period_traceable``)."""
   out: dict[str, list[Point]] = {}
   for p in points:
     out.setdefault(shape_key(p.config), []).append(p)
-  return list(out.values())
+  merged: dict[str, list[Point]] = {}
+  for key, group in out.items():
+    config = group[0].config
+    if period_traceable(config):  # a run's own H and its host settings
+      key = shape_key(config, skip=("H", *HOST_SETTINGS))
+    merged.setdefault(key, []).extend(group)
+  return [sorted(g, key=lambda p: p.index) for g in merged.values()]
+
+
+def period_traceable(config: Config) -> bool:
+  """Whether a build of ``config`` may make H a traced value
+  (``lowbw.build(config, traced=("H",))``): a strategy by name whose round
+  is H local steps then one sync, without fault or straggler masks,
+  lanes, a paired DDP lane or checkpoints."""
+  if not isinstance(config.strategy, str) or config.lanes:
+    return False
+  built = config.built()
+  checked = built.checked
+  return (built.strategy.traceable_period and checked["shadow"] is None
+          and not has_masks(checked["network"])
+          and config.checkpoint_every is None)
+
+
+def periods(points: list[Point]) -> list[int]:
+  """The distinct H of ``points`` (of traceable strategies), in order."""
+  return list(dict.fromkeys(p.config.H for p in points
+                            if period_traceable(p.config)))
 
 
 def hparams(point: Point) -> dict[str, Any]:

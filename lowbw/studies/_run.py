@@ -243,27 +243,56 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
   first: those finished or held by another process are left to it."""
   builds = 0
   while todo:
-    rep = todo[0]
-    sim = build_config(rep.config, compile=False)
+    sim, rep, traced = _build(todo)
     builds += 1
-    now = [p for p in todo if _settable(sim, _diff(p, rep))]
+    key = _grid.shape_key(rep.config)
+    now = [p for p in todo
+           if (traced or _grid.shape_key(p.config) == key)
+           and _settable(sim, _diff(p, rep, traced))]
     todo = [p for p in todo if p not in now]
     size = points_per_batch or _sweep.default_points_per_batch(
         len(now), sim.memory)
     if sim.lanes:  # the lanes' tracks are a single run's (``Simulator.run``)
       size = 1
-    for first in range(0, len(now), size):
-      batch = _claimed(now[first:first + size], out)
-      if not batch:
-        continue
-      try:
-        for r in _run_batch(sim, batch, rep, out, size):
-          finished[r.index] = r
-          emit(r, True)
-      finally:
-        if out is not None:
-          _claims.release(out, [p.index for p in batch])
+    for view, part in _by_period(sim, now, traced):
+      for first in range(0, len(part), size):
+        batch = _claimed(part[first:first + size], out)
+        if not batch:
+          continue
+        try:
+          # The view runs its H: the points' hparams are the others.
+          for r in _run_batch(view, batch, rep, out, size):
+            finished[r.index] = r
+            emit(r, True)
+        finally:
+          if out is not None:
+            _claims.release(out, [p.index for p in batch])
   return builds
+
+
+def _build(todo: list) -> tuple:
+  """``(simulator, the point it was built from, whether its H is
+  traced)``: one build with a traced H for points of several H that
+  ``_grid.groups`` put together (built from the largest H), else the
+  first point's build."""
+  if len(_grid.periods(todo)) > 1 and all(
+      _grid.period_traceable(p.config) for p in todo):
+    rep = max(todo, key=lambda p: p.config.H)
+    try:
+      return build_config(rep.config, compile=False, traced=("H",)), rep, True
+    except _validate.ConfigError:  # e.g. workers in groups: one build per H
+      pass
+  return build_config(todo[0].config, compile=False), todo[0], False
+
+
+def _by_period(sim, points: list, traced: bool) -> list:
+  """``[(simulator, points)]``: with a traced H, the points of each H on
+  the build as a run of that H sees it (a vmapped batch shares its host
+  loop, so its points share their H)."""
+  if not traced:
+    return [(sim, points)]
+  return [(sim.at_period(h), [p for p in points if p.config.H == h])
+          for h in dict.fromkeys(p.config.H for p in points)]
 
 
 _POINTS: dict[str, list] = {}
@@ -436,11 +465,14 @@ def _report(on_point, result: PointResult) -> None:
     on_point(result)
 
 
-def _diff(point: _grid.Point, rep: _grid.Point) -> dict:
+def _diff(point: _grid.Point, rep: _grid.Point, traced: bool = False
+          ) -> dict:
   """The point's traced values that differ from those ``rep``'s build
-  holds: the ``hparams`` that make one into the other."""
+  holds: the ``hparams`` that make one into the other (and its H, on a
+  build with a traced H)."""
   mine, built = _grid.hparams(point), _grid.hparams(rep)
-  return {k: v for k, v in mine.items() if built.get(k) != v}
+  out = {k: v for k, v in mine.items() if built.get(k) != v}
+  return {**out, "H": point.config.H} if traced else out
 
 
 def _settable(sim, values: dict) -> bool:
