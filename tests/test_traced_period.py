@@ -89,6 +89,8 @@ def test_vmapped_points_of_one_H_equal_their_single_runs(references):
      r"^traced=\('H',\) is invalid: not supported with strategy 'sparta'"),
     (dict(outer_delay=1), ("H",),
      r"^traced=\('H',\) is invalid: not supported with strategy 'diloco'"),
+    (dict(clients=20), ("H",), r"^traced=\('H',\) is invalid: not "
+     r"supported with clients=20 \(sampled clients\)"),
     (dict(), ("p",), r"^traced='p' is invalid: not a field a build can "
      r"trace; expected one of H"),
     (dict(), "H", r"^traced='H' is invalid: expected a tuple of field names"),
