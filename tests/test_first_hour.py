@@ -449,3 +449,21 @@ def test_an_explicit_eval_every_is_kept():
   assert lowbw.Config(**_STUDY, H=2, eval_every=8).eval_every == 8
   long = lowbw.Config(data="digits", H=10, steps=5000)
   assert long.eval_every == 100  # 50 evaluations: no more than before
+
+
+@pytest.mark.parametrize("fraction,text", [
+    (0.0, "0.0%"), (1.0, "100.0%"), (0.25, "25.0%"), (0.001, "0.1%"),
+    (0.0000833, "0.0083%"), (0.0005, "0.05%"), (0.9999167, "99.9917%"),
+    (0.9995, "99.950%")])
+def test_a_share_never_reads_zero_or_all_unless_it_is(fraction, text):
+  # The default run's goodput (about 1e-4: an H100 computes this model's
+  # step in microseconds while each sync waits 14 hops of 50 ms) printed
+  # as "0.0%", and its communication share as "100.0%".
+  assert _train.share(fraction) == text
+
+
+@pytest.mark.parametrize("hardware,text", [
+    ("h100", "h100 at MFU 0.4"),
+    ("0.01s", "0.01s per step (given; no MFU applies)")])
+def test_the_summary_names_mfu_only_where_it_applies(hardware, text):
+  assert _train._hardware_text({"hardware": hardware, "mfu": 0.4}) == text

@@ -4,6 +4,7 @@ Every flag is a ``lowbw.Config`` field (``lowbw.config._config.FIELDS``:
 its help, default and type); a config file gives the same fields as keys.
 """
 
+import math
 import argparse
 import datetime
 import json
@@ -413,11 +414,11 @@ def format_summary(summary: dict, s: dict) -> str:
     topology = _topology_text(summary, s)
     lines.append(f"  simulated time    {_duration(summary['sim_time_s'])} on "
                  f"{s['bandwidth']}, {s['latency']} ({topology}), "
-                 f"{s['hardware']} at MFU {s['mfu']}")
+                 f"{_hardware_text(s)}")
   if summary.get("comm_share") is not None:
     lines += _time_lines(summary, s)
   if summary.get("goodput") is not None:
-    lines.append(f"  goodput           {summary['goodput']:.1%} (steps merged "
+    lines.append(f"  goodput           {share(summary['goodput'])} (steps merged "
                  "into the model / steps the fleet could have taken)")
   if summary.get("cost_usd") is not None:
     lines.append(f"  cost              {cost_line(summary, s)}")
@@ -429,6 +430,27 @@ def format_summary(summary: dict, s: dict) -> str:
   return "\n".join(lines)
 
 
+def share(x: float) -> str:
+  """A fraction as a percentage that never reads 0.0 % or 100.0 % unless it
+  is: one decimal, or two significant digits of what sets it apart from
+  0 or 1 (``0.0083%``, ``99.9917%``)."""
+  if x <= 0 or x >= 1 or 0.001 <= x <= 0.999:
+    return f"{x:.1%}"
+  if x < 0.001:
+    return f"{100 * x:.2g}%"
+  digits = 2 - math.floor(math.log10(100 * (1 - x)))  # 1 - x's 2 digits
+  return f"{100 * x:.{digits - 1}f}%"
+
+
+def _hardware_text(s: dict) -> str:
+  """'h100 at MFU 0.4', or '0.01s per step' when the hardware is given as
+  seconds per step (no utilisation applies then)."""
+  hardware = network_lib.hardware(s["hardware"], mfu=s["mfu"])
+  if hardware.step_time_s is not None:
+    return f"{s['hardware']} per step (given; no MFU applies)"
+  return f"{s['hardware']} at MFU {s['mfu']}"
+
+
 def _time_lines(summary: dict, s: dict) -> list[str]:
   """Where a step's simulated time goes: compute and communication at
   nominal speed, and the waiting for the slowest workers beyond them."""
@@ -437,14 +459,14 @@ def _time_lines(summary: dict, s: dict) -> list[str]:
   lines = [
       f"  time per step     compute {fmt(summary['compute_s'] / steps)}, "
       f"communication {fmt(summary['comm_s'] / steps)} "
-      f"({summary['comm_share']:.1%} of the nominal time: compute and "
+      f"({share(summary['comm_share'])} of the nominal time: compute and "
       "communication at the nominal speed, without waiting"
       + (f"; clock as if {s['clock_params']} parameters"
          if s.get("clock_params") else "") + ")"]
   if summary.get("wait_s"):
     lines.append(
         f"  waiting           {fmt(summary['wait_s'] / steps)} per step for "
-        f"the slowest workers ({summary['wait_share']:.1%} of the simulated "
+        f"the slowest workers ({share(summary['wait_share'])} of the simulated "
         "time: slow speeds, stragglers, faults)")
   return lines
 
