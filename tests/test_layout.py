@@ -136,6 +136,16 @@ INTERNAL = {
     ("lowbw/studies", "lowbw.telemetry._progress"),  # the same
     # import lowbw marks the process's age once its modules are imported.
     ("lowbw/__init__.py", "lowbw.telemetry._startup"),
+    # A config's pipeline: the model cut into stages, and the stage links'
+    # traces read as the run's own link traces are.
+    ("lowbw/config", "lowbw.models._stages"),
+    ("lowbw/config", "lowbw.network._trace"),
+    # Re-timing on other stage links parses them as the config does.
+    ("lowbw/simulation", "lowbw.network._units"),
+    # A study groups points a traced H can share: the settings the host
+    # keeps per H, and whether a point has fault masks.
+    ("lowbw/studies", "lowbw.config._checks"),
+    ("lowbw/studies", "lowbw.simulation._periods"),
 }
 
 

@@ -8,15 +8,17 @@ from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model, pipeline
-from lowbw.simulation import _compile_cache, _periods
+from lowbw.simulation import _compile_cache, _periods, _startup
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
 
 # What a call may give besides the config's fields: what to do with the log
 # folder, hooks, values for one run of a build, the compilation cache.
 RUN_OPTIONS = {"overwrite": False, "callback": None, "metadata": None,
-               "hparams": None, "resume_from": None, "compile_cache": True}
-BUILD_OPTIONS = {"compile": True, "compile_cache": True, "traced": ()}
+               "hparams": None, "resume_from": None, "compile_cache": True,
+               "compile_effort": "auto"}
+BUILD_OPTIONS = {"compile": True, "compile_cache": True, "traced": (),
+                 "compile_effort": "auto"}
 # The parts a call may give by position, in this order.
 POSITIONAL = ("model", "data", "strategy")
 
@@ -55,10 +57,13 @@ def lane_configs(config: Config, record: _settings.RunConfig) -> tuple:
 
 
 def build_config(config: Config, compile: bool = True,
-                 compile_cache=True, traced=()) -> Simulator:
+                 compile_cache=True, traced=(),
+                 compile_effort="auto") -> Simulator:
   """The simulator of ``config`` (``engine_config``), with its lanes;
-  ``traced=("H",)``: H a traced value (``_periods``)."""
+  ``traced=("H",)``: H a traced value (``_periods``); ``compile_effort``:
+  ``_startup.compiler_options``."""
   started = time.perf_counter()
+  _startup.check_effort(compile_effort)
   traced = _periods.check(config, traced)
   record = engine_config(config)
   if traced:
@@ -67,7 +72,8 @@ def build_config(config: Config, compile: bool = True,
     record = _periods.record(record)
   _compile_cache.enable(_compile_cache.check(compile_cache))
   sim = Simulator(record, compile=compile, started=started,
-                  lanes=lane_configs(config, record))
+                  lanes=lane_configs(config, record),
+                  compile_effort=compile_effort)
   if traced:
     sim.strategy_at = functools.partial(_periods.strategy_at, config)
   return sim
@@ -129,7 +135,8 @@ def simulate(*parts, **kwargs) -> Result:
   options, fields = _split(kwargs, RUN_OPTIONS)
   config = config_of("simulate", parts, fields)
   sim = build_config(config, compile=False,
-                     compile_cache=options.pop("compile_cache"))
+                     compile_cache=options.pop("compile_cache"),
+                     compile_effort=options.pop("compile_effort"))
   return run_config(sim, config, **options)
 
 
@@ -173,6 +180,13 @@ simulate.__doc__ = """Simulates W workers training a model with a strategy.
       ``$LOWBW_COMPILE_CACHE`` or ``~/.cache/lowbw/xla``, a folder, or False
       to leave JAX's settings alone (``LOWBW_COMPILE_CACHE=0`` turns it off
       everywhere).
+    compile_effort: how hard XLA optimises the programs: "auto" (default:
+      on a CPU, XLA's quickest settings for a run under 1e11 FLOPs of all
+      workers' compute, whose programs then compile 4-5x faster and run
+      about 2x slower; else XLA's defaults), "fast" or "full". Programs
+      compiled with different efforts agree to float rounding, not bit for
+      bit; the same config always gets the same effort (a study's point
+      the same as its single run).
 
   This is ``lowbw.build(...).run(...)`` in one call.
 
@@ -204,6 +218,8 @@ build.__doc__ = """Checks a run and compiles its programs, once.
     compile_cache: JAX's persistent compilation cache, as for
       ``lowbw.simulate``: a configuration compiled before, in any process,
       loads instead of compiling.
+    compile_effort: as for ``lowbw.simulate`` ("auto" weighs one run's
+      work: give "full" for a build that will run many times).
     traced: ``("H",)`` makes the sync period a traced value: the rounds
       have the config's H step slots and ``run(hparams={"H": h})`` runs
       the first h of each (any h up to the config's), on one program;

@@ -68,7 +68,9 @@ class Simulator:
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
-               eval_batches=None):
+               eval_batches=None, compile_effort: str = "auto"):
+    # ``compile_effort``: how hard XLA optimises, for one run's work
+    # (``_startup.compiler_options``).
     started = time.perf_counter() if started is None else started
     _lanes.check(config, lanes)
     # ``eval_batches``: a lane's, its run's own arrays (``_lanes``).
@@ -113,8 +115,10 @@ class Simulator:
           [self.programs] + [sim.programs for _, sim, _ in self.lanes],
           [1] + [_lanes.ratio(c, sim.config) for _, sim, _ in self.lanes],
           c.tail_steps)
-    self.compiled = _startup.Compiled(self.programs, self.eval_batches,
-                                      time.perf_counter() - started)
+    work = self.flops_per_step * c.workers * c.steps
+    self.compiled = _startup.Compiled(
+        self.programs, self.eval_batches, time.perf_counter() - started,
+        _startup.compiler_options(compile_effort, work))
     self.inputs = _inputs.Inputs(c, facts, self.mesh, self.specs,
                                  self.compiled, self.prices)
     self.schema = _schema.Schema(c, facts, self.channels, self.memory,

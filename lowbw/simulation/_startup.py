@@ -2,13 +2,58 @@
 start-up seconds (building, tracing, compiling) not yet in a run's
 summary."""
 
+import functools
+import os
 import time
 
 import jax
 
+from lowbw import _validate
+
 from lowbw.telemetry._activity import busy
 from lowbw.telemetry._startup import import_s
 from lowbw.simulation._loop import Executables
+
+
+# XLA's quickest settings (no LLVM optimisation or expensive passes, the
+# older elemental emitters, one LLVM module): on a CPU a small run's
+# programs compile 4-5x faster and run about 2x slower; the digits MLP
+# under DiLoCo with a codec chain: 7.8 s -> 1.7 s to compile, 6.5 -> 13.4 ms
+# a round (benchmarks/variant_latency.py, docs/performance.md).
+FAST_OPTIONS = {"xla_backend_optimization_level": 0,
+                "xla_llvm_disable_expensive_passes": True,
+                "xla_cpu_use_fusion_emitters": False,
+                "xla_cpu_parallel_codegen_split_count": 1}
+# "auto" compiles quickly below this much work (all workers' FLOPs over one
+# run's steps): about where 2x slower steps cost what the quicker compile
+# saves (the MLP's break-even is near 6e10, the default GPT's 4e11).
+FAST_WORK_FLOPS = 1e11
+EFFORTS = ("auto", "fast", "full")
+
+
+def check_effort(effort) -> str:
+  """``compile_effort``: one of ``EFFORTS``; ``auto`` may be set for a
+  process by ``LOWBW_COMPILE_EFFORT`` (``--compile-effort``)."""
+  if effort not in EFFORTS:
+    raise _validate.fail("compile_effort", effort,
+                         f"expected one of {', '.join(EFFORTS)}")
+  if effort == "auto":
+    effort = os.environ.get("LOWBW_COMPILE_EFFORT", "auto")
+    if effort not in EFFORTS:
+      raise _validate.fail("LOWBW_COMPILE_EFFORT", effort,
+                           f"expected one of {', '.join(EFFORTS)}")
+  return effort
+
+
+def compiler_options(effort: str, work_flops: float) -> dict | None:
+  """XLA's options for a build: ``FAST_OPTIONS`` for ``fast``, and for
+  ``auto`` on a CPU when the work is under ``FAST_WORK_FLOPS``; else None
+  (XLA's defaults, or what ``XLA_FLAGS`` says)."""
+  effort = check_effort(effort)
+  if effort == "fast" or (effort == "auto" and jax.default_backend() == "cpu"
+                          and work_flops < FAST_WORK_FLOPS):
+    return dict(FAST_OPTIONS)
+  return None
 
 
 class Compiled:
@@ -20,14 +65,18 @@ class Compiled:
     jitted: them jitted for a single run.
   """
 
-  def __init__(self, programs, eval_batches, build_s: float):
+  def __init__(self, programs, eval_batches, build_s: float,
+               options: dict | None = None):
     self.programs = programs
     self.eval_batches = eval_batches
+    # XLA's options for every program of the build (``compiler_options``).
+    self.options = options
+    jit = functools.partial(jax.jit, compiler_options=options)
     self.jitted = Executables(
-        jax.jit(programs.chunk, donate_argnums=0),
+        jit(programs.chunk, donate_argnums=0),
         None if programs.tail is None
-        else jax.jit(programs.tail, donate_argnums=0),
-        jax.jit(programs.evaluate), jax.jit(programs.global_params))
+        else jit(programs.tail, donate_argnums=0),
+        jit(programs.evaluate), jit(programs.global_params))
     self._cache: dict = {}
     self._point_programs: dict = {}
     self._unreported_compile_s = 0.0
@@ -45,7 +94,8 @@ class Compiled:
       lowered = lower()
     traced = time.perf_counter()
     with busy(f"compiling {what}"):
-      compiled = tuple(None if program is None else program.compile()
+      compiled = tuple(None if program is None else
+                       program.compile(compiler_options=self.options)
                        for program in lowered)
     seconds = time.perf_counter() - start
     self._unreported_compile_s += seconds
@@ -93,16 +143,17 @@ class Compiled:
     """The programs vmapped over a leading axis of sweep points (state
     always; data and network leaves where ``*_axes`` say 0)."""
     p, single = self.programs, self.jitted
+    jit = functools.partial(jax.jit, compiler_options=self.options)
     key = (str(sampler_axes), str(net_axes))
     if key not in self._point_programs:
-      tail = None if p.tail is None else jax.jit(jax.vmap(
+      tail = None if p.tail is None else jit(jax.vmap(
           p.tail, in_axes=(0, sampler_axes, net_axes)), donate_argnums=0)
       self._point_programs[key] = Executables(
-          jax.jit(jax.vmap(p.chunk, in_axes=(0, sampler_axes, None, net_axes)),
-                  donate_argnums=0),
+          jit(jax.vmap(p.chunk, in_axes=(0, sampler_axes, None, net_axes)),
+              donate_argnums=0),
           tail,
-          jax.jit(jax.vmap(p.evaluate, in_axes=(0, None))),
-          jax.jit(jax.vmap(single.global_params)))
+          jit(jax.vmap(p.evaluate, in_axes=(0, None))),
+          jit(jax.vmap(single.global_params)))
     return self._point_programs[key]
 
   @property
