@@ -88,6 +88,8 @@ class StepOut(NamedTuple):
   strategy: dict = {}      # the strategy's own metrics of its local step
   lr: Any = None           # the inner learning rate after the step (mean
                            # over workers; nan if not discoverable)
+  first_bad_grad: Any = None  # int32: first worker whose own gradient (before
+                              # any reduction) was non-finite, or -1
 
 
 class RoundOut(NamedTuple):
@@ -112,21 +114,28 @@ def _reduced(steps: "StepOut") -> "StepOut":
   order whatever the number of devices."""
   loss_HW, metrics_HW = steps.loss, steps.metrics
   leaves, tree = jax.tree.flatten(metrics_HW)
-  # The learning rate rides with the losses: one gather for all of them.
+  # The learning rate and the gradients' flags ride with the losses: one
+  # gather for all of them (the flags' row is last, outside every mean).
   lr = [] if steps.lr is None else [steps.lr.astype(jnp.float32)]
   stacked_KHW = jnp.stack([loss_HW] + lr + [x.astype(jnp.float32)
-                                            for x in leaves])
+                                            for x in leaves]
+                          + [steps.first_bad_grad.astype(jnp.float32)])
   all_WKH = all_workers(jnp.moveaxis(stacked_KHW, -1, 0))
-  mean_KH = jnp.mean(all_WKH, axis=0)
-  bad_WH = ~jnp.isfinite(all_WKH[:, 0])
-  first_bad_H = jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
-                          -1).astype(jnp.int32)
+  mean_KH = jnp.mean(all_WKH[:, :-1], axis=0)
   metrics = jax.tree.unflatten(
       tree, [m.astype(x.dtype) for m, x in zip(mean_KH[1 + len(lr):],
                                                 leaves)])
   return steps._replace(loss=mean_KH[0].astype(loss_HW.dtype),
-                        metrics=metrics, first_bad_worker=first_bad_H,
-                        lr=mean_KH[1] if lr else None)
+                        metrics=metrics,
+                        first_bad_worker=_first(~jnp.isfinite(all_WKH[:, 0])),
+                        lr=mean_KH[1] if lr else None,
+                        first_bad_grad=_first(all_WKH[:, -1] > 0))
+
+
+def _first(bad_WH: Array) -> Array:
+  """(H,) int32: the first worker flagged at each step, or -1."""
+  return jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
+                   -1).astype(jnp.int32)
 
 
 def _local_inner_lr_W(inner_W: PyTree, num_local: int) -> Array:
@@ -295,15 +304,15 @@ def draw_redistributed(sim: SimState, sampler, step, timing):
 def local_step(e: Engine, sim: SimState, sampler, timing, carry):
   stored = sim.strategy
   batch_W = e.draw(sim, sampler, stored.step, timing)
-  st, loss_W, metrics_W, step_fn = e.compute(stored, batch_W,
-                                             keys_at(e, sim, stored.step))
+  st, loss_W, metrics_W, bad_W, step_fn = e.compute(
+      stored, batch_W, keys_at(e, sim, stored.step))
   st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                   sim.active)
   counts, own = _timing.split_report(report, e.channels)
   # This device's workers' values; reduced over workers once the steps are
   # done (``_reduced``), not at every step.
   out = StepOut(loss_W, metrics_W, None, counts, clock, own,
-                _local_inner_lr_W(st.inner_W, loss_W.shape[0]))
+                _local_inner_lr_W(st.inner_W, loss_W.shape[0]), bad_W)
   sim = sim._replace(strategy=e.precision.narrow(st), active=active)
   return sim, out, carry
 
@@ -354,9 +363,10 @@ def grouped_steps(groups: Groups, e: Engine, sim: SimState, sampler, timing,
     return part.sample(sim.data_key, step, worker_offset() + first)
 
   up = local_workers(carry.up_W) if groups.masks else None
-  stored, loss_HW, metrics_HW = groups.run(
+  stored, loss_HW, metrics_HW, bad_HW = groups.run(
       sim.strategy, sample, lambda step: keys_at(e, sim, step), length, up)
-  steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {}))
+  steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {},
+                           first_bad_grad=bad_HW))
   return sim._replace(strategy=stored), steps, carry
 
 
