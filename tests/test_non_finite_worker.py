@@ -99,42 +99,54 @@ def run(strategy, **kw):
 
 
 SGD = optax.sgd(1.0)
+GRADIENT = ("gradient", BAD_STEP)
 CASES = {
     # One replica (DDP without a codec): the gradient of the mean loss; the
     # workers' own are computed only once it is non-finite.
-    "ddp_one_replica": (strategies.ddp(SGD), {}, True),
+    "ddp_one_replica": (strategies.ddp(SGD), {}, GRADIENT),
     # Every worker's own gradient, then the all-reduce; one step a chunk,
     # so the NaN loss comes a chunk after the gradient.
     "ddp_per_worker": (strategies.ddp(SGD)._replace(replicated=False),
-                       dict(rounds_per_chunk=1), True),
-    # Local steps: worker 1's model alone is NaN until the sync at step 4.
-    "diloco": (strategies.diloco(SGD, optax.sgd(1.0), H=4), {}, False),
-    "diloco_worker_batch": (strategies.diloco(SGD, optax.sgd(1.0), H=4),
-                            dict(worker_batch=2), False),
+                       dict(rounds_per_chunk=1), GRADIENT),
+    # The bad step is a round's last: its sync spreads worker 1's model.
+    "diloco_sync_step": (strategies.diloco(SGD, optax.sgd(1.0), H=BAD_STEP),
+                         {}, GRADIENT),
+    "diloco_sync_step_worker_batch": (
+        strategies.diloco(SGD, optax.sgd(1.0), H=BAD_STEP),
+        dict(worker_batch=2), GRADIENT),
+    # A local step: worker 1's model alone is NaN, so its own loss of the
+    # next step names it (flags are computed only where a step shares the
+    # gradients' work: ``_grouping.when_shared``).
+    "diloco_local_step": (strategies.diloco(SGD, optax.sgd(1.0), H=4), {},
+                          ("loss", BAD_STEP + 1)),
 }
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_the_error_names_the_worker_whose_own_gradient_was_not_finite(
+def test_the_error_names_the_worker_whose_own_value_was_not_finite(
     name, tmp_path):
-  strategy, kw, spread = CASES[name]
+  strategy, kw, (quantity, step) = CASES[name]
   with pytest.raises(lowbw.NonFiniteLossError) as info:
     run(strategy, out=str(tmp_path), **kw)
   err = info.value
-  assert (err.step, err.worker, err.quantity) == (BAD_STEP, BAD_WORKER,
-                                                  "gradient")
+  assert (err.step, err.worker, err.quantity) == (step, BAD_WORKER, quantity)
   assert err.stopped_at == BAD_STEP + 1
   message = str(err)
-  assert message.startswith(
-      f"non-finite gradient of worker {BAD_WORKER} at step {BAD_STEP} (its "
-      "loss was finite)")
-  assert ("reached the other workers" in message) == spread
   assert "\n" not in message
+  if quantity == "gradient":
+    assert message.startswith(
+        f"non-finite gradient of worker {BAD_WORKER} at step {BAD_STEP} (its "
+        "loss was finite); it reached the other workers through that step's "
+        f"communication; the training loss was non-finite at step "
+        f"{BAD_STEP + 1}"), message
+  else:
+    assert message.startswith(f"non-finite training loss at step {step} on "
+                              f"worker {BAD_WORKER};"), message
   summary = json.loads((tmp_path / "summary.json").read_text())
   assert summary["ended"] == "non_finite_loss"
   assert (summary["non_finite_worker"], summary["non_finite_step"],
           summary["non_finite_quantity"], summary["stopped_at_step"]) == (
-              BAD_WORKER, BAD_STEP, "gradient", BAD_STEP + 1)
+              BAD_WORKER, step, quantity, BAD_STEP + 1)
   with open(tmp_path / "metrics.csv") as f:
     steps = [int(r["step"]) for r in csv.DictReader(f)]
   assert steps == list(range(1, BAD_STEP + 1))

@@ -36,7 +36,8 @@ from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _shadow, _timing
 from lowbw.simulation import _backward
-from lowbw.simulation._grouping import local_compute, steps_in_groups
+from lowbw.simulation._grouping import (local_compute, steps_in_groups,
+                                       when_shared)
 from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
@@ -301,14 +302,20 @@ def draw_redistributed(sim: SimState, sampler, step, timing):
   return redistributed(sampler, sim.data_key, step, batch_W, timing.net)
 
 
-def local_step(e: Engine, sim: SimState, sampler, timing, carry):
+def local_step(e: Engine, sim: SimState, sampler, timing, carry,
+               last=True):
+  """One step of every worker; ``last``: the round's last step (a sync
+  follows), traced or a bool."""
   stored = sim.strategy
   batch_W = e.draw(sim, sampler, stored.step, timing)
-  st, loss_W, metrics_W, bad_W, step_fn = e.compute(
+  st, loss_W, metrics_W, bad_fn, step_fn = e.compute(
       stored, batch_W, keys_at(e, sim, stored.step))
   st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                   sim.active)
   counts, own = _timing.split_report(report, e.channels)
+  # A step that communicates, or the one before a sync, shares what the
+  # workers' gradients made: flag the workers whose own were non-finite.
+  bad_W = when_shared(bad_fn, True if counts else last, loss_W.shape[0])
   # This device's workers' values; reduced over workers once the steps are
   # done (``_reduced``), not at every step.
   out = StepOut(loss_W, metrics_W, None, counts, clock, own,
@@ -321,12 +328,13 @@ def scanned_steps(e: Engine, sim: SimState, sampler, timing, length: int):
   """``length`` steps of every worker at once, a ``lax.scan``."""
   carry = timing.begin(sim.strategy.step, sim.fleet)
 
-  def body(c, _):
+  def body(c, i):
     sim, carry = c
-    sim, out, carry = local_step(e, sim, sampler, timing, carry)
+    sim, out, carry = local_step(e, sim, sampler, timing, carry,
+                                 i == length - 1)
     return (sim, carry), out
 
-  (sim, carry), steps = jax.lax.scan(body, (sim, carry), length=length)
+  (sim, carry), steps = jax.lax.scan(body, (sim, carry), jnp.arange(length))
   return sim, _reduced(steps), carry
 
 
