@@ -68,7 +68,12 @@ def error_code(error: BaseException) -> int | None:
 
 
 def _hint(code: int | None, run_dir: str) -> str:
-  if code in _NO_SPACE:
+  if code == errno.EFBIG:
+    # Over the process's file-size limit (``ulimit -f``), or the largest
+    # file of its file system: freeing space would not help.
+    fix = ("raise the file-size limit (ulimit -f) or write to a file "
+           "system that holds larger files")
+  elif code in _NO_SPACE:
     fix = "free space"
   elif code in _NO_PERMISSION:
     fix = f"make {run_dir} writable"
