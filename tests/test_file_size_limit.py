@@ -11,7 +11,6 @@ killing the process. Before orbax's late callbacks were dropped
 import errno
 import os
 import resource
-import signal
 import subprocess
 import sys
 
@@ -23,9 +22,14 @@ TRAIN = ["train", "--data", "digits", "--hidden", "64", "--workers", "2",
          "--checkpoint-every", "5", "--no-progress"]
 
 
-def _limited():
-  signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-  resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+# Set in the child itself (a preexec_fn would run in a fork of this
+# multithreaded process), then lowbw in its place.
+LIMITED = f"""
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, ({LIMIT}, {LIMIT}))
+os.execv(sys.executable, [sys.executable, "-m", "lowbw", *sys.argv[1:]])
+"""
 
 
 @pytest.mark.skipif(not hasattr(resource, "RLIMIT_FSIZE"),
@@ -34,9 +38,9 @@ def test_a_checkpoint_over_the_file_size_limit_is_one_line(tmp_path):
   out = tmp_path / "run"
   # The compilation cache's files would meet the limit first.
   env = {**os.environ, "LOWBW_COMPILE_CACHE": "0"}
-  proc = subprocess.run([sys.executable, "-m", "lowbw", *TRAIN, "--out",
-                         str(out)], preexec_fn=_limited, env=env,
-                        capture_output=True, text=True, timeout=600)
+  proc = subprocess.run([sys.executable, "-c", LIMITED, *TRAIN, "--out",
+                         str(out)], env=env, capture_output=True, text=True,
+                        timeout=600)
   err = proc.stderr
   assert proc.returncode == 2, err[-3000:]
   assert err.count("\n") == 1, err[-3000:]
