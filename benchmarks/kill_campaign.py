@@ -30,6 +30,14 @@ and compile seconds aside).
 
     python benchmarks/kill_campaign.py --kills 200 --json kill.json
 
+Before the kills, ``--cases N`` runs each case of ``Cases`` N times (two
+writers at once, a resume of a running run, a full disk on a small tmpfs,
+a file-size limit) and counts cases run, silent losses (a finished folder
+that differs from the uninterrupted run's), tracebacks, duplicated rows
+and unexpected ends (0, 0, 0, 0 is the target):
+
+    python benchmarks/kill_campaign.py --kills 0 --configs ddp,sweep --cases 3
+
 One chain runs at a time, every process sharing one compilation cache
 (``--compile-cache``), and each configuration's uninterrupted run is made
 once. Counts per outcome, per configuration and per kind of kill are
@@ -84,6 +92,15 @@ CONFIGS = {
               "--eval-every", "10", "--grid", "outer_lr=0.5,0.7", "--grid",
               "H=5,10", "--seeds", "0"],
 }
+# The cases' own (``Cases``): a run long enough that a second process,
+# whose start-up (import, build, loading the compiled programs) takes
+# seconds, meets it still writing after its first checkpoint.
+CASE_CONFIGS = {
+    "ddp_long": ["train", *TINY, "--strategy", "ddp", "--steps", "200000",
+                 "--eval-every", "50000", "--checkpoint-every", "50000",
+                 "--log-every", "2000", "--no-plot"],
+}
+ALL = {**CONFIGS, **CASE_CONFIGS}
 # What a resumed run may legitimately write otherwise: wall-clock figures.
 WALL = ("wall_time_s",)
 SUMMARY_WALL = ("compile_s", "wall_time_s", "steps_per_s", "examples_per_s",
@@ -110,6 +127,43 @@ def run(argv, env_extra=None, kill_after=None):
     proc.send_signal(signal.SIGKILL)
     _, err = proc.communicate()
   return proc.returncode, err, time.perf_counter() - start
+
+
+# Starts lowbw under a file-size limit (argv[1] bytes), SIGXFSZ ignored so
+# that a write past it fails with EFBIG; set in the child itself, as a
+# preexec_fn would run in a fork of this multithreaded (JAX) process.
+LIMITED = """
+import os, resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+os.execv(sys.executable, [sys.executable, "-m", "lowbw", *sys.argv[2:]])
+"""
+
+
+def start(argv, env_extra=None, file_limit=None):
+  """Starts ``lowbw ARGV`` (stdout dropped, stderr to a temporary file, so
+  that processes run side by side never block on a full pipe), under a
+  file-size limit of ``file_limit`` bytes if given; returns the process,
+  whose end ``_ended`` reads."""
+  env = {**os.environ, **(env_extra or {})}
+  err = tempfile.TemporaryFile("w+")
+  head = (["-m", "lowbw"] if file_limit is None else
+          ["-c", LIMITED, str(file_limit)])
+  proc = subprocess.Popen([sys.executable, *head, *argv],
+                          stdout=subprocess.DEVNULL, stderr=err, env=env,
+                          text=True)
+  proc.err_file = err
+  return proc
+
+
+def _ended(proc):
+  """(returncode, stderr) of a process ``start`` started, once it ends."""
+  rc = proc.wait()
+  proc.err_file.seek(0)
+  text = proc.err_file.read()
+  proc.err_file.close()
+  return rc, text
 
 
 def csv_rows(path):
@@ -169,22 +223,11 @@ def checkpoints_readable(folder):
 
 
 def _table(path):
-  """A study table's rows, wall and compile seconds aside. study.csv as
-  numbers by column name: a resumed study's points come back from their
-  metrics.csv (columns in its order, every number a float), so its
-  study.csv says ``8.0`` where an uninterrupted study's says ``8``."""
-  rows = [{k: v for k, v in r.items() if not k.startswith(
+  """A study table's rows as written (text), the wall-clock columns
+  aside: an interrupted study's tables are byte for byte an uninterrupted
+  one's otherwise."""
+  return [{k: v for k, v in r.items() if not k.startswith(
       ("wall_time_s", "compile_s"))} for r in csv_rows(path)]
-  if os.path.basename(path) != "study.csv":
-    return rows
-  return [{k: _number(v) for k, v in sorted(r.items())} for r in rows]
-
-
-def _number(text):
-  try:
-    return float(text)
-  except ValueError:
-    return text
 
 
 def study_tables(out):
@@ -239,7 +282,7 @@ class Campaign:
       shutil.rmtree(folder, ignore_errors=True)
       if os.path.exists(counts):
         os.remove(counts)
-      rc, err, wall = run(CONFIGS[name] + ["--out", folder],
+      rc, err, wall = run(ALL[name] + ["--out", folder],
                           {"LOWBW_KILL_COUNTS": counts})
       if rc == 0:
         break
@@ -251,7 +294,7 @@ class Campaign:
       points = collections.Counter(f.read().split())
     # Random-time kills are drawn up to a process's wall time with its
     # programs in the cache, as every later process finds them.
-    _, _, wall = run(CONFIGS[name] + ["--out", folder + "-warm"])
+    _, _, wall = run(ALL[name] + ["--out", folder + "-warm"])
     self.ref[name] = {"folder": folder, "points": points, "wall": wall}
     print(f"reference {name}: {wall:.1f} s, kill points {dict(points)}",
           flush=True)
@@ -396,6 +439,204 @@ class Campaign:
       self.note("resumed run bit-identical to the uninterrupted one")
 
 
+def _one_line(rc, err):
+  """A refusal or a fault said as the command line promises: exit 2, one
+  line, no traceback."""
+  return rc == 2 and err.count("\n") == 1 and err.startswith("lowbw: error:")
+
+
+def _traceback(err):
+  return "Traceback" in err or "Event loop is closed" in err
+
+
+def _duplicated_rows(folder, sweep):
+  """Rows written twice: metrics.csv's steps, or study.csv's (point,
+  step) pairs and points.csv's points."""
+  if not sweep:
+    keys = [r["step"] for r in csv_rows(os.path.join(folder, "metrics.csv"))]
+    return len(keys) - len(set(keys))
+  pairs = [(r["point"], r["step"])
+           for r in csv_rows(os.path.join(folder, "study.csv"))]
+  points = [r["point"] for r in csv_rows(os.path.join(folder, "points.csv"))]
+  return len(pairs) - len(set(pairs)) + len(points) - len(set(points))
+
+
+def _differences(ref, folder, sweep):
+  """What the finished folder says otherwise than the uninterrupted
+  run's (or study's): a loss unless a process said so."""
+  if sweep:
+    mine, theirs = study_tables(folder), study_tables(ref)
+    return sorted(k for k in set(mine) | set(theirs)
+                  if mine.get(k) != theirs.get(k))
+  if not os.path.isfile(os.path.join(folder, "params.npz")):
+    return ["params.npz missing"]
+  checks = {"metrics.csv": (csv_rows(os.path.join(folder, "metrics.csv")),
+                            csv_rows(os.path.join(ref, "metrics.csv"))),
+            "tensorboard": (tensorboard(folder), tensorboard(ref)),
+            "params": (params(folder), params(ref))}
+  return [k for k, (a, b) in checks.items() if a != b]
+
+
+def _folder_bytes(folder):
+  return sum(os.path.getsize(os.path.join(d, f))
+             for d, _, files in os.walk(folder) for f in files)
+
+
+def _largest_file(folder):
+  return max(os.path.getsize(os.path.join(d, f))
+             for d, _, files in os.walk(folder) for f in files)
+
+
+class Cases:
+  """Two writers at once and disks that fail, each case checked against
+  the uninterrupted run: a process refused or failed says so in one line
+  (exit 2, no traceback), and the folder that ends up finished holds the
+  uninterrupted run's rows, once each, and its parameters.
+
+  * ``two_trains``: two ``lowbw train`` with one new ``--out``, together;
+  * ``resume_while_running``: ``lowbw train --resume`` of a run that is
+    writing (started once the run has its first checkpoint);
+  * ``two_sweeps``: two ``lowbw sweep`` with one new ``--out``, together
+    (they share the study's points; both finish);
+  * ``disk_full``: a run on a tmpfs of a random size below what the run
+    writes; the tmpfs is then enlarged ("free space") and the run resumed
+    as its error says (``--resume``, or ``--overwrite`` when it had no
+    checkpoint yet);
+  * ``file_size_limit``: a run under a random ``ulimit -f`` below its
+    largest file (SIGXFSZ ignored, so writes fail with EFBIG), then
+    resumed without the limit.
+  """
+
+  def __init__(self, campaign):
+    self.c = campaign
+    self.work = os.path.join(campaign.work, "cases")
+    self.figures = collections.Counter()
+    self.by_case = collections.Counter()
+    self.failures = []
+    self.ends = []  # each case's processes: exit code, last stderr line
+
+  def check(self, case, folder, sweep, name, procs):
+    """Counts the case's figures; ``procs``: (rc, stderr, expected) of
+    each process, ``expected``: "ok", "refused" or "either"."""
+    self.by_case[case] += 1
+    self.figures["cases"] += 1
+    self.ends.append({"case": case, "ends": [
+        [rc, (err.strip().splitlines() or [""])[-1][:400]]
+        for rc, err, _ in procs]})
+    bad = []
+    for rc, err, expected in procs:
+      if _traceback(err):
+        self.figures["tracebacks"] += 1
+        bad.append(f"traceback: {err[-TAIL:]}")
+      elif not (rc == 0 and expected in ("ok", "either") or
+                _one_line(rc, err) and expected in ("refused", "either")):
+        self.figures["unexpected ends"] += 1
+        bad.append(f"rc {rc}, expected {expected}: {err[-TAIL:]}")
+    differ = _differences(self.c.ref[name]["folder"], folder, sweep)
+    if differ:
+      self.figures["silent losses"] += 1
+      bad.append(f"differs from the uninterrupted run: {differ[:5]}")
+    dup = _duplicated_rows(folder, sweep)
+    self.figures["duplicated rows"] += dup
+    if dup:
+      bad.append(f"{dup} duplicated rows")
+    for detail in bad:
+      self.failures.append({"case": case, "folder": folder,
+                            "detail": detail})
+      print(f"  FAIL {case}: {detail[:300]}", flush=True)
+    print(f"case {case}: {'ok' if not bad else 'FAILED'}", flush=True)
+
+  def together(self, case, name, index):
+    """Two processes of ``name`` with one new folder, started together."""
+    folder = os.path.join(self.work, f"{case}-{index:03d}")
+    sweep = name == "sweep"
+    procs = [start(ALL[name] + ["--out", folder]) for _ in range(2)]
+    ends = [_ended(p) for p in procs]
+    rcs = sorted(rc for rc, _ in ends)
+    if not sweep and rcs != [0, 2]:
+      self.figures["unexpected ends"] += 1
+      self.failures.append({"case": case, "folder": folder,
+                            "detail": f"exit codes {rcs}: one must win"})
+    self.check(case, folder, sweep, name,
+               [(rc, err, "ok" if sweep else "either") for rc, err in ends])
+
+  def resume_while_running(self, name, index):
+    from lowbw import telemetry
+    folder = os.path.join(self.work, f"resume_while_running-{index:03d}")
+    first = start(ALL[name] + ["--out", folder])
+    while first.poll() is None and not telemetry.has_checkpoint(folder):
+      time.sleep(0.02)
+    ended = first.poll() is not None
+    if ended:  # then the resume of a finished run must change nothing
+      self.figures["resume_while_running: the run ended first"] += 1
+    rc2, err2 = _ended(start(["train", "--resume", folder, "--no-progress",
+                              "--no-plot"]))
+    rc1, err1 = _ended(first)
+    self.check("resume_while_running", folder, False, name,
+               [(rc1, err1, "ok"),
+                (rc2, err2, "either" if ended else "refused")])
+
+  def faulted(self, case, name, folder, file_limit=None, fix=None):
+    """A run under a fault, then, once ``fix()`` has removed it, resumed
+    as its error line says."""
+    rc, err = _ended(start(ALL[name] + ["--out", folder],
+                           file_limit=file_limit))
+    procs = [(rc, err, "either")]
+    if fix is not None:
+      fix()
+    if rc != 0:
+      from lowbw import telemetry
+      again = (["train", "--resume", folder, "--no-progress", "--no-plot"]
+               if telemetry.has_checkpoint(folder) else
+               ALL[name] + ["--out", folder, "--overwrite"])
+      if "--resume" in again and "resume" not in err:
+        self.failures.append({"case": case, "folder": folder,
+                              "detail": f"no resume named: {err[-TAIL:]}"})
+      rc2, err2 = _ended(start(again))
+      procs.append((rc2, err2, "ok"))
+    else:
+      self.figures[f"{case}: the fault did not meet a write"] += 1
+    self.check(case, folder, False, name, procs)
+
+  def disk_full(self, name, index):
+    mount = os.path.join(self.work, f"disk_full-{index:03d}")
+    os.makedirs(mount)
+    need = _folder_bytes(self.c.ref[name]["folder"])
+    size = max(4096, int(self.c.rng.uniform(0.02, 1.0) * need))
+    try:
+      subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs",
+                      mount], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError):
+      self.figures["disk_full: no tmpfs (needs root)"] += 1
+      return
+    try:
+      self.faulted("disk_full", name, os.path.join(mount, "run"),
+                   fix=lambda: subprocess.run(
+                       ["mount", "-o", "remount,size=256m", mount],
+                       check=True))
+    finally:
+      subprocess.run(["umount", "-l", mount], capture_output=True)
+
+  def file_size_limit(self, name, index):
+    limit = int(self.c.rng.uniform(0.02, 1.0) * _largest_file(
+        self.c.ref[name]["folder"]))
+    self.faulted("file_size_limit", name,
+                 os.path.join(self.work, f"file_size_limit-{index:03d}"),
+                 file_limit=limit)
+
+  def run(self, repeats, names):
+    for name in ("ddp", "ddp_long", *(["sweep"] if "sweep" in names else [])):
+      if name not in self.c.ref:
+        self.c.reference(name)
+    for i in range(repeats):
+      self.together("two_trains", "ddp", i)
+      self.resume_while_running("ddp_long", i)
+      if "sweep" in names:
+        self.together("two_sweeps", "sweep", i)
+      self.disk_full("ddp", i)
+      self.file_size_limit("ddp", i)
+
+
 def _commit():
   try:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"],
@@ -406,8 +647,16 @@ def _commit():
     return None
 
 
-def _report(campaign, chains, start, argv):
+def _report(campaign, chains, start, argv, cases=None):
   import jax
+  figures = {} if cases is None else {
+      "cases": {"run": dict(sorted(cases.by_case.items())),
+                **{k: cases.figures.get(k, 0) for k in (
+                    "cases", "silent losses", "tracebacks",
+                    "duplicated rows", "unexpected ends")},
+                "notes": {k: v for k, v in sorted(cases.figures.items())
+                          if ":" in k},
+                "failures": cases.failures, "ends": cases.ends}}
   return {
       "command": "python benchmarks/kill_campaign.py " + " ".join(
           sys.argv[1:] if argv is None else argv),
@@ -417,6 +666,7 @@ def _report(campaign, chains, start, argv):
       "kills_by_kind": dict(sorted(campaign.by_kind.items())),
       "counts": dict(sorted(campaign.counts.items())),
       "failures": campaign.failures,
+      **figures,
       "reference_wall_s": {n: round(r["wall"], 1)
                            for n, r in campaign.ref.items()},
       "wall_s": round(time.perf_counter() - start, 1),
@@ -439,6 +689,9 @@ def main(argv=None):
                  "every chain)")
   p.add_argument("--chain-kills", type=int, default=5,
                  help="at most this many kills per chain (1 to it)")
+  p.add_argument("--cases", type=int, default=1,
+                 help="times to run each concurrency and disk-fault case "
+                 "(Cases) before the kills; 0: none")
   p.add_argument("--compile-cache", help="the compilation cache every "
                  "process of the campaign shares (default: "
                  "$LOWBW_COMPILE_CACHE, else WORK/xla)")
@@ -460,6 +713,12 @@ def main(argv=None):
   campaign, start = Campaign(work, args.seed), time.perf_counter()
   for name in names:
     campaign.reference(name)
+  cases = Cases(campaign)
+  if args.cases:
+    cases.run(args.cases, names)
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump(_report(campaign, 0, start, argv, cases), f, indent=2)
   index = 0
   while campaign.kills < args.kills:
     name = names[index % len(names)]
@@ -468,17 +727,24 @@ def main(argv=None):
     print(f"chain {index} ({name}): {campaign.kills} kills, "
           f"{time.perf_counter() - start:.0f} s", flush=True)
     # After every chain: a campaign cut short still leaves its figures.
-    report = _report(campaign, index, start, argv)
+    report = _report(campaign, index, start, argv, cases)
     if args.json:
       with open(args.json, "w") as f:
         json.dump(report, f, indent=2)
   for outcome, n in sorted(campaign.counts.items()):
     print(f"{n:5d}  {outcome}")
-  print(f"{len(campaign.failures)} failures, {campaign.kills} kills in "
+  if args.cases:
+    f = cases.figures
+    print(f"cases: {f['cases']} run {dict(sorted(cases.by_case.items()))}, "
+          f"{f['silent losses']} silent losses, {f['tracebacks']} "
+          f"tracebacks, {f['duplicated rows']} duplicated rows, "
+          f"{f['unexpected ends']} unexpected ends")
+  failures = len(campaign.failures) + len(cases.failures)
+  print(f"{failures} failures, {campaign.kills} kills in "
         f"{index} chains, {time.perf_counter() - start:.0f} s")
   if not args.work:
     shutil.rmtree(work, ignore_errors=True)
-  return 1 if campaign.failures else 0
+  return 1 if failures else 0
 
 
 if __name__ == "__main__":

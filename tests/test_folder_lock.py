@@ -110,3 +110,21 @@ def test_two_processes_racing_for_a_new_folder_get_it_once(tmp_path):
     p.stdin.flush()
   said = sorted(p.communicate(timeout=120)[0].strip() for p in procs)
   assert said == ["held", "refused"]
+
+
+def test_a_sweep_holds_its_folder_and_refuses_a_second_writer(sim,
+                                                             tmp_path):
+  # lowbw.sweep writes point_NNN/ and sweep.csv in its folder: one writer.
+  out = tmp_path / "sweep"
+  _lock_of(os.getppid(), out)
+  with pytest.raises(ValueError, match=r"^out=.* is being written by "
+                     rf"process {os.getppid()} on .*lowbw train --out x"
+                     ) as e:
+    lowbw.sweep(sim, grid={"inner_lr": [0.1]}, out=str(out), progress=False)
+  assert "\n" not in str(e.value)
+  assert sorted(os.listdir(out)) == [_logdir.LOCK]  # nothing written
+  os.remove(out / _logdir.LOCK)
+  done = lowbw.sweep(sim, grid={"inner_lr": [0.1]}, out=str(out),
+                     progress=False)
+  assert len(done.points) == 1 and (out / "sweep.csv").exists()
+  assert not (out / _logdir.LOCK).exists()  # released at the end

@@ -36,7 +36,8 @@ from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _shadow, _timing
 from lowbw.simulation import _backward
-from lowbw.simulation._grouping import local_compute, steps_in_groups
+from lowbw.simulation._grouping import (local_compute, steps_in_groups,
+                                       when_shared)
 from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
@@ -91,6 +92,8 @@ class StepOut(NamedTuple):
   strategy: dict = {}      # the strategy's own metrics of its local step
   lr: Any = None           # the inner learning rate after the step (mean
                            # over workers; nan if not discoverable)
+  first_bad_grad: Any = None  # int32: first worker whose own gradient (before
+                              # any reduction) was non-finite, or -1
 
 
 class RoundOut(NamedTuple):
@@ -115,21 +118,28 @@ def _reduced(steps: "StepOut") -> "StepOut":
   order whatever the number of devices."""
   loss_HW, metrics_HW = steps.loss, steps.metrics
   leaves, tree = jax.tree.flatten(metrics_HW)
-  # The learning rate rides with the losses: one gather for all of them.
+  # The learning rate and the gradients' flags ride with the losses: one
+  # gather for all of them (the flags' row is last, outside every mean).
   lr = [] if steps.lr is None else [steps.lr.astype(jnp.float32)]
   stacked_KHW = jnp.stack([loss_HW] + lr + [x.astype(jnp.float32)
-                                            for x in leaves])
+                                            for x in leaves]
+                          + [steps.first_bad_grad.astype(jnp.float32)])
   all_WKH = all_workers(jnp.moveaxis(stacked_KHW, -1, 0))
-  mean_KH = jnp.mean(all_WKH, axis=0)
-  bad_WH = ~jnp.isfinite(all_WKH[:, 0])
-  first_bad_H = jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
-                          -1).astype(jnp.int32)
+  mean_KH = jnp.mean(all_WKH[:, :-1], axis=0)
   metrics = jax.tree.unflatten(
       tree, [m.astype(x.dtype) for m, x in zip(mean_KH[1 + len(lr):],
                                                 leaves)])
   return steps._replace(loss=mean_KH[0].astype(loss_HW.dtype),
-                        metrics=metrics, first_bad_worker=first_bad_H,
-                        lr=mean_KH[1] if lr else None)
+                        metrics=metrics,
+                        first_bad_worker=_first(~jnp.isfinite(all_WKH[:, 0])),
+                        lr=mean_KH[1] if lr else None,
+                        first_bad_grad=_first(all_WKH[:, -1] > 0))
+
+
+def _first(bad_WH: Array) -> Array:
+  """(H,) int32: the first worker flagged at each step, or -1."""
+  return jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
+                   -1).astype(jnp.int32)
 
 
 def _local_inner_lr_W(inner_W: PyTree, num_local: int) -> Array:
@@ -298,18 +308,24 @@ def draw_redistributed(sim: SimState, sampler, step, timing):
   return redistributed(sampler, sim.data_key, step, batch_W, timing.net)
 
 
-def local_step(e: Engine, sim: SimState, sampler, timing, carry):
+def local_step(e: Engine, sim: SimState, sampler, timing, carry,
+               last=True):
+  """One step of every worker; ``last``: the round's last step (a sync
+  follows), traced or a bool."""
   stored = sim.strategy
   batch_W = e.draw(sim, sampler, stored.step, timing)
-  st, loss_W, metrics_W, step_fn = e.compute(stored, batch_W,
-                                             keys_at(e, sim, stored.step))
+  st, loss_W, metrics_W, bad_fn, step_fn = e.compute(
+      stored, batch_W, keys_at(e, sim, stored.step))
   st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                   sim.active)
   counts, own = _timing.split_report(report, e.channels)
+  # A step that communicates, or the one before a sync, shares what the
+  # workers' gradients made: flag the workers whose own were non-finite.
+  bad_W = when_shared(bad_fn, True if counts else last, loss_W.shape[0])
   # This device's workers' values; reduced over workers once the steps are
   # done (``_reduced``), not at every step.
   out = StepOut(loss_W, metrics_W, None, counts, clock, own,
-                _local_inner_lr_W(st.inner_W, loss_W.shape[0]))
+                _local_inner_lr_W(st.inner_W, loss_W.shape[0]), bad_W)
   sim = sim._replace(strategy=e.precision.narrow(st), active=active)
   return sim, out, carry
 
@@ -322,14 +338,14 @@ def scanned_steps(e: Engine, sim: SimState, sampler, timing, length: int):
   def body(c, j):
     sim, carry = c
     if e.slot is None:
-      sim, out, carry = local_step(e, sim, sampler, timing, carry)
+      sim, out, carry = local_step(e, sim, sampler, timing, carry,
+                                   j == length - 1)
     else:
       sim, out, carry = slotted_step(e, sim, sampler, timing, carry, j)
     return (sim, carry), out
 
-  slots = None if e.slot is None else jnp.arange(length, dtype=jnp.int32)
-  (sim, carry), steps = jax.lax.scan(body, (sim, carry), slots,
-                                     length=length)
+  (sim, carry), steps = jax.lax.scan(body, (sim, carry),
+                                     jnp.arange(length, dtype=jnp.int32))
   return sim, _reduced(steps), carry
 
 
@@ -345,7 +361,10 @@ def slotted_step(e: Engine, sim: SimState, sampler, timing, carry, j):
   happens (no step, no clock, no data drawn) and its outputs are zeros,
   which the host drops (``_loop``: only a run's own H slots are read)."""
   def run(args):
-    return local_step(e, args[0], sampler, timing, args[1])
+    # The round's last slot is the one before its sync (the gradient
+    # flags of ``local_step``).
+    return local_step(e, args[0], sampler, timing, args[1],
+                      j == args[0].period - 1)
 
   def skip(args):
     shapes = jax.eval_shape(run, args)[1]
@@ -388,9 +407,10 @@ def grouped_steps(groups: Groups, e: Engine, sim: SimState, sampler, timing,
     return part.sample(sim.data_key, step, worker_offset() + first)
 
   up = local_workers(carry.up_W) if groups.masks else None
-  stored, loss_HW, metrics_HW = groups.run(
+  stored, loss_HW, metrics_HW, bad_HW = groups.run(
       sim.strategy, sample, lambda step: keys_at(e, sim, step), length, up)
-  steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {}))
+  steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {},
+                           first_bad_grad=bad_HW))
   return sim._replace(strategy=stored), steps, carry
 
 

@@ -19,27 +19,57 @@ from lowbw.telemetry import _metrics as names
 class NonFiniteLossError(FloatingPointError):
   """A worker's training loss became NaN or infinite.
 
+  The error names where the non-finite value started: the first step at
+  which a worker's own loss, or its own gradient (before any reduction
+  over workers), was non-finite. Under a strategy that averages gradients
+  every step, a NaN in one worker's gradient reaches every worker through
+  that step's all-reduce, and every loss of the next step is NaN; the
+  gradient's worker is the one named.
+
   Attributes:
-    step: the inner step (1-based) whose loss was non-finite.
-    worker: the first worker with a non-finite loss at that step.
+    step: the inner step (1-based) at which ``quantity`` was first
+      non-finite.
+    worker: the first worker whose own ``quantity`` was non-finite then.
+    quantity: ``"loss"`` or ``"gradient"``.
+    stopped_at: the step whose training loss was non-finite (the run
+      stopped there; ``step`` itself for a loss).
     history: what was logged before it (metric name -> numpy array).
     new_rows: the rows of the failing chunk that precede the bad step (the
       runner writes them before re-raising).
   """
 
   def __init__(self, step: int, worker: int, history: dict,
-               new_rows: list | None = None):
-    cause = ("at the first step, so the data or the model rather than the "
-             "learning rate: labels beyond the model's classes, features "
-             "with NaN or infinite values, or a loss that is not finite at "
-             "initialisation" if step == 1 else
-             "a learning rate too high for the model, or data with NaN or "
-             "infinite values")
+               new_rows: list | None = None, quantity: str = "loss",
+               stopped_at: int | None = None, spread: bool = False):
+    stopped_at = step if stopped_at is None else stopped_at
+    if quantity == "loss":
+      what = f"non-finite training loss at step {step} on worker {worker}"
+    else:
+      what = (f"non-finite gradient of worker {worker} at step {step} (its "
+              "loss was finite)" + ("; it reached the other workers through "
+                                    "that step's communication" if spread
+                                    else "") +
+              f"; the training loss was non-finite at step {stopped_at}")
     super().__init__(
-        f"non-finite training loss at step {step} on worker {worker}; "
-        f"the rows logged before it were kept. Likely cause: {cause}")
+        f"{what}; the rows logged before it were kept. Likely cause: "
+        f"{_cause(step, quantity)}")
     self.step, self.worker, self.history = step, worker, history
+    self.quantity, self.stopped_at = quantity, stopped_at
     self.new_rows = new_rows or []
+
+
+def _cause(step: int, quantity: str) -> str:
+  if quantity == "gradient":
+    return ("a function whose derivative is not finite where that worker's "
+            "data puts it (a square root or a logarithm at 0, a division by "
+            "0), or a learning rate too high for the model")
+  if step == 1:
+    return ("at the first step, so the data or the model rather than the "
+            "learning rate: labels beyond the model's classes, features "
+            "with NaN or infinite values, or a loss that is not finite at "
+            "initialisation")
+  return ("a learning rate too high for the model, or data with NaN or "
+          "infinite values")
 
 
 class Layout(NamedTuple):
@@ -102,6 +132,8 @@ class Span(NamedTuple):
       each step (with a clock; a sync's at its round's last step).
     step_lr: (n,) the inner learning rate after each step (nan where it
       is not known: then a row shows the last round end's ``lr``).
+    bad_grad: (n,) int: first worker whose own gradient was non-finite,
+      or -1; None: not measured.
   """
 
   loss: Any
@@ -120,6 +152,7 @@ class Span(NamedTuple):
   members: Any = None
   useful: Any = None
   step_lr: Any = None
+  bad_grad: Any = None
 
 
 class History:
@@ -172,6 +205,9 @@ class History:
     self.peak = 0.0
     # The strategy's own metrics: the latest value reported.
     self.strategy = {m: math.nan for m in layout.strategy_metrics}
+    # The first non-finite own gradient of a step whose losses were all
+    # finite: [step, worker, whether that step communicated], or None.
+    self.bad_grad: list | None = None
 
   # ------------------------------------------------------------- checkpoints
   def state_dict(self) -> dict:
@@ -187,7 +223,7 @@ class History:
             "members": self.members,
             "strategy": self.strategy, "peak": self.peak,
             "syncs": self.syncs, "empty_syncs": self.empty_syncs,
-            "useful": self.useful}
+            "useful": self.useful, "bad_grad": self.bad_grad}
 
   def load_state_dict(self, d: dict) -> None:
     self.rows = [dict(r) for r in d["rows"]]
@@ -215,6 +251,7 @@ class History:
     self.useful = d.get("useful")
     self.syncs = int(d.get("syncs", 0))
     self.empty_syncs = int(d.get("empty_syncs", 0))
+    self.bad_grad = d.get("bad_grad")
 
   def respace(self, log_every: int) -> None:
     """Re-spaces the rows so far to ``log_every`` (a multiple of the current
@@ -322,6 +359,7 @@ class History:
     steps = self.step + 1 + np.arange(n)
     bad = np.flatnonzero(np.asarray(span.bad_worker) >= 0)
     stop = int(bad[0]) if bad.size else n
+    self._note_bad_grad(span, steps, stop)
     cursor = _Cursor(self, span, stop)
     if span.useful is not None and self.useful is not None:
       took = np.sum(np.asarray(span.useful, np.float64)[:stop])
@@ -352,9 +390,31 @@ class History:
     self.step += stop
     self.rows += new_rows
     if bad.size:
-      raise NonFiniteLossError(int(steps[stop]), int(span.bad_worker[stop]),
-                               self.as_arrays(), new_rows)
+      raise self._non_finite(int(steps[stop]), int(span.bad_worker[stop]),
+                             new_rows)
     return new_rows
+
+  def _note_bad_grad(self, span: Span, steps, stop: int) -> None:
+    """Keeps the first step before ``stop`` (all of whose losses were
+    finite) at which a worker's own gradient was not."""
+    if span.bad_grad is None or self.bad_grad is not None:
+      return
+    flags = np.asarray(span.bad_grad)[:stop]
+    hit = np.flatnonzero(flags >= 0)
+    if hit.size:
+      j = int(hit[0])
+      sent = any(int(np.asarray(c)[j]) > 0 for c in span.counts.values())
+      self.bad_grad = [int(steps[j]), int(flags[j]), sent]
+
+  def _non_finite(self, step: int, worker: int, new_rows: list):
+    """The error for a loss non-finite at ``step``: named after the
+    gradient that started it, if one was non-finite before."""
+    if self.bad_grad is None:
+      return NonFiniteLossError(step, worker, self.as_arrays(), new_rows)
+    at, who, sent = self.bad_grad
+    return NonFiniteLossError(at, who, self.as_arrays(), new_rows,
+                              quantity="gradient", stopped_at=step,
+                              spread=sent)
 
   def _add_per_worker(self, counts: dict, taken_W, stop: int) -> None:
     """Each worker's worker-events of the first ``stop`` steps (``taken_W``;

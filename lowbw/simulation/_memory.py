@@ -121,15 +121,16 @@ def per_step_bytes(c, metric_names, local_report) -> tuple[float, float]:
   """(bytes one inner step's outputs keep until the chunk ends, bytes they
   take within the round before being reduced over workers): the loss and
   the model's metrics and the inner learning rate (per local worker
-  before the reduction), the first worker with a non-finite loss, the
-  strategy's local report and, with a network, the step's clock (its time,
-  participants, members, the worker-steps it merged and two masks over the
-  workers)."""
+  before the reduction), the first worker with a non-finite loss and the
+  first with a non-finite gradient (a flag per local worker before the
+  reduction), the strategy's local report and, with a network, the step's
+  clock (its time, participants, members, the worker-steps it merged and
+  two masks over the workers)."""
   values = 2 + len(metric_names)
   clock = 0.0 if c.network is None else 16.0 + 2.0 * c.workers
   local_w = c.workers // c.devices
-  return (4.0 * (values + 1) + nbytes(local_report) + clock,
-          4.0 * local_w * values)
+  return (4.0 * (values + 2) + nbytes(local_report) + clock,
+          4.0 * local_w * (values + 1))
 
 
 def step_buffer_bytes(c, step_bytes: tuple[float, float]) -> float:

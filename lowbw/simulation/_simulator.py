@@ -340,8 +340,9 @@ class Simulator:
       raise
     except NonFiniteLossError as e:
       summary = track.summary(compile_s, time.perf_counter() - started)
-      summary.update(ended="non_finite_loss", stopped_at_step=e.step,
-                     non_finite_worker=e.worker)
+      summary.update(ended="non_finite_loss", stopped_at_step=e.stopped_at,
+                     non_finite_worker=e.worker, non_finite_step=e.step,
+                     non_finite_quantity=e.quantity)
       track.write_summary(summary)
       raise
     finally:

@@ -190,7 +190,9 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
       (see ``default_points_per_batch``).
     out: ``out/point_000/...`` per point (metrics.csv, TensorBoard,
       config.json, summary.json), plus ``sweep.csv`` (the tidy table) and
-      ``sweep.json`` (points, summaries, mean and std over seeds).
+      ``sweep.json`` (points, summaries, mean and std over seeds). The
+      sweep holds ``out/.lowbw.lock`` while it writes there: another
+      process writing ``out`` is refused, naming it.
     progress: a progress bar (default: on a terminal).
     overwrite: clear what another run or sweep wrote in ``out`` (else
       a folder holding one is refused).
@@ -208,8 +210,19 @@ def sweep(build_args, grid: dict | None = None, seeds=(0,),
     >>> result.aggregate("final_eval_loss")
   """
   _hparams.check_names("grid", grid or {})  # before anything compiles
-  _logdir.prepare(out, overwrite=overwrite,
-                  create=jax.process_index() == 0)
+  # One writer per folder (``OUT/.lowbw.lock``), until this sweep stops.
+  lock = _logdir.prepare(out, overwrite=overwrite,
+                         create=jax.process_index() == 0, lock=True)
+  try:
+    return _swept(build_args, grid, seeds, points_per_batch, out, progress)
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _swept(build_args, grid, seeds, points_per_batch, out,
+           progress) -> SweepResult:
+  """``sweep`` once its folder is checked and held."""
   sim = build_args if isinstance(build_args, Simulator) else (
       _build(build_args))
   _no_lanes(sim)

@@ -126,7 +126,8 @@ class Track:
                                            out.sync_metrics, n, period),
                 correlation=(None if out.correlation is None
                              else out.correlation[:n]),
-                step_lr=_step_lr(per_step))
+                step_lr=_step_lr(per_step),
+                bad_grad=per_step.first_bad_grad)
     if out.clock is None:
       return span
     sim_time = self.clock.rounds(out.steps.clock.time_s[:n],
@@ -157,7 +158,8 @@ class Track:
     span = Span(per_step.loss, per_step.metrics, per_step.first_bad_worker,
                 counts, np.zeros(n, bool), np.zeros(0), np.zeros(0),
                 strategy=_strategy_metrics(per_step.strategy, {}, n, 1),
-                step_lr=_step_lr(per_step, n))
+                step_lr=_step_lr(per_step, n),
+                bad_grad=per_step.first_bad_grad)
     if per_step.clock is None:
       return span
     participants = per_step.clock.participants

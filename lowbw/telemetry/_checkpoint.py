@@ -10,6 +10,7 @@ A save that cannot be written (disk full, no permission) raises a
 before it and removes its partial copy.
 """
 
+import asyncio
 import contextlib
 import gc
 import glob
@@ -71,12 +72,14 @@ def _save(directory, step, state, meta, max_to_keep) -> OSError | None:
   error itself is not kept, as its tasks would log again when freed."""
   before = set(threading.enumerate())
   with quiet_logs("asyncio"), _closed_loops_ignored():
+    _late_callbacks_dropped(True)
     try:
       with _manager(directory, max_to_keep) as manager:
         manager.save(step, args=_ocp().args.Composite(
             state=_ocp().args.StandardSave(state),
             meta=_ocp().args.JsonSave(meta)))
         manager.wait_until_finished()
+      _late_callbacks_dropped(False)
       return None
     except Exception as e:
       failed = _write_failure(e, directory)
@@ -115,6 +118,30 @@ def _join_new_threads(before: set) -> None:
     if t not in before and type(t) is not threading.Thread:
       # Thread.join itself: orbax's join re-raises the thread's error.
       threading.Thread.join(t, max(0.0, deadline - time.monotonic()))
+
+
+_CALL_SOON_THREADSAFE = asyncio.BaseEventLoop.call_soon_threadsafe
+
+
+def _dropped_when_closed(loop, callback, *args, **kwargs):
+  """``call_soon_threadsafe`` that drops a callback for a closed loop
+  instead of raising: such a callback would never run anyway."""
+  if loop.is_closed():
+    return None
+  return _CALL_SOON_THREADSAFE(loop, callback, *args, **kwargs)
+
+
+def _late_callbacks_dropped(on: bool) -> None:
+  """While a save runs, and for good once one failed: when a write fails,
+  orbax closes its event loop while tensorstore's other writes are still
+  in flight; each of them ends later, in tensorstore's own threads, by
+  calling ``call_soon_threadsafe`` on that closed loop, and tensorstore
+  prints the resulting "Event loop is closed" with a traceback on stderr,
+  dozens of them under the one error line (seen with a file-size limit,
+  ``ulimit -f``). Those callbacks are dropped instead; a successful save
+  puts the method back."""
+  asyncio.BaseEventLoop.call_soon_threadsafe = (
+      _dropped_when_closed if on else _CALL_SOON_THREADSAFE)
 
 
 @contextlib.contextmanager

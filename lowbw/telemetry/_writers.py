@@ -68,7 +68,12 @@ def error_code(error: BaseException) -> int | None:
 
 
 def _hint(code: int | None, run_dir: str) -> str:
-  if code in _NO_SPACE:
+  if code == errno.EFBIG:
+    # Over the process's file-size limit (``ulimit -f``), or the largest
+    # file of its file system: freeing space would not help.
+    fix = ("raise the file-size limit (ulimit -f) or write to a file "
+           "system that holds larger files")
+  elif code in _NO_SPACE:
     fix = "free space"
   elif code in _NO_PERMISSION:
     fix = f"make {run_dir} writable"
@@ -409,9 +414,12 @@ def write_csv(path: str, columns: Sequence[str],
 
 def write_bytes(path: str, data: bytes, run_dir: str | None = None) -> None:
   """Writes ``data`` to a temporary file next to ``path`` and renames it
-  over ``path``; errors as ``write_json``'s."""
+  over ``path``; errors as ``write_json``'s. The temporary file is this
+  process's own: two processes writing one table (two ``lowbw sweep`` of
+  one study) would otherwise write into one temporary file, and the
+  second rename would find it gone."""
   run_dir = run_dir or os.path.dirname(path) or "."
-  tmp = path + ".tmp"
+  tmp = f"{path}.{socket.gethostname()}.{os.getpid()}.tmp"
   try:
     f = _File(tmp, run_dir, name=path)
     try:
