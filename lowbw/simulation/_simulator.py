@@ -68,7 +68,7 @@ class Simulator:
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
-               eval_batches=None):
+               eval_batches=None, recipe: str | None = None):
     started = time.perf_counter() if started is None else started
     _lanes.check(config, lanes)
     # ``eval_batches``: a lane's, its run's own arrays (``_lanes``).
@@ -113,8 +113,11 @@ class Simulator:
           [self.programs] + [sim.programs for _, sim, _ in self.lanes],
           [1] + [_lanes.ratio(c, sim.config) for _, sim, _ in self.lanes],
           c.tail_steps)
+    # ``recipe``: the build's configuration as plain values, which keys its
+    # executables on disk (``_exe_store``); None keeps none.
     self.compiled = _startup.Compiled(self.programs, self.eval_batches,
-                                      time.perf_counter() - started)
+                                      time.perf_counter() - started,
+                                      None if self.lanes else recipe)
     self.inputs = _inputs.Inputs(c, facts, self.mesh, self.specs,
                                  self.compiled, self.prices)
     self.schema = _schema.Schema(c, facts, self.channels, self.memory,
