@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lowbw
+from lowbw.models import _registry
 from lowbw.simulation import _exe_store
 
 _CONFIG = lowbw.Config(data="digits", model="mlp", hidden="16",
@@ -127,9 +128,12 @@ def test_python_objects_and_plugins_are_never_served(monkeypatch):
   with monkeypatch.context() as m:
     m.setenv("LOWBW_PLUGINS", "my_parts")
     assert _exe_store.recipe(_CONFIG) is None
-  with monkeypatch.context() as m:
-    m.setattr(_exe_store, "_foreign_names", lambda: True)
+  lowbw.models.register("store_test_mlp", lambda: mlp)
+  try:   # a name registered after import: its code is not lowbw's
     assert _exe_store.recipe(_CONFIG) is None
+  finally:
+    del _registry._FACTORIES["store_test_mlp"]
+  assert _exe_store.recipe(_CONFIG) is not None
   with monkeypatch.context() as m:
     m.setenv(_exe_store.VARIABLE, "0")
     assert _exe_store.recipe(_CONFIG) is None

@@ -86,15 +86,17 @@ def recipe(config, traced=()) -> str | None:
   return json.dumps([values, list(traced)], sort_keys=True, default=repr)
 
 
+def _names() -> tuple:
+  from lowbw import models, strategies, transforms
+  return (tuple(models.model_names()), tuple(sorted(strategies.SPECS)),
+          tuple(transforms.codec_forms()))
+
+
 def _foreign_names() -> bool:
-  """Whether a model, strategy or codec stage was registered beside the
-  built-in ones (their code is not lowbw's)."""
-  from lowbw import strategies
-  from lowbw.models import _registry
-  from lowbw.transforms import _codec_spec
-  return (set(_registry._FACTORIES) != set(_registry._BUILT_IN)
-          or set(strategies.SPECS) != set(strategies._BUILT_IN)
-          or set(_codec_spec.STAGES) != set(_codec_spec._BUILT_IN))
+  """Whether a model, strategy or codec stage was registered since lowbw
+  was imported (their code is not lowbw's; ``LOWBW_PLUGINS`` ones are
+  refused by name)."""
+  return _names() != _IMPORTED
 
 
 @functools.cache
@@ -192,3 +194,7 @@ def _prune(where: pathlib.Path) -> None:
   entries = sorted(where.glob("*.exe"), key=lambda p: p.stat().st_mtime)
   for path in entries[:max(len(entries) - MAX_ENTRIES, 0)]:
     path.unlink(missing_ok=True)
+
+
+# The names lowbw's import made (built-in ones).
+_IMPORTED = _names()
