@@ -135,5 +135,8 @@ def test_python_objects_and_plugins_are_never_served(monkeypatch):
     del _registry._FACTORIES["store_test_mlp"]
   assert _exe_store.recipe(_CONFIG) is not None
   with monkeypatch.context() as m:
+    m.setattr(jax, "process_count", lambda: 2)
+    assert _exe_store.recipe(_CONFIG) is None
+  with monkeypatch.context() as m:
     m.setenv(_exe_store.VARIABLE, "0")
     assert _exe_store.recipe(_CONFIG) is None

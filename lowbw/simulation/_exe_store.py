@@ -72,8 +72,12 @@ def cache_hits() -> int:
 
 def recipe(config, traced=()) -> str | None:
   """The build's configuration as plain values (``lowbw.Config``), or None
-  when a part of it is a Python object or a plugin's (no store then)."""
+  when a part of it is a Python object or a plugin's, or the run spans
+  several processes (no store then)."""
+  # Several processes (``lowbw.initialize``) compile one program together:
+  # each keeps its own part, which the key would not tell apart.
   if (os.environ.get(VARIABLE, "").strip().lower() in _OFF
+      or jax.process_count() > 1
       or os.environ.get("LOWBW_PLUGINS", "").strip() or _foreign_names()):
     return None
   try:
