@@ -8,8 +8,8 @@ themselves (``jax.experimental.serialize_executable``) in the folder
 everything that decides the programs:
 
 - the bytes of every lowbw source file, the jax and jaxlib versions,
-  ``XLA_FLAGS``, the ``LOWBW_*`` variables, JAX's numeric settings and the
-  devices;
+  ``XLA_FLAGS``, the ``LOWBW_*`` variables, JAX's numeric settings, the
+  processor's instruction sets and the devices;
 - the build's whole configuration as plain values (``recipe``): a build
   whose model, data, strategy or codec is a Python object, or a name a
   plugin registered, has no recipe and never uses the store;
@@ -37,6 +37,7 @@ import logging
 import os
 import pathlib
 import pickle
+import platform
 
 import jax
 
@@ -123,7 +124,21 @@ def _environment() -> list:
           sorted((k, v) for k, v in os.environ.items()
                  if k.startswith("LOWBW_") and k not in _NOT_KEYS),
           [repr(getattr(jax.config, f, None)) for f in flags],
-          [repr(d) for d in jax.devices()]]
+          [repr(d) for d in jax.devices()],
+          jax.devices()[0].client.platform_version, _cpu()]
+
+
+@functools.cache
+def _cpu() -> str:
+  """The host's processor and its instruction sets (a CPU executable is
+  built for them; a cache folder may be shared between machines)."""
+  flags = ""
+  try:
+    with open("/proc/cpuinfo") as f:
+      flags = next((line for line in f if line.startswith("flags")), "")
+  except OSError:
+    pass
+  return f"{platform.machine()} {platform.processor()} {flags.strip()}"
 
 
 def signature(tree) -> list:
