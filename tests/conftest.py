@@ -55,6 +55,9 @@ os.environ.setdefault("LOWBW_COMPILE_CACHE", _CACHE)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+# Compiled executables on disk (``_exe_store``) are keyed by lowbw's source
+# files, which a test's monkeypatch does not change: off but in its tests.
+os.environ.setdefault("LOWBW_EXECUTABLE_STORE", "0")
 
 
 # --dist loadfile hands each test process whole modules, by default those

@@ -8,7 +8,7 @@ from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model, pipeline
-from lowbw.simulation import _compile_cache, _periods, _startup
+from lowbw.simulation import _compile_cache, _exe_store, _periods, _startup
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
 
@@ -70,10 +70,13 @@ def build_config(config: Config, compile: bool = True,
     if config.lanes:
       raise _validate.fail("traced", traced, "not supported with lanes")
     record = _periods.record(record)
-  _compile_cache.enable(_compile_cache.check(compile_cache))
+  cache = _compile_cache.check(compile_cache)
+  _compile_cache.enable(cache)
   sim = Simulator(record, compile=compile, started=started,
                   lanes=lane_configs(config, record),
-                  compile_effort=compile_effort)
+                  compile_effort=compile_effort,
+                  recipe=None if cache is False
+                  else _exe_store.recipe(config, traced))
   if traced:
     sim.strategy_at = functools.partial(_periods.strategy_at, config)
   return sim

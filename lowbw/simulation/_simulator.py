@@ -68,7 +68,8 @@ class Simulator:
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
-               eval_batches=None, compile_effort: str = "auto"):
+               eval_batches=None, compile_effort: str = "auto",
+               recipe: str | None = None):
     # ``compile_effort``: how hard XLA optimises, for one run's work
     # (``_startup.compiler_options``).
     started = time.perf_counter() if started is None else started
@@ -116,9 +117,12 @@ class Simulator:
           [1] + [_lanes.ratio(c, sim.config) for _, sim, _ in self.lanes],
           c.tail_steps)
     work = self.flops_per_step * c.workers * c.steps
+    # ``recipe``: the build's configuration as plain values, which keys its
+    # executables on disk (``_exe_store``); None keeps none.
     self.compiled = _startup.Compiled(
         self.programs, self.eval_batches, time.perf_counter() - started,
-        _startup.compiler_options(compile_effort, work))
+        _startup.compiler_options(compile_effort, work),
+        None if self.lanes else recipe)
     self.inputs = _inputs.Inputs(c, facts, self.mesh, self.specs,
                                  self.compiled, self.prices)
     self.schema = _schema.Schema(c, facts, self.channels, self.memory,

@@ -3,6 +3,7 @@ start-up seconds (building, tracing, compiling) not yet in a run's
 summary."""
 
 import functools
+import json
 import os
 import time
 
@@ -12,6 +13,7 @@ from lowbw import _validate
 
 from lowbw.telemetry._activity import busy
 from lowbw.telemetry._startup import import_s
+from lowbw.simulation import _exe_store
 from lowbw.simulation._loop import Executables
 
 
@@ -63,11 +65,16 @@ class Compiled:
   Attributes:
     programs: the engine's functions (``_engine.Programs``).
     jitted: them jitted for a single run.
+    recipe: the build's configuration as plain values, which keys its
+      executables on disk (``_exe_store``); None: none kept there.
   """
 
   def __init__(self, programs, eval_batches, build_s: float,
-               options: dict | None = None):
+               options: dict | None = None, recipe: str | None = None):
     self.programs = programs
+    # The executables on disk are keyed by XLA's options too.
+    self.recipe = None if recipe is None else json.dumps(
+        [recipe, options], sort_keys=True)
     self.eval_batches = eval_batches
     # XLA's options for every program of the build (``compiler_options``).
     self.options = options
@@ -83,13 +90,25 @@ class Compiled:
     # Start-up seconds not yet in a run's summary (``take_startup``).
     self._unreported_startup = _no_startup(build_s)
 
-  def compile(self, lower, what: str = "the run's programs"
-              ) -> tuple[tuple, float]:
+  def compile(self, lower, what: str = "the run's programs",
+              stored=None) -> tuple[tuple, float]:
     """``(compiled programs, seconds)`` of the programs ``lower()``
     returns (None stays None), their tracing and compiling (or loading)
     counted in the next run's ``compile_s`` and start-up breakdown;
-    ``what`` names them for the command line's heartbeat."""
+    ``what`` names them for the command line's heartbeat. ``stored``:
+    ``(name, arguments)`` of programs the build's executables on disk may
+    hold (``_exe_store``): found there, nothing is traced."""
     start = time.perf_counter()
+    entry = None
+    if stored is not None and self.recipe is not None:
+      entry = _exe_store.key(self.recipe, *stored)
+      with busy(f"loading {what}"):
+        found = _exe_store.load(entry)
+      if found is not None:
+        seconds = time.perf_counter() - start
+        self._unreported_compile_s += seconds
+        return found, seconds
+      hits = _exe_store.cache_hits()
     with busy(f"tracing {what}"):
       lowered = lower()
     traced = time.perf_counter()
@@ -97,6 +116,8 @@ class Compiled:
       compiled = tuple(None if program is None else
                        program.compile(compiler_options=self.options)
                        for program in lowered)
+    if entry is not None and _exe_store.cache_hits() == hits:
+      _exe_store.save(entry, compiled)   # compiled here, not loaded
     seconds = time.perf_counter() - start
     self._unreported_compile_s += seconds
     self._unreported_startup["trace_s"] += traced - start
@@ -106,7 +127,8 @@ class Compiled:
     """The initial state's ``program`` compiled for ``key``, counted as
     compiling, not as making the state."""
     (compiled,), seconds = self.compile(lambda: (program.lower(key),),
-                                       "the initial state")
+                                       "the initial state",
+                                       ("initial state", key))
     self._unreported_startup["init_compile_s"] += seconds
     return compiled
 
@@ -120,6 +142,9 @@ class Compiled:
     evaluation (1.1 s of the default GPT's start on a CPU), whose one-off
     set-up (0.1 s) the first evaluation pays.
     """
+    stored = (None if jitted is not None else
+              (f"run programs {key}", (state, sampler, net,
+                                       self.eval_batches)))
     jitted = jitted or self.jitted
     sig = (key, _signature((state, sampler, net)))
     if sig not in self._cache:
@@ -129,7 +154,7 @@ class Compiled:
           else jitted.tail.lower(state, sampler, net),
           jitted.evaluate.lower(state, self.eval_batches),
           jitted.global_params.lower(state)),
-          "the workers' training chunk and the evaluation")
+          "the workers' training chunk and the evaluation", stored)
       exe = Executables(*compiled)
       start = time.perf_counter()
       with busy("loading the compiled programs"):
