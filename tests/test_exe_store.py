@@ -140,3 +140,13 @@ def test_python_objects_and_plugins_are_never_served(monkeypatch):
   with monkeypatch.context() as m:
     m.setenv(_exe_store.VARIABLE, "0")
     assert _exe_store.recipe(_CONFIG) is None
+
+
+def test_the_compile_effort_keys_the_stored_programs(monkeypatch):
+  # Programs compiled with XLA's quickest settings are not served to a
+  # build asking for its full optimisation, nor the other way round.
+  monkeypatch.setenv(_exe_store.VARIABLE, "1")
+  fast = lowbw.build(_CONFIG, compile=False, compile_effort="fast")
+  full = lowbw.build(_CONFIG, compile=False, compile_effort="full")
+  assert fast.compiled.recipe and full.compiled.recipe
+  assert fast.compiled.recipe != full.compiled.recipe
