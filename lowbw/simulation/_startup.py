@@ -167,7 +167,7 @@ class Compiled:
   def jit_points(self, sampler_axes, net_axes) -> Executables:
     """The programs vmapped over a leading axis of sweep points (state
     always; data and network leaves where ``*_axes`` say 0)."""
-    p, single = self.programs, self.jitted
+    p = self.programs
     jit = functools.partial(jax.jit, compiler_options=self.options)
     key = (str(sampler_axes), str(net_axes))
     if key not in self._point_programs:
@@ -178,7 +178,7 @@ class Compiled:
               donate_argnums=0),
           tail,
           jit(jax.vmap(p.evaluate, in_axes=(0, None))),
-          jit(jax.vmap(single.global_params)))
+          jit(jax.vmap(p.global_params)))
     return self._point_programs[key]
 
   @property
