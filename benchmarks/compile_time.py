@@ -15,6 +15,12 @@ Usage:
   python benchmarks/compile_time.py --model mlp --workers 8,1024 --H 10
 """
 
+import os
+
+# Throughput and compile time of XLA's optimised programs (lowbw's default
+# compile_effort would compile a small CPU run with XLA's quickest settings).
+os.environ.setdefault("LOWBW_COMPILE_EFFORT", "full")
+
 import argparse
 import json
 import os

@@ -13,6 +13,12 @@ Usage:
   python benchmarks/engine_throughput.py --workers 8 --steps 200 --repeats 5
 """
 
+import os
+
+# Throughput and compile time of XLA's optimised programs (lowbw's default
+# compile_effort would compile a small CPU run with XLA's quickest settings).
+os.environ.setdefault("LOWBW_COMPILE_EFFORT", "full")
+
 import argparse
 import json
 import platform

@@ -34,6 +34,12 @@ Usage:
   python benchmarks/limit.py --json docs/benchmarks/limit_cpu.json
 """
 
+import os
+
+# Throughput and compile time of XLA's optimised programs (lowbw's default
+# compile_effort would compile a small CPU run with XLA's quickest settings).
+os.environ.setdefault("LOWBW_COMPILE_EFFORT", "full")
+
 import argparse
 import json
 import platform

@@ -26,6 +26,12 @@ Usage:
   python benchmarks/memory_scale.py --model mlp --workers 1000,10000
 """
 
+import os
+
+# Throughput and compile time of XLA's optimised programs (lowbw's default
+# compile_effort would compile a small CPU run with XLA's quickest settings).
+os.environ.setdefault("LOWBW_COMPILE_EFFORT", "full")
+
 import argparse
 import json
 import os
