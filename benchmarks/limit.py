@@ -52,7 +52,7 @@ import numpy as np
 import optax
 
 from lowbw import bench, data, models, strategies
-from lowbw.simulation._simulator import build
+from lowbw.simulation import build
 
 def tiled_digits(examples: int):
   """The digits images repeated to at least ``examples`` training examples,
