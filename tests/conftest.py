@@ -101,6 +101,9 @@ SLOW_MODULES = {
     # -n 0 at load 8-10 (2026-11-29), scaled by 1/2.6.
     "test_stage_links.py": 12, "test_moe_stages.py": 10,
     "test_backward_cast.py": 5,
+    # The suite's own --durations (2026-11-29, quiet; summed per module).
+    "test_traced_period.py": 25, "test_non_finite_worker.py": 10,
+    "test_study_bytes.py": 8,
 }
 
 
