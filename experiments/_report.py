@@ -124,6 +124,18 @@ def results_for(args, cache_name: str, run_all) -> dict:
   return run_all(args, cache)
 
 
+def main(doc: str, seeds, cache_name: str, run_all, name: str, report, plot,
+         findings) -> None:
+  """An experiment's command line: its parser (``doc``, default ``seeds``),
+  the results (cached or run), then the report, plot and findings rows of
+  ``name``."""
+  parser_ = parser(doc)
+  parser_.set_defaults(seeds=seeds)
+  args = parser_.parse_args()
+  results = results_for(args, cache_name, run_all)
+  finish(args, results, name, name, report, plot, findings)
+
+
 # ------------------------------------------------------------------ seeds
 
 CURVE = ("step", "tokens", "eval_loss", "eval_cross_entropy", "sim_time_s",

@@ -277,11 +277,7 @@ def findings(results) -> list[dict]:
 
 
 def main():
-  parser = _report.parser(__doc__)
-  parser.set_defaults(seeds=SEEDS)
-  args = parser.parse_args()
-  results = _report.results_for(args, CACHE, run_all)
-  _report.finish(args, results, "chaos", "chaos", report, plot, findings)
+  _report.main(__doc__, SEEDS, CACHE, run_all, "chaos", report, plot, findings)
 
 
 if __name__ == "__main__":

@@ -179,11 +179,7 @@ def findings(results) -> list[dict]:
 
 
 def main():
-  parser = _report.parser(__doc__)
-  parser.set_defaults(seeds=SEEDS)
-  args = parser.parse_args()
-  results = _report.results_for(args, CACHE, run_all)
-  _report.finish(args, results, NAME, NAME, report, plot, findings)
+  _report.main(__doc__, SEEDS, CACHE, run_all, NAME, report, plot, findings)
 
 
 if __name__ == "__main__":
