@@ -31,11 +31,7 @@ _CHILD = """
 import json, sys
 import lowbw
 
-def rss(field):
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) * 1024
+from lowbw.bench import _proc_status as rss  # /proc/self/status, bytes
 
 clients = None if sys.argv[1] == "none" else int(sys.argv[1])
 workers, steps = int(sys.argv[2]), int(sys.argv[3])

@@ -47,11 +47,7 @@ import jax
 import lowbw
 from lowbw import data, models, strategies
 
-def rss(field):
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) * 1024
+from lowbw.bench import _proc_status as rss  # /proc/self/status, bytes
 
 model, w, b, h, rounds = sys.argv[1], *map(int, sys.argv[2:6])
 group = sys.argv[6]
