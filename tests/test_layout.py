@@ -64,6 +64,7 @@ INTERNAL = {
     ("lowbw/cli", "lowbw.config._strategy_fields"),
     ("lowbw/cli", "lowbw.simulation._api"),
     ("lowbw/cli", "lowbw.simulation._logdir"),
+    ("lowbw/cli", "lowbw.simulation._startup"),  # --compile-effort's values
     # A study expands a grid over the table's fields (_config, _fields, the
     # strategies' traced ones in _strategy_fields), checks each point's build
     # (_settings) and runs a group's points on one build (_api, _sweep) in

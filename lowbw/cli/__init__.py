@@ -116,12 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-compile-cache", action="store_true",
         help="do not use the persistent compilation cache (default: on, in "
         "$LOWBW_COMPILE_CACHE or ~/.cache/lowbw/xla)")
+  from lowbw.simulation import _startup  # the efforts and auto's threshold
   for name in ("train", "sweep"):
     sub.choices[name].add_argument(
-        "--compile-effort", choices=("auto", "fast", "full"), default=None,
+        "--compile-effort", choices=_startup.EFFORTS, default=None,
         help="how hard XLA optimises the programs: auto (default: on a CPU, "
-        "the quickest settings for a run under 1e11 FLOPs, whose programs "
-        "compile 4-5x faster and run about 2x slower), fast or full")
+        "the quickest settings for a run under "
+        f"{_startup.FAST_WORK_FLOPS:.0e} FLOPs, whose programs compile 4-5x "
+        "faster and run about 2x slower), fast or full")
   parser.commands = dict(sub.choices)
   return parser
 

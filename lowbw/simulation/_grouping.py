@@ -65,7 +65,9 @@ def when_shared(bad_fn, shared, num_workers: int) -> jax.Array:
   if shared is True:
     return bad_fn()
   # The predicate comes from a scan's index: not batched over sweep points,
-  # so this stays a branch (a batched one would compute both sides).
+  # so this stays a branch (a batched one would compute both sides). With a
+  # traced H it is the point's own last slot, batched when vmapped points
+  # are: then both sides run (a cost only, never a wrong flag).
   return jax.lax.cond(shared, bad_fn,
                       lambda: jnp.zeros((num_workers,), bool))
 
