@@ -22,6 +22,8 @@ import tempfile
 # both cores already run a test process each, and even with one core free
 # four small runs compiled in 3.65 s against 4.05 s (three interleaved
 # repeats each, 2-core machine, 2026-11-29).
+# The same settings as lowbw.simulation._startup.FAST_OPTIONS (a test keeps
+# them equal; JAX must see them before it starts, so they are restated).
 FAST_COMPILE = ("--xla_backend_optimization_level=0 "
                 "--xla_llvm_disable_expensive_passes=true "
                 "--xla_cpu_use_fusion_emitters=false "

@@ -91,3 +91,13 @@ def test_the_flag_sets_the_effort_for_train_and_sweep():
   for command in ("train", "sweep"):
     args = parser.parse_args([command, "--compile-effort", "fast"])
     assert args.compile_effort == "fast"
+
+
+def test_the_suites_compile_flags_are_the_fast_options():
+  # conftest sets XLA_FLAGS before JAX starts, so it cannot import them;
+  # this keeps its string and FAST_OPTIONS one set of settings.
+  import os
+  flags = dict(f.lstrip("-").split("=")
+               for f in os.environ["LOWBW_TEST_FAST_COMPILE"].split())
+  assert flags == {k: str(v).lower()
+                   for k, v in _startup.FAST_OPTIONS.items()}
