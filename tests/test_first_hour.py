@@ -419,10 +419,14 @@ def test_study_plot_ticks_are_few_distinct_and_their_own_values(
     assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:])), texts
 
 
-def test_the_lr_column_shows_every_row_from_the_first(tmp_path):
+# The default GPT run steps its workers one at a time (a memory plan's
+# ``worker_batch``): a loop of its own, whose rows need the rate as well.
+@pytest.mark.parametrize("groups", [[], ["--worker-batch", "1"]],
+                         ids=["all_workers", "in_groups"])
+def test_the_lr_column_shows_every_row_from_the_first(tmp_path, groups):
   import csv
   peak, warmup = 0.01, 8
-  assert cli.main(_TINY[:-4] + ["--steps", "12", "--H", "5",
+  assert cli.main(_TINY[:-4] + groups + ["--steps", "12", "--H", "5",
                                 "--warmup-steps", str(warmup),
                                 "--inner-lr", str(peak), "--no-progress",
                                 "--no-plot", "--out", str(tmp_path / "r")]) == 0

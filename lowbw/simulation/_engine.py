@@ -36,8 +36,8 @@ from lowbw import network as net_lib
 from lowbw._types import Array, PRNGKey, PyTree
 from lowbw.simulation import _shadow, _timing
 from lowbw.simulation import _backward
-from lowbw.simulation._grouping import (local_compute, steps_in_groups,
-                                       when_shared)
+from lowbw.simulation._grouping import (inner_lr_W, local_compute,
+                                       steps_in_groups, when_shared)
 from lowbw.simulation._leavers import redistributed
 from lowbw.simulation._ordering import after
 from lowbw.simulation._precision import Precision
@@ -140,19 +140,6 @@ def _first(bad_WH: Array) -> Array:
   """(H,) int32: the first worker flagged at each step, or -1."""
   return jnp.where(jnp.any(bad_WH, axis=0), jnp.argmax(bad_WH, axis=0),
                    -1).astype(jnp.int32)
-
-
-def _local_inner_lr_W(inner_W: PyTree, num_local: int) -> Array:
-  """This device's workers' inner learning rates, (W_local,) float32; nan
-  where no single one is discoverable (reduced with the losses)."""
-  try:
-    hyper = optax.tree_utils.tree_get(inner_W, "hyperparams")
-    lr = hyper.get("learning_rate") if isinstance(hyper, dict) else None
-  except Exception:  # several or none: no single learning rate to report
-    lr = None
-  if lr is None or not hasattr(lr, "shape") or lr.size != num_local:
-    return jnp.full((num_local,), jnp.nan, jnp.float32)
-  return jnp.asarray(lr, jnp.float32).reshape(num_local)
 
 
 def _inner_lr(inner_W: PyTree) -> Array:
@@ -325,7 +312,7 @@ def local_step(e: Engine, sim: SimState, sampler, timing, carry,
   # This device's workers' values; reduced over workers once the steps are
   # done (``_reduced``), not at every step.
   out = StepOut(loss_W, metrics_W, None, counts, clock, own,
-                _local_inner_lr_W(st.inner_W, loss_W.shape[0]), bad_W)
+                inner_lr_W(st.inner_W, loss_W.shape[0]), bad_W)
   sim = sim._replace(strategy=e.precision.narrow(st), active=active)
   return sim, out, carry
 
@@ -407,10 +394,10 @@ def grouped_steps(groups: Groups, e: Engine, sim: SimState, sampler, timing,
     return part.sample(sim.data_key, step, worker_offset() + first)
 
   up = local_workers(carry.up_W) if groups.masks else None
-  stored, loss_HW, metrics_HW, bad_HW = groups.run(
+  stored, loss_HW, metrics_HW, bad_HW, lr_HW = groups.run(
       sim.strategy, sample, lambda step: keys_at(e, sim, step), length, up)
   steps = _reduced(StepOut(loss_HW, metrics_HW, None, {}, clocks, {},
-                           first_bad_grad=bad_HW))
+                           lr=lr_HW, first_bad_grad=bad_HW))
   return sim._replace(strategy=stored), steps, carry
 
 

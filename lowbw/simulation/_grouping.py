@@ -14,6 +14,7 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import optax
 
 from lowbw.simulation._backward import Backward
 from lowbw.simulation._ordering import after
@@ -21,6 +22,20 @@ from lowbw.simulation._precision import Precision
 from lowbw.strategies import Strategy, StrategyState
 from lowbw.transforms import where_workers
 from lowbw.transforms._codec import WORKER_AXIS
+
+
+def inner_lr_W(inner_W, num_local: int) -> jax.Array:
+  """These workers' inner learning rates, (num_local,) float32: the
+  ``learning_rate`` that ``optax.inject_hyperparams`` keeps; nan where no
+  single one is discoverable (reduced with the losses)."""
+  try:
+    hyper = optax.tree_utils.tree_get(inner_W, "hyperparams")
+    lr = hyper.get("learning_rate") if isinstance(hyper, dict) else None
+  except Exception:  # several or none: no single learning rate to report
+    lr = None
+  if lr is None or not hasattr(lr, "shape") or lr.size != num_local:
+    return jnp.full((num_local,), jnp.nan, jnp.float32)
+  return jnp.asarray(lr, jnp.float32).reshape(num_local)
 
 
 def loss_and_grads(model, backward: Backward = Backward()):
@@ -205,8 +220,9 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
   communicate (checked at build), so the groups are independent.
 
   Returns ``run(stored, sample, keys_at, length, up) -> (stored, loss_HW,
-  metrics_HW, bad_HW)`` (``bad_HW``: each worker's own gradient was
-  non-finite): ``sample(step, first)`` draws the batches of the ``size``
+  metrics_HW, bad_HW, lr_HW)`` (``bad_HW``: each worker's own gradient was
+  non-finite; ``lr_HW``: its inner learning rate after the step, nan when
+  not discoverable): ``sample(step, first)`` draws the batches of the ``size``
   workers from ``first``; ``keys_at(step)`` gives every local worker's loss
   key; ``up`` (bool, local workers, or None): a down worker's steps never
   happen (its state stays as it was; the step counter still advances).
@@ -242,7 +258,7 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
         # workers only through the sync after the last one.
         bad = when_shared(lambda: bad_grads_W(grads_g), i == length - 1,
                           size)
-        return new, (loss, metrics, bad)
+        return new, (loss, metrics, bad, inner_lr_W(new.inner_W, size))
 
       start = stored._replace(params_W=jax.tree.map(get, params_W),
                               inner_W=jax.tree.map(get, inner_W))
@@ -257,11 +273,12 @@ def steps_in_groups(model, strategy: Strategy, precision: Precision,
               jax.tree.map(lambda f, p: put(f, p, 1), outs_HW, outs_h),
               end.step)
 
-    def first_group(st):  # the shapes of a group's loss, metrics, flags
+    def first_group(st):  # the shapes of a group's loss, metrics, flags, lr
       params = jax.tree.map(lambda x: x[:size], precision.widen(st).params_W)
       loss, metrics, grads_g = group_grads(params, sample(st.step, 0),
                                            keys_at(st.step)[:size])
-      return loss, metrics, bad_grads_W(grads_g)
+      return (loss, metrics, bad_grads_W(grads_g),
+              jnp.zeros((size,), jnp.float32))
 
     zeros = jax.tree.map(
         lambda s: jnp.zeros((length, local_w) + s.shape[1:], s.dtype),
