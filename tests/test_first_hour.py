@@ -471,3 +471,22 @@ def test_a_share_never_reads_zero_or_all_unless_it_is(fraction, text):
     ("0.01s", "0.01s per step (given; no MFU applies)")])
 def test_the_summary_names_mfu_only_where_it_applies(hardware, text):
   assert _train._hardware_text({"hardware": hardware, "mfu": 0.4}) == text
+
+
+def test_off_a_terminal_the_sweep_command_says_each_point_once(
+    tmp_path, capsys):
+  argv = ["sweep", "--data", "digits", "--hidden", "8", "--workers", "2",
+          "--steps", "4", "--batch-size", "4", "--eval-examples", "16",
+          "--grid", "H=2,4", "--out", str(tmp_path / "s")]
+  assert cli.main(argv) == 0  # progress unset, stdout captured: no terminal
+  lines = capsys.readouterr().out.splitlines()
+  said = [line for line in lines
+          if line.startswith(("point ", "study: point"))]
+  assert [line.split(" (")[0] for line in said] == [
+      "study: point 1/2 done", "study: point 2/2 done"], lines
+  assert cli.main(argv[:-2] + ["--out", str(tmp_path / "q"),
+                               "--no-progress"]) == 0
+  lines = capsys.readouterr().out.splitlines()
+  assert sorted(line.split(":")[0] for line in lines
+                if line.startswith(("point ", "study: point"))) == [
+      "point 0", "point 1"], lines

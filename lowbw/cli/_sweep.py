@@ -167,8 +167,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _printer(progress):
-  """One line per finished point, unless a progress bar shows them."""
-  if progress:
+  """With ``--no-progress``, one line per finished point (with where a
+  re-timed point's training came from); otherwise the study shows them
+  itself: a bar on a terminal, a line per point elsewhere."""
+  if progress is not False:
     return None
 
   def show(point) -> None:
