@@ -82,6 +82,10 @@ def test_one_build_runs_every_density_and_H_without_compiling_again(
       assert result.config["strategy"]["codec"] == f"topk:{d}"
       assert result.config["channels"] == ref.config["channels"]
   assert sim.compilations == 1
+  # A view at another H keeps its density (the host's bytes are its own).
+  view = sim.at(None, 0.05).at_period(2)
+  assert view.channels == sim.at(2, 0.05).channels
+  assert view.channels != sim.at(2).channels
 
 
 def _roundtrip(codec, x, counts=None):

@@ -178,13 +178,16 @@ class Simulator:
   def at_period(self, H: int) -> "Simulator":
     """This build as a run with sync period ``H`` sees it, on the same
     programs (a build with a traced H, ``_periods``)."""
-    return _periods.view(self, H)
+    return self.at(H)
 
   def at(self, H: int | None = None, density: float | None = None
          ) -> "Simulator":
     """This build as a run with sync period ``H`` and top-k ``density``
-    sees it (None: the build's own), on the same programs (a build with
-    that value traced: ``_periods``, ``_density``)."""
+    sees it (None: as this simulator has it), on the same programs (a
+    build with that value traced: ``_periods``, ``_density``). A view at
+    another H keeps this one's density."""
+    if H is not None and density is None and self.config.traced_density:
+      density = _density.fraction_of(self.config.strategy)
     view = self if H is None else _periods.view(self, H)
     return view if density is None else _density.view(view, density)
 
