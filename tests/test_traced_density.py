@@ -141,6 +141,16 @@ def test_a_build_refuses_a_density_it_cannot_trace(kw, traced, message):
     lowbw.build(c, traced=traced, compile=False)
 
 
+def test_a_traced_density_build_keeps_no_executables_on_disk(monkeypatch):
+  """``_density``'s docstring says why; the same config traced on H alone
+  has its recipe."""
+  monkeypatch.setenv("LOWBW_EXECUTABLE_STORE", "1")
+  c = config("diloco", 3, 0.1)
+  assert lowbw.build(c, traced=("H",), compile=False).compiled.recipe
+  assert lowbw.build(c, traced=("H", "density"),
+                     compile=False).compiled.recipe is None
+
+
 def test_a_run_refuses_a_density_the_build_cannot_run():
   sim = lowbw.build(config("diloco", 3, 0.1), traced=("density",),
                     compile=False)

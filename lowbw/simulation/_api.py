@@ -80,7 +80,7 @@ def build_config(config: Config, compile: bool = True,
   sim = Simulator(record, compile=compile, started=started,
                   lanes=lane_configs(config, record),
                   compile_effort=compile_effort,
-                  recipe=None if cache is False
+                  recipe=None if cache is False or _density.NAME in traced
                   else _exe_store.recipe(config, traced))
   if "H" in traced:
     sim.strategy_at = functools.partial(_periods.strategy_at, config)

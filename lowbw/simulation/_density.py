@@ -19,6 +19,13 @@ Only a top-k codec alone (whole tensors, ``chunk=`` or ``block=``), with or
 without error feedback, on the strategies a traced H allows
 (``_periods.record``); a quantizer after top-k (whose statistics would see
 the zeros) or any other codec is refused in one line.
+
+Such a build keeps no executables on disk (``_exe_store``; JAX's persistent
+cache still serves it): on the CPU, a traced-density build loaded from the
+store beside another one's programs from JAX's cache, in one process,
+failed to run ("Function broadcast.30_kernel not found"), which a build
+without a traced density did not do in the same sequence; not understood
+yet.
 """
 
 import copy
