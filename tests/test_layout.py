@@ -147,6 +147,8 @@ INTERNAL = {
     # keeps per H, and whether a point has fault masks.
     ("lowbw/studies", "lowbw.config._checks"),
     ("lowbw/studies", "lowbw.simulation._periods"),
+    ("lowbw/studies", "lowbw.simulation._density"),
+    ("lowbw/simulation", "lowbw.transforms._topk"),  # a traced density
 }
 
 

@@ -186,7 +186,11 @@ RunConfig = dataclasses.make_dataclass(
                   # H is a traced value (``lowbw.build(traced=("H",))``):
                   # the programs' rounds have ``period`` step slots, of
                   # which the state's ``SimState.period`` run
-                  ("traced_period", Any, dataclasses.field(default=False))],
+                  ("traced_period", Any, dataclasses.field(default=False)),
+                  # top-k's fraction is a traced value (``lowbw.build(
+                  # traced=("density",))``): the programs keep the codec's
+                  # k, of which the state's ``SimState.keep`` are sent
+                  ("traced_density", Any, dataclasses.field(default=False))],
     bases=(_RunConfig,), frozen=True)
 RunConfig.__module__ = __name__
 RunConfig.__doc__ = _RunConfig.__doc__

@@ -8,7 +8,8 @@ from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model, pipeline
-from lowbw.simulation import _compile_cache, _exe_store, _periods, _startup
+from lowbw.simulation import (_compile_cache, _density, _exe_store, _periods,
+                              _startup)
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
 
@@ -60,7 +61,8 @@ def build_config(config: Config, compile: bool = True,
                  compile_cache=True, traced=(),
                  compile_effort="auto") -> Simulator:
   """The simulator of ``config`` (``engine_config``), with its lanes;
-  ``traced=("H",)``: H a traced value (``_periods``); ``compile_effort``:
+  ``traced=("H",)``: H a traced value (``_periods``), ``("density",)``
+  top-k's fraction (``_density``); ``compile_effort``:
   ``_startup.compiler_options``."""
   started = time.perf_counter()
   _startup.check_effort(compile_effort)
@@ -69,16 +71,22 @@ def build_config(config: Config, compile: bool = True,
   if traced:
     if config.lanes:
       raise _validate.fail("traced", traced, "not supported with lanes")
-    record = _periods.record(record)
+    if "H" in traced:
+      record = _periods.record(record)
+    if "density" in traced:
+      record = _density.record(record)
   cache = _compile_cache.check(compile_cache)
   _compile_cache.enable(cache)
   sim = Simulator(record, compile=compile, started=started,
                   lanes=lane_configs(config, record),
                   compile_effort=compile_effort,
-                  recipe=None if cache is False
+                  recipe=None if cache is False or _density.NAME in traced
                   else _exe_store.recipe(config, traced))
-  if traced:
+  if "H" in traced:
     sim.strategy_at = functools.partial(_periods.strategy_at, config)
+  if "density" in traced:
+    sim.density_at = functools.partial(_density.strategy_at, config)
+    sim.density_max = _density.fraction_of(record.strategy)
   return sim
 
 
@@ -228,6 +236,14 @@ build.__doc__ = """Checks a run and compiles its programs, once.
       the first h of each (any h up to the config's), on one program;
       DiLoCo, SparseLoCo, MuLoCo and FedAdam on one device, without fault
       or straggler masks (``lowbw.study`` turns it on for a grid over H).
+      ``("density",)`` (alone or with "H") makes a top-k codec's fraction
+      one: the codec keeps the config's k (the largest a run may take) and
+      ``run(hparams={"density": d})`` sends the first k(d) =
+      max(1, round(d x n)) of each n-entry tensor or chunk, the others as
+      zeros, so every run equals the one built with ``topk:d``; a top-k
+      codec alone (``chunk=``/``block=`` too), with or without error
+      feedback, on the strategies H can be traced on (``lowbw.study``
+      turns it on for a grid over ``topk:D`` densities).
 
   Raises:
     ValueError: a bad setting, naming its field, before anything is compiled.

@@ -47,6 +47,7 @@ from lowbw.transforms import (all_workers, local_workers, participating,
                               sharded_workers, worker_correlation,
                               worker_divergence, worker_mean)
 from lowbw.transforms._reductions import worker_offset
+from lowbw.transforms._topk import keeping
 
 
 class SimState(NamedTuple):
@@ -69,6 +70,9 @@ class SimState(NamedTuple):
       ``ShadowState``, replicated across devices; None otherwise.
     period: with a traced H only (``RunConfig.traced_period``): int32, the
       run's H, how many of a round's step slots run; None otherwise.
+    keep: with a traced top-k density only (``RunConfig.traced_density``):
+      ``{str(n): int32}``, how many entries of an n-entry tensor or chunk
+      the run's top-k keeps (``_topk.keeping``); None otherwise.
   """
 
   strategy: StrategyState
@@ -79,6 +83,7 @@ class SimState(NamedTuple):
   time_s: Array | None = None
   shadow: Any = None
   period: Array | None = None
+  keep: Any = None
 
 
 class StepOut(NamedTuple):
@@ -303,8 +308,9 @@ def local_step(e: Engine, sim: SimState, sampler, timing, carry,
   batch_W = e.draw(sim, sampler, stored.step, timing)
   st, loss_W, metrics_W, bad_fn, step_fn = e.compute(
       stored, batch_W, keys_at(e, sim, stored.step))
-  st, report, carry, clock, active = timing.local(st, step_fn, carry,
-                                                  sim.active)
+  with keeping(sim.keep):
+    st, report, carry, clock, active = timing.local(st, step_fn, carry,
+                                                    sim.active)
   counts, own = _timing.split_report(report, e.channels)
   # A step that communicates, or the one before a sync, shares what the
   # workers' gradients made: flag the workers whose own were non-finite.
@@ -443,8 +449,9 @@ def sync(e: Engine, sim: SimState, steps: StepOut, carry, timing):
   divergence = worker_divergence(st.params_W)
   corr = e.probe(st)
   lr = _inner_lr(st.inner_W)
-  st, report, clock, active, carry = timing.sync(
-      st, e.strategy.sync, carry, steps.clock, sim.active)
+  with keeping(sim.keep):
+    st, report, clock, active, carry = timing.sync(
+        st, e.strategy.sync, carry, steps.clock, sim.active)
   st, active = timing.rejoin(st, carry, active, e.strategy.global_params)
   # The sync overwrites the buffer the divergence read (``_ordering``).
   st = st._replace(params_W=after(st.params_W, (divergence, corr)))

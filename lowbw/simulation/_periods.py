@@ -29,13 +29,15 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 
-TRACEABLE = ("H",)
+# "density": top-k's fraction (``_density``).
+TRACEABLE = ("H", "density")
 FIELD = "traced"
 
 
 def check(config, traced) -> tuple:
-  """``traced`` as a tuple of field names (``()`` or ``("H",)``), given a
-  ``lowbw.Config`` whose strategy is given by name and has an H."""
+  """``traced`` as a tuple of field names (``()``, ``("H",)``,
+  ``("density",)`` or both), given a ``lowbw.Config`` whose strategy is
+  given by name and has an H."""
   if traced is None:
     return ()
   if isinstance(traced, str) or not isinstance(traced, (tuple, list)):
@@ -48,19 +50,22 @@ def check(config, traced) -> tuple:
   traced = tuple(dict.fromkeys(traced))
   if traced and not isinstance(config.strategy, str):
     raise _validate.fail(FIELD, traced, "needs the strategy by name (a "
-                         "strategy object cannot be rebuilt with another H)")
+                         "strategy object cannot be rebuilt with another "
+                         "value)")
   return traced
 
 
-def record(run_config):
-  """``run_config`` (a ``RunConfig``) with a traced H, or a one-line error
-  saying what the build has that a traced H does not support."""
+def record(run_config, traced=("H",)):
+  """``run_config`` (a ``RunConfig``) with ``traced`` (H, or the names a
+  build traces on the same strategies: ``_density``), or a one-line error
+  saying what the build has that they do not support."""
   c = run_config
   s = c.strategy
+  what = " and ".join(traced)
   why = (None if s.traceable_period else
          f"strategy {s.name!r} as configured (its round is not H local "
-         "steps then one sync; a traced H supports diloco, sparseloco, "
-         "muloco and fedadam without outer_delay or dylu)")
+         f"steps then one sync; a traced {what} supports diloco, "
+         "sparseloco, muloco and fedadam without outer_delay or dylu)")
   why = why or next((text for bad, text in (
       (c.masks, "fault or straggler masks"),
       (c.shadow is not None, "a paired DDP lane (shadow)"),
@@ -69,27 +74,33 @@ def record(run_config):
       (c.clients is not None, f"clients={c.clients} (sampled clients)"),
       (jax.process_count() > 1, "several processes")) if bad), None)
   if why:
-    raise _validate.fail(FIELD, ("H",), f"not supported with {why}")
-  return dataclasses.replace(c, traced_period=True)
+    raise _validate.fail(FIELD, tuple(traced), f"not supported with {why}")
+  return dataclasses.replace(c, traced_period=c.traced_period or
+                             "H" in traced)
 
 
 def check_grouping(run_config) -> None:
   """Worker groups (``worker_batch``) step in their own loop, which has no
   slots."""
-  if run_config.traced_period and run_config.grouping is not None:
-    raise _validate.fail(FIELD, ("H",), "not supported with worker_batch="
+  c = run_config
+  traced = (("H",) if c.traced_period else ()) + (
+      ("density",) if c.traced_density else ())
+  if traced and c.grouping is not None:
+    raise _validate.fail(FIELD, traced, "not supported with worker_batch="
                          f"{run_config.worker_batch} (workers in groups); "
                          "give worker_batch=None or a smaller run")
 
 
 def check_run(config, checkpoint_every, resume_from) -> None:
-  """A run of a build with a traced H is not checkpointed (not tested
-  yet): one line naming the setting."""
-  if config.traced_period and (checkpoint_every or resume_from):
+  """A run of a build with a traced H or density is not checkpointed (not
+  tested yet): one line naming the setting."""
+  traced = config.traced_period or config.traced_density
+  if traced and (checkpoint_every or resume_from):
     name = "checkpoint_every" if checkpoint_every else "resume_from"
+    what = "H" if config.traced_period else "top-k density"
     raise _validate.fail(name, checkpoint_every or resume_from,
-                         "not supported on a build with a traced H yet; "
-                         "build with the run's own H")
+                         f"not supported on a build with a traced {what} "
+                         "yet; build with the run's own value")
 
 
 def check_period(sim, H) -> int:

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw.telemetry import _cost, _params, _progress, _writers
 from lowbw.config import _settings as _config
-from lowbw.simulation import (_engine, _facts,
+from lowbw.simulation import (_density, _engine, _facts,
                               _hparams, _inputs, _lanes, _logdir, _memory,
                               _mesh, _periods, _plan, _prices, _resume,
                               _schema, _startup)
@@ -65,6 +65,10 @@ class Simulator:
   hparam_names = tuple(_hparams.KNOBS)
   # With a traced H (``_periods``): the config's strategy at another H.
   strategy_at = None
+  # With a traced top-k density (``_density``): the config's strategy at an
+  # H and a codec spec, and the build's density (the largest a run takes).
+  density_at = None
+  density_max = None
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
@@ -160,26 +164,40 @@ class Simulator:
     numbers (None without a network).
     """
     H, hparams = _periods.split(hparams, self.config)
-    if H is not None:
-      return self.at_period(H).initial(seed, hparams, init_from)
+    D, hparams = _density.split(hparams, self.config)
+    if H is not None or D is not None:
+      return self.at(H, D).initial(seed, hparams, init_from)
     if self.lanes:
       return _lanes.initial(self.inputs, self.lanes, seed, hparams,
                             init_from)
     state, sampler, net, network = self.inputs.initial(seed, hparams,
                                                        init_from)
-    return (_periods.with_period(state, self.config), sampler, net,
-            network)
+    state = _periods.with_period(state, self.config)
+    return _density.with_counts(state, self.config), sampler, net, network
 
   def at_period(self, H: int) -> "Simulator":
     """This build as a run with sync period ``H`` sees it, on the same
     programs (a build with a traced H, ``_periods``)."""
-    return _periods.view(self, H)
+    return self.at(H)
+
+  def at(self, H: int | None = None, density: float | None = None
+         ) -> "Simulator":
+    """This build as a run with sync period ``H`` and top-k ``density``
+    sees it (None: as this simulator has it), on the same programs (a
+    build with that value traced: ``_periods``, ``_density``). A view at
+    another H keeps this one's density."""
+    if H is not None and density is None and self.config.traced_density:
+      density = _density.fraction_of(self.config.strategy)
+    view = self if H is None else _periods.view(self, H)
+    return view if density is None else _density.view(view, density)
 
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
     H, hparams = _periods.split(hparams, self.config)
-    if H is not None:
-      self.at_period(H)
+    D, hparams = _density.split(hparams, self.config)
+    view = self if H is None else self.at_period(H)
+    if D is not None:  # checked, without pricing its view
+      _density.check_density(view, D)
     return self.inputs.check_hparams(hparams, field)
 
   def pricing(self, network):
@@ -249,8 +267,9 @@ class Simulator:
     _validate.boolean("allow_non_finite", allow_non_finite)
     _periods.check_run(self.config, checkpoint_every, resume_from)
     H, rest = _periods.split(hparams, self.config)
-    if H is not None:
-      return self.at_period(H).run(
+    D, rest = _density.split(rest, self.config)
+    if H is not None or D is not None:
+      return self.at(H, D).run(
           seed, rest, out, checkpoint_every, resume_from, progress, callback,
           metadata, overwrite, wandb_project, fail_on_divergence,
           config_yaml, init_from, gpu_price, egress_price, allow_non_finite)

@@ -13,6 +13,7 @@ from lowbw.simulation._periods import HOST_SETTINGS
 from lowbw.config._config import FIELDS, canonical, check_value, natural
 from lowbw.config._fields import RUN, TRACED
 from lowbw.config._strategy_fields import TRACED as strategy_traced
+from lowbw.simulation import _density
 
 
 class Point(NamedTuple):
@@ -180,31 +181,68 @@ def traced(config: Config) -> dict[str, str]:
   return out
 
 
-def shape_key(config: Config, skip: tuple = ()) -> str:
+def shape_key(config: Config, skip: tuple = (), density: bool = False
+              ) -> str:
   """Equal for configs that compile to the same programs: every setting
   but the traced ones (whose presence still counts), ``skip`` and the
-  run's own."""
+  run's own; ``density``: the codec by its top-k layout alone (its
+  fraction a traced value)."""
   skip = {*traced(config), *skip}
   key = {name: value for name, value in config.to_dict().items()
          if name not in skip and FIELDS[name].kind != RUN}
+  if density:  # no codec spec reads so
+    key["codec"] = f"<top-k, traced density, {density_layout(config)}>"
   return json.dumps(key, sort_keys=True,
                     default=lambda o: f"<{type(o).__name__} {id(o)}>")
 
 
+def traced_key(config: Config, fields: tuple = ()) -> str:
+  """``shape_key`` of a build that traces ``fields`` (H: a run's own H
+  and its host settings; density: top-k's fraction)."""
+  return shape_key(config, ("H", *HOST_SETTINGS) if "H" in fields else (),
+                   density="density" in fields)
+
+
 def groups(points: list[Point]) -> list[list[Point]]:
   """The points by compiled shape, in order of their first point; shapes
-  that differ only in H join one group, built with a traced H, where the
-  strategy allows it (``period_traceable``)."""
+  that differ only in H and top-k's density join one group, built with
+  those traced, where the strategy and codec allow it (``traceable``)."""
   out: dict[str, list[Point]] = {}
   for p in points:
     out.setdefault(shape_key(p.config), []).append(p)
   merged: dict[str, list[Point]] = {}
   for key, group in out.items():
-    config = group[0].config
-    if period_traceable(config):  # a run's own H and its host settings
-      key = shape_key(config, skip=("H", *HOST_SETTINGS))
+    fields = traceable(group[0].config)
+    if fields:
+      key = traced_key(group[0].config, fields)
     merged.setdefault(key, []).extend(group)
   return [sorted(g, key=lambda p: p.index) for g in merged.values()]
+
+
+def traceable(config: Config) -> tuple:
+  """The fields a build of ``config`` may trace: H where
+  ``period_traceable``, and top-k's density too where its codec is top-k
+  alone (``lowbw.build(config, traced=("H", "density"))``)."""
+  if not period_traceable(config):
+    return ()
+  return ("H",) + (("density",) if density_layout(config) else ())
+
+
+def density_layout(config: Config) -> str | None:
+  """The layout of the config's codec when it is top-k alone (whole,
+  flat:N or blocks:N), else None."""
+  return _density.layout_of(config.built().strategy)
+
+
+def density(config: Config) -> float:
+  """The fraction of the config's top-k codec."""
+  return _density.fraction_of(config.built().strategy)
+
+
+def densities(points: list[Point]) -> list[float]:
+  """The distinct top-k densities of ``points`` (of traceable ones)."""
+  return list(dict.fromkeys(density(p.config) for p in points
+                            if "density" in traceable(p.config)))
 
 
 def period_traceable(config: Config) -> bool:

@@ -245,22 +245,23 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
   while todo:
     sim, rep, traced = _build(todo)
     builds += 1
-    key = _grid.shape_key(rep.config)
+    key = _grid.traced_key(rep.config, traced)
     now = [p for p in todo
-           if (traced or _grid.shape_key(p.config) == key)
+           if _grid.traced_key(p.config, traced) == key
            and _settable(sim, _diff(p, rep, traced))]
     todo = [p for p in todo if p not in now]
     size = points_per_batch or _sweep.default_points_per_batch(
         len(now), sim.memory)
     if sim.lanes:  # the lanes' tracks are a single run's (``Simulator.run``)
       size = 1
-    for view, part in _by_period(sim, now, traced):
+    for view, part in _by_view(sim, now, traced):
       for first in range(0, len(part), size):
         batch = _claimed(part[first:first + size], out)
         if not batch:
           continue
         try:
-          # The view runs its H: the points' hparams are the others.
+          # The view runs its H and density: the points' hparams are the
+          # others.
           for r in _run_batch(view, batch, rep, out, size):
             finished[r.index] = r
             emit(r, True)
@@ -271,28 +272,51 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
 
 
 def _build(todo: list) -> tuple:
-  """``(simulator, the point it was built from, whether its H is
-  traced)``: one build with a traced H for points of several H that
-  ``_grid.groups`` put together (built from the largest H), else the
-  first point's build."""
+  """``(simulator, the point it was built from, the fields it traces)``:
+  one build with a traced H and/or top-k density for points of several
+  that ``_grid.groups`` put together (built from the largest of each),
+  else the first point's build."""
+  fields = ()
   if len(_grid.periods(todo)) > 1 and all(
       _grid.period_traceable(p.config) for p in todo):
-    rep = max(todo, key=lambda p: p.config.H)
+    fields += ("H",)
+  if len(_grid.densities(todo)) > 1 and all(
+      "density" in _grid.traceable(p.config) for p in todo):
+    fields += ("density",)
+  rep = max(todo, key=lambda p: p.config.H) if "H" in fields else todo[0]
+  # A refused build (e.g. workers in groups) falls back to fewer traced
+  # fields, then to one build per value.
+  for traced in dict.fromkeys((fields, *((f,) for f in fields))):
     try:
-      return build_config(rep.config, compile=False, traced=("H",)), rep, True
-    except _validate.ConfigError:  # e.g. workers in groups: one build per H
+      return build_config(_largest(rep, todo, traced), compile=False,
+                          traced=traced), rep, traced
+    except _validate.ConfigError:
       pass
-  return build_config(todo[0].config, compile=False), todo[0], False
+  return build_config(todo[0].config, compile=False), todo[0], ()
 
 
-def _by_period(sim, points: list, traced: bool) -> list:
-  """``[(simulator, points)]``: with a traced H, the points of each H on
-  the build as a run of that H sees it (a vmapped batch shares its host
-  loop, so its points share their H)."""
+def _largest(rep: _grid.Point, todo: list, traced: tuple):
+  """``rep``'s config with the largest top-k density of ``todo`` when the
+  density is traced (the build's k is the largest a run takes)."""
+  if "density" not in traced:
+    return rep.config
+  top = max(todo, key=lambda p: _grid.density(p.config))
+  return rep.config.replace(codec=top.config.codec)
+
+
+def _by_view(sim, points: list, traced: tuple) -> list:
+  """``[(simulator, points)]``: with a traced H or density, the points of
+  each (H, density) on the build as a run of those sees it (a vmapped
+  batch shares its host loop, so its points share them)."""
   if not traced:
     return [(sim, points)]
-  return [(sim.at_period(h), [p for p in points if p.config.H == h])
-          for h in dict.fromkeys(p.config.H for p in points)]
+
+  def own(p):
+    return (p.config.H if "H" in traced else None,
+            _grid.density(p.config) if "density" in traced else None)
+
+  return [(sim.at(*v), [p for p in points if own(p) == v])
+          for v in dict.fromkeys(map(own, points))]
 
 
 _POINTS: dict[str, list] = {}
@@ -465,14 +489,18 @@ def _report(on_point, result: PointResult) -> None:
     on_point(result)
 
 
-def _diff(point: _grid.Point, rep: _grid.Point, traced: bool = False
+def _diff(point: _grid.Point, rep: _grid.Point, traced: tuple = ()
           ) -> dict:
   """The point's traced values that differ from those ``rep``'s build
-  holds: the ``hparams`` that make one into the other (and its H, on a
-  build with a traced H)."""
+  holds: the ``hparams`` that make one into the other (and its H and
+  top-k density, on a build with those traced)."""
   mine, built = _grid.hparams(point), _grid.hparams(rep)
   out = {k: v for k, v in mine.items() if built.get(k) != v}
-  return {**out, "H": point.config.H} if traced else out
+  if "H" in traced:
+    out["H"] = point.config.H
+  if "density" in traced:
+    out["density"] = _grid.density(point.config)
+  return out
 
 
 def _settable(sim, values: dict) -> bool:

@@ -2,9 +2,17 @@
 
 Both keep k = max(1, round(fraction * n)) entries of each n-entry tensor (the
 same count SPARTA uses), so payload sizes are static.
+
+A build with a traced density (``lowbw.build(config, traced=("density",))``)
+compiles top-k with the largest fraction of its runs and keeps, while a
+message is traced, a run's own counts (``keeping``): the entries ranked past
+a run's k are sent as zeros, so every receiver decodes what top-k at the
+run's fraction sends.
 """
 
+import contextlib
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +22,8 @@ from lowbw._random import random_bijection
 from lowbw.transforms import _chunk
 from lowbw.transforms._codec import Codec, make_codec
 from lowbw.transforms._sparse import sparse_count
+
+_TRACE = threading.local()
 
 
 def _spec_number(value: float) -> str:
@@ -73,7 +83,8 @@ def top_k(fraction: float, chunk: int | None = None,
     values, _ = chunker.split(x)
     k = sparse_count(values.shape[1], fraction) if x.size else 0  # empty
     _, idx = jax.lax.top_k(jnp.abs(values), k)
-    kept = jnp.take_along_axis(values, idx, axis=1).reshape(-1)
+    kept = _within_count(jnp.take_along_axis(values, idx, axis=1),
+                         values.shape[1]).reshape(-1)
     if chunker.kind == "whole":
       return {"values": kept, "indices": idx.reshape(-1).astype(
           chunker.index_dtype(x.shape))}
@@ -100,6 +111,64 @@ def top_k(fraction: float, chunk: int | None = None,
                     config={"codec": "top_k", "fraction": fraction,
                             **({"chunks": chunker.spec}
                                if chunker.kind != "whole" else {})})
+
+
+@contextlib.contextmanager
+def keeping(counts: dict | None):
+  """While tracing a message, how many entries top-k keeps of an n-entry
+  tensor or chunk: ``counts[str(n)]``, a traced int32 (``keep_counts``; a
+  build with a traced density); None: its own fraction's. ``lax.top_k``
+  returns its entries sorted by magnitude (ties: the lower position first),
+  so the first k of a larger k are those top-k keeps at k."""
+  stack = _TRACE.__dict__.setdefault("keep", [])
+  stack.append(counts)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def _within_count(kept, n: int):
+  """``kept`` (chunks, k) with the entries ranked at or past the traced
+  count of ``n`` (``keeping``) set to zero; as it is without one."""
+  stack = getattr(_TRACE, "keep", None)
+  counts = stack[-1] if stack else None
+  if counts is None or kept.size == 0:
+    return kept
+  if str(n) not in counts:
+    raise ValueError(f"top-k of a {n}-entry tensor or chunk under a traced "
+                     f"density whose counts are for sizes {sorted(counts)}")
+  rank = jnp.arange(kept.shape[1], dtype=jnp.int32)
+  return jnp.where(rank < counts[str(n)], kept, jnp.zeros((), kept.dtype))
+
+
+def chunker_of(codec: Codec | None):
+  """The layout (``_chunk.Chunker``) of a top-k codec alone; None for any
+  other codec, a chain included."""
+  config = {} if codec is None else codec.config
+  if config.get("codec") != "top_k":
+    return None
+  kind, _, size = config.get("chunks", "whole").partition(":")
+  return _chunk.Chunker(kind, int(size) if size else None)
+
+
+def with_fraction(codec: Codec, fraction: float) -> Codec:
+  """The top-k codec ``codec`` with another fraction, its layout kept."""
+  chunker = chunker_of(codec)
+  return top_k(fraction, chunk=chunker.size if chunker.kind == "flat"
+               else None,
+               block=chunker.size if chunker.kind == "blocks" else None)
+
+
+def keep_counts(codec: Codec, shapes, fraction: float) -> dict:
+  """``{str(n): int32 k}`` for the chunk (or tensor) size n of each shape
+  in ``shapes`` under top-k ``codec``'s layout, k as top-k at ``fraction``
+  counts it (``sparse_count``, on the host)."""
+  chunker = chunker_of(codec)
+  sizes = {chunker.layout(shape)[1] for shape in shapes
+           if math.prod(shape)}
+  return {str(n): jnp.asarray(sparse_count(n, fraction), jnp.int32)
+          for n in sorted(sizes)}
 
 
 def random_k(fraction: float) -> Codec:
