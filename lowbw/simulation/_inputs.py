@@ -95,6 +95,7 @@ class Inputs:
     self.program = self.state_program()
     self._program_compiled = None
     self._samplers: dict = {}
+    self._keys: dict = {}  # seed -> its PRNG key
 
   def state_program(self):
     """How this run makes its initial state: ``make`` op by op, or compiled
@@ -137,12 +138,23 @@ class Inputs:
   def state(self, seed: int, state_values: dict, params=None):
     """The initial ``SimState`` of ``seed`` with traced ``state_values``
     set (on one device), from ``params`` when given."""
-    key = jax.random.PRNGKey(seed)
+    key = self.key(seed)
     state = (self.seeded_state(key) if params is None
              else self.make(key, params))
     if state_values:  # a few small arrays: not worth compiling a program
       state = _hparams.set_state(state, state_values, self.config.strategy)
     return state
+
+  def key(self, seed: int):
+    """``jax.random.PRNGKey(seed)``, made once per seed (an eager op costs
+    milliseconds, and a study starts many runs of the same seeds); keys are
+    never donated."""
+    keys = self._keys
+    if seed not in keys:
+      if len(keys) >= 16:
+        keys.pop(next(iter(keys)))
+      keys[seed] = jax.random.PRNGKey(seed)
+    return keys[seed]
 
   def start_params(self, init_from: str | None):
     """The parameters in run folder ``init_from`` (its ``params.npz``), in
@@ -170,14 +182,18 @@ class Inputs:
       network = _clock.check_network(network, self.config.workers)
     return state_values, network
 
-  def sampler(self, seed: int):
-    """The workers' shards for ``seed`` (the last few are kept)."""
-    if seed not in self._samplers:
-      c = self.config
-      if len(self._samplers) >= 4:
+  def sampler(self, seed: int, placed: bool = False):
+    """The workers' shards for ``seed`` (the last few are kept), on the
+    run's devices when ``placed`` (kept so too: the programs never donate
+    them)."""
+    key = (seed, placed and self.mesh is not None)
+    if key not in self._samplers:
+      if len(self._samplers) >= 8:
         self._samplers.pop(next(iter(self._samplers)))
-      self._samplers[seed] = build_sampler(c, seed)
-    return self._samplers[seed]
+      self._samplers[key] = (
+          _mesh.place(self.sampler(seed), self.specs[1], self.mesh)
+          if key[1] else build_sampler(self.config, seed))
+    return self._samplers[key]
 
   def initial(self, seed: int = 0, hparams: dict | None = None,
               init_from: str | None = None, sampler=None):
@@ -188,13 +204,15 @@ class Inputs:
     seed = _config.check_seed(seed)
     state_values, network = self.check_hparams(hparams)
     state = self.state(seed, state_values, self.start_params(init_from))
-    if sampler is None:
-      sampler = self.sampler(seed)
+    own = sampler is None
+    if own:
+      sampler = self.sampler(seed, placed=True)
     net = self.prices.net_params(network, seed)
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs
       state = _mesh.place(state, sim_specs, self.mesh)
-      sampler = _mesh.place(sampler, sampler_specs, self.mesh)
+      if not own:
+        sampler = _mesh.place(sampler, sampler_specs, self.mesh)
       if net is not None:
         net = _mesh.place(net, _mesh.replicated(net), self.mesh)
     return state, sampler, net, network

@@ -31,6 +31,7 @@ class Prices:
     self.flops_per_step = _clock.flops_per_step(facts.num_params, tokens,
                                                  self.flops_per_token)
     self._pricings: dict = {}  # id(network) -> (network, Pricing)
+    self._net_params: dict = {}  # (id(network), seed) -> (network, params)
 
   def pricing(self, network) -> net_lib.Pricing:
     """What ``network`` charges for this run, in one call
@@ -61,8 +62,15 @@ class Prices:
     """The traced network numbers of a run on ``network``, or None."""
     if network is None:
       return None
-    return _clock.net_params(network, self.config.workers,
-                              self.pricing(network), seed)
+    # A study runs many points of one network and seed: made once each
+    # (keyed like ``pricing``, by identity; the arrays are never donated).
+    key = (id(network), seed)
+    if key not in self._net_params:
+      if len(self._net_params) >= 16:
+        self._net_params.pop(next(iter(self._net_params)))
+      self._net_params[key] = (network, _clock.net_params(
+          network, self.config.workers, self.pricing(network), seed))
+    return self._net_params[key][1]
 
 
 def catch_up(c, facts) -> dict:
