@@ -128,8 +128,15 @@ def stopped_and_resumed(strategy, net, folder):
 
 
 def main(argv):
+  import gc
   import jax
+  import lowbw  # noqa: F401  (imported before the heap is frozen)
   jax.config.update("jax_numpy_rank_promotion", "raise")
+  # As in the test processes (conftest's GC_THRESHOLD): what is alive now is
+  # frozen out of the cyclic collector's walks, which run a tenth as often.
+  gc.collect()
+  gc.freeze()
+  gc.set_threshold(10_000, 50, 50)
   if argv[0] == "devices":
     out = {}
     for name, (strategy, net, *kw) in cases().items():

@@ -116,8 +116,15 @@ SH_BLOCKS = all_blocks(SHELL)
 # -- python blocks -------------------------------------------------------------
 
 _RUNNER = r'''
-import json, sys, time, traceback
+import gc, json, sys, time, traceback
 import lowbw
+
+# As in the test processes (conftest's GC_THRESHOLD): what is alive once
+# lowbw is imported is frozen out of the cyclic collector's walks, which
+# run a tenth as often.
+gc.collect()
+gc.freeze()
+gc.set_threshold(10_000, 50, 50)
 
 SYNCS, BATCH, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 blocks = json.load(sys.stdin)

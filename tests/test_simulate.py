@@ -144,10 +144,15 @@ def _comparable(history):
 
 def test_same_seed_same_bits_and_other_seed_differs():
   strategy = strategies.sparta_diloco(optax.adamw(3e-3), H=5, p=0.1)
-  a, b = run(strategy, seed=3), run(strategy, seed=3)
+  # Two builds (simulate is build then run); the other seed runs in the
+  # first one's program.
+  sim = lowbw.build(model=MLP, data=data.arrays(*toy_arrays(128), eval=EVAL),
+                    strategy=strategy, workers=W, batch_size=B, steps=20,
+                    progress=False)
+  a, b = sim.run(seed=3), run(strategy, seed=3)
   chex.assert_trees_all_equal(_comparable(a.history), _comparable(b.history))
   chex.assert_trees_all_equal(a.params, b.params)
-  c = run(strategy, seed=4)
+  c = sim.run(seed=4)
   assert not np.array_equal(a.history["train_loss"], c.history["train_loss"])
 
 
