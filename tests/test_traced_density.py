@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lowbw
+import test_traced_period as traced_period
 from lowbw.transforms import _topk
 from lowbw.transforms._sparse import sparse_count
 
@@ -29,16 +30,8 @@ def config(strategy="diloco", H=3, density=0.3, **kw):
 
 
 def assert_same(history, reference, label):
-  """Losses to float tolerance; steps, bytes and simulated time exact."""
-  assert sorted(history) == sorted(reference), label
-  for name, want in reference.items():
-    got, want = np.asarray(history[name]), np.asarray(want)
-    assert got.shape == want.shape, (label, name)
-    if name in EXACT:
-      np.testing.assert_array_equal(got, want, err_msg=f"{label}: {name}")
-    elif name != "wall_time_s":
-      np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-6,
-                                 err_msg=f"{label}: {name}")
+  """As a traced H's test checks a point, with every byte counter exact."""
+  traced_period.assert_same(history, reference, label, EXACT)
 
 
 @pytest.fixture(scope="module")
