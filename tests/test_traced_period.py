@@ -65,6 +65,14 @@ def test_one_build_runs_every_H_without_compiling_again(references):
     assert_same(result.history, references["diloco", h].history, f"H={h}")
     assert result.config["strategy"]["H"] == h
   assert sim.compilations == 1
+  # The build keeps its view of each H (a study asks for it per point);
+  # a view's own views are made afresh, from the view.
+  assert sim.at_period(2) is sim.at_period(2)
+  assert sim.at_period(2) is not sim.at_period(3)
+  assert sim.at_period(3).config.period == 3
+  view = sim.at_period(2)
+  assert view.at_period(3) is not sim.at_period(3)
+  assert view.at_period(3).config.period == 3
 
 
 def test_vmapped_points_of_one_H_equal_their_single_runs(references):

@@ -63,6 +63,10 @@ class Simulator:
   """
 
   hparam_names = tuple(_hparams.KNOBS)
+  # The build a view was made from (``at``), None for a build; a build's
+  # views by (H, density).
+  _view_of = None
+  _views: dict | None = None
   # With a traced H (``_periods``): the config's strategy at another H.
   strategy_at = None
   # With a traced top-k density (``_density``): the config's strategy at an
@@ -83,6 +87,7 @@ class Simulator:
         jax.tree.map(jnp.asarray,
                      config.data.eval_batches(config.eval_examples)))
     shared = [_lanes.shares_data(config, lane) for _, lane, _ in lanes]
+    self._views = {}
     self.lanes = tuple(
         (name, Simulator(lane, compile=False, eval_batches=(
             self.eval_batches if share else None)), changed)
@@ -188,8 +193,17 @@ class Simulator:
     another H keeps this one's density."""
     if H is not None and density is None and self.config.traced_density:
       density = _density.fraction_of(self.config.strategy)
-    view = self if H is None else _periods.view(self, H)
-    return view if density is None else _density.view(view, density)
+    # A study asks for the same few views once or twice per point (its
+    # check of the point's values, its run): the build keeps them; a view
+    # of a view is made afresh.
+    views = self._views if self._view_of is None else {}
+    if (H, density) not in views:
+      view = self if H is None else _periods.view(self, H)
+      view = view if density is None else _density.view(view, density)
+      if view is not self:
+        view._view_of, view._views = self, None
+      views[H, density] = view
+    return views[H, density]
 
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
