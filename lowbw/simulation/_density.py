@@ -36,7 +36,7 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 from lowbw.simulation import _periods
-from lowbw.transforms import _topk, as_codec, sparse_count
+from lowbw.transforms import _topk, as_codec
 
 NAME = "density"
 
@@ -91,9 +91,7 @@ def with_counts(state, config):
   if not config.traced_density:
     return state
   fraction = fraction_of(config.strategy)
-  return state._replace(keep={
-      n: jnp.asarray(sparse_count(int(n), fraction), jnp.int32)
-      for n in state.keep})
+  return state._replace(keep=_topk.counts_at(state.keep, fraction))
 
 
 def split(hparams, config):

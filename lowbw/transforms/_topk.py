@@ -165,10 +165,15 @@ def keep_counts(codec: Codec, shapes, fraction: float) -> dict:
   in ``shapes`` under top-k ``codec``'s layout, k as top-k at ``fraction``
   counts it (``sparse_count``, on the host)."""
   chunker = chunker_of(codec)
-  sizes = {chunker.layout(shape)[1] for shape in shapes
-           if math.prod(shape)}
-  return {str(n): jnp.asarray(sparse_count(n, fraction), jnp.int32)
-          for n in sorted(sizes)}
+  return counts_at({chunker.layout(shape)[1] for shape in shapes
+                    if math.prod(shape)}, fraction)
+
+
+def counts_at(sizes, fraction: float) -> dict:
+  """``{str(n): int32 k}``: k of each n-entry tensor or chunk in ``sizes``
+  as top-k at ``fraction`` counts it (``sparse_count``, on the host)."""
+  return {str(n): jnp.asarray(sparse_count(int(n), fraction), jnp.int32)
+          for n in sorted(sizes, key=int)}
 
 
 def random_k(fraction: float) -> Codec:
