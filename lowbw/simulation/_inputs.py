@@ -93,8 +93,12 @@ class Inputs:
     self.processes = jax.process_count()
     self.make = functools.partial(initial_state, config, facts.example)
     self.program = self.state_program()
-    self._program_compiled = None
+    # Compiled state programs by the traced values' names and types; a
+    # dict, so that the views of a build (``_density.view`` copies this
+    # object) share them.
+    self._programs_compiled: dict = {}
     self._samplers: dict = {}
+    self._placed_nets: dict = {}  # id(net) -> (net, it placed)
     self._keys: dict = {}  # seed -> its PRNG key
 
   def state_program(self):
@@ -119,31 +123,45 @@ class Inputs:
     faster on a 2-core CPU, the threads contend.
     """
     if self.mesh is not None and self.processes == 1:
-      return jax.jit(self.make, out_shardings=_mesh.shardings(
+      return jax.jit(self.make_set, out_shardings=_mesh.shardings(
           self.facts.abstract_state, self.specs[0], self.mesh))
     if self.mesh is None and _compiled_init(self.facts.abstract_params):
-      return jax.jit(self.make)
+      return jax.jit(self.make_set)
     return self.make
 
-  def seeded_state(self, key) -> _engine.SimState:
-    """The initial state from ``key``. A compiled initial state is
-    compiled ahead, once, and counted as compiling (``compile_s``, traced
-    and compiled or loaded), not as making the state."""
+  def make_set(self, key, values: dict) -> _engine.SimState:
+    """The state from ``key`` with the traced state ``values`` set (in the
+    compiled program: set op by op and placed again, they cost a study's
+    point 2 ms)."""
+    return _hparams.set_state(self.make(key), values, self.config.strategy)
+
+  def seeded_state(self, key, values: dict) -> _engine.SimState:
+    """The initial state from ``key`` with the traced state ``values`` set.
+    A compiled initial state is compiled ahead, once per kind of values,
+    and counted as compiling (``compile_s``, traced and compiled or
+    loaded), not as making the state."""
     if not hasattr(self.program, "lower"):  # op by op
-      return self.program(key)
-    if self._program_compiled is None:
-      self._program_compiled = self.compiled.compile_init(self.program, key)
-    return self._program_compiled(key)
+      return self.make_set(key, values)
+    kind = tuple((name, type(v).__name__, jnp.shape(v))
+                 for name, v in values.items())
+    if kind not in self._programs_compiled:
+      self._programs_compiled[kind] = self.compiled.compile_init(
+          self.program, key, values)
+    return self._programs_compiled[kind](key, values)
+
+  def placed(self) -> bool:
+    """Whether ``seeded_state`` writes the state to the mesh's devices."""
+    return self.mesh is not None and hasattr(self.program, "lower")
 
   def state(self, seed: int, state_values: dict, params=None):
     """The initial ``SimState`` of ``seed`` with traced ``state_values``
-    set (on one device), from ``params`` when given."""
+    set, from ``params`` when given; on the mesh where ``placed``, else
+    on one device."""
     key = self.key(seed)
-    state = (self.seeded_state(key) if params is None
-             else self.make(key, params))
-    if state_values:  # a few small arrays: not worth compiling a program
-      state = _hparams.set_state(state, state_values, self.config.strategy)
-    return state
+    if params is None:
+      return self.seeded_state(key, state_values)
+    state = self.make(key, params)
+    return _hparams.set_state(state, state_values, self.config.strategy)
 
   def key(self, seed: int):
     """``jax.random.PRNGKey(seed)``, made once per seed (an eager op costs
@@ -203,19 +221,33 @@ class Inputs:
     its run's, which are the same arrays, ``_lanes.shares_data``)."""
     seed = _config.check_seed(seed)
     state_values, network = self.check_hparams(hparams)
-    state = self.state(seed, state_values, self.start_params(init_from))
+    params = self.start_params(init_from)
+    state = self.state(seed, state_values, params)
     own = sampler is None
     if own:
       sampler = self.sampler(seed, placed=True)
-    net = self.prices.net_params(network, seed)
+    net = self.placed_net(self.prices.net_params(network, seed))
     if self.mesh is not None:
       sim_specs, sampler_specs = self.specs
-      state = _mesh.place(state, sim_specs, self.mesh)
+      if params is not None or not self.placed():
+        state = _mesh.place(state, sim_specs, self.mesh)
       if not own:
         sampler = _mesh.place(sampler, sampler_specs, self.mesh)
-      if net is not None:
-        net = _mesh.place(net, _mesh.replicated(net), self.mesh)
     return state, sampler, net, network
+
+  def placed_net(self, net):
+    """``net`` (the network's traced numbers, or None) on the run's
+    devices, placed once per object (``Prices.net_params`` keeps one per
+    network and seed; never donated)."""
+    if net is None or self.mesh is None:
+      return net
+    nets = self._placed_nets
+    if id(net) not in nets:
+      if len(nets) >= 16:
+        nets.pop(next(iter(nets)))
+      nets[id(net)] = (net, _mesh.place(net, _mesh.replicated(net),
+                                        self.mesh))
+    return nets[id(net)][1]
 
 
 def _compiled_init(abstract_params) -> bool:

@@ -123,12 +123,12 @@ class Compiled:
     self._unreported_startup["trace_s"] += traced - start
     return compiled, seconds
 
-  def compile_init(self, program, key):
-    """The initial state's ``program`` compiled for ``key``, counted as
-    compiling, not as making the state."""
-    (compiled,), seconds = self.compile(lambda: (program.lower(key),),
+  def compile_init(self, program, key, values: dict):
+    """The initial state's ``program`` compiled for ``key`` and traced
+    state ``values``, counted as compiling, not as making the state."""
+    (compiled,), seconds = self.compile(lambda: (program.lower(key, values),),
                                        "the initial state",
-                                       ("initial state", key))
+                                       ("initial state", (key, values)))
     self._unreported_startup["init_compile_s"] += seconds
     return compiled
 
