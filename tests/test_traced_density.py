@@ -11,6 +11,7 @@ import pytest
 
 import lowbw
 import test_traced_period as traced_period
+from lowbw.simulation import _exe_store
 from lowbw.transforms import _topk
 from lowbw.transforms._sparse import sparse_count
 
@@ -138,6 +139,8 @@ def test_a_traced_density_build_keeps_no_executables_on_disk(monkeypatch):
   """``_density``'s docstring says why; the same config traced on H alone
   has its recipe."""
   monkeypatch.setenv("LOWBW_EXECUTABLE_STORE", "1")
+  # A plugin another test of this process registered turns the store off.
+  monkeypatch.setattr(_exe_store, "_foreign_names", lambda: False)
   c = config("diloco", 3, 0.1)
   assert lowbw.build(c, traced=("H",), compile=False).compiled.recipe
   assert lowbw.build(c, traced=("H", "density"),
