@@ -157,6 +157,14 @@ def test_points_of_a_build_batched_as_a_vmapped_axis_equal_the_study(
                                one.history["train_loss"], rtol=1e-5)
     assert lowbw.Config.load(os.path.join(point.log_dir, "config.yaml")) == \
         point.config.replace(out=point.log_dir)
+  # Each batch's compiling is its first point's; its loop's wall time is
+  # shared by its three points.
+  assert batched.summary["compile_s"] > 0
+  assert [p.summary["compile_s"] > 0 for p in batched.points].count(True) >= 1
+  for point in batched.points:
+    assert point.summary["batch"]["points"] == 3
+    assert point.summary["wall_time_s"] == pytest.approx(
+        point.summary["batch"]["wall_time_s"] / 3)
   again = lowbw.studies.load(str(out))  # read back from the folder
   assert [p.summary["final_eval_loss"] for p in again.points] == \
       [p.summary["final_eval_loss"] for p in batched.points]

@@ -370,9 +370,16 @@ def run_batch(sim, points: list, dirs: list, texts: list | None = None,
   params_S = exe.global_params(state)
   if not batched:
     params_S = jax.tree.map(lambda x: x[None], params_S)
+  # The batch's compiling goes to its first point (as a build's first run
+  # reports it); its loop's wall time is shared by its points (each
+  # point's ``wall_time_s`` a 1/S share, so that the points' sum is the
+  # loop's time; a padded batch's repeats take their shares).
+  compile_s, share = sim.take_compile_s(), elapsed / len(points)
   out = []
   for i, ((values, seed), track) in enumerate(zip(points, tracks)):
-    summary = track.summary(0.0, elapsed)
+    summary = track.summary(0.0 if i else compile_s, share)
+    if batched:
+      summary["batch"] = {"points": len(points), "wall_time_s": elapsed}
     summary["seed"], summary["values"] = seed, _hparams.jsonable(values)
     track.write_summary(summary)
     out.append(SweepPoint(dict(values), seed, track.history.as_arrays(),
