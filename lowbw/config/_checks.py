@@ -270,8 +270,8 @@ def clients(name, value, s, strategy) -> int | None:
   if value < s["workers"]:
     raise _validate.fail(name, value, f"must be at least workers="
                          f"{s['workers']}, the clients sampled each round")
-  allowed = strategies_lib.CLIENT_STRATEGIES
-  if strategy.name not in allowed:
+  if not strategy.clients:
+    allowed = strategies_lib.client_strategies()
     raise _validate.fail(
         name, value, f"samples clients for strategies {', '.join(allowed)} "
         "(their workers restart from the global model every round); "

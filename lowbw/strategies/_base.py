@@ -124,6 +124,10 @@ class Strategy(NamedTuple):
       built on its round): a build may then make H a traced value
       (``lowbw.build(config, traced=("H",))``), the round a fixed number of
       step slots of which the first H run.
+    clients: every sync puts the global model on every worker, and a
+      worker keeps nothing between rounds but its inner optimizer's state
+      (FedAvg, DiLoCo, FedAdam): its workers may be clients drawn afresh
+      each round from a population (``clients=M``, ``sampled_clients``).
   """
 
   name: str
@@ -145,6 +149,7 @@ class Strategy(NamedTuple):
   send: Callable[[StrategyState, Array], StrategyState] | None = None
   inner: optax.GradientTransformation | None = None
   traceable_period: bool = False
+  clients: bool = False
 
   def __repr__(self):
     """The factory call it describes, e.g. ``diloco(H=30, inner=adamw(...),
@@ -285,7 +290,7 @@ def make(name: str, period: int, parts: Parts, config: dict[str, Any],
 
   ``options`` are ``Strategy``'s optional attributes (``overlap_steps``,
   ``replicated``, ``outer_places``, ``asynchronous``, ``time_budget``,
-  ``inner``, ``traceable_period``), passed to it as they are, except that ``outer_places``
+  ``inner``, ``traceable_period``, ``clients``), passed to it as they are, except that ``outer_places``
   defaults to ``{}``: a strategy built here says where its outer optimizers
   live, and one that names none has none.
   """

@@ -15,9 +15,26 @@ from lowbw.strategies import _base
 from lowbw.strategies._schedule import PeakScheduleState
 from lowbw.transforms import per_worker
 
-# The strategies whose only per-worker state between rounds is the inner
-# optimizer's (reset here) and whose parameters restart from the global model.
-CLIENT_STRATEGIES = ("fedavg", "diloco", "fedadam")
+
+def client_strategies() -> tuple[str, ...]:
+  """The registered strategies whose workers may be sampled clients (those
+  whose defaults build a ``Strategy.clients`` strategy), for messages."""
+  from lowbw.strategies import SPECS  # the registry imports this module
+  key = tuple(SPECS)
+  if key not in _CLIENT_NAMES:
+    _CLIENT_NAMES[key] = tuple(name for name, spec in SPECS.items()
+                               if _builds_clients(spec))
+  return _CLIENT_NAMES[key]
+
+
+_CLIENT_NAMES: dict = {}  # registered names -> those of client strategies
+
+
+def _builds_clients(spec) -> bool:
+  try:
+    return spec.factory().clients
+  except Exception:  # noqa: BLE001 -- a factory that needs arguments
+    return False
 
 
 def fresh_inner(old, new):
@@ -48,8 +65,8 @@ def sampled_clients(strategy: _base.Strategy) -> _base.Strategy:
   other clients.
 
   Args:
-    strategy: FedAvg, DiLoCo or FedAdam (``CLIENT_STRATEGIES``), whose
-      sync puts the global model on every worker.
+    strategy: one whose sync puts the global model on every worker
+      (``Strategy.clients``: FedAvg, DiLoCo, FedAdam).
 
   Returns:
     The same strategy (name, channels, config) with the new ``sync`` and
@@ -58,10 +75,10 @@ def sampled_clients(strategy: _base.Strategy) -> _base.Strategy:
   Example:
     >>> s = lowbw.strategies.sampled_clients(lowbw.strategies.fedavg(H=10))
   """
-  if strategy.name not in CLIENT_STRATEGIES or strategy.inner is None:
+  if not strategy.clients or strategy.inner is None:
     raise _validate.fail(
         "strategy", strategy.name, "sampled clients (clients=M) need one of "
-        + ", ".join(CLIENT_STRATEGIES) + ", whose workers keep nothing "
+        + ", ".join(client_strategies()) + ", whose workers keep nothing "
         "but the inner optimizer between rounds")
   tx = per_worker(strategy.inner)
   sync = strategy.sync

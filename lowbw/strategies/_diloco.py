@@ -137,8 +137,10 @@ class Variant(NamedTuple):
 
 
 def build(name: str, inner, outer, H: int, comp: Compression,
-          variant: Variant = Variant()) -> _base.Strategy:
-  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo)."""
+          variant: Variant = Variant(), clients: bool = False
+          ) -> _base.Strategy:
+  """A DiLoCo-family strategy from validated parts (DiLoCo, MuLoCo);
+  ``clients``: its workers may be sampled clients (``Strategy.clients``)."""
   outer_delay, eager, dylu = variant
   init, sync, global_params, place = _VARIANTS[outer_delay, eager]
   return _base.make(
@@ -154,7 +156,7 @@ def build(name: str, inner, outer, H: int, comp: Compression,
        **({"dylu_weighted": True} if dylu == "weighted" else {})},
       overlap_steps=H if outer_delay else None,
       outer_places={"outer": place}, time_budget=dylu,
-      inner=inner, traceable_period=variant == Variant())
+      inner=inner, traceable_period=variant == Variant(), clients=clients)
 
 
 def diloco(
@@ -260,7 +262,7 @@ def diloco(
                compression(codec, error_feedback, message, aggregation,
                            robust),
                Variant(outer_delay, eager,
-                       "weighted" if dylu_weighted else dylu))
+                       "weighted" if dylu_weighted else dylu), clients=True)
 
 
 SPEC = _spec.spec(

@@ -55,7 +55,8 @@ def fedadam(
                           lambda: _optim.outer(FEDADAM_OUTER))
   H = _validate.positive_int("H", H)
   return build("fedadam", inner, outer, H,
-               compression(codec, error_feedback, message, aggregation))
+               compression(codec, error_feedback, message, aggregation),
+               clients=True)
 
 
 SPEC = _spec.spec(

@@ -158,7 +158,7 @@ def fedavg(
       {"name": "fedavg", "inner": _base.describe(inner), "H": H,
        "island_size": island_size, **comp.config,
        "compress": compress if comp.codec is not None else None},
-      inner=inner)
+      inner=inner, clients=True)
 
 
 def check_island_size(island_size, num_workers_):
