@@ -30,6 +30,7 @@ Such a build keeps no executables on disk, as a traced density's does not
 import dataclasses
 
 import jax.numpy as jnp
+import numpy as np
 
 from lowbw import _validate
 from lowbw.simulation import _codec_views, _periods
@@ -123,14 +124,14 @@ def check_bits(sim, bits) -> int:
     raise _validate.fail(NAME, bits, "a shape of this build; build with "
                          "lowbw.build(config, traced=('bits',)) to run "
                          "other quantizer bit widths on one program")
-  if (not isinstance(bits, int) or isinstance(bits, bool)
+  if (not isinstance(bits, (int, np.integer)) or isinstance(bits, bool)
       or bits not in _quantize.BITS):
     raise _validate.fail(NAME, bits, "expected one of "
                          + ", ".join(map(str, _quantize.BITS)))
   if bits > sim.bits_max:
     raise _validate.fail(NAME, bits, f"at most {sim.bits_max}, the "
                          "quantizer bit width this build was made with")
-  return bits
+  return int(bits)
 
 
 def view(sim, bits: int):
