@@ -27,14 +27,17 @@ def config(H=3, codec="quant:8", **kw):
   return lowbw.Config(H=H, codec=codec, **{**BASE, **kw})
 
 
-def assert_same(history, reference, label):
+def assert_same(history, reference, label, near=()):
   """Every column but the wall clock, bit for bit (NaN where the
-  reference has NaN)."""
+  reference has NaN); those in ``near`` to 1e-6 relative."""
   assert sorted(history) == sorted(reference), label
   for name, want in reference.items():
-    if name != "wall_time_s":
-      np.testing.assert_array_equal(np.asarray(history[name]),
-                                    np.asarray(want), f"{label}: {name}")
+    got, want = np.asarray(history[name]), np.asarray(want)
+    if name in near:
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=0,
+                                 err_msg=f"{label}: {name}")
+    elif name != "wall_time_s":
+      np.testing.assert_array_equal(got, want, f"{label}: {name}")
 
 
 def assert_same_run(result, reference, label):
@@ -55,10 +58,20 @@ def references():
   return {(h, codec): lowbw.simulate(config(h, codec)) for h, codec in cases}
 
 
-def test_a_study_over_widths_and_H_builds_once(references, tmp_path):
+@pytest.mark.parametrize("points_per_batch", [None, 2])
+def test_a_study_over_widths_and_H_builds_once(references, tmp_path,
+                                               points_per_batch):
+  """One point at a time (a CPU's default), and vmapped batches of a
+  point and its repeat. A vmapped batch's evaluation of the global
+  parameters (same parameters, evaluated for two points at once) may
+  round its mean loss differently from a single run's by an ulp, with
+  nothing traced too (seen on the 2-core CPU: 2.4e-7 in eval_loss, a
+  plain build's batch of two learning rates); every other column stays
+  bit for bit."""
   study = lowbw.study(dict(BASE), grid={
       "H": list(HS), "codec": [f"quant:{b}" for b in (2, 4, 8)]},
-      seeds=[0], out=str(tmp_path / "study"), plots=False)
+      seeds=[0], out=str(tmp_path / "study"), plots=False,
+      points_per_batch=points_per_batch)
   assert study.summary["builds"] == 1
   assert study.summary["groups"] == 1
   assert len(study.points) == 6
@@ -67,7 +80,8 @@ def test_a_study_over_widths_and_H_builds_once(references, tmp_path):
     assert not point.summary.get("error"), label
     v = point.values
     ref = references[v["H"], v["codec"]]
-    assert_same(point.history, ref.history, label)
+    assert_same(point.history, ref.history, label,
+                near=("eval_loss",) if points_per_batch else ())
     for key in ("payload_bytes", "wire_bytes", "sim_time_s"):
       assert point.summary[key] == ref.summary[key], (label, key)
     assert point.config.codec == v["codec"]
@@ -126,7 +140,7 @@ def test_the_codec_under_traced_levels_is_the_quantizer_at_that_width(spec):
 
 
 def test_a_study_groups_widths_of_one_quantizer_layout():
-  base = lowbw.Config(**{**BASE, "H": 3})
+  base = config(3, "quant:4")
   points = _grid.expand(base, {"codec": [
       "quant:2", "quant:8", "quant:4:statistical", "quant:2:chunk=64",
       "quant:8:chunk=64", "topk:0.1,quant:4", "topk:0.2,quant:4"]}, [0])

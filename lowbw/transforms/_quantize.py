@@ -57,10 +57,15 @@ _TRACE = threading.local()
 
 def level_numbers(bits: int) -> dict:
   """The linear quantizer's numbers at ``bits``: ``count``, its 2**bits - 1
-  steps, and ``inverse``, 1 / count rounded once to float32 on the host:
-  the form a compiled quantizer at a fixed width computes with (XLA turns
-  a division by a constant into a product with its reciprocal), written
-  out so that a traced width (``leveling``) computes the same bits."""
+  steps, and ``inverse``, 1 / count rounded once to float32 on the host.
+
+  A step is (max - min) x inverse, at a fixed width (constants) and a
+  traced one (``leveling``) alike. XLA compiles a division by a scalar
+  into a product with its reciprocal (on the CPU for a constant and a
+  traced divisor alike: a quantizer written with a division computed these
+  bits already), but whether it does is the compiler's choice, per
+  backend and divisor; written out, the product keeps the two equal
+  anywhere."""
   count = np.float32((1 << bits) - 1)
   return {"count": count, "inverse": np.float32(1) / count}
 
