@@ -148,7 +148,9 @@ INTERNAL = {
     ("lowbw/studies", "lowbw.config._checks"),
     ("lowbw/studies", "lowbw.simulation._periods"),
     ("lowbw/studies", "lowbw.simulation._density"),
+    ("lowbw/studies", "lowbw.simulation._bits"),
     ("lowbw/simulation", "lowbw.transforms._topk"),  # a traced density
+    ("lowbw/simulation", "lowbw.transforms._quantize"),  # a traced width
 }
 
 

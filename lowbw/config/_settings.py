@@ -190,7 +190,12 @@ RunConfig = dataclasses.make_dataclass(
                   # top-k's fraction is a traced value (``lowbw.build(
                   # traced=("density",))``): the programs keep the codec's
                   # k, of which the state's ``SimState.keep`` are sent
-                  ("traced_density", Any, dataclasses.field(default=False))],
+                  ("traced_density", Any, dataclasses.field(default=False)),
+                  # a linear quantizer's bit width is a traced value
+                  # (``lowbw.build(traced=("bits",))``): the programs pack
+                  # the codec's width, quantizing to the state's
+                  # ``SimState.levels``
+                  ("traced_bits", Any, dataclasses.field(default=False))],
     bases=(_RunConfig,), frozen=True)
 RunConfig.__module__ = __name__
 RunConfig.__doc__ = _RunConfig.__doc__

@@ -8,8 +8,8 @@ from lowbw import _validate
 from lowbw.config import Config, _settings
 from lowbw.config._config import FIELDS
 from lowbw.config._resolve import build_data, build_model, pipeline
-from lowbw.simulation import (_compile_cache, _density, _exe_store, _periods,
-                              _startup)
+from lowbw.simulation import (_bits, _codec_views, _compile_cache, _density,
+                              _exe_store, _periods, _startup)
 from lowbw.simulation._result import Result
 from lowbw.simulation._simulator import Simulator
 
@@ -62,7 +62,8 @@ def build_config(config: Config, compile: bool = True,
                  compile_effort="auto") -> Simulator:
   """The simulator of ``config`` (``engine_config``), with its lanes;
   ``traced=("H",)``: H a traced value (``_periods``), ``("density",)``
-  top-k's fraction (``_density``); ``compile_effort``:
+  top-k's fraction (``_density``), ``("bits",)`` a linear quantizer's
+  width (``_bits``); ``compile_effort``:
   ``_startup.compiler_options``."""
   started = time.perf_counter()
   _startup.check_effort(compile_effort)
@@ -75,18 +76,23 @@ def build_config(config: Config, compile: bool = True,
       record = _periods.record(record)
     if "density" in traced:
       record = _density.record(record)
+    if "bits" in traced:
+      record = _bits.record(record)
   cache = _compile_cache.check(compile_cache)
   _compile_cache.enable(cache)
   sim = Simulator(record, compile=compile, started=started,
                   lanes=lane_configs(config, record),
                   compile_effort=compile_effort,
-                  recipe=None if cache is False or _density.NAME in traced
-                  else _exe_store.recipe(config, traced))
+                  recipe=None if cache is False or {"density", "bits"} &
+                  set(traced) else _exe_store.recipe(config, traced))
   if "H" in traced:
     sim.strategy_at = functools.partial(_periods.strategy_at, config)
+  if {"density", "bits"} & set(traced):
+    sim.codec_at = functools.partial(_codec_views.strategy_at, config)
   if "density" in traced:
-    sim.density_at = functools.partial(_density.strategy_at, config)
     sim.density_max = _density.fraction_of(record.strategy)
+  if "bits" in traced:
+    sim.bits_max = _bits.bits_of(record.strategy)
   return sim
 
 
@@ -248,6 +254,18 @@ build.__doc__ = """Checks a run and compiles its programs, once.
       codec alone (``chunk=``/``block=`` too), with or without error
       feedback, on the strategies H can be traced on (``lowbw.study``
       turns it on for a grid over ``topk:D`` densities).
+      ``("bits",)`` (alone or with "H") makes a linear quantizer's bit
+      width one: the codec packs codes of the config's width (the largest
+      a run may take) and ``run(hparams={"bits": b})`` quantizes to
+      2**b - 1 steps between each tensor's (or chunk's) minimum and
+      maximum, so every run equals the one built with ``quant:b`` (its
+      bytes those of b-bit codes); ``quant:B`` with or without
+      ``:stochastic`` or ``:chunk=N``, alone or as the last stage of a
+      chain (``topk:D,quant:B``), with or without error feedback, on the
+      same strategies (``lowbw.study`` turns it on for a grid over
+      ``quant:B`` widths). The statistical scheme, ``int8``, ``e3m0`` and
+      ``sign`` are refused: their codebooks or formats depend on the
+      width.
 
   Raises:
     ValueError: a bad setting, naming its field, before anything is compiled.

@@ -28,26 +28,16 @@ without a traced density did not do in the same sequence; not understood
 yet.
 """
 
-import copy
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 
 from lowbw import _validate
-from lowbw.simulation import _periods
-from lowbw.transforms import _topk, as_codec
+from lowbw.simulation import _codec_views, _periods
+from lowbw.simulation._codec_views import codec_of
+from lowbw.transforms import _topk
 
 NAME = "density"
-
-
-def codec_of(strategy):
-  """The strategy's codec (from its spec), or None."""
-  spec = strategy.config.get("codec")
-  try:
-    return as_codec("codec", spec) if isinstance(spec, str) else None
-  except _validate.ConfigError:  # a codec object of the user's own
-    return None
 
 
 def fraction_of(strategy) -> float:
@@ -120,36 +110,10 @@ def check_density(sim, density) -> float:
 
 
 def view(sim, density: float):
-  """``sim`` as the host sees a run of its H with top-k at ``density``:
-  the strategy the config makes with that codec, its channels, prices and
-  schema, on the same programs. Nothing is compiled."""
-  from lowbw.simulation import _prices, _schema  # they import the engine
+  """``sim`` as the host sees a run of its H with top-k at ``density``
+  (``_codec_views.view``), on the same programs."""
   density = check_density(sim, density)
   if density == fraction_of(sim.config.strategy):
     return sim
-  codec = _topk.with_fraction(codec_of(sim.config.strategy), density)
-  built = sim.density_at(sim.config.period, codec.name)
-  c = dataclasses.replace(sim.config, strategy=built.strategy)
-  out = copy.copy(sim)
-  out.config = c
-  out.facts = sim.facts._replace(strategy_channels=c.strategy.channels(
-      sim.facts.abstract_params, c.workers))
-  out.strategy_channels = out.facts.strategy_channels
-  out.prices = _prices.Prices(c, out.facts)
-  out.priced_channels = out.prices.priced_channels
-  out.channels = out.prices.channels(c.network)
-  out.inputs = copy.copy(sim.inputs)
-  out.inputs.prices = out.prices
-  out.schema = _schema.Schema(c, out.facts, out.channels, sim.memory,
-                              out.prices)
-  return out
-
-
-def strategy_at(config, H: int, spec: str):
-  """What ``config`` (a ``lowbw.Config``) builds with ``H`` and codec
-  ``spec``; an invalid combination is one line naming the density."""
-  try:
-    return config.replace(H=H, codec=spec).built()
-  except _validate.ConfigError as e:
-    raise _validate.fail(NAME, spec, f"{e.field}={e.value!r}: {e.allowed}"
-                         ) from None
+  return _codec_views.view(
+      sim, _topk.with_fraction(codec_of(sim.config.strategy), density), NAME)

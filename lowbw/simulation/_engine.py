@@ -24,6 +24,7 @@ event counts, the others are the strategy's own metrics (floats), logged as
 ``strategy/<name>``.
 """
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, NamedTuple
@@ -47,6 +48,7 @@ from lowbw.transforms import (all_workers, local_workers, participating,
                               sharded_workers, worker_correlation,
                               worker_divergence, worker_mean)
 from lowbw.transforms._reductions import worker_offset
+from lowbw.transforms._quantize import leveling
 from lowbw.transforms._topk import keeping
 
 
@@ -73,6 +75,10 @@ class SimState(NamedTuple):
     keep: with a traced top-k density only (``RunConfig.traced_density``):
       ``{str(n): int32}``, how many entries of an n-entry tensor or chunk
       the run's top-k keeps (``_topk.keeping``); None otherwise.
+    levels: with a traced quantizer bit width only
+      (``RunConfig.traced_bits``): ``{"count": float32, "inverse":
+      float32}``, the run's linear quantizer's 2**bits - 1 steps and their
+      reciprocal (``_quantize.leveling``); None otherwise.
   """
 
   strategy: StrategyState
@@ -84,6 +90,7 @@ class SimState(NamedTuple):
   shadow: Any = None
   period: Array | None = None
   keep: Any = None
+  levels: Any = None
 
 
 class StepOut(NamedTuple):
@@ -281,6 +288,15 @@ def _steps_piece(c, precision: Precision):
 
 
 # ------------------------------------------------------------ local steps
+@contextlib.contextmanager
+def traced_codec(sim: SimState):
+  """While the strategy's messages are traced, the run's own values of a
+  codec's traced settings: top-k's counts (``keeping``) and the linear
+  quantizer's levels (``leveling``); None where the build fixes them."""
+  with keeping(sim.keep), leveling(sim.levels):
+    yield
+
+
 def keys_at(e: Engine, sim: SimState, step):
   """This device's workers' loss keys at ``step``."""
   return local_workers(jax.random.split(
@@ -308,7 +324,7 @@ def local_step(e: Engine, sim: SimState, sampler, timing, carry,
   batch_W = e.draw(sim, sampler, stored.step, timing)
   st, loss_W, metrics_W, bad_fn, step_fn = e.compute(
       stored, batch_W, keys_at(e, sim, stored.step))
-  with keeping(sim.keep):
+  with traced_codec(sim):
     st, report, carry, clock, active = timing.local(st, step_fn, carry,
                                                     sim.active)
   counts, own = _timing.split_report(report, e.channels)
@@ -449,7 +465,7 @@ def sync(e: Engine, sim: SimState, steps: StepOut, carry, timing):
   divergence = worker_divergence(st.params_W)
   corr = e.probe(st)
   lr = _inner_lr(st.inner_W)
-  with keeping(sim.keep):
+  with traced_codec(sim):
     st, report, clock, active, carry = timing.sync(
         st, e.strategy.sync, carry, steps.clock, sim.active)
   st, active = timing.rejoin(st, carry, active, e.strategy.global_params)

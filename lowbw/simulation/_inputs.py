@@ -12,8 +12,8 @@ from lowbw import _validate, telemetry
 from lowbw import data as data_lib
 from lowbw.network import _clock
 from lowbw.config import _settings as _config
-from lowbw.simulation import (_density, _engine, _hparams, _mesh, _pace,
-                              _precision, _shadow)
+from lowbw.simulation import (_bits, _density, _engine, _hparams, _mesh,
+                              _pace, _precision, _shadow)
 
 # Parameter arrays past which a one-device CPU run makes its initial state
 # as one compiled program rather than op by op (see ``state_program``):
@@ -43,8 +43,9 @@ def initial_state(c, example, key, params=None) -> _engine.SimState:
   shadow = None if c.shadow is None else _shadow.init(c.shadow, params)
   period = (jnp.asarray(c.period, jnp.int32) if c.traced_period else None)
   keep = _density.counts(c, params) if c.traced_density else None
+  levels = _bits.levels(c) if c.traced_bits else None
   return _engine.SimState(st, data_key, loss_key, active, fleet, time_s,
-                          shadow, period, keep)
+                          shadow, period, keep, levels)
 
 
 def place_mesh(c, facts, key):
@@ -62,7 +63,8 @@ def place_mesh(c, facts, key):
       _mesh.active_specs(c.masks),
       _mesh.fleet_specs(c.strategy.asynchronous),
       _mesh.replicated(state.time_s), _mesh.replicated(state.shadow),
-      _mesh.replicated(state.period), _mesh.replicated(state.keep))
+      _mesh.replicated(state.period), _mesh.replicated(state.keep),
+      _mesh.replicated(state.levels))
   return mesh, (sim_specs, _mesh.sampler_specs(build_sampler(c, 0)))
 
 

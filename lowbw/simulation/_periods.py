@@ -29,14 +29,15 @@ import jax.numpy as jnp
 
 from lowbw import _validate
 
-# "density": top-k's fraction (``_density``).
-TRACEABLE = ("H", "density")
+# "density": top-k's fraction (``_density``); "bits": a linear quantizer's
+# width (``_bits``).
+TRACEABLE = ("H", "density", "bits")
 FIELD = "traced"
 
 
 def check(config, traced) -> tuple:
-  """``traced`` as a tuple of field names (``()``, ``("H",)``,
-  ``("density",)`` or both), given a ``lowbw.Config`` whose strategy is
+  """``traced`` as a tuple of field names (``()``, or some of ``"H"``,
+  ``"density"`` and ``"bits"``), given a ``lowbw.Config`` whose strategy is
   given by name and has an H."""
   if traced is None:
     return ()
@@ -57,7 +58,7 @@ def check(config, traced) -> tuple:
 
 def record(run_config, traced=("H",)):
   """``run_config`` (a ``RunConfig``) with ``traced`` (H, or the names a
-  build traces on the same strategies: ``_density``), or a one-line error
+  build traces on the same strategies: ``_density``, ``_bits``), or a one-line error
   saying what the build has that they do not support."""
   c = run_config
   s = c.strategy
@@ -79,25 +80,32 @@ def record(run_config, traced=("H",)):
                              "H" in traced)
 
 
+def traced_fields(run_config) -> tuple:
+  """The names a build of ``run_config`` (a ``RunConfig``) traces."""
+  c = run_config
+  return tuple(name for name, on in (
+      ("H", c.traced_period), ("density", c.traced_density),
+      ("bits", c.traced_bits)) if on)
+
+
 def check_grouping(run_config) -> None:
   """Worker groups (``worker_batch``) step in their own loop, which has no
   slots."""
-  c = run_config
-  traced = (("H",) if c.traced_period else ()) + (
-      ("density",) if c.traced_density else ())
-  if traced and c.grouping is not None:
+  traced = traced_fields(run_config)
+  if traced and run_config.grouping is not None:
     raise _validate.fail(FIELD, traced, "not supported with worker_batch="
                          f"{run_config.worker_batch} (workers in groups); "
                          "give worker_batch=None or a smaller run")
 
 
 def check_run(config, checkpoint_every, resume_from) -> None:
-  """A run of a build with a traced H or density is not checkpointed (not
-  tested yet): one line naming the setting."""
-  traced = config.traced_period or config.traced_density
+  """A run of a build with a traced H, density or bit width is not
+  checkpointed (not tested yet): one line naming the setting."""
+  traced = traced_fields(config)
   if traced and (checkpoint_every or resume_from):
     name = "checkpoint_every" if checkpoint_every else "resume_from"
-    what = "H" if config.traced_period else "top-k density"
+    what = {"H": "H", "density": "top-k density",
+            "bits": "quantizer bit width"}[traced[0]]
     raise _validate.fail(name, checkpoint_every or resume_from,
                          f"not supported on a build with a traced {what} "
                          "yet; build with the run's own value")

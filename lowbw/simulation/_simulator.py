@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from lowbw import _validate
 from lowbw.telemetry import _cost, _params, _progress, _writers
 from lowbw.config import _settings as _config
-from lowbw.simulation import (_density, _engine, _facts,
+from lowbw.simulation import (_bits, _density, _engine, _facts,
                               _hparams, _inputs, _lanes, _logdir, _memory,
                               _mesh, _periods, _plan, _prices, _resume,
                               _schema, _startup)
@@ -64,15 +64,17 @@ class Simulator:
 
   hparam_names = tuple(_hparams.KNOBS)
   # The build a view was made from (``at``), None for a build; a build's
-  # views by (H, density).
+  # views by (H, density, bits).
   _view_of = None
   _views: dict | None = None
   # With a traced H (``_periods``): the config's strategy at another H.
   strategy_at = None
-  # With a traced top-k density (``_density``): the config's strategy at an
-  # H and a codec spec, and the build's density (the largest a run takes).
-  density_at = None
+  # With a traced top-k density (``_density``) or quantizer width
+  # (``_bits``): the config's strategy at an H and a codec spec, and the
+  # build's density and width (the largest a run takes).
+  codec_at = None
   density_max = None
+  bits_max = None
 
   def __init__(self, config: _config.RunConfig, compile: bool = True,
                started: float | None = None, lanes: tuple = (),
@@ -168,50 +170,63 @@ class Simulator:
     of the run folder ``init_from`` when given); ``net`` the traced network
     numbers (None without a network).
     """
-    H, hparams = _periods.split(hparams, self.config)
-    D, hparams = _density.split(hparams, self.config)
-    if H is not None or D is not None:
-      return self.at(H, D).initial(seed, hparams, init_from)
+    traced, hparams = self._traced(hparams)
+    if traced != (None, None, None):
+      return self.at(*traced).initial(seed, hparams, init_from)
     if self.lanes:
       return _lanes.initial(self.inputs, self.lanes, seed, hparams,
                             init_from)
     state, sampler, net, network = self.inputs.initial(seed, hparams,
                                                        init_from)
     state = _periods.with_period(state, self.config)
-    return _density.with_counts(state, self.config), sampler, net, network
+    state = _density.with_counts(state, self.config)
+    return _bits.with_levels(state, self.config), sampler, net, network
+
+  def _traced(self, hparams) -> tuple:
+    """``((H, density, bits), the other hparams)``: a run's values of the
+    fields this build traces (None where not given or not traced)."""
+    H, hparams = _periods.split(hparams, self.config)
+    D, hparams = _density.split(hparams, self.config)
+    B, hparams = _bits.split(hparams, self.config)
+    return (H, D, B), hparams
 
   def at_period(self, H: int) -> "Simulator":
     """This build as a run with sync period ``H`` sees it, on the same
     programs (a build with a traced H, ``_periods``)."""
     return self.at(H)
 
-  def at(self, H: int | None = None, density: float | None = None
-         ) -> "Simulator":
-    """This build as a run with sync period ``H`` and top-k ``density``
-    sees it (None: as this simulator has it), on the same programs (a
-    build with that value traced: ``_periods``, ``_density``). A view at
-    another H keeps this one's density."""
+  def at(self, H: int | None = None, density: float | None = None,
+         bits: int | None = None) -> "Simulator":
+    """This build as a run with sync period ``H``, top-k ``density`` and
+    quantizer ``bits`` sees it (None: as this simulator has it), on the
+    same programs (a build with that value traced: ``_periods``,
+    ``_density``, ``_bits``). A view at another H keeps this one's
+    density and width."""
     if H is not None and density is None and self.config.traced_density:
       density = _density.fraction_of(self.config.strategy)
+    if H is not None and bits is None and self.config.traced_bits:
+      bits = _bits.bits_of(self.config.strategy)
     # A study asks for the same few views once or twice per point (its
     # check of the point's values, its run): the build keeps them; a view
     # of a view is made afresh.
     views = self._views if self._view_of is None else {}
-    if (H, density) not in views:
+    if (H, density, bits) not in views:
       view = self if H is None else _periods.view(self, H)
       view = view if density is None else _density.view(view, density)
+      view = view if bits is None else _bits.view(view, bits)
       if view is not self:
         view._view_of, view._views = self, None
-      views[H, density] = view
-    return views[H, density]
+      views[H, density, bits] = view
+    return views[H, density, bits]
 
   def check_hparams(self, hparams, field: str = "hparams"):
     """(state values, network) for ``hparams``; one-line errors."""
-    H, hparams = _periods.split(hparams, self.config)
-    D, hparams = _density.split(hparams, self.config)
+    (H, D, B), hparams = self._traced(hparams)
     view = self if H is None else self.at_period(H)
     if D is not None:  # checked, without pricing its view
       _density.check_density(view, D)
+    if B is not None:
+      _bits.check_bits(view, B)
     return self.inputs.check_hparams(hparams, field)
 
   def pricing(self, network):
@@ -280,10 +295,9 @@ class Simulator:
     """
     _validate.boolean("allow_non_finite", allow_non_finite)
     _periods.check_run(self.config, checkpoint_every, resume_from)
-    H, rest = _periods.split(hparams, self.config)
-    D, rest = _density.split(rest, self.config)
-    if H is not None or D is not None:
-      return self.at(H, D).run(
+    traced, rest = self._traced(hparams)
+    if traced != (None, None, None):
+      return self.at(*traced).run(
           seed, rest, out, checkpoint_every, resume_from, progress, callback,
           metadata, overwrite, wandb_project, fail_on_divergence,
           config_yaml, init_from, gpu_price, egress_price, allow_non_finite)

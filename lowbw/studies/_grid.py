@@ -13,7 +13,7 @@ from lowbw.simulation._periods import HOST_SETTINGS
 from lowbw.config._config import FIELDS, canonical, check_value, natural
 from lowbw.config._fields import RUN, TRACED
 from lowbw.config._strategy_fields import TRACED as strategy_traced
-from lowbw.simulation import _density
+from lowbw.simulation import _bits, _density
 
 
 class Point(NamedTuple):
@@ -181,32 +181,37 @@ def traced(config: Config) -> dict[str, str]:
   return out
 
 
-def shape_key(config: Config, skip: tuple = (), density: bool = False
-              ) -> str:
+def shape_key(config: Config, skip: tuple = (), density: bool = False,
+              bits: bool = False) -> str:
   """Equal for configs that compile to the same programs: every setting
   but the traced ones (whose presence still counts), ``skip`` and the
   run's own; ``density``: the codec by its top-k layout alone (its
-  fraction a traced value)."""
+  fraction a traced value); ``bits``: the codec without its linear
+  quantizer's width (a traced value)."""
   skip = {*traced(config), *skip}
   key = {name: value for name, value in config.to_dict().items()
          if name not in skip and FIELDS[name].kind != RUN}
   if density:  # no codec spec reads so
     key["codec"] = f"<top-k, traced density, {density_layout(config)}>"
+  if bits:
+    key["codec"] = f"<linear quantizer, traced bits, {bits_layout(config)}>"
   return json.dumps(key, sort_keys=True,
                     default=lambda o: f"<{type(o).__name__} {id(o)}>")
 
 
 def traced_key(config: Config, fields: tuple = ()) -> str:
   """``shape_key`` of a build that traces ``fields`` (H: a run's own H
-  and its host settings; density: top-k's fraction)."""
+  and its host settings; density: top-k's fraction; bits: a linear
+  quantizer's width)."""
   return shape_key(config, ("H", *HOST_SETTINGS) if "H" in fields else (),
-                   density="density" in fields)
+                   density="density" in fields, bits="bits" in fields)
 
 
 def groups(points: list[Point]) -> list[list[Point]]:
   """The points by compiled shape, in order of their first point; shapes
-  that differ only in H and top-k's density join one group, built with
-  those traced, where the strategy and codec allow it (``traceable``)."""
+  that differ only in H, top-k's density and a linear quantizer's width
+  join one group, built with those traced, where the strategy and codec
+  allow it (``traceable``)."""
   out: dict[str, list[Point]] = {}
   for p in points:
     out.setdefault(shape_key(p.config), []).append(p)
@@ -222,10 +227,13 @@ def groups(points: list[Point]) -> list[list[Point]]:
 def traceable(config: Config) -> tuple:
   """The fields a build of ``config`` may trace: H where
   ``period_traceable``, and top-k's density too where its codec is top-k
-  alone (``lowbw.build(config, traced=("H", "density"))``)."""
+  alone (``lowbw.build(config, traced=("H", "density"))``), or the bit
+  width where its codec ends in a linear quantizer (``traced=("H",
+  "bits")``)."""
   if not period_traceable(config):
     return ()
-  return ("H",) + (("density",) if density_layout(config) else ())
+  return (("H",) + (("density",) if density_layout(config) else ())
+          + (("bits",) if bits_layout(config) else ()))
 
 
 def density_layout(config: Config) -> str | None:
@@ -243,6 +251,23 @@ def densities(points: list[Point]) -> list[float]:
   """The distinct top-k densities of ``points`` (of traceable ones)."""
   return list(dict.fromkeys(density(p.config) for p in points
                             if "density" in traceable(p.config)))
+
+
+def bits_layout(config: Config) -> str | None:
+  """The config's codec without its linear quantizer's width when it ends
+  in one, else None."""
+  return _bits.layout_of(config.built().strategy)
+
+
+def bits(config: Config) -> int:
+  """The bit width of the config's linear quantizer."""
+  return _bits.bits_of(config.built().strategy)
+
+
+def bit_widths(points: list[Point]) -> list[int]:
+  """The distinct quantizer widths of ``points`` (of traceable ones)."""
+  return list(dict.fromkeys(bits(p.config) for p in points
+                            if "bits" in traceable(p.config)))
 
 
 def period_traceable(config: Config) -> bool:

@@ -260,8 +260,8 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
         if not batch:
           continue
         try:
-          # The view runs its H and density: the points' hparams are the
-          # others.
+          # The view runs its H, density and width: the points' hparams
+          # are the others.
           for r in _run_batch(view, batch, rep, out, size):
             finished[r.index] = r
             emit(r, True)
@@ -273,16 +273,18 @@ def _train(todo: list, points_per_batch: int | None, out: str | None,
 
 def _build(todo: list) -> tuple:
   """``(simulator, the point it was built from, the fields it traces)``:
-  one build with a traced H and/or top-k density for points of several
-  that ``_grid.groups`` put together (built from the largest of each),
-  else the first point's build."""
+  one build with a traced H, top-k density and/or quantizer width for
+  points of several that ``_grid.groups`` put together (built from the
+  largest of each), else the first point's build."""
   fields = ()
   if len(_grid.periods(todo)) > 1 and all(
       _grid.period_traceable(p.config) for p in todo):
     fields += ("H",)
-  if len(_grid.densities(todo)) > 1 and all(
-      "density" in _grid.traceable(p.config) for p in todo):
-    fields += ("density",)
+  for name, values in (("density", _grid.densities),
+                       ("bits", _grid.bit_widths)):
+    if len(values(todo)) > 1 and all(
+        name in _grid.traceable(p.config) for p in todo):
+      fields += (name,)
   rep = max(todo, key=lambda p: p.config.H) if "H" in fields else todo[0]
   # A refused build (e.g. workers in groups) falls back to fewer traced
   # fields, then to one build per value.
@@ -295,25 +297,32 @@ def _build(todo: list) -> tuple:
   return build_config(todo[0].config, compile=False), todo[0], ()
 
 
+# A traced field of the codec -> the point's value of it.
+_CODEC_VALUES = {"density": _grid.density, "bits": _grid.bits}
+
+
 def _largest(rep: _grid.Point, todo: list, traced: tuple):
-  """``rep``'s config with the largest top-k density of ``todo`` when the
-  density is traced (the build's k is the largest a run takes)."""
-  if "density" not in traced:
-    return rep.config
-  top = max(todo, key=lambda p: _grid.density(p.config))
-  return rep.config.replace(codec=top.config.codec)
+  """``rep``'s config with the codec of ``todo``'s largest top-k density
+  or quantizer width when that is traced (the build's k, or its codes'
+  width, is the largest a run takes; a codec has one of the two)."""
+  for name, value in _CODEC_VALUES.items():
+    if name in traced:
+      top = max(todo, key=lambda p: value(p.config))
+      return rep.config.replace(codec=top.config.codec)
+  return rep.config
 
 
 def _by_view(sim, points: list, traced: tuple) -> list:
-  """``[(simulator, points)]``: with a traced H or density, the points of
-  each (H, density) on the build as a run of those sees it (a vmapped
-  batch shares its host loop, so its points share them)."""
+  """``[(simulator, points)]``: with a traced H, density or width, the
+  points of each (H, density, bits) on the build as a run of those sees
+  it (a vmapped batch shares its host loop, so its points share them)."""
   if not traced:
     return [(sim, points)]
 
   def own(p):
     return (p.config.H if "H" in traced else None,
-            _grid.density(p.config) if "density" in traced else None)
+            *(value(p.config) if name in traced else None
+              for name, value in _CODEC_VALUES.items()))
 
   return [(sim.at(*v), [p for p in points if own(p) == v])
           for v in dict.fromkeys(map(own, points))]
@@ -492,14 +501,15 @@ def _report(on_point, result: PointResult) -> None:
 def _diff(point: _grid.Point, rep: _grid.Point, traced: tuple = ()
           ) -> dict:
   """The point's traced values that differ from those ``rep``'s build
-  holds: the ``hparams`` that make one into the other (and its H and
-  top-k density, on a build with those traced)."""
+  holds: the ``hparams`` that make one into the other (and its H, top-k
+  density or quantizer width, on a build with those traced)."""
   mine, built = _grid.hparams(point), _grid.hparams(rep)
   out = {k: v for k, v in mine.items() if built.get(k) != v}
   if "H" in traced:
     out["H"] = point.config.H
-  if "density" in traced:
-    out["density"] = _grid.density(point.config)
+  for name, value in _CODEC_VALUES.items():
+    if name in traced:
+      out[name] = value(point.config)
   return out
 
 

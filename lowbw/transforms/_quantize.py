@@ -4,9 +4,17 @@ Codes of ``bits`` bits are bit-packed, 8 / bits codes per byte (four 2-bit
 codes per byte), little end first: code j of a byte sits at bits
 [j * bits, (j + 1) * bits). A tensor of n entries costs ceil(n * bits / 8)
 bytes of codes plus its scales or codebooks.
+
+A build with a traced bit width (``lowbw.build(config, traced=("bits",))``)
+compiles the linear quantizer with the largest width of its runs and reads,
+while a message is traced, a run's own level count (``leveling``): codes of
+a narrower width fit the wider packing, so every receiver decodes what the
+run's own width sends.
 """
 
+import contextlib
 import math
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -44,19 +52,60 @@ def unpack(packed: Array, bits: int, size: int) -> Array:
   return codes.reshape(-1)[:size].astype(jnp.int32)
 
 
+_TRACE = threading.local()
+
+
+def level_numbers(bits: int) -> dict:
+  """The linear quantizer's numbers at ``bits``: ``count``, its 2**bits - 1
+  steps, and ``inverse``, 1 / count rounded once to float32 on the host.
+
+  A step is (max - min) x inverse, at a fixed width (constants) and a
+  traced one (``leveling``) alike. XLA compiles a division by a scalar
+  into a product with its reciprocal (on the CPU for a constant and a
+  traced divisor alike: a quantizer written with a division computed these
+  bits already), but whether it does is the compiler's choice, per
+  backend and divisor; written out, the product keeps the two equal
+  anywhere."""
+  count = np.float32((1 << bits) - 1)
+  return {"count": count, "inverse": np.float32(1) / count}
+
+
+@contextlib.contextmanager
+def leveling(numbers: dict | None):
+  """While tracing a message, the linear quantizer's ``level_numbers``:
+  traced float32 scalars (a build with a traced bit width, whose codes are
+  packed at the build's width); None: its own width's."""
+  stack = _TRACE.__dict__.setdefault("levels", [])
+  stack.append(numbers)
+  try:
+    yield
+  finally:
+    stack.pop()
+
+
+def _levels(bits: int) -> dict:
+  """The level numbers in force: a traced width's (``leveling``), else
+  ``bits``'."""
+  stack = getattr(_TRACE, "levels", None)
+  numbers = stack[-1] if stack else None
+  return level_numbers(bits) if numbers is None else numbers
+
+
+def _linear_step(lo, hi, bits):
+  return (hi - lo) * _levels(bits)["inverse"]
+
+
 def _linear_encode(values, valid, bits, noise):
-  levels = (1 << bits) - 1
   lo = jnp.min(jnp.where(valid, values, jnp.inf), axis=1, keepdims=True)
   hi = jnp.max(jnp.where(valid, values, -jnp.inf), axis=1, keepdims=True)
-  step = (hi - lo) / levels
+  step = _linear_step(lo, hi, bits)
   scaled = jnp.where(step > 0, (values - lo) / jnp.where(step > 0, step, 1), 0)
   codes = jnp.floor(scaled + noise) if noise is not None else jnp.round(scaled)
-  return jnp.clip(codes, 0, levels), lo[:, 0], hi[:, 0]
+  return jnp.clip(codes, 0, _levels(bits)["count"]), lo[:, 0], hi[:, 0]
 
 
 def _linear_decode(codes, lo, hi, bits):
-  step = (hi - lo) / ((1 << bits) - 1)
-  return lo[:, None] + codes * step[:, None]
+  return lo[:, None] + codes * _linear_step(lo, hi, bits)[:, None]
 
 
 def _statistical_encode(values, valid, bits, sigmas=3.0):
