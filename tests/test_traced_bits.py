@@ -153,7 +153,7 @@ def test_a_study_groups_widths_of_one_quantizer_layout():
 @pytest.mark.parametrize("kw, traced, message", [
     (dict(codec="quant:4:statistical"), ("bits",),
      r"^traced=\('bits',\) is invalid: not supported with codec "
-     r"'quant:4:statistical' \(a traced bits is the width of a linear "
+     r"'quant:4:statistical' \(a traced bits value is the width of a linear "
      r"quantizer: quant:B"),
     (dict(codec="int8"), ("H", "bits"),
      r"^traced=\('bits',\) is invalid: not supported with codec 'int8'"),
@@ -165,7 +165,7 @@ def test_a_study_groups_widths_of_one_quantizer_layout():
      r"'quant:4'"),
     (dict(outer_delay=1), ("bits",),
      r"^traced=\('bits',\) is invalid: not supported with strategy "
-     r"'diloco' as configured .* a traced bits supports diloco"),
+     r"'diloco' as configured .* a traced quantizer bit width supports diloco"),
 ])
 def test_a_build_refuses_a_width_it_cannot_trace(kw, traced, message):
   c = config(3, "quant:4").replace(**kw)

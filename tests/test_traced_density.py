@@ -127,7 +127,7 @@ def test_counts_are_the_untraced_codecs_at_half_way_edges():
      r"'quant:4'"),
     (dict(strategy="diloco", outer_delay=1), ("density",),
      r"^traced=\('density',\) is invalid: not supported with strategy "
-     r"'diloco' as configured .* a traced density supports diloco"),
+     r"'diloco' as configured .* a traced top-k density supports diloco"),
 ])
 def test_a_build_refuses_a_density_it_cannot_trace(kw, traced, message):
   c = config().replace(**kw)

@@ -84,8 +84,9 @@ def record(run_config):
     spec = c.strategy.config.get("codec")
     raise _validate.fail(
         _periods.FIELD, (NAME,), f"not supported with codec {spec!r} (a "
-        "traced bits is the width of a linear quantizer: quant:B, with or "
-        "without :stochastic or :chunk=N, alone or after other stages such "
+        "traced bits value is the width of a linear quantizer: quant:B, "
+        "with or without :stochastic or :chunk=N, alone or after other "
+        "stages such "
         "as topk:D,quant:B; the statistical scheme, int8, e3m0, sign or "
         "another codec is not supported)")
   return dataclasses.replace(c, traced_bits=True)

@@ -56,13 +56,17 @@ def check(config, traced) -> tuple:
   return traced
 
 
+# A traced field as messages name it.
+WHAT = {"H": "H", "density": "top-k density", "bits": "quantizer bit width"}
+
+
 def record(run_config, traced=("H",)):
   """``run_config`` (a ``RunConfig``) with ``traced`` (H, or the names a
   build traces on the same strategies: ``_density``, ``_bits``), or a one-line error
   saying what the build has that they do not support."""
   c = run_config
   s = c.strategy
-  what = " and ".join(traced)
+  what = " and ".join(WHAT[name] for name in traced)
   why = (None if s.traceable_period else
          f"strategy {s.name!r} as configured (its round is not H local "
          f"steps then one sync; a traced {what} supports diloco, "
@@ -104,8 +108,7 @@ def check_run(config, checkpoint_every, resume_from) -> None:
   traced = traced_fields(config)
   if traced and (checkpoint_every or resume_from):
     name = "checkpoint_every" if checkpoint_every else "resume_from"
-    what = {"H": "H", "density": "top-k density",
-            "bits": "quantizer bit width"}[traced[0]]
+    what = WHAT[traced[0]]
     raise _validate.fail(name, checkpoint_every or resume_from,
                          f"not supported on a build with a traced {what} "
                          "yet; build with the run's own value")
