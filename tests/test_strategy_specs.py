@@ -230,3 +230,33 @@ def test_a_bad_warmup_fraction_names_the_field(warmup):
   spec = _optim.Optimizer("adamw", 1e-3, schedule="cosine", warmup=warmup)
   with pytest.raises(ValueError, match=r"^warmup=.* is invalid"):
     _optim.paper_inner(spec, 100)
+
+
+def _optimizers_of_every_spec():
+  """Each strategy's default inner and outer optimizers as the config
+  builds them for a 1,000-step run (schedules included), and plain optax
+  ones."""
+  out = {}
+  for name in strategies.SPECS:
+    s = lowbw.Config(strategy=name, data="digits", workers=4,
+                     steps=1000).built().strategy
+    out[name] = s.inner
+  out.update({kind: _optim.outer(_optim.Optimizer(kind, 0.3, momentum=0.9))
+              for kind in _optim.OUTER_KINDS})
+  out["plain adam"] = optax.adam(1e-3)           # hyperparameters hidden
+  out["muon inner"] = _optim.inner_optimizer("muon", 1e-3,
+                                             schedule="cosine",
+                                             warmup_steps=10, steps=100)
+  return {k: v for k, v in out.items() if v is not None}
+
+
+@pytest.mark.parametrize("name, tx", sorted(
+    _optimizers_of_every_spec().items()))
+def test_an_optimizer_is_described_as_its_init_says_without_running_it(
+    name, tx):
+  """``describe`` reads the hyperparameters from ``init``'s trace (no
+  program compiled), running ``init`` only where one is computed: the
+  description is the run's, for every default optimizer."""
+  from lowbw.strategies import _base
+  run = _base._describe_with(tx, (_base._init_run,))
+  assert _base._describe(tx) == run, name

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax.extend import core as jax_core
 
 from lowbw import _validate
 from lowbw.strategies import _optim
@@ -333,24 +334,59 @@ def describe(tx: optax.GradientTransformation | None) -> dict | None:
 _DESCRIBED: dict = {}
 
 
+# A value of ``_init_traced``'s state that ``init`` computes (not a
+# constant).
+_COMPUTED = type("Computed", (), {"__repr__": lambda self: "<computed>"})()
+
+
+def _init_traced(tx):
+  """``tx.init``'s state on a float32 2-vector, traced: each leaf that is a
+  constant of the trace (a hyperparameter) as its value, the others
+  ``_COMPUTED``."""
+  closed, shape = jax.make_jaxpr(tx.init, return_shape=True)(
+      jax.ShapeDtypeStruct((2,), jnp.float32))
+  leaves = [v.val if isinstance(v, jax_core.Literal) else _COMPUTED
+            for v in closed.jaxpr.outvars]
+  return jax.tree.unflatten(jax.tree.structure(shape), leaves)
+
+
+def _init_run(tx):
+  return tx.init(jnp.zeros((2,)))
+
+
 def _copy_description(d: dict) -> dict:
   return {k: dict(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 def _describe(tx: optax.GradientTransformation) -> dict:
-  try:
-    state = tx.init(jnp.zeros((2,)))
-    hyper = optax.tree_utils.tree_get(state, "hyperparams")
-  except Exception:  # several or none found, or an init that needs real params
-    hyper = None
-  if not isinstance(hyper, dict):
+  # Traced first: the hyperparameters are constants of ``init``, read
+  # without compiling anything (running ``init`` op by op compiled a
+  # handful of small programs in every fresh process, 0.1 s of a warm
+  # start); run where one is computed (a schedule's rate at step 0).
+  return _describe_with(tx, (_init_traced, _init_run))
+
+
+def _describe_with(tx, inits) -> dict:
+  """The description from the first of ``inits`` whose state holds every
+  hyperparameter's value."""
+  for init in inits:
+    try:
+      state = init(tx)
+      hyper = optax.tree_utils.tree_get(state, "hyperparams")
+    except Exception:  # several or none found, or init needs real params
+      hyper = None
+    if not isinstance(hyper, dict):
+      continue
+    try:  # a scheduled rate (peak_schedule): learning_rate is set every step
+      peak = optax.tree_utils.tree_get(state, "peak_lr")
+    except Exception:  # several
+      peak = None
+    if peak is not None:
+      hyper = {**hyper, "peak_lr": peak}
+    if not any(v is _COMPUTED for v in hyper.values()):
+      break
+  else:
     return {"hyperparams": "not exposed (wrap with optax.inject_hyperparams)"}
-  try:  # a scheduled rate (peak_schedule): learning_rate is set every step
-    peak = optax.tree_utils.tree_get(state, "peak_lr")
-  except Exception:  # several
-    peak = None
-  if peak is not None:
-    hyper = {**hyper, "peak_lr": peak}
   # float32 hyperparameters, printed to float32 precision (0.9, not 0.8999...).
   return {"hyperparams": {k: float(f"{float(v):.7g}") if jnp.ndim(v) == 0
                           else repr(v) for k, v in hyper.items()}}
