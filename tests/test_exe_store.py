@@ -18,6 +18,14 @@ _CONFIG = lowbw.Config(data="digits", model="mlp", hidden="16",
                        batch_size=4, eval_every=2)
 
 
+@pytest.fixture(autouse=True)
+def names_now(monkeypatch):
+  """The registered names as this test starts count as lowbw's own: a
+  plugin another test of this process registered (and left) would turn
+  the store off for the rest of the process, as it should for a user."""
+  monkeypatch.setattr(_exe_store, "_IMPORTED", _exe_store._names())
+
+
 @pytest.fixture
 def store(tmp_path, monkeypatch):
   """The store on, in a folder of its own; records what each load found.

@@ -13,6 +13,7 @@ from flax import nnx
 
 import lowbw
 from lowbw import models
+from lowbw.models import _registry
 
 HIDDEN, CLASSES = 8, 10
 RUN = dict(data="digits", strategy="diloco", H=3, workers=2, steps=6,
@@ -93,9 +94,18 @@ def test_a_wrapped_model_trains_as_its_plain_function_reference(library):
       "flax.nnx" if library == "nnx" else "equinox")
 
 
-def test_a_registered_nnx_model_runs_from_a_config_file(tmp_path):
+@pytest.fixture
+def nnx_registered():
+  """``test_nnx_net`` registered for one test (a name left registered
+  turns the executable store off for the rest of the process)."""
   models.register("test_nnx_net", lambda: models.from_nnx(
       NnxNet(nnx.Rngs(7))))
+  yield
+  del _registry._FACTORIES["test_nnx_net"]
+
+
+def test_a_registered_nnx_model_runs_from_a_config_file(tmp_path,
+                                                        nnx_registered):
   settings = dict(RUN, model="test_nnx_net")
   del settings["progress"]
   path = tmp_path / "run.yaml"

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import lowbw
+from lowbw.simulation import _exe_store
 from lowbw.studies import _grid
 from lowbw.transforms import _quantize, parse_codec
 
@@ -176,6 +177,8 @@ def test_a_build_refuses_a_width_it_cannot_trace(kw, traced, message):
 def test_a_traced_width_build_keeps_no_executables_on_disk(monkeypatch):
   """As a traced density's does not (``_density``'s docstring)."""
   monkeypatch.setenv("LOWBW_EXECUTABLE_STORE", "1")
+  # A plugin another test of this process registered turns the store off.
+  monkeypatch.setattr(_exe_store, "_IMPORTED", _exe_store._names())
   c = config(3, "quant:4")
   assert lowbw.build(c, traced=("H",), compile=False).compiled.recipe
   assert lowbw.build(c, traced=("H", "bits"),

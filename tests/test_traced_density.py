@@ -140,7 +140,7 @@ def test_a_traced_density_build_keeps_no_executables_on_disk(monkeypatch):
   has its recipe."""
   monkeypatch.setenv("LOWBW_EXECUTABLE_STORE", "1")
   # A plugin another test of this process registered turns the store off.
-  monkeypatch.setattr(_exe_store, "_foreign_names", lambda: False)
+  monkeypatch.setattr(_exe_store, "_IMPORTED", _exe_store._names())
   c = config("diloco", 3, 0.1)
   assert lowbw.build(c, traced=("H",), compile=False).compiled.recipe
   assert lowbw.build(c, traced=("H", "density"),
