@@ -111,11 +111,7 @@ def split(hparams, config):
   """``(bits or None, the other hparams)`` of a run's ``hparams`` on a
   build of ``config``: the width only where it is traced (elsewhere it
   stays, and is refused as a name)."""
-  if (not config.traced_bits or not isinstance(hparams, dict)
-      or NAME not in hparams):
-    return None, hparams
-  rest = dict(hparams)
-  return rest.pop(NAME), rest
+  return _periods.split_field(hparams, NAME, config.traced_bits)
 
 
 def check_bits(sim, bits) -> int:

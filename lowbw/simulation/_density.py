@@ -88,11 +88,7 @@ def split(hparams, config):
   """``(density or None, the other hparams)`` of a run's ``hparams`` on a
   build of ``config``: the density only where it is traced (elsewhere it
   stays, and is refused as a name)."""
-  if (not config.traced_density or not isinstance(hparams, dict)
-      or NAME not in hparams):
-    return None, hparams
-  rest = dict(hparams)
-  return rest.pop(NAME), rest
+  return _periods.split_field(hparams, NAME, config.traced_density)
 
 
 def check_density(sim, density) -> float:

@@ -163,11 +163,17 @@ def split(hparams, config):
   """``(H or None, the other hparams)`` of a run's ``hparams`` on a build
   of ``config`` (a ``RunConfig``): H only where it is traced (elsewhere it
   stays, and is refused as a shape)."""
-  if (not config.traced_period or not isinstance(hparams, dict)
-      or "H" not in hparams):
+  return split_field(hparams, "H", config.traced_period)
+
+
+def split_field(hparams, name: str, traced: bool):
+  """``(hparams[name] or None, the other hparams)``: a traced field's value
+  taken out where the build traces it (``traced``); elsewhere ``hparams``
+  as given (the name is then refused as a shape or unknown)."""
+  if not traced or not isinstance(hparams, dict) or name not in hparams:
     return None, hparams
   rest = dict(hparams)
-  return rest.pop("H"), rest
+  return rest.pop(name), rest
 
 
 def with_period(state, config):
