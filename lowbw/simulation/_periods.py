@@ -28,6 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from lowbw import _validate
+from lowbw import strategies as strategies_lib
 
 # "density": top-k's fraction (``_density``); "bits": a linear quantizer's
 # width (``_bits``).
@@ -69,8 +70,9 @@ def record(run_config, traced=("H",)):
   what = " and ".join(WHAT[name] for name in traced)
   why = (None if s.traceable_period else
          f"strategy {s.name!r} as configured (its round is not H local "
-         f"steps then one sync; a traced {what} supports diloco, "
-         "sparseloco, muloco and fedadam without outer_delay or dylu)")
+         f"steps then one sync; a traced {what} supports "
+         f"{', '.join(strategies_lib.strategies_with('traceable_period'))}"
+         " without outer_delay or dylu)")
   why = why or next((text for bad, text in (
       (c.masks, "fault or straggler masks"),
       (c.shadow is not None, "a paired DDP lane (shadow)"),

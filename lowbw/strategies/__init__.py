@@ -6,7 +6,8 @@ from lowbw.strategies import (_optim, _async_diloco, _ddp, _demo, _desloc, _dilo
                               _spes, _sparta_diloco, _streaming_diloco)
 from lowbw.strategies._base import Strategy, StrategyState, default_inner
 from lowbw.strategies._async_diloco import async_diloco, delayed_nesterov
-from lowbw.strategies._clients import client_strategies, sampled_clients
+from lowbw.strategies._clients import (client_strategies, sampled_clients,
+                                      strategies_with)
 from lowbw.strategies._ddp import ddp
 from lowbw.strategies import _decoupled_diloco
 from lowbw.strategies._decoupled_diloco import decoupled_diloco
@@ -132,5 +133,5 @@ __all__ = [
     "cgad", "cgad_scale", "scale_by_age",
     "stale_outer", "heloco", "heloco_block", "HeLoCoState",
     "partial_updates", "decoupled_diloco", "gasloc",
-    "client_strategies", "sampled_clients",
+    "client_strategies", "sampled_clients", "strategies_with",
 ]

@@ -19,20 +19,27 @@ from lowbw.transforms import per_worker
 def client_strategies() -> tuple[str, ...]:
   """The registered strategies whose workers may be sampled clients (those
   whose defaults build a ``Strategy.clients`` strategy), for messages."""
+  return strategies_with("clients")
+
+
+def strategies_with(attribute: str) -> tuple[str, ...]:
+  """The registered strategies whose defaults build a strategy with
+  ``attribute`` set (``Strategy.clients``, ``Strategy.traceable_period``),
+  for messages that name them."""
   from lowbw.strategies import SPECS  # the registry imports this module
-  key = tuple(SPECS)
-  if key not in _CLIENT_NAMES:
-    _CLIENT_NAMES[key] = tuple(name for name, spec in SPECS.items()
-                               if _builds_clients(spec))
-  return _CLIENT_NAMES[key]
+  key = (attribute, tuple(SPECS))
+  if key not in _NAMES_WITH:
+    _NAMES_WITH[key] = tuple(name for name, spec in SPECS.items()
+                             if _builds_with(spec, attribute))
+  return _NAMES_WITH[key]
 
 
-_CLIENT_NAMES: dict = {}  # registered names -> those of client strategies
+_NAMES_WITH: dict = {}  # (attribute, registered names) -> names with it
 
 
-def _builds_clients(spec) -> bool:
+def _builds_with(spec, attribute: str) -> bool:
   try:
-    return spec.factory().clients
+    return bool(getattr(spec.factory(), attribute))
   except Exception:  # noqa: BLE001 -- a factory that needs arguments
     return False
 
