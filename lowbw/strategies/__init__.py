@@ -133,5 +133,5 @@ __all__ = [
     "cgad", "cgad_scale", "scale_by_age",
     "stale_outer", "heloco", "heloco_block", "HeLoCoState",
     "partial_updates", "decoupled_diloco", "gasloc",
-    "client_strategies", "sampled_clients", "strategies_with",
+    "client_strategies", "sampled_clients",
 ]
